@@ -1,0 +1,74 @@
+"""ModelRunner: owns the weights, the KV pool, the request->token pool and the attention backend,
+and executes one prepared ForwardBatch. No scheduling logic lives here."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from radixlm.runtime.attention.base import create_attention_backend
+from radixlm.runtime.forward_batch import ForwardBatch
+from radixlm.runtime.mem_pool import KVPool, ReqToTokenPool
+from radixlm.runtime.model_config import ModelConfig
+from radixlm.runtime.models.llama import LlamaForCausalLM
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    dtype: torch.dtype
+    attention_backend: str
+    max_total_tokens: int
+    max_running_requests: int
+    context_len: int
+    device: str = "cpu"
+
+
+class ModelRunner:
+    def __init__(self, model_cfg: ModelConfig, runner_cfg: RunnerConfig, state_dict: dict[str, torch.Tensor]):
+        self.model_cfg = model_cfg
+        self.cfg = runner_cfg
+        start = time.perf_counter()
+        with torch.device("meta"):
+            model = LlamaForCausalLM(model_cfg)
+        model = model.to_empty(device=runner_cfg.device)
+        model.rotary = type(model.rotary)(model_cfg.head_dim, model_cfg.context_len, model_cfg.rope)
+        model.load_weights(state_dict)
+        self.model = model.to(runner_cfg.dtype).eval()
+        self.kv_pool = KVPool(
+            runner_cfg.max_total_tokens,
+            model_cfg.num_layers,
+            model_cfg.num_kv_heads,
+            model_cfg.head_dim,
+            runner_cfg.dtype,
+            runner_cfg.device,
+        )
+        self.req_to_token_pool = ReqToTokenPool(
+            runner_cfg.max_running_requests, runner_cfg.context_len, runner_cfg.device
+        )
+        self.attn_backend = create_attention_backend(
+            runner_cfg.attention_backend, self.kv_pool, self.req_to_token_pool, model_cfg.head_dim**-0.5
+        )
+        logger.info(
+            "model loaded in %.1fs: %s, dtype %s, KV pool %d tokens",
+            time.perf_counter() - start,
+            model_cfg.architecture,
+            runner_cfg.dtype,
+            runner_cfg.max_total_tokens,
+        )
+
+    @classmethod
+    def from_dir(cls, model_dir: Path, runner_cfg: RunnerConfig) -> ModelRunner:
+        from radixlm.runtime.model_files import load_state_dict
+
+        return cls(ModelConfig.from_dir(model_dir), runner_cfg, load_state_dict(model_dir))
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """float32 logits `[len(batch.logits_indices), vocab]`."""
+        self.attn_backend.init_forward_metadata(batch)
+        return self.model(batch, self.attn_backend)

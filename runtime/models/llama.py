@@ -1,0 +1,107 @@
+"""Our Llama-family decoder (Llama incl. SmolLM2, Mistral, Qwen2, Qwen3) over the paged KV pool.
+
+Layout choices made for a lean decode step (few, large ops):
+- q/k/v projections are one fused matrix, gate/up another.
+- The rows of q and k are permuted at load time from HF's "half-split" rotary layout to
+  interleaved pairs, so RoPE is a single complex multiply on q and k together. q and k get the
+  same permutation, so every q.k dot product, and hence attention, is unchanged; K lives in the
+  pool in the permuted layout, which nothing outside this module reads.
+- Only the rows in `batch.logits_indices` are projected to the vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+from radixlm.runtime.attention.base import BaseAttentionBackend
+from radixlm.runtime.forward_batch import ForwardBatch
+from radixlm.runtime.model_config import ModelConfig
+from radixlm.runtime.models.rotary import RotaryEmbedding
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int):
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_size = cfg.num_heads * cfg.head_dim
+        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_proj_bias)
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.has_qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.has_qk_norm else None
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        rope: torch.Tensor,
+        attn: BaseAttentionBackend,
+        batch: ForwardBatch,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        residual = hidden if residual is None else residual + hidden
+        x = self.input_layernorm(residual)
+        n = x.shape[0]
+        qkv = self.qkv_proj(x)
+        qk = qkv[:, : self.q_size + self.kv_size].view(n, self.num_heads + self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            qk = torch.cat(
+                [self.q_norm(qk[:, : self.num_heads]), self.k_norm(qk[:, self.num_heads :])], dim=1
+            )
+        qk = RotaryEmbedding.apply(qk, rope)
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
+        v = qkv[:, self.q_size + self.kv_size :].view(n, self.num_kv_heads, self.head_dim)
+        attn_out = attn.forward(q, k, v, self.layer_id, batch)
+        hidden = self.o_proj(attn_out.reshape(n, self.q_size))
+
+        residual = residual + hidden
+        x = self.post_attention_layernorm(residual)
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up), residual
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList([DecoderLayer(cfg, i) for i in range(cfg.num_layers)])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.context_len, cfg.rope)
+
+    def forward(self, batch: ForwardBatch, attn: BaseAttentionBackend) -> torch.Tensor:
+        """Logits `[len(batch.logits_indices), vocab]`, float32."""
+        hidden = self.embed_tokens(batch.input_ids)
+        rope = self.rotary.freqs_for(batch.positions)
+        residual: torch.Tensor | None = None
+        for layer in self.layers:
+            hidden, residual = layer(hidden, residual, rope, attn, batch)
+        assert residual is not None
+        last = (residual + hidden)[batch.logits_indices]
+        last = self.norm(last)
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(last, weight).float()
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Load HF-named weights (fusing q/k/v and gate/up, permuting q/k rows for RoPE)."""
+        from radixlm.runtime.models.weights import load_llama_weights
+
+        load_llama_weights(self, state_dict)

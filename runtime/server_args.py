@@ -1,0 +1,69 @@
+"""All runtime settings in one frozen dataclass (SGLang's names), built once per Engine / server.
+
+Derived values are properties; nothing is assigned after construction. The command-line parser
+(one `add_cli_args` / `from_cli_args` pair) lives here too, so every flag is defined once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+ATTENTION_BACKENDS = ("torch", "triton")
+SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs", "lof", "random")
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    model_path: str | None = None  # None: the embedded default model (SmolLM2-135M-Instruct)
+    tokenizer_path: str | None = None  # None: the model directory
+    dtype: str = "auto"
+    device: str = "cpu"
+    attention_backend: str | None = None  # None: torch on CPU, triton on CUDA
+    context_length: int | None = None  # None: the model's own
+    max_total_tokens: int | None = None  # KV pool size in tokens; None: from mem_fraction_static
+    mem_fraction_static: float = 0.05  # of available memory given to the KV pool (CPU)
+    max_running_requests: int = 256
+    chunked_prefill_size: int = 2048
+    schedule_policy: str = "lpm"
+    disable_radix_cache: bool = False
+    random_seed: int | None = None
+    log_level: str = "warning"
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.attention_backend is not None and self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
+        if self.schedule_policy not in SCHEDULE_POLICIES:
+            raise ValueError(f"schedule_policy must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}")
+        if self.max_total_tokens is not None and self.max_total_tokens < 16:
+            raise ValueError(f"max_total_tokens must be >= 16, got {self.max_total_tokens}")
+        if not 0.0 < self.mem_fraction_static < 1.0:
+            raise ValueError(f"mem_fraction_static must be in (0, 1), got {self.mem_fraction_static}")
+        if self.max_running_requests < 1:
+            raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
+        if self.chunked_prefill_size < 16:
+            raise ValueError(f"chunked_prefill_size must be >= 16, got {self.chunked_prefill_size}")
+        if self.context_length is not None and self.context_length < 2:
+            raise ValueError(f"context_length must be >= 2, got {self.context_length}")
+
+    @property
+    def resolved_attention_backend(self) -> str:
+        if self.attention_backend is not None:
+            return self.attention_backend
+        return "triton" if self.device.startswith("cuda") else "torch"
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        """`auto` on CPU is float32: measured faster than bfloat16 for single-stream decode on this
+        machine's AVX-512 CPU (see README, "dtype"); on CUDA it is bfloat16."""
+        if self.dtype == "auto":
+            return torch.bfloat16 if self.device.startswith("cuda") else torch.float32
+        return getattr(torch, self.dtype)
+
+    def replace(self, **changes: object) -> ServerArgs:
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

@@ -1,0 +1,48 @@
+"""The tokenizer: HF fast tokenizer files from the model directory, used through a small facade."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+class Tokenizer:
+    def __init__(self, path: str | Path):
+        from transformers import AutoTokenizer
+
+        try:
+            self._tok = AutoTokenizer.from_pretrained(str(path))
+        except Exception as e:  # transformers raises many types for bad tokenizer files
+            raise ValueError(f"{path}: cannot load tokenizer ({e})") from e
+        self.vocab_size = len(self._tok)
+        self.eos_token_id: int | None = self._tok.eos_token_id
+        self.all_special_ids: frozenset[int] = frozenset(self._tok.all_special_ids)
+        self.chat_template: str | None = getattr(self._tok, "chat_template", None)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tok.encode(text))
+
+    def decode(
+        self,
+        ids: Sequence[int],
+        skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool = True,
+    ) -> str:
+        return self._tok.decode(
+            list(ids),
+            skip_special_tokens=skip_special_tokens,
+            spaces_between_special_tokens=spaces_between_special_tokens,
+        )
+
+    def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str]:
+        return list(self._tok.convert_ids_to_tokens(list(ids)))
+
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, chat_template: str | None = None
+    ) -> str:
+        if chat_template is None and self.chat_template is None:
+            raise ValueError("this model's tokenizer has no chat template; pass --chat-template")
+        return self._tok.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt, chat_template=chat_template
+        )

@@ -1,0 +1,85 @@
+"""Test helpers: tiny random-weight HF models written to disk, and references computed with HF."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+TINY_COMMON: dict[str, Any] = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-6,
+    initializer_range=0.1,
+    tie_word_embeddings=False,
+)
+
+TINY_CONFIGS: dict[str, dict[str, Any]] = {
+    "llama": dict(TINY_COMMON, architectures=["LlamaForCausalLM"], model_type="llama", rope_theta=10000.0),
+    "llama3-rope": dict(
+        TINY_COMMON,
+        architectures=["LlamaForCausalLM"],
+        model_type="llama",
+        tie_word_embeddings=True,
+        num_key_value_heads=1,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+        rope_theta=500000.0,
+    ),
+    "qwen2": dict(TINY_COMMON, architectures=["Qwen2ForCausalLM"], model_type="qwen2", rope_theta=1000000.0),
+    "qwen3": dict(
+        TINY_COMMON,
+        architectures=["Qwen3ForCausalLM"],
+        model_type="qwen3",
+        head_dim=32,
+        num_key_value_heads=1,
+        rope_theta=1000000.0,
+    ),
+    "mistral": dict(TINY_COMMON, architectures=["MistralForCausalLM"], model_type="mistral", sliding_window=None),
+}
+
+
+def build_hf_model(kind: str, vocab_size: int = 256, seed: int = 0, **overrides: Any) -> torch.nn.Module:
+    """A random-weight HF model of the given kind, float32, eval mode."""
+    import transformers
+
+    raw = dict(TINY_CONFIGS[kind], vocab_size=vocab_size, **overrides)
+    raw.pop("architectures")
+    model_type = raw.pop("model_type")
+    config = transformers.AutoConfig.for_model(model_type, **raw)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():  # biases and norm weights start as 0 / 1: randomise them so they count
+        for name, param in model.named_parameters():
+            if name.endswith("bias"):
+                param.normal_(0.0, 0.1)
+            elif "norm" in name:
+                param.uniform_(0.5, 1.5)
+    return model.eval()
+
+
+def save_tiny_model(path: Path, kind: str, vocab_size: int = 256, seed: int = 0, tokenizer_dir: Path | None = None,
+                    **overrides: Any) -> torch.nn.Module:
+    """Write a tiny HF model directory (config.json + model.safetensors [+ tokenizer files])."""
+    model = build_hf_model(kind, vocab_size=vocab_size, seed=seed, **overrides)
+    model.save_pretrained(path, safe_serialization=True)
+    if tokenizer_dir is not None:
+        for f in Path(tokenizer_dir).iterdir():
+            if f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges", "chat_template")):
+                (path / f.name).write_bytes(f.read_bytes())
+        cfg = json.loads((path / "config.json").read_text())
+        src = json.loads((Path(tokenizer_dir) / "config.json").read_text())
+        cfg["eos_token_id"], cfg["bos_token_id"] = src.get("eos_token_id"), src.get("bos_token_id")
+        (path / "config.json").write_text(json.dumps(cfg, indent=2))
+    return model

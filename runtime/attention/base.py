@@ -10,6 +10,7 @@ from __future__ import annotations
 import abc
 
 import torch
+
 from radixlm.runtime.forward_batch import ForwardBatch
 from radixlm.runtime.mem_pool import KVPool, ReqToTokenPool
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
 from radixlm.runtime.attention.base import BaseAttentionBackend
 from radixlm.runtime.forward_batch import ForwardBatch, ForwardMode
 

@@ -4,6 +4,7 @@ interpreter, for tests). Reads K/V in place from the pool through `req_to_token`
 from __future__ import annotations
 
 import torch
+
 from radixlm.runtime.attention.base import BaseAttentionBackend
 from radixlm.runtime.forward_batch import ForwardBatch, ForwardMode
 
@@ -33,5 +34,6 @@ class TritonAttentionBackend(BaseAttentionBackend):
             extend_attention_fwd(
                 q, k_buf, v_buf, out, self.req_to_token, self._req_pool_indices, self._seq_lens,
                 self._extend_lens, self._extend_start_loc, self.scaling,
+                max_extend_len=max(batch.extend_lens_list),
             )
         return out

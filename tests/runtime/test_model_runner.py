@@ -6,14 +6,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from radixlm_testing import TINY_CONFIGS, save_tiny_model
+from safetensors.torch import load_file
+
 from radixlm.runtime.forward_batch import ForwardBatch
 from radixlm.runtime.model_config import ModelConfig
 from radixlm.runtime.model_runner import ModelRunner, RunnerConfig
 from radixlm.runtime.req import Req
 from radixlm.runtime.sampling_params import SamplingParams
 from radixlm.runtime.scheduler import Scheduler
-from radixlm_testing import TINY_CONFIGS, save_tiny_model
-from safetensors.torch import load_file
 
 KINDS = sorted(TINY_CONFIGS)
 ATOL = 1e-4
@@ -116,3 +117,11 @@ def test_greedy_64_steps_batched_match_hf(tiny: tuple[torch.nn.Module, Path]) ->
     ours = run_greedy(make_runner(path), prompts, 64)
     for prompt, got in zip(prompts, ours):
         assert got == hf_greedy(hf, prompt, 64)
+
+
+def test_triton_backend_matches_torch_backend(tmp_path: Path) -> None:
+    """The model over the Triton kernels (interpreter) gives the torch backend's greedy tokens."""
+    save_tiny_model(tmp_path, "qwen3")
+    prompts = [[1, 2, 3, 4, 5], [9, 8, 7]]
+    want = run_greedy(make_runner(tmp_path, "torch"), prompts, 4)
+    assert run_greedy(make_runner(tmp_path, "triton"), prompts, 4) == want

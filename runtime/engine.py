@@ -1,25 +1,29 @@
 """The in-process engine: `Engine(...).generate(...)` over the scheduler, no server, no zmq.
 
-Flow: prompt -> Tokenizer.encode -> Req -> Scheduler.step() loop (ModelRunner.forward over the KV
-pool, sampler) -> output ids -> Tokenizer.decode -> result dicts shaped like SGLang's /generate.
+Flow: prompt -> Tokenizer.encode -> Req (+ IncrementalDecoder) -> Scheduler.step() loop
+(ModelRunner.forward over the KV pool, sampler) -> output ids and text -> result dicts shaped
+like SGLang's /generate. Any thread may call `generate`; steps are serialised by one lock, and
+whichever caller holds it steps for everyone, so concurrent callers share batches.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import itertools
-import logging
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
+from radixlm.runtime.detokenizer import IncrementalDecoder
 from radixlm.runtime.model_config import ModelConfig
 from radixlm.runtime.model_runner import ModelRunner, RunnerConfig
-from radixlm.runtime.req import Req
+from radixlm.runtime.req import LogprobOptions, Req
+from radixlm.runtime.request_io import build_result, normalize_inputs, normalize_params
 from radixlm.runtime.sampling_params import SamplingParams
-from radixlm.runtime.scheduler import Scheduler
+from radixlm.runtime.scheduler import Scheduler, SchedulerConfig
 from radixlm.runtime.server_args import ServerArgs
 from radixlm.runtime.tokenizer import Tokenizer
-
-logger = logging.getLogger(__name__)
 
 
 class Engine:
@@ -28,52 +32,110 @@ class Engine:
     def __init__(self, model_path: str | None = None, **kwargs: Any):
         from radixlm.runtime.model_files import load_state_dict, resolve_model_path
 
-        self.server_args = ServerArgs(model_path=model_path, **kwargs)
-        args = self.server_args
+        self.server_args = args = ServerArgs(model_path=model_path, **kwargs)
         model_dir = resolve_model_path(args.model_path)
         self.model_config = ModelConfig.from_dir(model_dir)
         self.tokenizer = Tokenizer(args.tokenizer_path or model_dir)
-        context_len = min(args.context_length or self.model_config.context_len, self.model_config.context_len)
-        max_total_tokens = args.max_total_tokens or _kv_tokens_from_memory(self.model_config, args)
-        runner_cfg = RunnerConfig(
-            dtype=args.torch_dtype,
-            attention_backend=args.resolved_attention_backend,
-            max_total_tokens=max_total_tokens,
-            max_running_requests=args.max_running_requests,
-            context_len=min(context_len, max_total_tokens),
-            device=args.device,
-        )
+        runner_cfg = RunnerConfig.from_server_args(args, self.model_config)
         self.runner = ModelRunner(self.model_config, runner_cfg, load_state_dict(model_dir))
         self.context_len = runner_cfg.context_len
-        self.scheduler = Scheduler(self.runner, self.context_len, args.random_seed)
-        self._eos_ids = frozenset(self.model_config.eos_token_ids) | (
-            {self.tokenizer.eos_token_id} if self.tokenizer.eos_token_id is not None else set()
+        self.scheduler = Scheduler(
+            self.runner,
+            SchedulerConfig(
+                context_len=self.context_len,
+                max_running_requests=args.max_running_requests,
+                chunked_prefill_size=args.chunked_prefill_size,
+                schedule_policy=args.schedule_policy,
+                disable_radix_cache=args.disable_radix_cache,
+                random_seed=args.random_seed,
+            ),
         )
+        eos = set(self.model_config.eos_token_ids)
+        if self.tokenizer.eos_token_id is not None:
+            eos.add(self.tokenizer.eos_token_id)
+        self._eos_ids = frozenset(eos)
         self._rid_counter = itertools.count()
+        self._lock = threading.Lock()
 
+    # ---------------------------------------------------------------- public API
     def generate(
         self,
         prompt: str | Sequence[str] | None = None,
         sampling_params: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
         input_ids: Sequence[int] | Sequence[Sequence[int]] | None = None,
-    ) -> dict[str, Any] | list[dict[str, Any]]:
-        """Generate for one request (a str / a list of ids) or a batch (a list of either)."""
-        is_batch, prompts = _normalize_inputs(prompt, input_ids)
-        params = _normalize_params(sampling_params, len(prompts))
-        reqs = [self._make_req(p, sp) for p, sp in zip(prompts, params)]
-        for req in reqs:
-            self.scheduler.add_request(req)
-        while not all(r.is_finished for r in reqs):
-            self.scheduler.step()
+        return_logprob: bool = False,
+        logprob_start_len: int = -1,
+        top_logprobs_num: int = 0,
+        stream: bool = False,
+    ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
+        """Generate for one request (a str / a list of ids) or a batch (a list of either).
+
+        A batch is served concurrently. `n` > 1 in the sampling params gives n results per
+        prompt (flattened, prompt-major). `stream=True` (single request, n == 1) returns an
+        iterator of partial results whose `text` is cumulative, as SGLang's /generate streams.
+        """
+        logprob = LogprobOptions(return_logprob, logprob_start_len, top_logprobs_num)
+        is_batch, reqs = self._make_reqs(prompt, input_ids, sampling_params, logprob)
+        if stream:
+            if is_batch or len(reqs) != 1:
+                raise ValueError("stream=True takes a single prompt with n == 1")
+            return self._stream(reqs[0])
+        self._submit(reqs)
+        self._drive_until(lambda: all(r.is_finished for r in reqs))
         results = [self._result(r) for r in reqs]
-        return results if is_batch else results[0]
+        return results if is_batch or len(results) > 1 else results[0]
+
+    async def async_generate(self, *args: Any, **kwargs: Any) -> dict[str, Any] | list[dict[str, Any]]:
+        """`generate` without blocking the event loop (runs in a worker thread; shares batches)."""
+        if kwargs.get("stream"):
+            raise ValueError("use async_generate_stream for streaming")
+        return await asyncio.to_thread(self.generate, *args, **kwargs)  # type: ignore[arg-type]
+
+    async def async_generate_stream(self, *args: Any, **kwargs: Any) -> AsyncIterator[dict[str, Any]]:
+        """Async streaming: yields the same partial results as `generate(stream=True)`."""
+        iterator = self.generate(*args, stream=True, **kwargs)
+        assert isinstance(iterator, Iterator)
+        done = object()
+        while (chunk := await asyncio.to_thread(next, iterator, done)) is not done:
+            yield chunk  # type: ignore[misc]
+
+    def abort_request(self, rid: str) -> None:
+        with self._lock:
+            self.scheduler.abort(rid)
+
+    def flush_cache(self) -> bool:
+        """Empty the prefix cache; False (nothing done) while requests are running."""
+        with self._lock:
+            return self.scheduler.flush_cache()
+
+    def get_server_info(self) -> dict[str, Any]:
+        with self._lock:
+            sched = self.scheduler
+            cache = sched.cache
+            return {
+                **{k: v for k, v in vars(self.server_args).items()},
+                "model_path": str(self.server_args.model_path or "default:SmolLM2-135M-Instruct"),
+                "context_length": self.context_len,
+                "kv_pool": {"total_tokens": sched.kv_pool.size, "free_tokens": sched.kv_pool.num_free},
+                "radix_cache": {
+                    "cached_tokens": cache.total_cached_tokens,
+                    "evictable_tokens": cache.evictable_tokens,
+                    "hit_rate": cache.hit_rate,
+                },
+                "num_running_reqs": len(sched.running) + (1 if sched.chunked_req else 0),
+                "num_waiting_reqs": len(sched.waiting),
+                "num_retractions": sched.num_retractions,
+            }
 
     def shutdown(self) -> None:
-        """Drop queued work and release the model's memory."""
-        for req in list(self.scheduler.waiting) + list(self.scheduler.running):
-            self.scheduler.abort(req.rid)
-        while self.scheduler.has_work:
-            self.scheduler.step()
+        """Abort everything queued or running and release its memory."""
+        with self._lock:
+            for req in list(self.scheduler.waiting) + list(self.scheduler.running):
+                self.scheduler.abort(req.rid)
+            if self.scheduler.chunked_req is not None:
+                self.scheduler.abort(self.scheduler.chunked_req.rid)
+            while self.scheduler.has_work:
+                self.scheduler.step()
 
     def __enter__(self) -> Engine:
         return self
@@ -81,87 +143,71 @@ class Engine:
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
 
-    def _make_req(self, prompt: str | list[int], params: SamplingParams) -> Req:
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+    # ---------------------------------------------------------------- internals
+    def _make_reqs(
+        self,
+        prompt: str | Sequence[str] | None,
+        input_ids: Sequence[int] | Sequence[Sequence[int]] | None,
+        sampling_params: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None,
+        logprob: LogprobOptions,
+    ) -> tuple[bool, list[Req]]:
+        is_batch, prompts = normalize_inputs(prompt, input_ids)
+        params = normalize_params(sampling_params, len(prompts))
+        reqs = []
+        for text_or_ids, sp in zip(prompts, params):
+            ids = self.tokenizer.encode(text_or_ids) if isinstance(text_or_ids, str) else text_or_ids
+            self._check_ids(ids)
+            for copy in range(sp.n):
+                reqs.append(self._new_req(ids, sp, copy, logprob))
+        return is_batch, reqs
+
+    def _new_req(self, ids: list[int], sp: SamplingParams, copy: int, logprob: LogprobOptions) -> Req:
+        if sp.n > 1 and sp.seed is not None:
+            sp = dataclasses.replace(sp, seed=sp.seed + copy)  # copies of a seeded request differ, reproducibly
+        decoder = IncrementalDecoder(self.tokenizer, sp, ids)
+        return Req(str(next(self._rid_counter)), ids, sp, self._eos_ids, logprob, decoder)
+
+    def _check_ids(self, ids: list[int]) -> None:
         vocab = self.model_config.vocab_size
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"input_ids contains ids outside the vocabulary [0, {vocab}): {bad[:5]}")
-        return Req(str(next(self._rid_counter)), ids, params, self._eos_ids)
+        if not ids:
+            raise ValueError("the prompt is empty: at least one input token is required")
+        if len(ids) >= self.context_len:
+            raise ValueError(f"the prompt has {len(ids)} tokens; the context length is {self.context_len}")
+
+    def _submit(self, reqs: list[Req]) -> None:
+        with self._lock:
+            for req in reqs:
+                self.scheduler.add_request(req)
+
+    def _drive_until(self, done: Any) -> None:
+        while True:
+            with self._lock:
+                if done():
+                    return
+                self.scheduler.step()
+
+    def _stream(self, req: Req) -> Iterator[dict[str, Any]]:
+        self._submit([req])
+        sent = 0
+        try:
+            while True:
+                self._drive_until(lambda sent=sent: req.is_finished or len(req.output_ids) > sent)
+                sent = len(req.output_ids)
+                yield self._result(req) if req.is_finished else self._partial(req)
+                if req.is_finished:
+                    return
+        finally:
+            if not req.is_finished:  # the consumer stopped early
+                self.abort_request(req.rid)
+
+    def _partial(self, req: Req) -> dict[str, Any]:
+        assert req.decoder is not None
+        return build_result(req, req.decoder.text)
 
     def _result(self, req: Req) -> dict[str, Any]:
-        assert req.finish_reason is not None
-        text = self.tokenizer.decode(
-            _strip_matched_stop(req),
-            skip_special_tokens=req.params.skip_special_tokens,
-            spaces_between_special_tokens=req.params.spaces_between_special_tokens,
-        )
-        return {
-            "text": text,
-            "output_ids": list(req.output_ids),
-            "meta_info": {
-                "id": req.rid,
-                "prompt_tokens": len(req.input_ids),
-                "completion_tokens": len(req.output_ids),
-                "cached_tokens": req.cached_tokens,
-                "finish_reason": req.finish_reason.to_dict(),
-            },
-        }
-
-
-def _strip_matched_stop(req: Req) -> list[int]:
-    """Output ids without a final EOS / stop token (SGLang leaves it out of the text)."""
-    reason = req.finish_reason
-    if reason is not None and reason.type == "stop" and isinstance(reason.matched, int):
-        return req.output_ids[:-1]
-    return req.output_ids
-
-
-def _normalize_inputs(
-    prompt: str | Sequence[str] | None, input_ids: Sequence[int] | Sequence[Sequence[int]] | None
-) -> tuple[bool, list[str | list[int]]]:
-    if (prompt is None) == (input_ids is None):
-        raise ValueError("pass exactly one of prompt or input_ids")
-    if prompt is not None:
-        if isinstance(prompt, str):
-            return False, [prompt]
-        if not all(isinstance(p, str) for p in prompt):
-            raise ValueError("prompt must be a str or a list of str")
-        return True, list(prompt)
-    assert input_ids is not None
-    if len(input_ids) > 0 and all(isinstance(t, int) for t in input_ids):
-        return False, [list(input_ids)]  # type: ignore[arg-type]
-    if all(isinstance(x, Sequence) and all(isinstance(t, int) for t in x) for x in input_ids):
-        return True, [list(x) for x in input_ids]  # type: ignore[union-attr]
-    raise ValueError("input_ids must be a list of ints or a list of lists of ints")
-
-
-def _normalize_params(
-    sampling_params: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None, count: int
-) -> list[SamplingParams]:
-    if sampling_params is None or isinstance(sampling_params, Mapping):
-        one = SamplingParams.from_dict(sampling_params)
-        return [one] * count
-    if len(sampling_params) != count:
-        raise ValueError(f"got {len(sampling_params)} sampling_params for {count} prompts")
-    return [SamplingParams.from_dict(p) for p in sampling_params]
-
-
-def _kv_tokens_from_memory(cfg: ModelConfig, args: ServerArgs) -> int:
-    """KV pool size from `mem_fraction_static` of the memory available now (CPU)."""
-    from radixlm.runtime.mem_pool import KVPool
-
-    available = _available_memory_bytes()
-    per_token = KVPool.bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, args.torch_dtype)
-    return max(1024, int(available * args.mem_fraction_static) // per_token)
-
-
-def _available_memory_bytes() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 8 << 30
+        assert req.decoder is not None and req.finish_reason is not None
+        req.decoder.finish()
+        return build_result(req, req.decoder.text)

@@ -9,11 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
 from radixlm.runtime.attention.base import create_attention_backend
 from radixlm.runtime.forward_batch import ForwardBatch
 from radixlm.runtime.mem_pool import KVPool, ReqToTokenPool
 from radixlm.runtime.model_config import ModelConfig
 from radixlm.runtime.models.llama import LlamaForCausalLM
+from radixlm.runtime.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +28,23 @@ class RunnerConfig:
     max_running_requests: int
     context_len: int
     device: str = "cpu"
+
+    @classmethod
+    def from_server_args(cls, args: ServerArgs, model_cfg: ModelConfig) -> RunnerConfig:
+        """Resolve `auto` values: context length, and the KV pool size from available memory."""
+        context_len = min(args.context_length or model_cfg.context_len, model_cfg.context_len)
+        per_token = KVPool.bytes_per_token(model_cfg.num_layers, model_cfg.num_kv_heads, model_cfg.head_dim, args.torch_dtype)
+        max_total_tokens = args.max_total_tokens or max(
+            1024, int(_available_memory_bytes() * args.mem_fraction_static) // per_token
+        )
+        return cls(
+            dtype=args.torch_dtype,
+            attention_backend=args.resolved_attention_backend,
+            max_total_tokens=max_total_tokens,
+            max_running_requests=args.max_running_requests,
+            context_len=min(context_len, max_total_tokens),
+            device=args.device,
+        )
 
 
 class ModelRunner:
@@ -72,3 +91,15 @@ class ModelRunner:
         """float32 logits `[len(batch.logits_indices), vocab]`."""
         self.attn_backend.init_forward_metadata(batch)
         return self.model(batch, self.attn_backend)
+
+
+def _available_memory_bytes() -> int:
+    """MemAvailable from /proc/meminfo (CPU); 8 GiB if it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 << 30

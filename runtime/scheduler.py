@@ -1,154 +1,216 @@
 """The scheduler: a plain object (`add_request`, `abort`, `step()`) that batches requests over the
 model runner. No I/O: the Engine drives it in-process, the server wraps it in a process.
 
-One step: admit waiting requests that fit (a KV row and enough slots for their prompt plus the
-tokens every running request may still generate), run one forward — an extend batch for the newly
-admitted requests together with one token of each running request, or a pure decode batch — then
-sample one token per request and retire the finished ones, freeing their KV at once.
+One step (iteration-level continuous batching):
+  1. the running requests each need one KV slot for their decode; if memory is short, evict
+     cache, then retract the newest requests to the waiting queue (their tokens are kept, their
+     K/V goes to the cache, so resuming recomputes only what was evicted meanwhile);
+  2. admission (`admission.plan_extends`) adds new requests' extends, in policy order, within the
+     chunked-prefill token budget and the KV memory estimate; a long prompt is split into chunks;
+  3. one forward runs the extends and the decodes together, then one token is sampled for every
+     request whose prompt is complete;
+  4. newly prefilled tokens go to the radix cache at once (so requests sharing a new prefix that
+     were held back reuse it next step); finished requests leave at once, their tokens cached.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 
 import torch
+
+from radixlm.runtime.admission import AdmissionPlan, plan_extends
+from radixlm.runtime.cache_bridge import CacheBridge
 from radixlm.runtime.forward_batch import ForwardBatch
+from radixlm.runtime.logprobs import record_logprobs
 from radixlm.runtime.model_runner import ModelRunner
+from radixlm.runtime.radix_cache import BasePrefixCache, NoopRadixCache, RadixCache
 from radixlm.runtime.req import FinishReason, Req
 from radixlm.runtime.sampler import SamplingBatch, sample
+from radixlm.runtime.schedule_policy import SchedulePolicy
+
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO = 0.1
+NEW_TOKEN_RATIO_DECAY = 0.002
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    context_len: int
+    max_running_requests: int
+    chunked_prefill_size: int = 2048
+    schedule_policy: str = "lpm"
+    disable_radix_cache: bool = False
+    random_seed: int | None = None
 
 
 @dataclass(frozen=True)
 class StepOutput:
-    """What one step produced for one request: its new token (None if aborted) and whether done."""
+    """One request's progress in a step: the token it gained (None: aborted or nothing new)."""
 
     req: Req
     token_id: int | None
 
 
 class Scheduler:
-    def __init__(self, runner: ModelRunner, context_len: int, random_seed: int | None = None):
+    def __init__(self, runner: ModelRunner, cfg: SchedulerConfig):
         self.runner = runner
-        self.context_len = context_len
+        self.cfg = cfg
         self.kv_pool = runner.kv_pool
-        self.req_to_token_pool = runner.req_to_token_pool
-        self.waiting: deque[Req] = deque()
-        self.running: list[Req] = []
+        cache: BasePrefixCache = NoopRadixCache(self.kv_pool) if cfg.disable_radix_cache else RadixCache(self.kv_pool)
+        self.bridge = CacheBridge(self.kv_pool, runner.req_to_token_pool, cache)
+        self.policy = SchedulePolicy(cfg.schedule_policy, self.bridge, cfg.random_seed)
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []  # prompt complete, decoding; in admission order
+        self.chunked_req: Req | None = None  # prompt partly computed
         self.generator = torch.Generator()
-        if random_seed is not None:
-            self.generator.manual_seed(random_seed)
+        if cfg.random_seed is not None:
+            self.generator.manual_seed(cfg.random_seed)
         self._aborted: list[Req] = []
+        self.num_retractions = 0
+        self.new_token_ratio = INIT_NEW_TOKEN_RATIO  # share of remaining tokens admission reserves
+
+    @property
+    def cache(self) -> BasePrefixCache:
+        return self.bridge.cache
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self._aborted)
+        return bool(self.waiting or self.running or self.chunked_req or self._aborted)
 
     def add_request(self, req: Req) -> None:
         if not req.input_ids:
             raise ValueError("the prompt is empty: at least one input token is required")
-        if len(req.input_ids) >= self.context_len:
+        if len(req.input_ids) >= self.cfg.context_len:
             raise ValueError(
-                f"the prompt has {len(req.input_ids)} tokens; the context length is {self.context_len}"
+                f"the prompt has {len(req.input_ids)} tokens; the context length is {self.cfg.context_len}"
             )
+        if len(req.input_ids) + 1 > self.kv_pool.size:
+            raise ValueError(f"the prompt has {len(req.input_ids)} tokens; the KV pool holds {self.kv_pool.size}")
         self.waiting.append(req)
 
     def abort(self, rid: str) -> None:
-        for req in list(self.waiting):
-            if req.rid == rid:
-                self.waiting.remove(req)
-                req.finish_reason = FinishReason("abort", message="aborted")
-                self._aborted.append(req)
-        for req in self.running:
+        """Finish a request now; its KV is released by the next step, which also reports it."""
+        for req in [r for r in self.waiting if r.rid == rid]:
+            self.waiting.remove(req)
+            req.finish_reason = FinishReason("abort", message="aborted")
+            self._aborted.append(req)
+        for req in self.running + ([self.chunked_req] if self.chunked_req else []):
             if req.rid == rid and not req.is_finished:
                 req.finish_reason = FinishReason("abort", message="aborted")
-                self._aborted.append(req)  # reported by the next step, which also frees its KV
+                self._aborted.append(req)
+
+    def flush_cache(self) -> bool:
+        """Drop the prefix cache; refused (False) while requests are running."""
+        if self.running or self.chunked_req:
+            return False
+        self.cache.flush()
+        return True
+
+    def check_integrity(self) -> None:
+        live = self.running + ([self.chunked_req] if self.chunked_req else [])
+        self.bridge.check_integrity(live)
 
     def step(self) -> list[StepOutput]:
         outputs = [StepOutput(r, None) for r in self._aborted]
         self._aborted = []
         self._retire_finished()
-        new_reqs = self._admit()
-        batch_reqs = new_reqs + self.running
-        if not batch_reqs:
+        self._make_room_for_decode()
+        plan = plan_extends(self)
+        if not plan.extends and not self.running:
             return outputs
-        batch = self._prepare(new_reqs)
+        batch, sample_reqs = self._prepare(plan)
         logits = self.runner.forward(batch)
-        sampling = SamplingBatch.build(
-            [r.params for r in batch_reqs],
-            [r.output_ids for r in batch_reqs],
-            logits.shape[-1],
-            eos_token_ids=[r.eos_token_ids for r in batch_reqs],
-        )
-        next_ids = sample(logits, sampling, generator=self.generator).next_ids.tolist()
-        self.running = batch_reqs
-        for req, token in zip(batch_reqs, next_ids):
-            req.num_cached = req.seq_len
-            req.output_ids.append(token)
-            req.check_finished(self.context_len)
-            outputs.append(StepOutput(req, token))
+        outputs += self._process_results(plan, sample_reqs, logits)
         self._retire_finished()
         return outputs
 
-    def _admit(self) -> list[Req]:
-        """Move waiting requests that fit into KV memory to the batch, first come first served."""
-        reserved = sum(self._remaining_tokens(r) for r in self.running)
-        admitted: list[Req] = []
-        while self.waiting and len(self.running) + len(admitted) < self.req_to_token_pool.max_reqs:
-            req = self.waiting[0]
-            need = len(req.input_ids) + self._remaining_tokens(req)
-            if reserved + need > self.kv_pool.num_free:
-                if not self.running and not admitted:
-                    self.waiting.popleft()
-                    req.finish_reason = FinishReason(
-                        "abort", message=f"request needs {need} KV slots; the pool has {self.kv_pool.size}"
-                    )
-                    self._aborted.append(req)
-                    continue
+    def _make_room_for_decode(self) -> None:
+        """Ensure one slot per running request: evict, then retract newest-first."""
+        if self.running:
+            self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
+        while self.running and self.bridge.available_tokens() < len(self.running):
+            req = self.running.pop()
+            if not self.running and self.chunked_req is None:
+                # alone and still out of memory: the pool cannot hold this sequence any longer
+                req.finish_reason = FinishReason("abort", message=f"KV pool ({self.kv_pool.size} tokens) is full")
+                self.bridge.release(req, keep_in_cache=True)
+                self._aborted.append(req)
                 break
-            self.waiting.popleft()
-            row = self.req_to_token_pool.alloc()
-            assert row is not None
-            req.req_pool_idx = row
-            reserved += need
-            admitted.append(req)
-        return admitted
+            self.bridge.release(req, keep_in_cache=True)
+            req.is_retracted = True
+            self.waiting.insert(0, req)
+            self.num_retractions += 1
+            self.new_token_ratio = INIT_NEW_TOKEN_RATIO
 
-    def _remaining_tokens(self, req: Req) -> int:
-        max_new = req.params.max_new_tokens
-        limit = self.context_len - len(req.input_ids)
-        left = limit if max_new is None else min(max_new, limit)
-        return max(0, left - len(req.output_ids))
-
-    def _prepare(self, new_reqs: list[Req]) -> ForwardBatch:
-        """Allocate slots for every new token of the step and build the ForwardBatch."""
-        batch_reqs = new_reqs + self.running
-        new_tokens = [r.all_ids[r.num_cached :] for r in batch_reqs]
-        slots = self.kv_pool.alloc(sum(len(t) for t in new_tokens))
-        assert slots is not None, "admission reserved these slots"
+    def _prepare(self, plan: AdmissionPlan) -> tuple[ForwardBatch, list[Req]]:
+        """Allocate the step's slots and build the ForwardBatch; extends first, then decodes."""
+        reqs = [e.req for e in plan.extends] + self.running
+        chunks = [e.req.all_ids[e.req.num_cached : e.req.num_cached + e.num_tokens] for e in plan.extends]
+        chunks += [[r.output_ids[-1]] for r in self.running]
+        slots = self.bridge.alloc(sum(len(c) for c in chunks))
+        assert slots is not None, "admission and _make_room_for_decode guarantee the slots"
         offset = 0
-        for req, tokens in zip(batch_reqs, new_tokens):
-            assert req.req_pool_idx is not None
-            self.req_to_token_pool.write(req.req_pool_idx, req.num_cached, slots[offset : offset + len(tokens)])
-            offset += len(tokens)
-        rows = [r.req_pool_idx for r in batch_reqs]
-        if not new_reqs:
-            return ForwardBatch.decode(rows, [r.seq_len for r in batch_reqs], [t[0] for t in new_tokens], slots)
-        return ForwardBatch.extend(rows, [r.num_cached for r in batch_reqs], new_tokens, slots)
+        for req, chunk in zip(reqs, chunks):
+            self.runner.req_to_token_pool.write(req.req_pool_idx, req.num_cached, slots[offset : offset + len(chunk)])  # type: ignore[arg-type]
+            offset += len(chunk)
+        rows = [r.req_pool_idx for r in reqs]
+        if not plan.extends:
+            seq_lens = [r.seq_len for r in self.running]
+            return ForwardBatch.decode(rows, seq_lens, [c[0] for c in chunks], slots), list(self.running)  # type: ignore[arg-type]
+        sample_reqs, logit_rows, end = [], [], 0
+        for req, chunk, ext in zip(reqs, chunks, list(plan.extends) + [None] * len(self.running)):
+            end += len(chunk)
+            if ext is None or not ext.is_partial:
+                sample_reqs.append(req)
+                logit_rows.append(end - 1)
+        batch = ForwardBatch.extend(
+            rows, [r.num_cached for r in reqs], chunks, slots, torch.tensor(logit_rows, dtype=torch.int64)  # type: ignore[arg-type]
+        )
+        return batch, sample_reqs
+
+    def _process_results(self, plan: AdmissionPlan, sample_reqs: list[Req], logits: torch.Tensor) -> list[StepOutput]:
+        for ext in plan.extends:
+            ext.req.num_cached += ext.num_tokens
+            self.bridge.cache_unfinished(ext.req)
+            if ext.is_partial:
+                self.chunked_req = ext.req
+            else:
+                if self.chunked_req is ext.req:
+                    self.chunked_req = None
+                self.running.append(ext.req)
+        for req in self.running:
+            req.num_cached = req.seq_len
+        want_logprob = any(r.logprob.return_logprob for r in sample_reqs)
+        result = sample(
+            logits,
+            SamplingBatch.build(
+                [r.params for r in sample_reqs],
+                [r.output_ids for r in sample_reqs],
+                logits.shape[-1],
+                eos_token_ids=[r.eos_token_ids for r in sample_reqs],
+            ),
+            generator=self.generator,
+            return_logprob=want_logprob,
+        )
+        if want_logprob:
+            record_logprobs(sample_reqs, result)
+        outputs = []
+        for req, token in zip(sample_reqs, result.next_ids.tolist()):
+            if req.is_finished:  # aborted during the step
+                continue
+            req.append_token(token, self.cfg.context_len)
+            outputs.append(StepOutput(req, token))
+        return outputs
 
     def _retire_finished(self) -> None:
         still_running = []
         for req in self.running:
             if req.is_finished:
-                self._release(req)
+                self.bridge.release(req, keep_in_cache=True)
             else:
                 still_running.append(req)
         self.running = still_running
-
-    def _release(self, req: Req) -> None:
-        assert req.req_pool_idx is not None
-        slots = self.req_to_token_pool.req_to_token[req.req_pool_idx, : req.num_cached].to(torch.int64)
-        self.kv_pool.free(slots)
-        self.req_to_token_pool.free(req.req_pool_idx)
-        req.req_pool_idx = None
-        req.num_cached = 0
+        if self.chunked_req is not None and self.chunked_req.is_finished:
+            self.bridge.release(self.chunked_req, keep_in_cache=True)
+            self.chunked_req = None

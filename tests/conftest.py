@@ -6,3 +6,25 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def default_model_dir() -> Path:
+    """The embedded default model (converted once per machine into the user cache)."""
+    from radixlm.runtime.model_files import resolve_model_path
+
+    return resolve_model_path(None)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path) -> Path:
+    """A tiny random-weight Llama with the default model's tokenizer (so text round-trips)."""
+    from radixlm_testing import save_tiny_model
+
+    path = tmp_path_factory.mktemp("tiny-llama")
+    save_tiny_model(path, "llama", vocab_size=49152, tokenizer_dir=default_model_dir)
+    return path

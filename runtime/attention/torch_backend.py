@@ -59,10 +59,13 @@ class TorchAttentionBackend(BaseAttentionBackend):
     ) -> torch.Tensor:
         self.kv_pool.set_kv(layer_id, batch.out_cache_loc, k, v)
         meta = self._meta
-        k_ctx = self.kv_pool.k_buffer[layer_id][meta.slot_index].transpose(1, 2)  # [B, Hkv, L, D]
-        v_ctx = self.kv_pool.v_buffer[layer_id][meta.slot_index].transpose(1, 2)
         num_tokens, num_heads, head_dim = q.shape
-        bsz = batch.batch_size
+        bsz, max_len = meta.slot_index.shape
+        k_buf, v_buf = self.kv_pool.k_buffer[layer_id], self.kv_pool.v_buffer[layer_id]
+        # index_select on the flat index: an order of magnitude faster than advanced indexing on CPU
+        flat = meta.slot_index.view(-1)
+        k_ctx = k_buf.index_select(0, flat).view(bsz, max_len, *k_buf.shape[1:]).transpose(1, 2)  # [B, Hkv, L, D]
+        v_ctx = v_buf.index_select(0, flat).view(bsz, max_len, *v_buf.shape[1:]).transpose(1, 2)
         if batch.mode is ForwardMode.DECODE:
             q_pad = q.view(bsz, 1, num_heads, head_dim)
         elif meta.pad_rows is None:

@@ -14,7 +14,7 @@ from radixlm.runtime.model_config import ModelConfig
 from radixlm.runtime.model_runner import ModelRunner, RunnerConfig
 from radixlm.runtime.req import Req
 from radixlm.runtime.sampling_params import SamplingParams
-from radixlm.runtime.scheduler import Scheduler
+from radixlm.runtime.scheduler import Scheduler, SchedulerConfig
 
 KINDS = sorted(TINY_CONFIGS)
 ATOL = 1e-4
@@ -92,13 +92,15 @@ def test_extend_over_cached_prefix_and_decode_match_hf(tiny: tuple[torch.nn.Modu
 
 
 def run_greedy(runner: ModelRunner, prompts: list[list[int]], steps: int) -> list[list[int]]:
-    sched = Scheduler(runner, runner.cfg.context_len)
+    sched = Scheduler(runner, SchedulerConfig(runner.cfg.context_len, 16))
     params = SamplingParams(temperature=0.0, max_new_tokens=steps, ignore_eos=True)
     reqs = [Req(str(i), p, params, frozenset()) for i, p in enumerate(prompts)]
     for r in reqs:
         sched.add_request(r)
     while sched.has_work:
         sched.step()
+    sched.check_integrity()
+    sched.flush_cache()
     assert runner.kv_pool.num_free == runner.kv_pool.size
     return [r.output_ids for r in reqs]
 

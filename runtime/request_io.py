@@ -1,0 +1,67 @@
+"""Request inputs in, result dicts out: the shapes of SGLang's /generate, shared by the Engine
+and the server."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from radixlm.runtime.req import Req
+from radixlm.runtime.sampling_params import SamplingParams
+
+
+def normalize_inputs(
+    prompt: str | Sequence[str] | None, input_ids: Sequence[int] | Sequence[Sequence[int]] | None
+) -> tuple[bool, list[str | list[int]]]:
+    """(is_batch, prompts): each prompt a str or a list of token ids."""
+    if (prompt is None) == (input_ids is None):
+        raise ValueError("pass exactly one of text/prompt or input_ids")
+    if prompt is not None:
+        if isinstance(prompt, str):
+            return False, [prompt]
+        if isinstance(prompt, Sequence) and prompt and all(isinstance(p, str) for p in prompt):
+            return True, list(prompt)
+        raise ValueError("text must be a string or a non-empty list of strings")
+    assert input_ids is not None
+    if isinstance(input_ids, Sequence) and input_ids and all(_is_token(t) for t in input_ids):
+        return False, [list(input_ids)]  # type: ignore[arg-type]
+    if (
+        isinstance(input_ids, Sequence)
+        and input_ids
+        and all(isinstance(x, Sequence) and not isinstance(x, str) and all(_is_token(t) for t in x) for x in input_ids)
+    ):
+        return True, [list(x) for x in input_ids]  # type: ignore[union-attr]
+    raise ValueError("input_ids must be a non-empty list of ints or a list of such lists")
+
+
+def _is_token(t: object) -> bool:
+    return isinstance(t, int) and not isinstance(t, bool)
+
+
+def normalize_params(
+    sampling_params: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None, count: int
+) -> list[SamplingParams]:
+    if sampling_params is None or isinstance(sampling_params, Mapping):
+        one = SamplingParams.from_dict(sampling_params)
+        return [one] * count
+    if len(sampling_params) != count:
+        raise ValueError(f"got {len(sampling_params)} sampling_params for {count} prompts")
+    return [SamplingParams.from_dict(p) for p in sampling_params]
+
+
+def build_result(req: Req, text: str) -> dict[str, Any]:
+    """One /generate result: text, output_ids, meta_info (with logprob lists when asked)."""
+    meta: dict[str, Any] = {
+        "id": req.rid,
+        "prompt_tokens": len(req.input_ids),
+        "completion_tokens": len(req.output_ids),
+        "cached_tokens": req.cached_tokens,
+        "finish_reason": None if req.finish_reason is None else req.finish_reason.to_dict(),
+    }
+    if req.logprob.return_logprob:
+        meta["input_token_logprobs"] = [list(x) for x in req.input_token_logprobs]
+        meta["output_token_logprobs"] = [list(x) for x in req.output_token_logprobs]
+        if req.logprob.top_logprobs_num > 0:
+            meta["input_top_logprobs"] = [None if x is None else [list(p) for p in x] for x in req.input_top_logprobs]
+            meta["output_top_logprobs"] = [[list(p) for p in x] for x in req.output_top_logprobs]
+    return {"text": text, "output_ids": list(req.output_ids), "meta_info": meta}

@@ -1,0 +1,205 @@
+"""The in-process Engine over the scheduler, radix cache and sampler, on a tiny random model.
+
+After every test the KV pool must be back to full once the cache is flushed, and every slot
+owned exactly once meanwhile (the `clean_pool` fixture): a leaked slot fails the test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from radixlm.runtime.engine import Engine
+
+PROMPTS = [
+    "The quick brown fox jumps over the lazy dog. " * 3,
+    "Once upon a time",
+    "In a hole in the ground there lived a hobbit. Not a nasty, dirty, wet hole.",
+    "1 2 3 4 5 6 7 8 9 10 11 12",
+]
+GREEDY = {"temperature": 0.0, "max_new_tokens": 24, "ignore_eos": True}
+
+
+def assert_clean(engine: Engine) -> None:
+    engine.scheduler.check_integrity()
+    assert engine.flush_cache()
+    pool = engine.scheduler.kv_pool
+    assert pool.num_free == pool.size, f"{pool.size - pool.num_free} KV slots leaked"
+    assert engine.runner.req_to_token_pool.num_free == engine.runner.req_to_token_pool.max_reqs
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir: Path) -> Engine:
+    eng = Engine(str(tiny_model_dir), max_total_tokens=4096, random_seed=0)
+    yield eng
+    eng.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def clean_pool(request: pytest.FixtureRequest) -> Any:
+    yield
+    for name in ("engine", "small_engine"):
+        if name in request.fixturenames:
+            assert_clean(request.getfixturevalue(name))
+
+
+def texts(results: Any) -> list[list[int]]:
+    return [r["output_ids"] for r in results]
+
+
+def test_single_and_batch_shapes(engine: Engine) -> None:
+    one = engine.generate(prompt="Hello", sampling_params={"max_new_tokens": 5, "temperature": 0, "ignore_eos": True})
+    assert isinstance(one, dict) and isinstance(one["text"], str) and len(one["output_ids"]) == 5
+    meta = one["meta_info"]
+    assert meta["completion_tokens"] == 5 and meta["prompt_tokens"] > 0
+    assert meta["finish_reason"] == {"type": "length", "matched": 5}
+    many = engine.generate(prompt=PROMPTS, sampling_params=GREEDY)
+    assert isinstance(many, list) and len(many) == len(PROMPTS)
+    by_ids = engine.generate(input_ids=[[1, 2, 3], [4, 5]], sampling_params=GREEDY)
+    assert [r["meta_info"]["prompt_tokens"] for r in by_ids] == [3, 2]
+
+
+def test_batched_equals_sequential(engine: Engine) -> None:
+    sequential = [engine.generate(prompt=p, sampling_params=GREEDY)["output_ids"] for p in PROMPTS]
+    engine.flush_cache()
+    assert texts(engine.generate(prompt=PROMPTS, sampling_params=GREEDY)) == sequential
+
+
+def test_second_identical_request_hits_cache(engine: Engine) -> None:
+    first = engine.generate(prompt=PROMPTS[2], sampling_params=GREEDY)
+    second = engine.generate(prompt=PROMPTS[2], sampling_params=GREEDY)
+    n = first["meta_info"]["prompt_tokens"]
+    assert first["meta_info"]["cached_tokens"] == 0
+    assert second["meta_info"]["cached_tokens"] >= n - 1
+    assert second["output_ids"] == first["output_ids"]
+    assert engine.get_server_info()["radix_cache"]["cached_tokens"] > 0
+
+
+def test_shared_new_prefix_computed_once(engine: Engine) -> None:
+    shared = "A long shared preamble about the history of tea, spices and trade routes. " * 4
+    prompts = [shared + q for q in ("What about ships?", "What about camels?", "What about taxes?")]
+    results = engine.generate(prompt=prompts, sampling_params=GREEDY)
+    cached = sorted(r["meta_info"]["cached_tokens"] for r in results)
+    assert cached[0] == 0 and cached[1] >= 40 and cached[2] >= 40
+
+
+def test_n_copies_share_the_prompt(engine: Engine) -> None:
+    results = engine.generate(prompt=PROMPTS[0], sampling_params={**GREEDY, "n": 3})
+    assert len(results) == 3
+    n = results[0]["meta_info"]["prompt_tokens"]
+    assert sorted(r["meta_info"]["cached_tokens"] for r in results)[1:] == [n - 1, n - 1]
+    assert results[0]["output_ids"] == results[1]["output_ids"] == results[2]["output_ids"]
+
+
+def test_stop_conditions(engine: Engine) -> None:
+    base = engine.generate(prompt=PROMPTS[1], sampling_params=GREEDY)
+    ids = base["output_ids"]
+    stop_tok = engine.generate(prompt=PROMPTS[1], sampling_params={**GREEDY, "stop_token_ids": [ids[3]]})
+    assert stop_tok["output_ids"] == ids[: ids.index(ids[3]) + 1]
+    assert stop_tok["meta_info"]["finish_reason"] == {"type": "stop", "matched": ids[3]}
+    text = base["text"]
+    stop_str = text[len(text) // 2 : len(text) // 2 + 3]
+    if stop_str.strip():
+        got = engine.generate(prompt=PROMPTS[1], sampling_params={**GREEDY, "stop": [stop_str]})
+        assert got["text"] == text[: text.index(stop_str)]
+        assert got["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop_str}
+    eos = engine.model_config.eos_token_ids[0]
+    forced = engine.generate(input_ids=[1, 2, 3], sampling_params={"temperature": 0, "max_new_tokens": 3, "min_new_tokens": 3, "stop_token_ids": [eos]})
+    assert len(forced["output_ids"]) == 3
+
+
+def test_seed_reproducible(engine: Engine) -> None:
+    params = {"temperature": 1.0, "max_new_tokens": 16, "seed": 42, "ignore_eos": True}
+    a = engine.generate(prompt=PROMPTS[1], sampling_params=params)
+    b = engine.generate(prompt=[PROMPTS[0], PROMPTS[1]], sampling_params=[{**params, "seed": 7}, params])[1]
+    assert a["output_ids"] == b["output_ids"]
+
+
+def test_logprobs_shapes(engine: Engine) -> None:
+    out = engine.generate(prompt=PROMPTS[1], sampling_params=GREEDY, return_logprob=True, top_logprobs_num=3)
+    meta = out["meta_info"]
+    assert len(meta["output_token_logprobs"]) == 24
+    for (lp, tok), top, got in zip(meta["output_token_logprobs"], meta["output_top_logprobs"], out["output_ids"]):
+        assert tok == got and lp <= 0.0
+        assert len(top) == 3 and top[0][1] == tok and abs(top[0][0] - lp) < 1e-5  # greedy: top-1
+
+
+def test_invalid_input_is_rejected(engine: Engine) -> None:
+    with pytest.raises(ValueError, match="empty"):
+        engine.generate(prompt="")
+    with pytest.raises(ValueError, match="context length"):
+        engine.generate(input_ids=[1] * 600)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        engine.generate(prompt="hi", sampling_params={"max_new_tokens": -1})
+    with pytest.raises(ValueError, match="top_p"):
+        engine.generate(prompt="hi", sampling_params={"top_p": 1.5})
+    with pytest.raises(ValueError, match="bogus"):
+        engine.generate(prompt="hi", sampling_params={"bogus": 1})
+    with pytest.raises(ValueError, match="vocabulary"):
+        engine.generate(input_ids=[1, 10**7])
+
+
+def test_stream_and_abort_by_closing(engine: Engine) -> None:
+    full = engine.generate(prompt=PROMPTS[3], sampling_params=GREEDY)
+    chunks = list(engine.generate(prompt=PROMPTS[3], sampling_params=GREEDY, stream=True))
+    assert chunks[-1]["text"] == full["text"] and chunks[-1]["output_ids"] == full["output_ids"]
+    assert all(b["text"].startswith(a["text"]) for a, b in zip(chunks, chunks[1:]))
+    stream = engine.generate(prompt=PROMPTS[3], sampling_params={**GREEDY, "max_new_tokens": 200}, stream=True)
+    next(stream)
+    next(stream)
+    stream.close()  # the consumer goes away: the request is aborted and its KV freed
+    engine.generate(prompt="x", sampling_params={"max_new_tokens": 1})
+    assert engine.get_server_info()["num_running_reqs"] == 0
+
+
+def test_async_generate_concurrent(engine: Engine) -> None:
+    async def main() -> list[Any]:
+        return await asyncio.gather(*(engine.async_generate(prompt=p, sampling_params=GREEDY) for p in PROMPTS))
+
+    results = asyncio.run(main())
+    sequential = [engine.generate(prompt=p, sampling_params=GREEDY)["output_ids"] for p in PROMPTS]
+    assert [r["output_ids"] for r in results] == sequential
+
+
+def test_server_info(engine: Engine) -> None:
+    info = engine.get_server_info()
+    assert info["kv_pool"]["total_tokens"] == 4096
+    assert set(info["radix_cache"]) == {"cached_tokens", "evictable_tokens", "hit_rate"}
+    assert info["num_running_reqs"] == 0 and info["num_waiting_reqs"] == 0
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"disable_radix_cache": True},
+        {"chunked_prefill_size": 16},
+        {"schedule_policy": "fcfs"},
+        {"schedule_policy": "lof"},
+        {"schedule_policy": "dfs-weight"},
+        {"schedule_policy": "random"},
+    ],
+    ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()),
+)
+def test_options_keep_greedy_output(engine: Engine, tiny_model_dir: Path, options: dict[str, Any]) -> None:
+    want = texts(engine.generate(prompt=PROMPTS, sampling_params=GREEDY))
+    other = Engine(str(tiny_model_dir), max_total_tokens=4096, **options)
+    try:
+        assert texts(other.generate(prompt=PROMPTS, sampling_params=GREEDY)) == want
+        assert_clean(other)
+    finally:
+        other.shutdown()
+
+
+def test_retraction_under_a_tiny_pool(engine: Engine, tiny_model_dir: Path) -> None:
+    params = {"temperature": 0.0, "max_new_tokens": 60, "ignore_eos": True}
+    want = texts(engine.generate(prompt=PROMPTS, sampling_params=params))
+    small = Engine(str(tiny_model_dir), max_total_tokens=160, chunked_prefill_size=32)
+    try:
+        assert texts(small.generate(prompt=PROMPTS, sampling_params=params)) == want
+        assert small.scheduler.num_retractions > 0
+        assert_clean(small)
+    finally:
+        small.shutdown()

@@ -27,12 +27,13 @@ class CacheBridge:
         """Find the cached prefix a waiting request could reuse (sets prefix_slots / prefix_node).
 
         At least one token is always left to compute (its logits are needed), and positions from
-        `logprob_start_len` on are recomputed when input logprobs are asked for.
+        `logprob_start_len - 1` on are recomputed when input logprobs are asked for (the logits
+        at position p give the logprob of prompt token p + 1).
         """
         ids = req.all_ids
         limit = len(ids) - 1
         if req.logprob.return_logprob and req.logprob.logprob_start_len >= 0:
-            limit = min(limit, req.logprob.logprob_start_len)
+            limit = min(limit, max(0, req.logprob.logprob_start_len - 1))
         result = self.cache.match_prefix(ids[:limit])
         req.prefix_slots, req.prefix_node = result.slots, result.last_node
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
+
 from radixlm.runtime.sampling_params import SamplingParams
 
 _MASK64 = (1 << 64) - 1

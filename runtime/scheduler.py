@@ -22,7 +22,12 @@ import torch
 from radixlm.runtime.admission import AdmissionPlan, plan_extends
 from radixlm.runtime.cache_bridge import CacheBridge
 from radixlm.runtime.forward_batch import ForwardBatch
-from radixlm.runtime.logprobs import record_logprobs
+from radixlm.runtime.logprobs import (
+    InputLogprobSpan,
+    input_logprob_span,
+    record_input_logprobs,
+    record_logprobs,
+)
 from radixlm.runtime.model_runner import ModelRunner
 from radixlm.runtime.radix_cache import BasePrefixCache, NoopRadixCache, RadixCache
 from radixlm.runtime.req import FinishReason, Req
@@ -119,9 +124,9 @@ class Scheduler:
         plan = plan_extends(self)
         if not plan.extends and not self.running:
             return outputs
-        batch, sample_reqs = self._prepare(plan)
+        batch, sample_reqs, spans = self._prepare(plan)
         logits = self.runner.forward(batch)
-        outputs += self._process_results(plan, sample_reqs, logits)
+        outputs += self._process_results(plan, sample_reqs, spans, logits)
         self._retire_finished()
         return outputs
 
@@ -143,8 +148,12 @@ class Scheduler:
             self.num_retractions += 1
             self.new_token_ratio = INIT_NEW_TOKEN_RATIO
 
-    def _prepare(self, plan: AdmissionPlan) -> tuple[ForwardBatch, list[Req]]:
-        """Allocate the step's slots and build the ForwardBatch; extends first, then decodes."""
+    def _prepare(self, plan: AdmissionPlan) -> tuple[ForwardBatch, list[Req], list[InputLogprobSpan]]:
+        """Allocate the step's slots and build the ForwardBatch; extends first, then decodes.
+
+        Logits rows: first one per request that samples this step (its last new token), then,
+        for requests asking for input logprobs, the rows of the prompt positions they need.
+        """
         reqs = [e.req for e in plan.extends] + self.running
         chunks = [e.req.all_ids[e.req.num_cached : e.req.num_cached + e.num_tokens] for e in plan.extends]
         chunks += [[r.output_ids[-1]] for r in self.running]
@@ -157,19 +166,29 @@ class Scheduler:
         rows = [r.req_pool_idx for r in reqs]
         if not plan.extends:
             seq_lens = [r.seq_len for r in self.running]
-            return ForwardBatch.decode(rows, seq_lens, [c[0] for c in chunks], slots), list(self.running)  # type: ignore[arg-type]
-        sample_reqs, logit_rows, end = [], [], 0
+            batch = ForwardBatch.decode(rows, seq_lens, [c[0] for c in chunks], slots)  # type: ignore[arg-type]
+            return batch, list(self.running), []
+        sample_reqs, sample_rows, spans, extra_rows, end = [], [], [], [], 0
         for req, chunk, ext in zip(reqs, chunks, list(plan.extends) + [None] * len(self.running)):
+            if ext is not None:
+                span = input_logprob_span(req, req.num_cached, len(chunk), end, len(extra_rows))
+                if span is not None:
+                    spans.append(span)
+                    extra_rows.extend(range(span.first_row, span.first_row + span.count))
             end += len(chunk)
             if ext is None or not ext.is_partial:
                 sample_reqs.append(req)
-                logit_rows.append(end - 1)
-        batch = ForwardBatch.extend(
-            rows, [r.num_cached for r in reqs], chunks, slots, torch.tensor(logit_rows, dtype=torch.int64)  # type: ignore[arg-type]
-        )
-        return batch, sample_reqs
+                sample_rows.append(end - 1)
+        logits_indices = torch.tensor(sample_rows + extra_rows, dtype=torch.int64)
+        batch = ForwardBatch.extend(rows, [r.num_cached for r in reqs], chunks, slots, logits_indices)  # type: ignore[arg-type]
+        return batch, sample_reqs, spans
 
-    def _process_results(self, plan: AdmissionPlan, sample_reqs: list[Req], logits: torch.Tensor) -> list[StepOutput]:
+    def _process_results(
+        self, plan: AdmissionPlan, sample_reqs: list[Req], spans: list[InputLogprobSpan], logits: torch.Tensor
+    ) -> list[StepOutput]:
+        if spans:
+            record_input_logprobs(spans, logits[len(sample_reqs) :])
+        logits = logits[: len(sample_reqs)]
         for ext in plan.extends:
             ext.req.num_cached += ext.num_tokens
             self.bridge.cache_unfinished(ext.req)
@@ -181,6 +200,8 @@ class Scheduler:
                 self.running.append(ext.req)
         for req in self.running:
             req.num_cached = req.seq_len
+        if not sample_reqs:
+            return []
         want_logprob = any(r.logprob.return_logprob for r in sample_reqs)
         result = sample(
             logits,

@@ -15,11 +15,12 @@ from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
 from radixlm.runtime.attention.base import BaseAttentionBackend
 from radixlm.runtime.forward_batch import ForwardBatch
 from radixlm.runtime.model_config import ModelConfig
 from radixlm.runtime.models.rotary import RotaryEmbedding
-from torch import nn
 
 
 class RMSNorm(nn.Module):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 import torch
+
 from radixlm.runtime.model_config import RopeConfig
 
 

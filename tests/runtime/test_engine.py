@@ -203,3 +203,28 @@ def test_retraction_under_a_tiny_pool(engine: Engine, tiny_model_dir: Path) -> N
         assert_clean(small)
     finally:
         small.shutdown()
+
+
+@pytest.mark.parametrize("chunk", [2048, 16])
+def test_input_logprobs_agree_with_output_logprobs(tiny_model_dir: Path, chunk: int) -> None:
+    """Teacher-forcing the generated tokens gives, as input logprobs, the output logprobs."""
+    eng = Engine(str(tiny_model_dir), max_total_tokens=4096, chunked_prefill_size=chunk)
+    try:
+        first = eng.generate(prompt=PROMPTS[0], sampling_params=GREEDY, return_logprob=True, top_logprobs_num=2)
+        prompt_ids = eng.tokenizer.encode(PROMPTS[0])
+        full = prompt_ids + first["output_ids"]
+        again = eng.generate(
+            input_ids=full, sampling_params={"max_new_tokens": 1}, return_logprob=True,
+            logprob_start_len=len(prompt_ids), top_logprobs_num=2,
+        )
+        got = again["meta_info"]["input_token_logprobs"]
+        want = first["meta_info"]["output_token_logprobs"]  # position len(prompt) + i <-> output i
+        assert [t for _, t in got] == [t for _, t in want] == first["output_ids"]
+        assert all(abs(a[0] - b[0]) < 1e-4 for a, b in zip(got, want))
+        assert len(again["meta_info"]["input_top_logprobs"]) == len(got)
+        whole = eng.generate(input_ids=full, sampling_params={"max_new_tokens": 1}, return_logprob=True, logprob_start_len=0)
+        assert whole["meta_info"]["input_token_logprobs"][0] == [None, full[0]]
+        assert len(whole["meta_info"]["input_token_logprobs"]) == len(full)
+        assert_clean(eng)
+    finally:
+        eng.shutdown()

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import torch
+
 from radixlm.runtime.sampler import (
     SamplingBatch,
     apply_penalties_,

@@ -1,0 +1,37 @@
+# radixlm: `make serve` runs the main job on the embedded default model, `make test` runs the suite.
+# Both create .venv when missing, install the project into it and fetch the default model.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.radixlm-installed
+
+.PHONY: setup model serve test lint bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# torch pinned first: the CPU build on disk; an unpinned torch pulls a multi-GB CUDA build
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[runtime,test]'
+	touch $(STAMP)
+
+model: setup
+	$(BIN)/python -m radixlm.runtime.model_files --fetch-default
+
+serve: model
+	# the HTTP server lands with the server issue; until then the main job is a chat on the engine
+	$(BIN)/radixlm chat $(ARGS)
+
+test: model
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest $(ARGS)
+
+lint: setup
+	$(BIN)/ruff check lang runtime kernels tests examples
+
+bench: model
+	$(BIN)/python -m radixlm.bench $(ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,140 @@
+"""`python -m radixlm.bench`: our engine against the transformers baseline, in one run.
+
+Workloads (prompts from radixlm.bench.workloads, byte-identical to the peer measurements):
+  W1  single stream: TTFT and decode tok/s (128 new tokens, EOS ignored)
+  W2  32 distinct prompts x 64 new tokens, submitted together: output tok/s
+  W3  32 questions sharing a ~1,000-token prefix x 16 new tokens: wall time
+  W5  2,000-token prefill: tok/s
+Each figure is the median of --repeats runs after one warm-up; the table gives our/baseline ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from radixlm.bench import workloads as wl
+
+Result = dict[str, float]
+
+
+def _median_time(fn: Callable[[], Any], repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+class Ours:
+    name = "radixlm"
+
+    def __init__(self, dtype: str):
+        from radixlm.runtime.engine import Engine
+
+        self.engine = Engine(dtype=dtype)
+        self.encode = self.engine.tokenizer.encode
+
+    def generate(self, prompts: list[str] | list[list[int]], new_tokens: int) -> None:
+        params = {"max_new_tokens": new_tokens, "temperature": 0.0, "ignore_eos": True}
+        key = "input_ids" if isinstance(prompts[0], list) else "prompt"
+        self.engine.generate(**{key: prompts}, sampling_params=params)
+
+    def flush(self) -> None:
+        flush = getattr(self.engine, "flush_cache", None)
+        if flush is not None:
+            flush()
+
+
+class Transformers:
+    name = "transformers"
+
+    def __init__(self, dtype: str):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from radixlm.runtime.model_files import resolve_model_path
+
+        path = resolve_model_path(None)
+        self.torch = torch
+        torch_dtype = torch.float32 if dtype in ("auto", "float32") else getattr(torch, dtype)
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
+        self.encode = self.tokenizer.encode
+
+    def generate(self, prompts: list[str] | list[list[int]], new_tokens: int) -> None:
+        if isinstance(prompts[0], list):
+            batch = {"input_ids": self.torch.tensor(prompts)}
+        else:
+            batch = self.tokenizer(prompts, return_tensors="pt", padding=True)
+        with self.torch.inference_mode():
+            self.model.generate(
+                **batch, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                pad_token_id=self.tokenizer.pad_token_id or 0,
+            )
+
+    def flush(self) -> None:
+        pass
+
+
+def run_system(system: Ours | Transformers, workloads: list[str], repeats: int) -> Result:
+    out: Result = {}
+    if "W1" in workloads:
+        prompt = [wl.W1_PROMPT]
+        ttft = _median_time(lambda: (system.flush(), system.generate(prompt, 1)), repeats)
+        total = _median_time(lambda: (system.flush(), system.generate(prompt, wl.W1_NEW_TOKENS)), repeats)
+        out["W1 TTFT s"] = ttft
+        out["W1 decode tok/s"] = (wl.W1_NEW_TOKENS - 1) / (total - ttft)
+    if "W2" in workloads:
+        prompts = wl.w2_prompts()
+        t = _median_time(lambda: (system.flush(), system.generate(prompts, wl.W2_NEW_TOKENS)), repeats)
+        out["W2 output tok/s"] = len(prompts) * wl.W2_NEW_TOKENS / t
+    if "W3" in workloads:
+        _, prompts = wl.w3_workload()
+        out["W3 wall s"] = _median_time(lambda: (system.flush(), system.generate(prompts, wl.W3_NEW_TOKENS)), repeats)
+    if "W5" in workloads:
+        ids = system.encode(wl.w5_text())[: wl.W5_TOKENS]
+        t = _median_time(lambda: (system.flush(), system.generate([ids], 1)), repeats)
+        out["W5 prefill tok/s"] = wl.W5_TOKENS / t
+    return out
+
+
+def _print_table(dtype: str, ours: Result, base: Result | None) -> None:
+    print(f"\n## dtype {dtype}")
+    print("| metric | radixlm | transformers | ratio |")
+    print("|---|---|---|---|")
+    for key, value in ours.items():
+        if base is None or key not in base:
+            print(f"| {key} | {value:.2f} | - | - |")
+            continue
+        lower_is_better = key.endswith(" s")
+        ratio = base[key] / value if lower_is_better else value / base[key]
+        print(f"| {key} | {value:.2f} | {base[key]:.2f} | {ratio:.2f}x |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m radixlm.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workloads", default="W1,W5", help="comma-separated subset of W1,W2,W3,W5")
+    parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated dtypes to run")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--no-baseline", action="store_true", help="skip transformers")
+    args = parser.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(2)
+    workloads = args.workloads.split(",")
+    for dtype in args.dtypes.split(","):
+        ours = run_system(Ours(dtype), workloads, args.repeats)
+        base = None if args.no_baseline else run_system(Transformers(dtype), workloads, args.repeats)
+        _print_table(dtype, ours, base)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

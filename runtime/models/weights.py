@@ -38,10 +38,14 @@ def load_llama_weights(model: LlamaForCausalLM, state_dict: Mapping[str, torch.T
         with torch.no_grad():
             param.copy_(value)
 
-    put(model.embed_tokens.weight, take("model.embed_tokens.weight"), "model.embed_tokens.weight")
+    def put_linear(linear: torch.nn.Module, weight: torch.Tensor, name: str) -> None:
+        put(linear.weight_t, weight.t(), name)  # our Linear stores [in, out]
+
+    embed = take("model.embed_tokens.weight")
+    put(model.embed_tokens.weight, embed, "model.embed_tokens.weight")
     put(model.norm.weight, take("model.norm.weight"), "model.norm.weight")
-    if model.lm_head is not None:
-        put(model.lm_head.weight, take("lm_head.weight"), "lm_head.weight")
+    head = embed if cfg.tie_word_embeddings else take("lm_head.weight")
+    put_linear(model.lm_head, head, "lm_head.weight")
     for i, layer in enumerate(model.layers):
         p = f"model.layers.{i}."
         attn = p + "self_attn."
@@ -50,8 +54,12 @@ def load_llama_weights(model: LlamaForCausalLM, state_dict: Mapping[str, torch.T
             q = to_interleaved_rope(take(f"{attn}q_proj.{kind}"), cfg.num_heads)
             k = to_interleaved_rope(take(f"{attn}k_proj.{kind}"), cfg.num_kv_heads)
             v = take(f"{attn}v_proj.{kind}")
-            put(getattr(layer.qkv_proj, kind), torch.cat([q, k, v]), f"{attn}qkv_proj.{kind}")
-        put(layer.o_proj.weight, take(attn + "o_proj.weight"), attn + "o_proj.weight")
+            fused = torch.cat([q, k, v])
+            if kind == "weight":
+                put_linear(layer.qkv_proj, fused, f"{attn}qkv_proj.weight")
+            else:
+                put(layer.qkv_proj.bias, fused, f"{attn}qkv_proj.bias")
+        put_linear(layer.o_proj, take(attn + "o_proj.weight"), attn + "o_proj.weight")
         if layer.o_proj.bias is not None:
             put(layer.o_proj.bias, take(attn + "o_proj.bias"), attn + "o_proj.bias")
         if layer.q_norm is not None and layer.k_norm is not None:
@@ -59,7 +67,7 @@ def load_llama_weights(model: LlamaForCausalLM, state_dict: Mapping[str, torch.T
             put(layer.k_norm.weight, to_interleaved_rope(take(attn + "k_norm.weight"), 1), attn + "k_norm")
         mlp = p + "mlp."
         gate_up = torch.cat([take(mlp + "gate_proj.weight"), take(mlp + "up_proj.weight")])
-        put(layer.gate_up_proj.weight, gate_up, mlp + "gate_up_proj.weight")
-        put(layer.down_proj.weight, take(mlp + "down_proj.weight"), mlp + "down_proj.weight")
+        put_linear(layer.gate_up_proj, gate_up, mlp + "gate_up_proj.weight")
+        put_linear(layer.down_proj, take(mlp + "down_proj.weight"), mlp + "down_proj.weight")
         put(layer.input_layernorm.weight, take(p + "input_layernorm.weight"), p + "input_layernorm")
         put(layer.post_attention_layernorm.weight, take(p + "post_attention_layernorm.weight"), p + "post_attn_ln")

@@ -21,8 +21,7 @@ model: setup
 	$(BIN)/python -m radixlm.runtime.model_files --fetch-default
 
 serve: model
-	# the HTTP server lands with the server issue; until then the main job is a chat on the engine
-	$(BIN)/radixlm chat $(ARGS)
+	$(BIN)/radixlm serve $(ARGS)
 
 test: model
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest $(ARGS)

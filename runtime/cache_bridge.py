@@ -44,6 +44,7 @@ class CacheBridge:
             return False
         assert req.prefix_slots is not None and req.prefix_node is not None
         prefix_len = req.prefix_slots.numel()
+        self.cache.record_stats(req.seq_len, prefix_len)  # hit rate over admitted requests
         self.cache.inc_lock_ref(req.prefix_node)
         self.req_to_token_pool.write(row, 0, req.prefix_slots)
         req.req_pool_idx, req.last_node = row, req.prefix_node

@@ -1,9 +1,8 @@
 """The `radixlm` command.
 
+  radixlm serve [flags]                         the HTTP server (SGLang-native + OpenAI APIs); --help lists flags
   radixlm chat [--model-path P] [--dtype D]     chat with a model in this terminal (in-process engine)
   radixlm generate --prompt TEXT [...]          one completion, printed as JSON
-
-The HTTP server (`radixlm serve`) arrives with the server work; until then `make serve` runs `chat`.
 """
 
 from __future__ import annotations
@@ -56,8 +55,14 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve"]:
+        from radixlm.runtime.serve import main as serve_main
+
+        return serve_main(argv[1:])
     parser = argparse.ArgumentParser(prog="radixlm", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("serve", help="the HTTP server; `radixlm serve --help` lists its flags")
     chat = sub.add_parser("chat", help="interactive chat in the terminal")
     _engine_args(chat)
     gen = sub.add_parser("generate", help="one completion as JSON")

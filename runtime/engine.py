@@ -158,14 +158,15 @@ class Engine:
             ids = self.tokenizer.encode(text_or_ids) if isinstance(text_or_ids, str) else text_or_ids
             self._check_ids(ids)
             for copy in range(sp.n):
-                reqs.append(self._new_req(ids, sp, copy, logprob))
+                copy_params = sp
+                if sp.n > 1 and sp.seed is not None:  # copies of a seeded request differ, reproducibly
+                    copy_params = dataclasses.replace(sp, seed=sp.seed + copy)
+                reqs.append(self.make_req(str(next(self._rid_counter)), ids, copy_params, logprob))
         return is_batch, reqs
 
-    def _new_req(self, ids: list[int], sp: SamplingParams, copy: int, logprob: LogprobOptions) -> Req:
-        if sp.n > 1 and sp.seed is not None:
-            sp = dataclasses.replace(sp, seed=sp.seed + copy)  # copies of a seeded request differ, reproducibly
-        decoder = IncrementalDecoder(self.tokenizer, sp, ids)
-        return Req(str(next(self._rid_counter)), ids, sp, self._eos_ids, logprob, decoder)
+    def make_req(self, rid: str, ids: list[int], params: SamplingParams, logprob: LogprobOptions) -> Req:
+        """A scheduler request (with its stop-string watcher) for already validated input ids."""
+        return Req(rid, ids, params, self._eos_ids, logprob, IncrementalDecoder(self.tokenizer, params, ids))
 
     def _check_ids(self, ids: list[int]) -> None:
         vocab = self.model_config.vocab_size

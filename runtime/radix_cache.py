@@ -124,7 +124,7 @@ class BasePrefixCache(ABC):
     def hit_rate(self) -> float:
         return self.num_matched_tokens / self.num_queried_tokens if self.num_queried_tokens else 0.0
 
-    def _record_stats(self, num_queried: int, num_matched: int) -> None:
+    def record_stats(self, num_queried: int, num_matched: int) -> None:
         self.num_queried_tokens += num_queried
         self.num_matched_tokens += num_matched
 
@@ -184,7 +184,7 @@ class RadixCache(BasePrefixCache):
             values.append(child.value)
             node, pos = child, pos + n
         if record_stats:
-            self._record_stats(len(key), pos)
+            self.record_stats(len(key), pos)
         return MatchResult(torch.cat(values) if values else _empty_slots(), node)
 
     def insert(self, token_ids: Sequence[int], slots: torch.Tensor) -> int:
@@ -342,7 +342,7 @@ class NoopRadixCache(BasePrefixCache):
 
     def match_prefix(self, token_ids: Sequence[int], *, record_stats: bool = False) -> MatchResult:
         if record_stats:
-            self._record_stats(len(token_ids), 0)
+            self.record_stats(len(token_ids), 0)
         return MatchResult(_empty_slots(), self.root_node)
 
     def insert(self, token_ids: Sequence[int], slots: torch.Tensor) -> int:

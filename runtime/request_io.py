@@ -4,6 +4,7 @@ and the server."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from radixlm.runtime.req import Req
@@ -65,3 +66,27 @@ def build_result(req: Req, text: str) -> dict[str, Any]:
             meta["input_top_logprobs"] = [None if x is None else [list(p) for p in x] for x in req.input_top_logprobs]
             meta["output_top_logprobs"] = [[list(p) for p in x] for x in req.output_top_logprobs]
     return {"text": text, "output_ids": list(req.output_ids), "meta_info": meta}
+
+
+class RequestError(ValueError):
+    """A client request is malformed or out of range; the server answers 400 with this message."""
+
+    def __init__(self, message: str, status_code: int = 400):
+        super().__init__(message)
+        self.status_code = status_code
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """One generation request as the tokenizer manager takes it (a single prompt; batches and
+    `n` are expanded by the HTTP layer into several of these)."""
+
+    text: str | None = None
+    input_ids: tuple[int, ...] | None = None
+    sampling_params: Mapping[str, Any] | None = None
+    rid: str | None = None
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    return_text_in_logprobs: bool = False
+    stream: bool = False

@@ -6,6 +6,7 @@ Derived values are properties; nothing is assigned after construction. The comma
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from dataclasses import dataclass
 
@@ -32,6 +33,14 @@ class ServerArgs:
     disable_radix_cache: bool = False
     random_seed: int | None = None
     log_level: str = "warning"
+    # the HTTP server
+    host: str = "127.0.0.1"
+    port: int = 30000
+    api_key: str | None = None
+    chat_template: str | None = None  # a Jinja template file or string; default: the tokenizer's
+    served_model_name: str | None = None  # the model id in the OpenAI API; default: the model's name
+    tool_call_parser: str = "auto"
+    enable_metrics: bool = True
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -50,6 +59,10 @@ class ServerArgs:
             raise ValueError(f"chunked_prefill_size must be >= 16, got {self.chunked_prefill_size}")
         if self.context_length is not None and self.context_length < 2:
             raise ValueError(f"context_length must be >= 2, got {self.context_length}")
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if self.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
+            raise ValueError(f"log_level must be debug, info, warning, error or critical, got {self.log_level!r}")
 
     @property
     def resolved_attention_backend(self) -> str:
@@ -67,3 +80,45 @@ class ServerArgs:
 
     def replace(self, **changes: object) -> ServerArgs:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+
+HELP = {
+    "model_path": "HF model directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)",
+    "tokenizer_path": "tokenizer directory (default: the model's)",
+    "dtype": "weights and KV cache: auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16, float16",
+    "device": "cpu or cuda",
+    "attention_backend": "torch (CPU default) or triton (CUDA default)",
+    "context_length": "longest prompt + output (default: the model's)",
+    "max_total_tokens": "KV pool size in tokens (default: from --mem-fraction-static)",
+    "mem_fraction_static": "share of available memory for the KV pool when --max-total-tokens is unset",
+    "max_running_requests": "requests decoding at once",
+    "chunked_prefill_size": "prompt tokens computed per step; longer prompts are split across steps",
+    "schedule_policy": "waiting-queue order: lpm (longest cached prefix first), dfs-weight, fcfs, lof, random",
+    "disable_radix_cache": "use a prefix cache that matches nothing",
+    "random_seed": "seed of the sampler for requests without their own seed",
+    "log_level": "debug, info (one line per request), warning (default), error",
+    "host": "address to bind (default 127.0.0.1: this machine only)",
+    "port": "port to bind",
+    "api_key": "require 'Authorization: Bearer KEY' on every endpoint but /health",
+    "chat_template": "Jinja chat template (file path or the template itself) for chat requests",
+    "served_model_name": "model id reported by /v1/models and accepted in requests",
+    "tool_call_parser": "how tool calls are parsed from model output (constrained-decoding work)",
+    "enable_metrics": "serve Prometheus metrics at /metrics",
+}
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    """One flag per ServerArgs field, SGLang's names (`--model-path`, ...); types from annotations."""
+    choices = {"dtype": DTYPES, "attention_backend": ATTENTION_BACKENDS, "schedule_policy": SCHEDULE_POLICIES}
+    for f in dataclasses.fields(ServerArgs):
+        flag = "--" + f.name.replace("_", "-")
+        annotation = str(f.type)
+        if annotation == "bool":
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=HELP[f.name])
+            continue
+        kind = int if annotation.startswith("int") else float if annotation.startswith("float") else str
+        parser.add_argument(flag, type=kind, default=f.default, choices=choices.get(f.name), help=HELP[f.name])
+
+
+def from_cli_args(args: argparse.Namespace) -> ServerArgs:
+    return ServerArgs(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ServerArgs)})

@@ -8,7 +8,7 @@ from typing import Any
 
 
 class Tokenizer:
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, chat_template: str | None = None):
         from transformers import AutoTokenizer
 
         try:
@@ -18,7 +18,7 @@ class Tokenizer:
         self.vocab_size = len(self._tok)
         self.eos_token_id: int | None = self._tok.eos_token_id
         self.all_special_ids: frozenset[int] = frozenset(self._tok.all_special_ids)
-        self.chat_template: str | None = getattr(self._tok, "chat_template", None)
+        self.chat_template: str | None = _read_template(chat_template) or getattr(self._tok, "chat_template", None)
 
     def encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text))
@@ -41,8 +41,19 @@ class Tokenizer:
     def apply_chat_template(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, chat_template: str | None = None
     ) -> str:
-        if chat_template is None and self.chat_template is None:
+        template = chat_template or self.chat_template
+        if template is None:
             raise ValueError("this model's tokenizer has no chat template; pass --chat-template")
         return self._tok.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt, chat_template=chat_template
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt, chat_template=template
         )
+
+
+def _read_template(value: str | None) -> str | None:
+    """A chat template given as a file path or as the template text itself."""
+    if value is None:
+        return None
+    path = Path(value)
+    if len(value) < 4096 and "{" not in value and path.is_file():
+        return path.read_text()
+    return value

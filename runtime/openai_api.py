@@ -1,0 +1,302 @@
+"""The OpenAI-compatible API: GET /v1/models, POST /v1/completions, POST /v1/chat/completions.
+
+Requests are validated by pydantic models that forbid unknown fields (400 naming the field),
+mapped onto our sampling parameters (plus SGLang's extensions: top_k, min_p,
+repetition_penalty, min_tokens, ignore_eos, stop_token_ids, skip_special_tokens), run through
+the tokenizer manager, and shaped as OpenAI responses; `stream` gives SSE chunks with text
+deltas and, with `stream_options.include_usage`, a final usage chunk. `response_format` and
+`tools` belong to the constrained-decoding work: until then they get a clear 400.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from radixlm.runtime.request_io import GenerateRequest, RequestError
+from radixlm.runtime.tokenizer_manager import PreparedRequest, TokenizerManager
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class _SamplingFields(_Strict):
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=0)
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int = Field(default=1, ge=1, le=64)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    user: str | None = None
+    # SGLang extensions
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool | None = None
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool | None = None
+    rid: str | None = None
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(default=16, ge=0)
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    echo: bool = False
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+
+
+class ChatRequest(_SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=0)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+
+
+def _parse(model: type[BaseModel], body: Any) -> Any:
+    try:
+        return model.model_validate(body)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        raise RequestError(f"invalid request: {where}: {first['msg']}") from e
+
+
+def _sampling_params(req: _SamplingFields, max_tokens: int | None) -> dict[str, Any]:
+    pairs = {
+        "max_new_tokens": max_tokens,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "stop": req.stop,
+        "seed": req.seed,
+        "presence_penalty": req.presence_penalty,
+        "frequency_penalty": req.frequency_penalty,
+        "top_k": req.top_k,
+        "min_p": req.min_p,
+        "repetition_penalty": req.repetition_penalty,
+        "min_new_tokens": req.min_tokens,
+        "ignore_eos": req.ignore_eos,
+        "stop_token_ids": req.stop_token_ids,
+        "skip_special_tokens": req.skip_special_tokens,
+    }
+    return {k: v for k, v in pairs.items() if v is not None}
+
+
+def _copies(base: GenerateRequest, n: int, rid_prefix: str) -> list[GenerateRequest]:
+    reqs = []
+    for i in range(n):
+        params = dict(base.sampling_params or {})
+        if n > 1 and isinstance(params.get("seed"), int):
+            params["seed"] += i
+        reqs.append(GenerateRequest(**{**base.__dict__, "sampling_params": params, "rid": f"{rid_prefix}-{i}"}))
+    return reqs
+
+
+def _finish(meta: dict[str, Any]) -> str | None:
+    reason = meta.get("finish_reason")
+    return None if reason is None else str(reason["type"])
+
+
+def _usage(results: list[dict[str, Any]], num_prompts: int) -> dict[str, Any]:
+    metas = [r["meta_info"] for r in results]
+    n = max(1, len(metas) // max(1, num_prompts))
+    prompt = sum(m["prompt_tokens"] for m in metas[::n])
+    completion = sum(m["completion_tokens"] for m in metas)
+    cached = sum(m["cached_tokens"] for m in metas)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
+def _completion_logprobs(meta: dict[str, Any], echo: bool) -> dict[str, Any]:
+    entries = (meta.get("input_token_logprobs", []) if echo else []) + meta.get("output_token_logprobs", [])
+    tops = (meta.get("input_top_logprobs", []) if echo else []) + meta.get("output_top_logprobs", [])
+    tokens = [e[2] for e in entries]
+    offsets, pos = [], 0
+    for tok in tokens:
+        offsets.append(pos)
+        pos += len(tok or "")
+    return {
+        "tokens": tokens,
+        "token_logprobs": [e[0] for e in entries],
+        "top_logprobs": [None if t is None else {x[2]: x[0] for x in t} for t in tops] or None,
+        "text_offset": offsets,
+    }
+
+
+def _chat_logprobs(meta: dict[str, Any]) -> dict[str, Any]:
+    tops = meta.get("output_top_logprobs") or [[] for _ in meta.get("output_token_logprobs", [])]
+    content = []
+    for (lp, _, text), top in zip(meta.get("output_token_logprobs", []), tops):
+        content.append({
+            "token": text, "logprob": lp, "bytes": list(text.encode()),
+            "top_logprobs": [{"token": t, "logprob": v, "bytes": list(t.encode())} for v, _, t in top],
+        })
+    return {"content": content}
+
+
+def register_openai_routes(app: FastAPI, tm: TokenizerManager) -> None:
+    from radixlm.runtime.http_server import merged_outputs, prepare_all, read_json, run_all, sse, sse_error
+
+    def check_model(name: str | None) -> None:
+        if name is not None and name not in (tm.model_name, "default"):
+            raise RequestError(f"model {name!r} is not served here; this server serves {tm.model_name!r}", 404)
+
+    @app.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": tm.model_name, "object": "model", "created": 0, "owned_by": "radixlm"}]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        req: CompletionRequest = _parse(CompletionRequest, await read_json(request))
+        check_model(req.model)
+        prompts = req.prompt if isinstance(req.prompt, list) and req.prompt and not isinstance(req.prompt[0], int) else [req.prompt]
+        want_logprobs = req.logprobs is not None
+        base_id = f"cmpl-{uuid.uuid4().hex}"
+        reqs: list[GenerateRequest] = []
+        for i, prompt in enumerate(prompts):
+            key = "text" if isinstance(prompt, str) else "input_ids"
+            value = prompt if isinstance(prompt, str) else tuple(prompt)
+            base = GenerateRequest(
+                **{key: value}, sampling_params=_sampling_params(req, req.max_tokens),
+                return_logprob=want_logprobs, top_logprobs_num=req.logprobs or 0, return_text_in_logprobs=True,
+                logprob_start_len=0 if req.echo and want_logprobs else -1, stream=req.stream,
+            )
+            reqs += _copies(base, req.n, f"{base_id}-{i}")
+        prepared = prepare_all(tm, reqs)
+        prompt_texts = [p if isinstance(p, str) else tm.tokenizer.decode(p) for p in prompts]
+
+        def choice_text(index: int, text: str) -> str:
+            return prompt_texts[index // req.n] + text if req.echo else text
+
+        if req.stream:
+            return StreamingResponse(
+                _stream(tm, prepared, req, base_id, "text_completion", len(prompts), choice_text),
+                media_type="text/event-stream",
+            )
+        results = await run_all(tm, prepared, request)
+        choices = [{
+            "index": i,
+            "text": choice_text(i, r["text"]),
+            "logprobs": _completion_logprobs(r["meta_info"], req.echo) if want_logprobs else None,
+            "finish_reason": _finish(r["meta_info"]),
+        } for i, r in enumerate(results)]
+        return JSONResponse({
+            "id": base_id, "object": "text_completion", "created": int(time.time()), "model": tm.model_name,
+            "choices": choices, "usage": _usage(results, len(prompts)),
+        })
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        req: ChatRequest = _parse(ChatRequest, await read_json(request))
+        check_model(req.model)
+        if req.response_format is not None:
+            raise RequestError("response_format is not supported yet (constrained decoding is not built yet)")
+        if req.tools is not None or req.tool_choice not in (None, "none"):
+            raise RequestError("tools / tool_choice are not supported yet (constrained decoding is not built yet)")
+        messages = [{"role": m.role, "content": _content_text(m.content)} for m in req.messages]
+        try:
+            prompt = tm.tokenizer.apply_chat_template(messages)
+        except Exception as e:  # a template that rejects these messages: the client's problem
+            raise RequestError(f"messages: cannot apply the chat template: {e}") from e
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        base_id = f"chatcmpl-{uuid.uuid4().hex}"
+        base = GenerateRequest(
+            text=prompt, sampling_params=_sampling_params(req, max_tokens), return_logprob=req.logprobs,
+            top_logprobs_num=(req.top_logprobs or 0) if req.logprobs else 0, return_text_in_logprobs=True, stream=req.stream,
+        )
+        prepared = prepare_all(tm, _copies(base, req.n, base_id))
+        if req.stream:
+            return StreamingResponse(
+                _stream(tm, prepared, req, base_id, "chat.completion.chunk", 1, None), media_type="text/event-stream"
+            )
+        results = await run_all(tm, prepared, request)
+        choices = [{
+            "index": i,
+            "message": {"role": "assistant", "content": r["text"]},
+            "logprobs": _chat_logprobs(r["meta_info"]) if req.logprobs else None,
+            "finish_reason": _finish(r["meta_info"]),
+        } for i, r in enumerate(results)]
+        return JSONResponse({
+            "id": base_id, "object": "chat.completion", "created": int(time.time()), "model": tm.model_name,
+            "choices": choices, "usage": _usage(results, 1),
+        })
+
+    async def _stream(tm: TokenizerManager, reqs: list[PreparedRequest], req: _SamplingFields, base_id: str,
+                      kind: str, num_prompts: int, choice_text: Any) -> AsyncIterator[bytes]:
+        """OpenAI SSE chunks: text deltas per choice, a finish chunk each, an optional usage chunk."""
+        created = int(time.time())
+        is_chat = kind == "chat.completion.chunk"
+
+        def chunk(index: int, delta: str, finish: str | None, first: bool) -> bytes:
+            if is_chat:
+                payload: dict[str, Any] = {"role": "assistant", "content": delta} if first else {"content": delta}
+                choice = {"index": index, "delta": payload, "logprobs": None, "finish_reason": finish}
+            else:
+                choice = {"index": index, "text": delta, "logprobs": None, "finish_reason": finish}
+            return sse({"id": base_id, "object": kind, "created": created, "model": tm.model_name, "choices": [choice]})
+
+        sent = [0] * len(reqs)
+        started = [False] * len(reqs)
+        finals: list[dict[str, Any]] = []
+        if not is_chat and getattr(req, "echo", False):
+            for i in range(len(reqs)):
+                started[i] = True
+                yield chunk(i, choice_text(i, ""), None, False)
+        async for index, item in merged_outputs(tm, reqs):
+            if isinstance(item, Exception):
+                yield sse_error(item)
+                continue
+            text, finish = item["text"], _finish(item["meta_info"])
+            delta = text[sent[index] :]
+            sent[index] = len(text)
+            if delta or finish or not started[index]:
+                yield chunk(index, delta, finish, is_chat and not started[index])
+                started[index] = True
+            if finish is not None:
+                finals.append(item)
+        if req.stream_options is not None and req.stream_options.include_usage:
+            yield sse({"id": base_id, "object": kind, "created": created, "model": tm.model_name,
+                       "choices": [], "usage": _usage(finals, num_prompts)})
+        yield b"data: [DONE]\n\n"
+
+
+def _content_text(content: str | list[dict[str, Any]] | None) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for part in content:
+        if part.get("type") != "text" or not isinstance(part.get("text"), str):
+            raise RequestError("messages: only text content parts are supported")
+        parts.append(part["text"])
+    return "".join(parts)

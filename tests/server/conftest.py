@@ -1,0 +1,79 @@
+"""Server fixtures: the real server as a subprocess on 127.0.0.1 (one per model per session)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class ServerHandle:
+    proc: subprocess.Popen[str]
+    url: str
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout=timeout)
+
+
+def start_server(model_path: Path | None, log_path: Path, *extra: str, timeout: float = 240) -> ServerHandle:
+    """Start `python -m radixlm.runtime.serve` and wait until /health answers."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "radixlm.runtime.serve", "--port", str(port), *extra]
+    if model_path is not None:
+        cmd += ["--model-path", str(model_path)]
+    log = open(log_path, "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{log_path.read_text()}")
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return ServerHandle(proc, url, log_path)
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"server did not become healthy in {timeout}s:\n{log_path.read_text()}")
+
+
+@pytest.fixture(scope="session")
+def tiny_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
+    """The tiny random model behind a real server, small KV pool, metrics on."""
+    log = tmp_path_factory.mktemp("server") / "tiny.log"
+    server = start_server(tiny_model_dir, log, "--max-total-tokens", "4096", "--random-seed", "0", "--log-level", "info")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def default_server(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
+    """The real default model behind a real server."""
+    log = tmp_path_factory.mktemp("server") / "default.log"
+    server = start_server(None, log, "--max-total-tokens", "8192")
+    yield server
+    server.stop()

@@ -56,6 +56,9 @@ class SamplingParams:
     json_schema: str | None = None
     ebnf: str | None = None
     no_stop_trim: bool = False
+    # SGLang's regex stop patterns: accepted when empty (the sglang frontend always sends the
+    # field); non-empty patterns are refused until regex support lands with constrained decoding
+    stop_regex: str | tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         _check_ints(self)
@@ -181,6 +184,9 @@ def _check_stops(p: SamplingParams) -> None:
         raise _fail("stop_token_ids", "must be a list of non-negative integers", p.stop_token_ids)
     ordered = sorted(ids) if isinstance(ids, (set, frozenset)) else ids
     object.__setattr__(p, "stop_token_ids", tuple(dict.fromkeys(ordered)))
+    if p.stop_regex not in (None, "", (), []):
+        raise _fail("stop_regex", "is not supported yet (regex stops come with constrained decoding)", p.stop_regex)
+    object.__setattr__(p, "stop_regex", None)
 
 
 def _check_grammars(p: SamplingParams) -> None:

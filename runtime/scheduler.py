@@ -200,8 +200,17 @@ class Scheduler:
                 self.running.append(ext.req)
         for req in self.running:
             req.num_cached = req.seq_len
+        outputs = []
+        for req in sample_reqs:
+            if req.params.max_new_tokens == 0 and not req.is_finished:  # prefill only (e.g. cache a prefix)
+                req.finish_reason = FinishReason("length", 0)
+                outputs.append(StepOutput(req, None))
+        keep = [i for i, r in enumerate(sample_reqs) if not r.is_finished]
+        if len(keep) < len(sample_reqs):
+            sample_reqs = [sample_reqs[i] for i in keep]
+            logits = logits[keep]
         if not sample_reqs:
-            return []
+            return outputs
         want_logprob = any(r.logprob.return_logprob for r in sample_reqs)
         result = sample(
             logits,
@@ -216,10 +225,7 @@ class Scheduler:
         )
         if want_logprob:
             record_logprobs(sample_reqs, result)
-        outputs = []
         for req, token in zip(sample_reqs, result.next_ids.tolist()):
-            if req.is_finished:  # aborted during the step
-                continue
             req.append_token(token, self.cfg.context_len)
             outputs.append(StepOutput(req, token))
         return outputs

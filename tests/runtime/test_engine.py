@@ -228,3 +228,12 @@ def test_input_logprobs_agree_with_output_logprobs(tiny_model_dir: Path, chunk: 
         assert_clean(eng)
     finally:
         eng.shutdown()
+
+
+def test_max_new_tokens_zero_only_prefills(engine: Engine) -> None:
+    out = engine.generate(prompt=PROMPTS[2], sampling_params={"max_new_tokens": 0}, return_logprob=True, logprob_start_len=0)
+    assert out["output_ids"] == [] and out["text"] == ""
+    assert out["meta_info"]["finish_reason"] == {"type": "length", "matched": 0}
+    assert len(out["meta_info"]["input_token_logprobs"]) == out["meta_info"]["prompt_tokens"]
+    again = engine.generate(prompt=PROMPTS[2], sampling_params={"max_new_tokens": 4})
+    assert again["meta_info"]["cached_tokens"] >= out["meta_info"]["prompt_tokens"] - 1

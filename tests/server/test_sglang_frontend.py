@@ -1,0 +1,75 @@
+"""The real `sglang` frontend package (its RuntimeEndpoint, unchanged) against our server.
+
+sglang's full install pulls CUDA packages, so the test fetches the wheel with `pip download
+--no-deps`, unpacks only `sglang/`, and installs the handful of pure-Python modules its frontend
+imports into a side directory (cached under the radixlm cache); the program runs in a
+subprocess with those on its path."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from conftest import ServerHandle
+
+SGLANG = "sglang==0.5.23"
+FRONTEND_DEPS = ["orjson", "requests", "setproctitle", "psutil", "pybase64", "IPython", "msgspec", "pillow", "aiohttp"]
+
+PROGRAM = r'''
+import json, sys
+sys.path.insert(0, sys.argv[2])
+sys.path.append(sys.argv[3])
+import sglang as sgl
+from sglang.lang.backend.runtime_endpoint import RuntimeEndpoint
+
+@sgl.function
+def qa(s, question):
+    s += "Question: " + question + "\n"
+    s += "Answer:" + sgl.gen("answer", max_tokens=8, temperature=0)
+    s += "\nColour: " + sgl.select("colour", choices=["red", "green", "blue"])
+
+sgl.set_default_backend(RuntimeEndpoint(sys.argv[1]))
+state = qa.run(question="What is the sky like?")
+streamed = qa.run(question="What is the sky like?", stream=True)
+stream_text = "".join(streamed.text_iter())
+batch = qa.run_batch([{"question": "a"}, {"question": "b"}])
+print(json.dumps({
+    "answer": state["answer"], "colour": state["colour"], "text": state.text(),
+    "stream_text": stream_text, "batch": [b["colour"] for b in batch],
+    "meta": state.get_meta_info("answer"),
+}))
+'''
+
+
+@pytest.fixture(scope="session")
+def sglang_paths(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    from radixlm.runtime.model_files import cache_dir
+
+    root = cache_dir() / "test-sglang-frontend" / SGLANG.replace("==", "-")
+    pkg, deps, done = root / "pkg", root / "deps", root / "complete"
+    if not done.exists():
+        wheels = tmp_path_factory.mktemp("sglang-wheel")
+        pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+        subprocess.run([*pip, "download", "--no-deps", SGLANG, "-d", str(wheels)], check=True, timeout=600)
+        with zipfile.ZipFile(next(wheels.glob("sglang-*.whl"))) as wheel:
+            wheel.extractall(pkg, [n for n in wheel.namelist() if n.startswith("sglang/")])
+        subprocess.run([*pip, "install", "--target", str(deps), *FRONTEND_DEPS], check=True, timeout=600)
+        done.write_text("ok")
+    return pkg, deps
+
+
+def test_sglang_runtime_endpoint_runs_a_program(tiny_server: ServerHandle, sglang_paths: tuple[Path, Path]) -> None:
+    pkg, deps = sglang_paths
+    done = subprocess.run([sys.executable, "-c", PROGRAM, tiny_server.url, str(pkg), str(deps)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert isinstance(out["answer"], str) and out["answer"]
+    assert out["colour"] in ("red", "green", "blue") and all(c in ("red", "green", "blue") for c in out["batch"])
+    assert out["text"].startswith("Question: What is the sky like?\nAnswer:" + out["answer"])
+    assert out["stream_text"] == out["text"]  # greedy: streaming gives the same program text
+    assert out["meta"]["completion_tokens"] == 8

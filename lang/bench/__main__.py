@@ -5,6 +5,8 @@ Workloads (prompts from radixlm.bench.workloads, byte-identical to the peer meas
   W2  32 distinct prompts x 64 new tokens, submitted together: output tok/s
   W3  32 questions sharing a ~1,000-token prefix x 16 new tokens: wall time
   W5  2,000-token prefill: tok/s
+With --serving: N concurrent streaming HTTP clients replay W2 and W3 against a server (request
+throughput, output tok/s, TTFT and inter-token latency p50/p99); see radixlm.bench.serving.
 Each figure is the median of --repeats runs after one warm-up; the table gives our/baseline ratios.
 """
 
@@ -131,7 +133,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--baseline-repeats", type=int, default=None, help="repeats for transformers (default: --repeats)")
     parser.add_argument("--no-baseline", action="store_true", help="skip transformers")
+    parser.add_argument("--serving", action="store_true",
+                        help="serving mode: concurrent HTTP clients replay W2/W3 against a server")
+    parser.add_argument("--url", default=None, help="serving mode: an already running server (default: start one)")
+    parser.add_argument("--concurrency", type=int, default=32, help="serving mode: concurrent clients")
     args = parser.parse_args(argv)
+    if args.serving:
+        from radixlm.bench.serving import run_serving
+
+        run_serving(args.url, args.concurrency, [])
+        return 0
     import torch
 
     torch.set_num_threads(2)

@@ -34,7 +34,9 @@ def ipc_dirs() -> set[str]:
 
 def test_api_key_and_graceful_shutdown(tiny_model_dir: Path, tmp_path: Path) -> None:
     before = ipc_dirs()
-    server = start_server(tiny_model_dir, tmp_path / "log", "--api-key", "sekret", "--max-total-tokens", "2048")
+    template = "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}"
+    server = start_server(tiny_model_dir, tmp_path / "log", "--api-key", "sekret", "--max-total-tokens", "2048",
+                          "--chat-template", template)
     kids = children_of(server.proc.pid)
     assert len(kids) >= 2
     assert httpx.get(server.url + "/health").status_code == 200  # open without the key
@@ -43,6 +45,11 @@ def test_api_key_and_graceful_shutdown(tiny_model_dir: Path, tmp_path: Path) -> 
     ok = httpx.post(server.url + "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 2}},
                     headers={"Authorization": "Bearer sekret"}, timeout=60)
     assert ok.status_code == 200
+    chat = httpx.post(server.url + "/v1/chat/completions", headers={"Authorization": "Bearer sekret"}, timeout=60,
+                      json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
+    plain = httpx.post(server.url + "/generate", headers={"Authorization": "Bearer sekret"}, timeout=60,
+                       json={"text": "[user]hi", "sampling_params": {"max_new_tokens": 1}})
+    assert chat.json()["usage"]["prompt_tokens"] == plain.json()["meta_info"]["prompt_tokens"]  # --chat-template used
     assert server.stop(signal.SIGTERM) == 0
     time.sleep(0.5)
     assert not any(Path(f"/proc/{k}").exists() and "zombie" not in Path(f"/proc/{k}/status").read_text().lower()

@@ -34,3 +34,20 @@ def test_engine_is_reachable_lazily() -> None:
         "import sys, radixlm; from radixlm.runtime import Engine as A; print(radixlm.Engine is A, 'torch' in sys.modules)"
     )
     assert out == "True True"
+
+
+def test_every_package_folder_is_listed_for_setuptools() -> None:
+    """pyproject lists packages by hand (three folders map onto one package): a forgotten
+    subpackage would be missing from a plain (non-editable) install."""
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    mapping = {"lang": "radixlm", "runtime": "radixlm.runtime", "kernels": "radixlm.kernels"}
+    found = set()
+    for folder, package in mapping.items():
+        for init in (root / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(root / folder)
+            found.add(".".join([package, *rel.parts]))
+    assert found - listed == set(), f"packages missing from pyproject.toml: {sorted(found - listed)}"

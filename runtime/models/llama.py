@@ -39,6 +39,11 @@ class Linear(nn.Module):
             return torch.mm(x, self.weight_t)
         return torch.addmm(self.bias, x, self.weight_t)
 
+    def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """residual + linear(x) in one GEMM (the residual is the accumulator)."""
+        out = torch.addmm(residual, x, self.weight_t)
+        return out if self.bias is None else out.add_(self.bias)
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
@@ -67,14 +72,10 @@ class DecoderLayer(nn.Module):
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.has_qk_norm else None
 
     def forward(
-        self,
-        hidden: torch.Tensor,
-        residual: torch.Tensor | None,
-        rope: torch.Tensor,
-        attn: BaseAttentionBackend,
-        batch: ForwardBatch,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        residual = hidden if residual is None else residual + hidden
+        self, residual: torch.Tensor, rope: torch.Tensor, attn: BaseAttentionBackend, batch: ForwardBatch
+    ) -> torch.Tensor:
+        """The residual stream `[num_tokens, hidden]` after this layer (both sublayers' outputs
+        are added by their output GEMMs)."""
         x = self.input_layernorm(residual)
         n = x.shape[0]
         qkv = self.qkv_proj(x)
@@ -87,12 +88,10 @@ class DecoderLayer(nn.Module):
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         v = qkv[:, self.q_size + self.kv_size :].view(n, self.num_kv_heads, self.head_dim)
         attn_out = attn.forward(q, k, v, self.layer_id, batch)
-        hidden = self.o_proj(attn_out.reshape(n, self.q_size))
-
-        residual = residual + hidden
+        residual = self.o_proj.forward_add(attn_out.reshape(n, self.q_size), residual)
         x = self.post_attention_layernorm(residual)
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up), residual
+        return self.down_proj.forward_add(F.silu(gate).mul_(up), residual)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -108,14 +107,11 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, batch: ForwardBatch, attn: BaseAttentionBackend) -> torch.Tensor:
         """Logits `[len(batch.logits_indices), vocab]`, float32."""
-        hidden = self.embed_tokens(batch.input_ids)
+        residual = self.embed_tokens(batch.input_ids)
         rope = self.rotary.freqs_for(batch.positions)
-        residual: torch.Tensor | None = None
         for layer in self.layers:
-            hidden, residual = layer(hidden, residual, rope, attn, batch)
-        assert residual is not None
-        last = (residual + hidden)[batch.logits_indices]
-        return self.lm_head(self.norm(last)).float()
+            residual = layer(residual, rope, attn, batch)
+        return self.lm_head(self.norm(residual[batch.logits_indices])).float()
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Load HF-named weights (fusing q/k/v and gate/up, permuting q/k rows for RoPE)."""

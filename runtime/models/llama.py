@@ -7,6 +7,9 @@ Layout choices made for a lean decode step (few, large ops):
   same permutation, so every q.k dot product, and hence attention, is unchanged; K lives in the
   pool in the permuted layout, which nothing outside this module reads.
 - Only the rows in `batch.logits_indices` are projected to the vocabulary.
+- The weights of the RMSNorms before qkv_proj, gate_up_proj and lm_head are folded into those
+  layers' input rows (norm(x) * w @ W == norm(x) @ (w * W)); the residual adds are the
+  accumulators of the o_proj / down_proj GEMMs.
 """
 
 from __future__ import annotations
@@ -46,13 +49,17 @@ class Linear(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
+    """RMSNorm; `has_weight=False` where the checkpoint's norm weight is folded into the input
+    rows of the linear layer that follows (one elementwise op less per norm)."""
+
+    def __init__(self, dim: int, eps: float, has_weight: bool = True):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.weight = nn.Parameter(torch.ones(dim)) if has_weight else None
+        self.shape = (dim,)
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        return F.rms_norm(x, self.shape, self.weight, self.eps)
 
 
 class DecoderLayer(nn.Module):
@@ -62,8 +69,9 @@ class DecoderLayer(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        # their weights live in qkv_proj / gate_up_proj (see models/weights.py)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, has_weight=False)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, has_weight=False)
         self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
         self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=cfg.o_proj_bias)
         self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
@@ -100,7 +108,7 @@ class LlamaForCausalLM(nn.Module):
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList([DecoderLayer(cfg, i) for i in range(cfg.num_layers)])
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, has_weight=False)  # folded into lm_head
         # its own transposed copy even when tied: the embedding lookup wants [vocab, hidden] rows
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.context_len, cfg.rope)

@@ -41,11 +41,14 @@ def load_llama_weights(model: LlamaForCausalLM, state_dict: Mapping[str, torch.T
     def put_linear(linear: torch.nn.Module, weight: torch.Tensor, name: str) -> None:
         put(linear.weight_t, weight.t(), name)  # our Linear stores [in, out]
 
+    def fold_norm(weight: torch.Tensor, norm_name: str) -> torch.Tensor:
+        """Scale a linear weight's input columns by the RMSNorm weight that precedes it."""
+        return weight * take(norm_name)[None, :]
+
     embed = take("model.embed_tokens.weight")
     put(model.embed_tokens.weight, embed, "model.embed_tokens.weight")
-    put(model.norm.weight, take("model.norm.weight"), "model.norm.weight")
     head = embed if cfg.tie_word_embeddings else take("lm_head.weight")
-    put_linear(model.lm_head, head, "lm_head.weight")
+    put_linear(model.lm_head, fold_norm(head, "model.norm.weight"), "lm_head.weight")
     for i, layer in enumerate(model.layers):
         p = f"model.layers.{i}."
         attn = p + "self_attn."
@@ -56,7 +59,7 @@ def load_llama_weights(model: LlamaForCausalLM, state_dict: Mapping[str, torch.T
             v = take(f"{attn}v_proj.{kind}")
             fused = torch.cat([q, k, v])
             if kind == "weight":
-                put_linear(layer.qkv_proj, fused, f"{attn}qkv_proj.weight")
+                put_linear(layer.qkv_proj, fold_norm(fused, p + "input_layernorm.weight"), f"{attn}qkv_proj.weight")
             else:
                 put(layer.qkv_proj.bias, fused, f"{attn}qkv_proj.bias")
         put_linear(layer.o_proj, take(attn + "o_proj.weight"), attn + "o_proj.weight")
@@ -67,7 +70,5 @@ def load_llama_weights(model: LlamaForCausalLM, state_dict: Mapping[str, torch.T
             put(layer.k_norm.weight, to_interleaved_rope(take(attn + "k_norm.weight"), 1), attn + "k_norm")
         mlp = p + "mlp."
         gate_up = torch.cat([take(mlp + "gate_proj.weight"), take(mlp + "up_proj.weight")])
-        put_linear(layer.gate_up_proj, gate_up, mlp + "gate_up_proj.weight")
+        put_linear(layer.gate_up_proj, fold_norm(gate_up, p + "post_attention_layernorm.weight"), mlp + "gate_up_proj")
         put_linear(layer.down_proj, take(mlp + "down_proj.weight"), mlp + "down_proj.weight")
-        put(layer.input_layernorm.weight, take(p + "input_layernorm.weight"), p + "input_layernorm")
-        put(layer.post_attention_layernorm.weight, take(p + "post_attention_layernorm.weight"), p + "post_attn_ln")

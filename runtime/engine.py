@@ -15,6 +15,7 @@ import threading
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
+from radixlm.runtime.constrained.grammar import GrammarBackend
 from radixlm.runtime.detokenizer import IncrementalDecoder
 from radixlm.runtime.model_config import ModelConfig
 from radixlm.runtime.model_runner import ModelRunner, RunnerConfig
@@ -39,6 +40,7 @@ class Engine:
         runner_cfg = RunnerConfig.from_server_args(args, self.model_config)
         self.runner = ModelRunner(self.model_config, runner_cfg, load_state_dict(model_dir))
         self.context_len = runner_cfg.context_len
+        self.grammar_backend = GrammarBackend(self.tokenizer, self.model_config.vocab_size)
         self.scheduler = Scheduler(
             self.runner,
             SchedulerConfig(
@@ -49,6 +51,7 @@ class Engine:
                 disable_radix_cache=args.disable_radix_cache,
                 random_seed=args.random_seed,
             ),
+            self.grammar_backend,
         )
         eos = set(self.model_config.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
@@ -136,6 +139,7 @@ class Engine:
                 self.scheduler.abort(self.scheduler.chunked_req.rid)
             while self.scheduler.has_work:
                 self.scheduler.step()
+        self.grammar_backend.shutdown()
 
     def __enter__(self) -> Engine:
         return self

@@ -4,12 +4,14 @@ Requests are validated by pydantic models that forbid unknown fields (400 naming
 mapped onto our sampling parameters (plus SGLang's extensions: top_k, min_p,
 repetition_penalty, min_tokens, ignore_eos, stop_token_ids, skip_special_tokens), run through
 the tokenizer manager, and shaped as OpenAI responses; `stream` gives SSE chunks with text
-deltas and, with `stream_options.include_usage`, a final usage chunk. `response_format` and
-`tools` belong to the constrained-decoding work: until then they get a clear 400.
+deltas and, with `stream_options.include_usage`, a final usage chunk. `response_format`
+(`json_schema`, `json_object`, and a `regex` extension) constrains the output; `tools` are not
+built yet and get a clear 400.
 """
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -53,6 +55,8 @@ class _SamplingFields(_Strict):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool | None = None
     rid: str | None = None
+    regex: str | None = None  # SGLang extension: constrain the output to a regex
+    json_schema: str | dict[str, Any] | None = None  # SGLang extension: ... or a JSON schema
 
 
 class CompletionRequest(_SamplingFields):
@@ -103,8 +107,31 @@ def _sampling_params(req: _SamplingFields, max_tokens: int | None) -> dict[str, 
         "ignore_eos": req.ignore_eos,
         "stop_token_ids": req.stop_token_ids,
         "skip_special_tokens": req.skip_special_tokens,
+        "regex": req.regex,
+        "json_schema": req.json_schema if not isinstance(req.json_schema, dict) else json.dumps(req.json_schema),
     }
     return {k: v for k, v in pairs.items() if v is not None}
+
+
+def response_format_grammar(response_format: dict[str, Any] | None) -> dict[str, str]:
+    """OpenAI `response_format` -> our grammar sampling params (`json_schema` or `regex`)."""
+    if response_format is None:
+        return {}
+    kind = response_format.get("type")
+    if kind == "text":
+        return {}
+    if kind == "json_object":
+        return {"json_schema": json.dumps({"type": "object"})}
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+            raise RequestError("response_format.json_schema must be an object with a 'schema' object")
+        return {"json_schema": json.dumps(spec.get("schema", {"type": "object"}))}
+    if kind == "regex":
+        if not isinstance(response_format.get("regex"), str):
+            raise RequestError("response_format of type 'regex' needs a 'regex' string")
+        return {"regex": response_format["regex"]}
+    raise RequestError(f"response_format.type must be text, json_object, json_schema or regex, got {kind!r}")
 
 
 def _copies(base: GenerateRequest, n: int, rid_prefix: str) -> list[GenerateRequest]:
@@ -218,10 +245,8 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager) -> None:
     async def chat_completions(request: Request) -> Response:
         req: ChatRequest = _parse(ChatRequest, await read_json(request))
         check_model(req.model)
-        if req.response_format is not None:
-            raise RequestError("response_format is not supported yet (constrained decoding is not built yet)")
         if req.tools is not None or req.tool_choice not in (None, "none"):
-            raise RequestError("tools / tool_choice are not supported yet (constrained decoding is not built yet)")
+            raise RequestError("tools / tool_choice are not supported yet (tool calls are not built yet)")
         messages = [{"role": m.role, "content": _content_text(m.content)} for m in req.messages]
         try:
             prompt = tm.tokenizer.apply_chat_template(messages)
@@ -229,8 +254,9 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager) -> None:
             raise RequestError(f"messages: cannot apply the chat template: {e}") from e
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         base_id = f"chatcmpl-{uuid.uuid4().hex}"
+        params = {**_sampling_params(req, max_tokens), **response_format_grammar(req.response_format)}
         base = GenerateRequest(
-            text=prompt, sampling_params=_sampling_params(req, max_tokens), return_logprob=req.logprobs,
+            text=prompt, sampling_params=params, return_logprob=req.logprobs,
             top_logprobs_num=(req.top_logprobs or 0) if req.logprobs else 0, return_text_in_logprobs=True, stream=req.stream,
         )
         prepared = prepare_all(tm, _copies(base, req.n, base_id))

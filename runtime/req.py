@@ -10,6 +10,9 @@ import torch
 from radixlm.runtime.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
+    from radixlm.runtime.constrained.grammar import CompiledGrammar, Grammar
     from radixlm.runtime.detokenizer import IncrementalDecoder
     from radixlm.runtime.radix_cache import TreeNode
 
@@ -61,6 +64,9 @@ class Req:
     cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache (meta_info)
     is_retracted: bool = False
     finish_reason: FinishReason | None = None
+    # constrained decoding: the compile in flight, then the request's own FSM state
+    grammar_future: Future[CompiledGrammar] | None = None
+    grammar: Grammar | None = None
     # logprobs: lists of (logprob, token_id) and per-position top lists
     input_token_logprobs: list[tuple[float | None, int]] = field(default_factory=list)
     output_token_logprobs: list[tuple[float, int]] = field(default_factory=list)

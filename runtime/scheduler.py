@@ -15,12 +15,14 @@ One step (iteration-level continuous batching):
 
 from __future__ import annotations
 
+from concurrent import futures
 from dataclasses import dataclass
 
 import torch
 
 from radixlm.runtime.admission import AdmissionPlan, plan_extends
 from radixlm.runtime.cache_bridge import CacheBridge
+from radixlm.runtime.constrained.grammar import GrammarBackend
 from radixlm.runtime.forward_batch import ForwardBatch
 from radixlm.runtime.logprobs import (
     InputLogprobSpan,
@@ -32,8 +34,10 @@ from radixlm.runtime.model_runner import ModelRunner
 from radixlm.runtime.radix_cache import BasePrefixCache, NoopRadixCache, RadixCache
 from radixlm.runtime.req import FinishReason, Req
 from radixlm.runtime.sampler import SamplingBatch, sample
+from radixlm.runtime.sampling_params import SamplingParams
 from radixlm.runtime.schedule_policy import SchedulePolicy
 
+GRAMMAR_POLL_S = 0.005
 INIT_NEW_TOKEN_RATIO = 0.7
 MIN_NEW_TOKEN_RATIO = 0.1
 NEW_TOKEN_RATIO_DECAY = 0.002
@@ -58,9 +62,11 @@ class StepOutput:
 
 
 class Scheduler:
-    def __init__(self, runner: ModelRunner, cfg: SchedulerConfig):
+    def __init__(self, runner: ModelRunner, cfg: SchedulerConfig, grammar_backend: GrammarBackend | None = None):
         self.runner = runner
         self.cfg = cfg
+        self.grammar_backend = grammar_backend
+        self.grammar_waiting: list[Req] = []  # their grammar is compiling (in a worker thread)
         self.kv_pool = runner.kv_pool
         cache: BasePrefixCache = NoopRadixCache(self.kv_pool) if cfg.disable_radix_cache else RadixCache(self.kv_pool)
         self.bridge = CacheBridge(self.kv_pool, runner.req_to_token_pool, cache)
@@ -81,7 +87,7 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.chunked_req or self._aborted)
+        return bool(self.waiting or self.running or self.chunked_req or self._aborted or self.grammar_waiting)
 
     def add_request(self, req: Req) -> None:
         if not req.input_ids:
@@ -92,12 +98,19 @@ class Scheduler:
             )
         if len(req.input_ids) + 1 > self.kv_pool.size:
             raise ValueError(f"the prompt has {len(req.input_ids)} tokens; the KV pool holds {self.kv_pool.size}")
-        self.waiting.append(req)
+        grammar = grammar_spec(req.params)
+        if grammar is None:
+            self.waiting.append(req)
+            return
+        if self.grammar_backend is None:
+            raise ValueError("this scheduler has no grammar backend for regex / json_schema requests")
+        req.grammar_future = self.grammar_backend.get(*grammar)
+        self.grammar_waiting.append(req)
 
     def abort(self, rid: str) -> None:
         """Finish a request now; its KV is released by the next step, which also reports it."""
-        for req in [r for r in self.waiting if r.rid == rid]:
-            self.waiting.remove(req)
+        for req in [r for r in self.waiting + self.grammar_waiting if r.rid == rid]:
+            (self.waiting if req in self.waiting else self.grammar_waiting).remove(req)
             req.finish_reason = FinishReason("abort", message="aborted")
             self._aborted.append(req)
         for req in self.running + ([self.chunked_req] if self.chunked_req else []):
@@ -117,6 +130,7 @@ class Scheduler:
         self.bridge.check_integrity(live)
 
     def step(self) -> list[StepOutput]:
+        self._poll_grammars()
         outputs = [StepOutput(r, None) for r in self._aborted]
         self._aborted = []
         self._retire_finished()
@@ -129,6 +143,31 @@ class Scheduler:
         outputs += self._process_results(plan, sample_reqs, spans, logits)
         self._retire_finished()
         return outputs
+
+    def _poll_grammars(self) -> None:
+        """Requests whose grammar finished compiling join the waiting queue (a failed compile
+        finishes the request with its error). With nothing else to do, wait briefly for one."""
+        if not self.grammar_waiting:
+            return
+        if not (self.waiting or self.running or self.chunked_req):
+            futures.wait([r.grammar_future for r in self.grammar_waiting], timeout=GRAMMAR_POLL_S,
+                         return_when=futures.FIRST_COMPLETED)
+        still = []
+        for req in self.grammar_waiting:
+            future = req.grammar_future
+            assert future is not None
+            if not future.done():
+                still.append(req)
+                continue
+            error = future.exception()
+            if error is not None:
+                req.finish_reason = FinishReason("abort", message=f"invalid grammar: {error}")
+                self._aborted.append(req)
+            else:
+                req.grammar = future.result().new_state()
+                self.waiting.append(req)
+            req.grammar_future = None
+        self.grammar_waiting = still
 
     def _make_room_for_decode(self) -> None:
         """Ensure one slot per running request: evict, then retract newest-first."""
@@ -212,6 +251,7 @@ class Scheduler:
         if not sample_reqs:
             return outputs
         want_logprob = any(r.logprob.return_logprob for r in sample_reqs)
+        vocab_mask = grammar_mask(sample_reqs, logits.shape[-1])
         result = sample(
             logits,
             SamplingBatch.build(
@@ -220,6 +260,7 @@ class Scheduler:
                 logits.shape[-1],
                 eos_token_ids=[r.eos_token_ids for r in sample_reqs],
             ),
+            vocab_mask=vocab_mask,
             generator=self.generator,
             return_logprob=want_logprob,
         )
@@ -227,6 +268,10 @@ class Scheduler:
             record_logprobs(sample_reqs, result)
         for req, token in zip(sample_reqs, result.next_ids.tolist()):
             req.append_token(token, self.cfg.context_len)
+            if req.grammar is not None and not req.is_finished:
+                req.grammar.accept_token(token)
+                if req.grammar.is_terminated():  # nothing but EOS could follow: done
+                    req.finish_reason = FinishReason("stop", None)
             outputs.append(StepOutput(req, token))
         return outputs
 
@@ -241,3 +286,27 @@ class Scheduler:
         if self.chunked_req is not None and self.chunked_req.is_finished:
             self.bridge.release(self.chunked_req, keep_in_cache=True)
             self.chunked_req = None
+
+
+def grammar_spec(params: SamplingParams) -> tuple[str, str] | None:
+    """(kind, spec) of a request's grammar, or None for free generation."""
+    if params.json_schema:
+        return "json_schema", params.json_schema
+    if params.regex:
+        return "regex", params.regex
+    if params.ebnf:
+        raise ValueError("sampling_params.ebnf is not supported; use regex or json_schema")
+    return None
+
+
+def grammar_mask(reqs: list[Req], vocab_size: int) -> torch.Tensor | None:
+    """The allowed-token mask of a batch (True = allowed): each constrained request's FSM fills
+    its row; free requests allow everything. None when no request is constrained."""
+    if not any(r.grammar is not None for r in reqs):
+        return None
+    mask = torch.ones(len(reqs), vocab_size, dtype=torch.bool)
+    for i, req in enumerate(reqs):
+        if req.grammar is not None:
+            mask[i].fill_(False)
+            req.grammar.fill_vocab_mask(mask[i])
+    return mask

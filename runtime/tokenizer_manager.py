@@ -23,6 +23,8 @@ import zmq
 import zmq.asyncio
 
 from radixlm.runtime import io_struct as io
+from radixlm.runtime.constrained.grammar import GrammarError
+from radixlm.runtime.constrained.grammar import validate as validate_grammar
 from radixlm.runtime.ipc import IpcPaths, pull_socket, push_socket
 from radixlm.runtime.metrics import Metrics
 from radixlm.runtime.request_io import GenerateRequest, RequestError
@@ -108,6 +110,14 @@ class TokenizerManager:
             params = SamplingParams.from_dict(req.sampling_params)
         except (InvalidSamplingParams, TypeError) as e:
             raise RequestError(str(e)) from e
+        for kind, spec in (("regex", params.regex), ("json_schema", params.json_schema)):
+            if spec:
+                try:
+                    validate_grammar(kind, spec)
+                except GrammarError as e:
+                    raise RequestError(f"sampling_params.{kind}: {e}") from e
+        if params.ebnf:
+            raise RequestError("sampling_params.ebnf is not supported; use regex or json_schema")
         if params.n != 1:
             raise RequestError("sampling_params.n > 1 must be expanded before the tokenizer manager")
         if req.top_logprobs_num < 0 or req.top_logprobs_num > 100:

@@ -39,8 +39,9 @@ def test_engine_is_reachable_lazily() -> None:
 def test_every_package_folder_is_listed_for_setuptools() -> None:
     """pyproject lists packages by hand (three folders map onto one package): a forgotten
     subpackage would be missing from a plain (non-editable) install."""
-    import tomllib
     from pathlib import Path
+
+    import tomllib
 
     root = Path(__file__).resolve().parents[1]
     listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])

@@ -1,0 +1,252 @@
+"""Compiled grammars (token FSMs over our vocabulary), per-request grammar state, and the backend.
+
+Flow: `GrammarBackend.get(kind, spec)` -> Future[CompiledGrammar] (compiled in a worker thread,
+cached LRU) -> `CompiledGrammar.new_state()` -> a per-request `Grammar`, which the scheduler drives:
+`fill_vocab_mask` before sampling, `accept_token` after, `is_terminated` to finish the request.
+
+Thread-safety: outlines-core releases the GIL while it builds an index, so a slow compile never
+stalls the scheduler thread. A `CompiledGrammar` is immutable apart from a memo dict and may be
+shared by many `Grammar`s; each `Grammar` must be used by one thread at a time.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+import numpy as np
+import outlines_core
+import torch
+
+from radixlm.runtime.constrained.errors import GrammarError
+from radixlm.runtime.constrained.regex_syntax import python_regex_error
+from radixlm.runtime.constrained.spec import normalize_spec, spec_to_regex, validate
+from radixlm.runtime.constrained.vocabulary import (
+    END_MARKER,
+    END_MARKER_TOKEN_ID,
+    GrammarVocabulary,
+    get_grammar_vocabulary,
+)
+
+if TYPE_CHECKING:
+    from radixlm.runtime.tokenizer import Tokenizer
+
+__all__ = ["CompiledGrammar", "Grammar", "GrammarBackend", "GrammarError", "validate"]
+
+
+class CompiledGrammar:
+    """One grammar's token index over one tokenizer's vocabulary, for masks of `vocab_size` ids.
+
+    `regex` is the grammar's regex R; `index` is built for R followed by the end marker (see
+    `vocabulary`), so R is complete at an index state iff the marker token leads to a final state.
+    `compile_secs` is the regex + index build time.
+    """
+
+    def __init__(
+        self,
+        kind: str,
+        regex: str,
+        index: outlines_core.Index,
+        eos_token_id: int,
+        tokenizer_len: int,
+        vocab_size: int,
+        compile_secs: float,
+    ):
+        self.kind = kind
+        self.regex = regex
+        self.index = index
+        self.eos_token_id = eos_token_id
+        self.tokenizer_len = tokenizer_len
+        self.vocab_size = vocab_size
+        self.compile_secs = compile_secs
+        # Words of outlines-core's LSB-first bitmask; it must cover every token id of the vocabulary.
+        self.num_mask_words = (max(vocab_size, tokenizer_len) + 31) // 32
+        self._state_to_is_dead_end: dict[int, bool] = {}
+
+    def new_state(self) -> Grammar:
+        """A fresh per-request grammar at the initial state."""
+        return Grammar(self)
+
+    def is_complete(self, state: int) -> bool:
+        """Whether the text so far matches R in full (EOS may follow).
+
+        True iff the marker leads to a final state: text + NUL matches R + NUL iff text matches R
+        (R may itself admit NUL, e.g. in `[^"]`, but only the marker token spells one).
+        """
+        return _is_complete(self.index, state)
+
+    def is_dead_end(self, state: int) -> bool:
+        """Whether no real token can follow `state` (memoized; the index is immutable)."""
+        is_dead_end = self._state_to_is_dead_end.get(state)
+        if is_dead_end is None:
+            is_dead_end = not _real_tokens(self.index, state, self.eos_token_id)
+            self._state_to_is_dead_end[state] = is_dead_end
+        return is_dead_end
+
+
+def _is_complete(index: outlines_core.Index, state: int) -> bool:
+    end_state = index.get_next_state(state, END_MARKER_TOKEN_ID)
+    return end_state is not None and index.is_final_state(end_state)
+
+
+def _real_tokens(index: outlines_core.Index, state: int, eos_token_id: int) -> list[int]:
+    """The allowed tokens at `state` other than EOS and the end marker."""
+    allowed = index.get_allowed_tokens(state) or []
+    return [t for t in allowed if t != END_MARKER_TOKEN_ID and t != eos_token_id]
+
+
+class Grammar:
+    """One request's position in a compiled grammar.
+
+    Invariants: before EOS is accepted, allowed tokens are exactly the index's real-token
+    transitions from the current state, plus EOS iff the text so far matches in full. After EOS is
+    accepted, only EOS is allowed.
+    """
+
+    def __init__(self, compiled: CompiledGrammar):
+        self.compiled = compiled
+        self._guide = outlines_core.Guide(compiled.index)
+        self._mask_words = np.empty(compiled.num_mask_words, dtype=np.uint32)
+        self._is_eos_accepted = False
+
+    def accept_token(self, token_id: int) -> None:
+        """Advances by one sampled token; ValueError (state unchanged) if the grammar forbids it."""
+        if self._is_eos_accepted:
+            raise ValueError(f"token {token_id} after the grammar accepted EOS")
+        if token_id == self.compiled.eos_token_id:
+            if not self.compiled.is_complete(self._guide.get_state()):
+                raise ValueError("EOS is not allowed before the grammar is complete")
+            self._is_eos_accepted = True
+            return
+        try:
+            self._guide.advance(token_id, return_tokens=False)
+        except ValueError:
+            raise ValueError(
+                f"token {token_id} is not allowed by the grammar in state {self._guide.get_state()}"
+            ) from None
+
+    def fill_vocab_mask(self, mask_row: torch.Tensor) -> None:
+        """Overwrites `mask_row` (bool, shape [vocab_size], any device): True = allowed.
+
+        Ids at or beyond the tokenizer's length are never allowed; EOS is allowed exactly when the
+        text so far matches in full (or EOS was already accepted). Costs ~0.1 ms on CPU (numpy, no
+        torch kernels: torch's thread pool makes small ops slow on a busy CPU).
+        """
+        compiled = self.compiled
+        if mask_row.shape != (compiled.vocab_size,) or mask_row.dtype != torch.bool:
+            raise ValueError(f"mask_row must be bool of shape ({compiled.vocab_size},), got {mask_row.shape}")
+        words = self._mask_words
+        if self._is_eos_accepted:
+            allowed = np.zeros(compiled.vocab_size, dtype=np.bool_)
+        else:
+            self._guide.write_mask_into(words.ctypes.data, words.size, words.itemsize)
+            # LSB-first: token id i is bit i % 32 of word i // 32, i.e. byte-wise little-endian.
+            bits = np.unpackbits(words.astype("<u4", copy=False).view(np.uint8), bitorder="little")
+            allowed = bits[: compiled.vocab_size].view(np.bool_)
+            allowed[compiled.tokenizer_len :] = False
+        allowed[compiled.eos_token_id] = self._is_eos_accepted or compiled.is_complete(
+            self._guide.get_state()
+        )
+        if mask_row.device.type == "cpu":
+            np.copyto(mask_row.numpy(), allowed)
+        else:
+            mask_row.copy_(torch.from_numpy(allowed))
+
+    def is_terminated(self) -> bool:
+        """True once EOS was accepted, or when no token but EOS can follow (the output is complete).
+
+        A live state always allows some token, unless R needs a NUL (see `vocabulary`).
+        """
+        return self._is_eos_accepted or self.compiled.is_dead_end(self._guide.get_state())
+
+    def copy(self) -> Grammar:
+        """A fresh grammar at the initial state of the same compiled grammar (not a state copy)."""
+        return self.compiled.new_state()
+
+
+def _build_index(kind: str, regex: str, vocab: GrammarVocabulary) -> outlines_core.Index:
+    """outlines-core's index for `regex` + end marker; GrammarError with a readable reason if the
+    regex is invalid, unsupported, or no token of this vocabulary can start a match."""
+    try:
+        index = outlines_core.Index(f"(?:{regex}){END_MARKER}", vocab.vocabulary)
+        initial = index.get_initial_state()
+        if _is_complete(index, initial) or _real_tokens(index, initial, vocab.eos_token_id):
+            return index
+        reason = "no output of this tokenizer can match it"
+    except ValueError as e:
+        reason = str(e).splitlines()[0]
+    if "NFA" in reason:  # the Rust parser rejected it; Python's re explains syntax errors better
+        reason = python_regex_error(regex) or (
+            "unsupported regex syntax (lookaround, backreferences and other non-regular constructs)"
+        )
+    shown = regex if len(regex) <= 80 else regex[:80] + "..."
+    raise GrammarError(f"cannot compile the {kind} grammar (regex {shown!r}): {reason}")
+
+
+class GrammarBackend:
+    """Compiles grammars off the caller's thread and caches them (LRU of `max_cache` entries).
+
+    `vocab_size` is the model's logits width (may exceed the tokenizer's length).
+    """
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        vocab_size: int,
+        max_cache: int = 64,
+        num_workers: int = 1,
+        whitespace_pattern: str | None = None,
+    ):
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.max_cache = max_cache
+        self.whitespace_pattern = whitespace_pattern
+        self._executor = ThreadPoolExecutor(max_workers=num_workers, thread_name_prefix="grammar-compile")
+        self._key_to_future: OrderedDict[tuple[str, str], Future[CompiledGrammar]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, kind: str, spec: object) -> Future[CompiledGrammar]:
+        """The compiled grammar for (kind, spec), as a future; never blocks on compilation.
+
+        A cached spec returns the same (usually already done) future. A malformed spec returns an
+        already-failed future; compile failures also surface as GrammarError from `.result()`.
+        """
+        try:
+            key = (kind, normalize_spec(kind, spec))
+        except GrammarError as e:
+            failed: Future[CompiledGrammar] = Future()
+            failed.set_exception(e)
+            return failed
+        with self._lock:
+            future = self._key_to_future.get(key)
+            if future is not None:
+                self._key_to_future.move_to_end(key)
+                return future
+            future = self._executor.submit(self._compile, *key)
+            self._key_to_future[key] = future
+            while len(self._key_to_future) > self.max_cache:
+                self._key_to_future.popitem(last=False)
+            return future
+
+    def _compile(self, kind: str, normalized: str) -> CompiledGrammar:
+        """Runs in a worker thread. The first call also builds the tokenizer's vocabulary."""
+        vocab = get_grammar_vocabulary(self.tokenizer)
+        start = time.perf_counter()
+        regex = spec_to_regex(kind, normalized, self.whitespace_pattern)
+        index = _build_index(kind, regex, vocab)
+        return CompiledGrammar(
+            kind,
+            regex,
+            index,
+            vocab.eos_token_id,
+            self.tokenizer.vocab_size,
+            self.vocab_size,
+            time.perf_counter() - start,
+        )
+
+    def shutdown(self) -> None:
+        """Stops the workers; queued compiles are cancelled, a running one finishes in the background."""
+        self._executor.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,163 @@
+"""JSON schema -> regex: outlines-core's translation, made sound where it would silently not be.
+
+outlines-core's `build_regex_from_schema` ignores several keywords, so its regex could match JSON
+that violates the schema. Before calling it we:
+- lower numeric bounds (`minimum`, `maximum`, `exclusive*`) to range regexes (`numeric_regex`),
+  spliced in afterwards through unique string-constant placeholders;
+- rewrite string `pattern`s so every match is a valid JSON string body (`regex_syntax`);
+- refuse, with a GrammarError naming keyword and location, what it would ignore: the keywords in
+  `_IGNORED_KEYWORDS`, `uniqueItems: true`, `pattern`/`format` combined with length bounds, and
+  `required` names that `properties` does not declare.
+Finally Unicode `\\d` (in date/time formats) becomes ASCII `[0-9]`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import secrets
+from typing import Any
+
+from outlines_core.json_schema import build_regex_from_schema
+
+from radixlm.runtime.constrained.errors import GrammarError
+from radixlm.runtime.constrained.numeric_regex import bounded_number_regex
+from radixlm.runtime.constrained.regex_syntax import check_regex_syntax, rewrite_regex
+
+_IGNORED_KEYWORDS = (
+    "multipleOf", "minProperties", "maxProperties", "patternProperties", "propertyNames",
+    "dependentRequired", "dependentSchemas", "dependencies", "contains", "minContains", "maxContains",
+)  # fmt: skip
+_BOUND_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+# Where subschemas live: name -> schema maps, single schemas, lists of schemas.
+_SCHEMA_MAP_KEYS = ("properties", "$defs", "definitions")
+_SCHEMA_KEYS = ("additionalProperties", "items", "not", "if", "then", "else", "additionalItems")
+_SCHEMA_LIST_KEYS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
+
+
+def parse_schema(spec: object) -> dict[str, Any]:
+    """The schema as a dict, from a dict or a JSON string; GrammarError if neither."""
+    if isinstance(spec, (str, bytes)):
+        try:
+            spec = json.loads(spec)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise GrammarError(f"json_schema is not valid JSON: {e}") from None
+    if not isinstance(spec, dict):
+        raise GrammarError(f"json_schema must be a JSON object, got {type(spec).__name__}")
+    return spec
+
+
+def schema_to_regex(schema: dict[str, Any], whitespace_pattern: str | None = None) -> str:
+    """The regex of JSON texts valid for `schema`; GrammarError if unsupported or invalid.
+
+    `whitespace_pattern` is the regex allowed between JSON tokens (outlines-core's default `[ ]?`).
+    Property order in the output follows the schema's key order.
+    """
+    placeholders: dict[str, str] = {}
+    try:
+        lowered = _lower(schema, "#", placeholders, f"radixlm_bound_{secrets.token_hex(6)}_")
+    except RecursionError:
+        raise GrammarError("json_schema is nested too deeply") from None
+    try:
+        regex = build_regex_from_schema(json.dumps(lowered), whitespace_pattern)
+    except (ValueError, TypeError) as e:
+        raise GrammarError(f"unsupported JSON schema: {str(e).splitlines()[0]}") from None
+    for name, sub_regex in placeholders.items():
+        regex = regex.replace(json.dumps(name), f"(?:{sub_regex})")
+    return rewrite_regex(regex, in_json_string=False)
+
+
+def _lower(schema: object, path: str, placeholders: dict[str, str], prefix: str) -> object:
+    """A copy of `schema` with its subschemas lowered, checked, and bounds replaced by placeholders."""
+    if not isinstance(schema, dict):
+        return schema
+    _check_supported(schema, path)
+    out = dict(schema)
+    for key in _SCHEMA_MAP_KEYS:
+        if isinstance(out.get(key), dict):
+            out[key] = {n: _lower(s, f"{path}/{key}/{n}", placeholders, prefix) for n, s in out[key].items()}
+    for key in _SCHEMA_KEYS:
+        if isinstance(out.get(key), dict):
+            out[key] = _lower(out[key], f"{path}/{key}", placeholders, prefix)
+    for key in _SCHEMA_LIST_KEYS:
+        if isinstance(out.get(key), list):
+            out[key] = [_lower(s, f"{path}/{key}/{i}", placeholders, prefix) for i, s in enumerate(out[key])]
+    if "pattern" in out:
+        pattern = check_regex_syntax(out["pattern"], what=f"pattern at {path}")
+        out["pattern"] = rewrite_regex(pattern, in_json_string=True)
+    return _lower_bounds(out, path, placeholders, prefix)
+
+
+def _check_supported(schema: dict[str, Any], path: str) -> None:
+    """GrammarError for keywords outlines-core would silently ignore (outputs could then be invalid)."""
+    for key in _IGNORED_KEYWORDS:
+        if key in schema:
+            raise GrammarError(f"unsupported JSON schema keyword {key!r} at {path}")
+    if schema.get("uniqueItems") is True:
+        raise GrammarError(f"unsupported JSON schema keyword 'uniqueItems' at {path}")
+    if ("pattern" in schema or "format" in schema) and ("minLength" in schema or "maxLength" in schema):
+        raise GrammarError(
+            f"unsupported JSON schema at {path}: 'pattern'/'format' with 'minLength'/'maxLength'"
+        )
+    required = schema.get("required", [])
+    declared = schema.get("properties", {})
+    if isinstance(required, list) and isinstance(declared, dict):
+        for name in required:
+            if name not in declared:
+                raise GrammarError(f"required property {name!r} at {path} is not declared in 'properties'")
+
+
+def _lower_bounds(schema: dict[str, Any], path: str, placeholders: dict[str, str], prefix: str) -> object:
+    """`schema` itself, or, if it is a bounded number, a placeholder constant for its range regex."""
+    if not any(key in schema for key in _BOUND_KEYWORDS) or "enum" in schema or "const" in schema:
+        return schema
+    types = schema.get("type")
+    type_list = types if isinstance(types, list) else [types]
+    numeric = [t for t in type_list if t in ("integer", "number")]
+    if types is None:
+        raise GrammarError(f'numeric bounds at {path} need "type": "integer" or "number"')
+    if not numeric:
+        return schema  # bounds apply to numbers only
+    low, high, is_low_exclusive, is_high_exclusive = _bounds(schema, path)
+    regex = bounded_number_regex(
+        low,
+        high,
+        exclusive_min=is_low_exclusive,
+        exclusive_max=is_high_exclusive,
+        is_integer="number" not in numeric,
+    )
+    if regex is None:
+        raise GrammarError(f"the numeric bounds at {path} admit no value")
+    name = f"{prefix}{len(placeholders)}"
+    placeholders[name] = regex
+    others = [t for t in type_list if t not in ("integer", "number")]
+    if not others:
+        return {"const": name}
+    rest = {k: v for k, v in schema.items() if k not in _BOUND_KEYWORDS}
+    rest["type"] = others if len(others) > 1 else others[0]
+    return {"anyOf": [{"const": name}, rest]}
+
+
+def _bounds(schema: dict[str, Any], path: str) -> tuple[float | None, float | None, bool, bool]:
+    """(minimum, maximum, is_minimum_exclusive, is_maximum_exclusive), the tighter bound winning.
+
+    Accepts both draft-6+ numeric `exclusive*` and draft-4 boolean flags on `minimum`/`maximum`.
+    """
+
+    def number(key: str) -> float | None:
+        value = schema.get(key)
+        if value is None or isinstance(value, bool) and key.startswith("exclusive"):
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise GrammarError(f"{key!r} at {path} must be a finite number")
+        return value
+
+    low, high = number("minimum"), number("maximum")
+    is_low_exclusive = schema.get("exclusiveMinimum") is True and low is not None
+    is_high_exclusive = schema.get("exclusiveMaximum") is True and high is not None
+    exclusive_low, exclusive_high = number("exclusiveMinimum"), number("exclusiveMaximum")
+    if exclusive_low is not None and (low is None or exclusive_low >= low):
+        low, is_low_exclusive = exclusive_low, True
+    if exclusive_high is not None and (high is None or exclusive_high <= high):
+        high, is_high_exclusive = exclusive_high, True
+    return low, high, is_low_exclusive, is_high_exclusive

@@ -1,0 +1,536 @@
+"""Grammar backend: vocabulary, regex helpers, random walks through compiled grammars, errors, cache.
+
+A random walk simulates sampling at temperature 1.0 without a model: from a fresh state, pick a
+random allowed token from the mask (seeded; EOS with probability 1/2 when allowed, and half of
+the other steps an allowed token that follows the shortest completion, so walks finish), decode
+with the real tokenizer, and check the text against the grammar. Each grammar is compiled once
+per module.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import random
+import re
+import time
+from concurrent.futures import Future
+from pathlib import Path
+
+import jsonschema
+import numpy as np
+import outlines_core
+import pytest
+import torch
+
+from radixlm.runtime.constrained import CompiledGrammar, GrammarBackend, GrammarError, validate
+from radixlm.runtime.constrained.numeric_regex import bounded_number_regex, integer_range_regex
+from radixlm.runtime.constrained.regex_syntax import rewrite_regex
+from radixlm.runtime.constrained.vocabulary import byte_fallback_token_bytes, get_grammar_vocabulary
+from radixlm.runtime.tokenizer import Tokenizer
+
+EXTRA_IDS = 64  # model logits wider than the tokenizer, as with padded embedding tables
+MAX_WALK_LEN = 200
+
+
+W4_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer"},
+        "city": {"type": "string"},
+        "email": {"type": "string"},
+    },
+    "required": ["name", "age", "city", "email"],
+    "additionalProperties": False,
+}
+_ADDRESS = {
+    "type": "object",
+    "properties": {
+        "street": {"type": "string", "maxLength": 20},
+        "zip": {"type": "string", "pattern": "^[0-9]{5}$"},
+        "country": {"enum": ["US", "UK", "FR"]},
+    },
+    "required": ["street", "zip", "country"],
+}
+_LEAVES = [
+    {"type": "string"},
+    {"type": "string", "minLength": 2, "maxLength": 6},
+    {"type": "string", "pattern": r"^[A-Z]{2}-\d{3}$"},
+    {"type": "string", "pattern": "^.{1,8}$"},
+    {"type": "string", "format": "email"},
+    {"type": "string", "format": "uuid"},
+    {"type": "integer"},
+    {"type": "integer", "minimum": 0, "maximum": 120},
+    {"type": "integer", "exclusiveMinimum": -5, "maximum": 5},
+    {"type": "number"},
+    {"type": "number", "minimum": 0, "maximum": 1},
+    {"type": "number", "exclusiveMinimum": -273.15},
+    {"type": "boolean"},
+    {"type": "null"},
+    {"enum": ["red", "green", "blue"]},
+    {"enum": ["a", 1, None, True, 2.5]},
+    {"const": "v1"},
+    {"type": ["string", "null"]},
+    {"type": ["integer", "null"], "minimum": 10, "maximum": 20},
+    {"anyOf": [{"type": "string", "maxLength": 5}, {"type": "integer", "minimum": 0, "maximum": 9}]},
+    {"type": "array", "items": {"type": "integer", "minimum": -3, "maximum": 3}, "maxItems": 4},
+    {"type": "array", "items": {"enum": ["x", "y"]}, "minItems": 2, "maxItems": 3},
+]
+
+
+def _object(properties: dict, required: list[str] | None = None) -> dict:
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": list(properties) if required is None else required,
+    }
+
+
+def _fixed_schemas() -> list[dict]:
+    # Free-form {"type": "object"} / {"type": "array"} are left out: ~13 s each to compile.
+    big = {f"field_{k}": leaf for k, leaf in enumerate(_LEAVES[:19])} | {"address": _ADDRESS}
+    return [
+        W4_SCHEMA,
+        _object({"name": {"type": "string"}, "age": {"type": "integer", "minimum": 0, "maximum": 120}}),
+        _object({"id": {"type": "integer", "minimum": 1}, "tags": _LEAVES[20] | {"minItems": 1}}),
+        _object({"person": _object({"name": {"type": "string"}, "address": _ADDRESS})}),
+        _object(
+            {"a": {"type": "integer"}, "b": {"type": "string"}, "c": {"type": "boolean"}}, required=["b"]
+        ),
+        _object({"a": {"type": "integer"}, "b": {"type": "null"}}, required=[]),
+        {
+            "type": "array",
+            "items": _object({"x": {"type": "number"}, "y": {"type": "number"}}),
+            "maxItems": 3,
+        },
+        {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
+        {
+            "$schema": "http://json-schema.org/draft-04/schema#",
+            "type": "integer",
+            "minimum": 0,
+            "exclusiveMinimum": True,
+            "maximum": 100,
+        },
+        {"type": "string", "pattern": "^[^@]+@[^@]+$"},
+        {"type": "string", "format": "date"},
+        _object({"dt": {"type": "string", "format": "date-time"}, "t": {"type": "string", "format": "time"}}),
+        {"oneOf": [{"type": "boolean"}, {"type": "null"}]},
+        {
+            "type": "object",
+            "properties": {"home": {"$ref": "#/$defs/addr"}, "work": {"$ref": "#/$defs/addr"}},
+            "required": ["home"],
+            "$defs": {
+                "addr": _object(
+                    {"street": {"type": "string"}, "n": {"type": "integer", "minimum": 1, "maximum": 999}}
+                )
+            },
+        },
+        _object({"version": {"const": "1.0"}, "kind": {"const": 3}}),
+        {
+            "type": "array",
+            "prefixItems": [{"type": "integer"}, {"type": "string", "maxLength": 4}, {"type": "boolean"}],
+        },
+        {"type": "array", "items": _LEAVES[20], "maxItems": 3},
+        _object(
+            {
+                "level1": _object(
+                    {"level2": _object({"level3": {"type": "array", "items": {"type": "boolean"}}})}
+                )
+            }
+        ),
+        {"type": "object", "additionalProperties": {"type": "integer"}},
+        _object(big, required=[name for k, name in enumerate(big) if k % 3 != 2]),
+    ] + [_object({"value": leaf}) for leaf in _LEAVES]
+
+
+def _generated_schema(rng: random.Random, depth: int = 0) -> dict:
+    """A random object of 1-4 properties: leaves, and (shallowly) nested objects and arrays."""
+    properties = {}
+    for k in range(rng.randint(1, 4)):
+        roll = rng.random()
+        if roll < 0.15 and depth < 2:
+            properties[f"obj_{k}"] = _generated_schema(rng, depth + 1)
+        elif roll < 0.25 and depth < 2:
+            properties[f"list_{k}"] = {
+                "type": "array",
+                "items": rng.choice(_LEAVES),
+                "maxItems": rng.randint(1, 3),
+            }
+        else:
+            properties[f"p_{k}"] = rng.choice(_LEAVES)
+    return _object(properties, required=[name for name in properties if rng.random() < 0.7])
+
+
+def _schemas() -> list[dict]:
+    """The fixed varied list plus seeded generated objects (>= 50 in all)."""
+    rng = random.Random(5)
+    return _fixed_schemas() + [_generated_schema(rng) for _ in range(12)]
+
+
+SCHEMAS = _schemas()
+REGEXES = {
+    "int": r"-?(0|[1-9][0-9]*)",
+    "float": r"-?(0|[1-9][0-9]*)\.[0-9]+([eE][+-]?[0-9]+)?",
+    "iso_date": r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])",
+    "email": r"[a-z0-9._%+-]{1,20}@[a-z0-9-]{1,12}(\.[a-z0-9-]{1,8}){0,2}\.[a-z]{2,6}",
+    "unicode": r"(café|naïve|日本語|[äöüß]{1,4}) ?✓?",
+}
+CHOICES = ["yes", "no", "maybe so", "a.b*c (d)", "naïve"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(default_model_dir: Path) -> Tokenizer:
+    return Tokenizer(default_model_dir)
+
+
+@pytest.fixture(scope="module")
+def backend(tokenizer: Tokenizer):
+    backend = GrammarBackend(tokenizer, tokenizer.vocab_size + EXTRA_IDS, max_cache=256, num_workers=2)
+    yield backend
+    backend.shutdown()
+
+
+@pytest.fixture(scope="module")
+def schema_futures(backend: GrammarBackend) -> list[Future[CompiledGrammar]]:
+    """Every schema submitted at once, so compiles overlap with the walks of earlier ones."""
+    return [backend.get("json_schema", schema) for schema in SCHEMAS]
+
+
+class ShortestCompletion:
+    """Shortest completions of a regex, over the byte DFA outlines-core builds for one-byte tokens.
+
+    Walks use it to bias toward finishing: half the non-EOS steps take an allowed token that is a
+    prefix of the shortest completion of the text so far. Like the backend, it compiles the regex
+    followed by a NUL end marker (token 256), so accepting states keep all their transitions.
+    """
+
+    _BYTE_VOCABULARY = outlines_core.Vocabulary(
+        1000, {bytes([b]): [b] for b in range(1, 256)} | {b"\x00": [256]}
+    )
+
+    def __init__(self, regex: str):
+        self.index = outlines_core.Index(f"(?:{regex})\\x00", self._BYTE_VOCABULARY)
+        transitions = self.index.get_transitions()
+        self.transitions = {s: {t: n for t, n in ts.items() if t < 256} for s, ts in transitions.items()}
+        finals = self.index.get_final_states()
+        predecessors: dict[int, list[int]] = {}
+        for state, byte_to_next in self.transitions.items():
+            for next_state in byte_to_next.values():
+                predecessors.setdefault(next_state, []).append(state)
+        self.distance = {s: 0 for s, ts in transitions.items() if ts.get(256) in finals}
+        frontier = list(self.distance)
+        while frontier:  # breadth-first, backwards from the complete states
+            state = frontier.pop(0)
+            for previous in predecessors.get(state, []):
+                if previous not in self.distance:
+                    self.distance[previous] = self.distance[state] + 1
+                    frontier.append(previous)
+
+    def advance(self, state: int, data: bytes) -> int:
+        for byte in data:
+            state = self.transitions[state][byte]
+        return state
+
+    def shortest(self, state: int) -> bytes:
+        out = bytearray()
+        while self.distance[state]:
+            byte, state = min(
+                (
+                    (b, n)
+                    for b, n in self.transitions[state].items()
+                    if self.distance.get(n) == self.distance[state] - 1
+                )
+            )
+            out.append(byte)
+        return bytes(out)
+
+
+def random_walk(
+    compiled: CompiledGrammar,
+    rng: random.Random,
+    completion: ShortestCompletion,
+    id_to_bytes: dict[int, bytes],
+    bytes_to_ids: dict[bytes, list[int]],
+) -> list[int]:
+    """Token ids of one completed walk (EOS excluded); restarts walks that hit MAX_WALK_LEN."""
+    mask = torch.zeros(compiled.vocab_size, dtype=torch.bool)
+    for _ in range(10):
+        grammar, ids, state = compiled.new_state(), [], completion.index.get_initial_state()
+        while not grammar.is_terminated() and len(ids) < MAX_WALK_LEN:
+            grammar.fill_vocab_mask(mask)
+            allowed = np.flatnonzero(mask.numpy())
+            assert allowed.size > 0, "a live grammar state allows no token"
+            rest = completion.shortest(state)
+            closing = [i for k in range(len(rest)) for i in bytes_to_ids.get(rest[: k + 1], []) if mask[i]]
+            if mask[compiled.eos_token_id] and rng.random() < 0.5:
+                token_id = compiled.eos_token_id
+            elif closing and rng.random() < 0.5:
+                token_id = rng.choice(closing)
+            else:
+                token_id = int(allowed[rng.randrange(allowed.size)])
+            grammar.accept_token(token_id)
+            if token_id != compiled.eos_token_id:
+                ids.append(token_id)
+                state = completion.advance(state, id_to_bytes[token_id])
+        if grammar.is_terminated():
+            return ids
+    raise AssertionError(f"no walk finished within {MAX_WALK_LEN} tokens for {compiled.regex[:80]!r}")
+
+
+@functools.cache
+def _bytes_to_ids(tokenizer: Tokenizer) -> dict[bytes, list[int]]:
+    bytes_to_ids: dict[bytes, list[int]] = {}
+    for token_id, token_bytes in get_grammar_vocabulary(tokenizer).id_to_bytes.items():
+        bytes_to_ids.setdefault(token_bytes, []).append(token_id)
+    return bytes_to_ids
+
+
+def walk_texts(compiled: CompiledGrammar, tokenizer: Tokenizer, seed: int, n: int) -> list[str]:
+    """Texts of `n` seeded random walks, each decoded by the real tokenizer (checked byte-exact)."""
+    rng = random.Random(seed)
+    id_to_bytes = dict(get_grammar_vocabulary(tokenizer).id_to_bytes)
+    completion = ShortestCompletion(compiled.regex)
+    texts = []
+    for _ in range(n):
+        ids = random_walk(compiled, rng, completion, id_to_bytes, _bytes_to_ids(tokenizer))
+        text = tokenizer.decode(ids)
+        assert text == b"".join(id_to_bytes[i] for i in ids).decode("utf-8")
+        texts.append(text)
+    return texts
+
+
+# ---------------------------------------------------------------- vocabulary
+
+
+def test_vocabulary_maps_ids_to_decoded_strings(tokenizer: Tokenizer) -> None:
+    vocab = get_grammar_vocabulary(tokenizer)
+    assert vocab is get_grammar_vocabulary(tokenizer)  # built once per tokenizer
+    assert vocab.vocabulary.get_eos_token_id() == tokenizer.eos_token_id
+    assert not set(vocab.id_to_bytes) & set(tokenizer.all_special_ids)
+    ascii_ids = [i for i, b in vocab.id_to_bytes.items() if b.isascii()]
+    assert len(ascii_ids) > 30_000
+    for token_id in ascii_ids:
+        assert tokenizer.decode([token_id]) == vocab.id_to_bytes[token_id].decode(), token_id
+    assert vocab.id_to_bytes[tokenizer.encode(" the")[0]] == b" the"
+
+
+def test_partial_utf8_tokens_are_raw_bytes(tokenizer: Tokenizer, backend: GrammarBackend) -> None:
+    id_to_bytes = get_grammar_vocabulary(tokenizer).id_to_bytes
+    text = '"héllo 🙂 日本語 ✓"'
+    ids = tokenizer.encode(text)
+    assert b"".join(id_to_bytes[i] for i in ids) == text.encode()
+    partial = [i for i in ids if not _is_utf8(id_to_bytes[i])]
+    assert partial, "expected the emoji to split into partial UTF-8 tokens"
+    grammar = backend.get("regex", r'"[^"]*"').result().new_state()
+    for token_id in ids:
+        grammar.accept_token(token_id)
+    assert grammar.is_terminated()
+
+
+def _is_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+def test_byte_fallback_tokens() -> None:
+    assert byte_fallback_token_bytes("\u2581the") == b" the"
+    assert byte_fallback_token_bytes("<0xE2>") == b"\xe2"
+    assert byte_fallback_token_bytes("<0x0A>") == b"\n"
+
+
+# ---------------------------------------------------------------- regex helpers
+
+
+def test_integer_range_regex_is_exact() -> None:
+    rng = random.Random(0)
+    for _ in range(60):
+        low = rng.choice([None, rng.randint(-300, 300)])
+        high = rng.choice([None, rng.randint(-300, 300)])
+        regex = integer_range_regex(low, high)
+        for value in range(-400, 400):
+            expected = (low is None or value >= low) and (high is None or value <= high)
+            assert (regex is not None and re.fullmatch(regex, str(value)) is not None) == expected
+        assert regex is None or not any(re.fullmatch(regex, bad) for bad in ("-0", "01", "+1", ""))
+
+
+def test_bounded_number_regex_is_sound() -> None:
+    rng = random.Random(1)
+    literals = [
+        f"{sign}{i}{frac}" for sign in ("", "-") for i in range(0, 30) for frac in ("", ".5", ".05", ".0")
+    ]
+    for _ in range(200):
+        low, high = (
+            rng.choice([None, rng.uniform(-20, 20), rng.randint(-20, 20)]),
+            rng.choice([None, 1, 2.5, 17]),
+        )
+        is_low_open, is_high_open = rng.random() < 0.4, rng.random() < 0.4
+        regex = bounded_number_regex(low, high, exclusive_min=is_low_open, exclusive_max=is_high_open)
+        for literal in literals:
+            if regex is not None and re.fullmatch(regex, literal):
+                value = float(literal)
+                assert low is None or (value > low if is_low_open else value >= low)
+                assert high is None or (value < high if is_high_open else value <= high)
+    assert re.fullmatch(bounded_number_regex(0, 1, exclusive_min=True, exclusive_max=True) or "", "0.25")
+
+
+def test_rewrite_regex() -> None:
+    assert rewrite_regex(r"\d{4}-[\d.]", in_json_string=False) == r"[0-9]{4}-[0-9.]"
+    assert rewrite_regex(r"[^\d]\\d", in_json_string=False) == r"[^\d]\\d"
+    json_safe = rewrite_regex(r".+@[^@]+\s\S", in_json_string=True)
+    for bad in ('a"@b x', "a@b\n x", "a\\@b x"):
+        assert not re.fullmatch(json_safe, bad)
+    assert re.fullmatch(json_safe, "a@b x")
+
+
+# ---------------------------------------------------------------- random walks
+
+
+def test_at_least_fifty_varied_schemas() -> None:
+    assert len(SCHEMAS) >= 50
+    text = json.dumps(SCHEMAS)
+    for keyword in (
+        "minimum",
+        "maxItems",
+        "minItems",
+        "enum",
+        "pattern",
+        "maxLength",
+        "boolean",
+        "null",
+        "$ref",
+    ):
+        assert keyword in text, keyword
+
+
+@pytest.mark.parametrize("schema_index", range(len(SCHEMAS)))
+def test_json_schema_walks_validate(schema_index, schema_futures, tokenizer) -> None:
+    schema = SCHEMAS[schema_index]
+    compiled = schema_futures[schema_index].result(timeout=120)
+    for text in walk_texts(compiled, tokenizer, seed=schema_index, n=3):
+        jsonschema.validate(json.loads(text), schema)
+
+
+def test_format_dates_use_ascii_digits(backend, tokenizer) -> None:
+    compiled = backend.get("json_schema", {"type": "string", "format": "date"}).result()
+    for text in walk_texts(compiled, tokenizer, seed=7, n=5):
+        assert re.fullmatch(r'"[0-9]{4}-[0-9]{2}-[0-9]{2}"', text), text
+
+
+@pytest.mark.parametrize("name", sorted(REGEXES))
+def test_regex_walks_fullmatch(name, backend, tokenizer) -> None:
+    compiled = backend.get("regex", REGEXES[name]).result()
+    for text in walk_texts(compiled, tokenizer, seed=len(name), n=8):
+        assert re.fullmatch(REGEXES[name], text), text
+
+
+def test_choice_walks_pick_a_choice(backend, tokenizer) -> None:
+    compiled = backend.get("choices", CHOICES).result()
+    texts = walk_texts(compiled, tokenizer, seed=3, n=20)
+    assert set(texts) <= set(CHOICES) and len(set(texts)) >= 3
+
+
+# ---------------------------------------------------------------- grammar state and mask
+
+
+def test_mask_eos_and_termination(backend: GrammarBackend, tokenizer: Tokenizer) -> None:
+    compiled = backend.get("regex", "[0-9]{1,2}").result()
+    grammar, eos = compiled.new_state(), tokenizer.eos_token_id
+    mask = torch.ones(compiled.vocab_size, dtype=torch.bool)
+    grammar.fill_vocab_mask(mask)
+    assert not mask[eos] and not mask[tokenizer.vocab_size :].any() and mask.sum() == 10
+    with pytest.raises(ValueError):
+        grammar.accept_token(eos)
+    with pytest.raises(ValueError):
+        grammar.accept_token(tokenizer.encode("a")[0])
+    grammar.accept_token(tokenizer.encode("1")[0])
+    grammar.fill_vocab_mask(mask)
+    assert mask[eos] and mask.sum() == 11 and not grammar.is_terminated()
+    grammar.accept_token(tokenizer.encode("2")[0])
+    grammar.fill_vocab_mask(mask)
+    assert mask.nonzero().flatten().tolist() == [eos] and grammar.is_terminated()
+    grammar.accept_token(eos)
+    assert grammar.is_terminated()
+    fresh = grammar.copy()
+    assert not fresh.is_terminated() and fresh.compiled is compiled
+
+
+def test_accepting_states_keep_extensions(backend: GrammarBackend, tokenizer: Tokenizer) -> None:
+    """outlines-core alone drops "." after "1" here (its DFA flags matches one byte late)."""
+    grammar = backend.get("regex", r"[0-9]+(\.[0-9]+)?").result().new_state()
+    grammar.accept_token(tokenizer.encode("1")[0])
+    mask = torch.zeros(grammar.compiled.vocab_size, dtype=torch.bool)
+    grammar.fill_vocab_mask(mask)
+    assert mask[tokenizer.eos_token_id] and mask[tokenizer.encode(".")[0]]
+    partial = backend.get("regex", "[a-zé]+").result().new_state()
+    partial.accept_token(tokenizer.encode("a")[0])
+    partial.fill_vocab_mask(mask)
+    e_acute_first_byte = next(
+        i for i, b in get_grammar_vocabulary(tokenizer).id_to_bytes.items() if b == b"\xc3"
+    )
+    assert mask[e_acute_first_byte]
+    choices = backend.get("choices", ["no", "no."]).result()
+    assert set(walk_texts(choices, tokenizer, seed=1, n=12)) == {"no", "no."}
+
+
+def test_mask_excludes_ids_beyond_tokenizer(backend: GrammarBackend, tokenizer: Tokenizer) -> None:
+    grammar = backend.get("regex", '"[^"]*"').result().new_state()
+    grammar.accept_token(tokenizer.encode('"')[0])
+    rows = torch.zeros(3, tokenizer.vocab_size + EXTRA_IDS, dtype=torch.bool)
+    grammar.fill_vocab_mask(rows[1])
+    assert rows[1].sum() > 40_000 and not rows[1, tokenizer.vocab_size :].any()
+    assert not rows[0].any() and not rows[2].any()
+    assert not rows[1, sorted(tokenizer.all_special_ids)].any()
+
+
+# ---------------------------------------------------------------- errors and the backend
+
+BAD_SPECS = [
+    ("regex", "(", "unterminated subpattern"),
+    ("regex", 5, "must be a string"),
+    ("json_schema", "{not json", "not valid JSON"),
+    ("json_schema", "[1, 2]", "must be a JSON object"),
+    ("json_schema", {"type": "string", "format": "ipv4"}, "ipv4"),
+    ("json_schema", {"not": {"type": "string"}}, "unsupported JSON schema"),
+    ("json_schema", {"type": "integer", "multipleOf": 3}, "multipleOf"),
+    ("json_schema", {"type": "object", "properties": {}, "required": ["x"]}, "'x'"),
+    ("json_schema", {"type": "integer", "minimum": 5, "maximum": 3}, "admit no value"),
+    ("json_schema", {"type": "string", "pattern": "[a-"}, "pattern at #"),
+    ("choices", [], "non-empty"),
+    ("grammar", "x", "unknown grammar kind"),
+]
+
+
+@pytest.mark.parametrize(("kind", "spec", "message"), BAD_SPECS)
+def test_bad_specs_raise_quickly(kind, spec, message, backend: GrammarBackend) -> None:
+    start = time.perf_counter()
+    with pytest.raises(GrammarError, match=re.escape(message)):
+        validate(kind, spec)
+    assert time.perf_counter() - start < 0.1
+    with pytest.raises(GrammarError, match=re.escape(message)):
+        backend.get(kind, spec).result(timeout=30)
+
+
+def test_unsupported_regex_fails_at_compile(backend: GrammarBackend) -> None:
+    validate("regex", "(?<=a)b")  # Python syntax: passes the cheap check
+    with pytest.raises(GrammarError, match="unsupported regex syntax"):
+        backend.get("regex", "(?<=a)b").result(timeout=30)
+
+
+def test_backend_compiles_in_background_and_caches(tokenizer: Tokenizer) -> None:
+    backend = GrammarBackend(tokenizer, tokenizer.vocab_size, max_cache=2)
+    try:
+        schema = W4_SCHEMA
+        future = backend.get("json_schema", schema)
+        assert not future.done()  # a cold compile takes hundreds of milliseconds
+        assert future.result(timeout=60).compile_secs > 0
+        again = backend.get("json_schema", json.dumps(schema))  # same spec, as a JSON string
+        assert again is future and again.done()
+        backend.get("regex", "a").result(timeout=60)
+        backend.get("regex", "b").result(timeout=60)  # evicts the schema (LRU of 2)
+        assert backend.get("json_schema", schema) is not future
+    finally:
+        backend.shutdown()

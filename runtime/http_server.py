@@ -142,6 +142,9 @@ async def run_all(tm: TokenizerManager, reqs: list[PreparedRequest], request: Re
         final: dict[str, Any] = {}
         async for latest in tm.generate(req):
             final = latest
+        reason = final.get("meta_info", {}).get("finish_reason") or {}
+        if reason.get("type") == "abort" and str(reason.get("message", "")).startswith("invalid grammar"):
+            raise RequestError(reason["message"])  # a grammar that passed the quick check but failed to compile
         return final
 
     tasks = [asyncio.ensure_future(one(r)) for r in reqs]

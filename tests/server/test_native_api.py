@@ -169,3 +169,17 @@ def test_metrics(tiny_server: ServerHandle) -> None:
                  "radixlm_inter_token_latency_seconds_count"):
         assert name in text
     assert "request rid=" in tiny_server.log()  # --log-level info: one structured line per request
+
+
+def test_constrained_generate_and_bad_grammars(tiny_server: ServerHandle) -> None:
+    import re
+
+    ok = post(tiny_server, "/generate", {"text": "n:", "sampling_params": {"regex": "[0-9]{2,4}", "temperature": 1.0}})
+    assert ok.status_code == 200 and re.fullmatch("[0-9]{2,4}", ok.json()["text"])
+    quick = post(tiny_server, "/generate", {"text": "n:", "sampling_params": {"regex": "(unclosed"}})
+    assert quick.status_code == 400 and "regex" in quick.json()["error"]["message"]
+    schema = post(tiny_server, "/generate", {"text": "n:", "sampling_params": {"json_schema": "{not json"}})
+    assert schema.status_code == 400 and "json_schema" in schema.json()["error"]["message"]
+    late = post(tiny_server, "/generate", {"text": "n:", "sampling_params": {"regex": "(?<=a)b"}})  # fails at compile
+    assert late.status_code == 400 and "invalid grammar" in late.json()["error"]["message"]
+    assert httpx.get(tiny_server.url + "/health").status_code == 200

@@ -20,7 +20,7 @@ from radixlm.runtime.detokenizer import IncrementalDecoder
 from radixlm.runtime.model_config import ModelConfig
 from radixlm.runtime.model_runner import ModelRunner, RunnerConfig
 from radixlm.runtime.req import LogprobOptions, Req
-from radixlm.runtime.request_io import build_result, normalize_inputs, normalize_params
+from radixlm.runtime.request_io import build_result, check_prompt_ids, normalize_inputs, normalize_params
 from radixlm.runtime.sampling_params import SamplingParams
 from radixlm.runtime.scheduler import Scheduler, SchedulerConfig
 from radixlm.runtime.server_args import ServerArgs
@@ -160,7 +160,7 @@ class Engine:
         reqs = []
         for text_or_ids, sp in zip(prompts, params):
             ids = self.tokenizer.encode(text_or_ids) if isinstance(text_or_ids, str) else text_or_ids
-            self._check_ids(ids)
+            check_prompt_ids(ids, self.model_config.vocab_size, self.context_len, self.runner.kv_pool.size)
             for copy in range(sp.n):
                 copy_params = sp
                 if sp.n > 1 and sp.seed is not None:  # copies of a seeded request differ, reproducibly
@@ -171,16 +171,6 @@ class Engine:
     def make_req(self, rid: str, ids: list[int], params: SamplingParams, logprob: LogprobOptions) -> Req:
         """A scheduler request (with its stop-string watcher) for already validated input ids."""
         return Req(rid, ids, params, self._eos_ids, logprob, IncrementalDecoder(self.tokenizer, params, ids))
-
-    def _check_ids(self, ids: list[int]) -> None:
-        vocab = self.model_config.vocab_size
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"input_ids contains ids outside the vocabulary [0, {vocab}): {bad[:5]}")
-        if not ids:
-            raise ValueError("the prompt is empty: at least one input token is required")
-        if len(ids) >= self.context_len:
-            raise ValueError(f"the prompt has {len(ids)} tokens; the context length is {self.context_len}")
 
     def _submit(self, reqs: list[Req]) -> None:
         with self._lock:

@@ -68,6 +68,19 @@ def build_result(req: Req, text: str) -> dict[str, Any]:
     return {"text": text, "output_ids": list(req.output_ids), "meta_info": meta}
 
 
+def check_prompt_ids(ids: Sequence[object], vocab_size: int, context_len: int, max_total_tokens: int) -> None:
+    """The checks every prompt passes before it is queued (RequestError, a ValueError, if not)."""
+    bad = [t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab_size]
+    if bad:
+        raise RequestError(f"input_ids holds values that are not token ids in [0, {vocab_size}): {bad[:5]}")
+    if not ids:
+        raise RequestError("the prompt is empty: at least one input token is required")
+    if len(ids) >= context_len:
+        raise RequestError(f"the prompt has {len(ids)} tokens; the context length is {context_len}")
+    if len(ids) + 1 > max_total_tokens:
+        raise RequestError(f"the prompt has {len(ids)} tokens; the KV pool holds {max_total_tokens}")
+
+
 class RequestError(ValueError):
     """A client request is malformed or out of range; the server answers 400 with this message."""
 

@@ -27,7 +27,7 @@ from radixlm.runtime.constrained.grammar import GrammarError
 from radixlm.runtime.constrained.grammar import validate as validate_grammar
 from radixlm.runtime.ipc import IpcPaths, pull_socket, push_socket
 from radixlm.runtime.metrics import Metrics
-from radixlm.runtime.request_io import GenerateRequest, RequestError
+from radixlm.runtime.request_io import GenerateRequest, RequestError, check_prompt_ids
 from radixlm.runtime.sampling_params import InvalidSamplingParams, SamplingParams
 from radixlm.runtime.tokenizer import Tokenizer
 
@@ -97,15 +97,7 @@ class TokenizerManager:
             ids = self.tokenizer.encode(req.text)
         else:
             ids = list(req.input_ids or ())
-            bad = [t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size]
-            if bad:
-                raise RequestError(f"'input_ids' holds values that are not token ids in [0, {self.vocab_size}): {bad[:5]}")
-        if not ids:
-            raise RequestError("the prompt is empty: at least one input token is required")
-        if len(ids) >= self.context_len:
-            raise RequestError(f"the prompt has {len(ids)} tokens; the context length is {self.context_len}")
-        if len(ids) + 1 > self.max_total_tokens:
-            raise RequestError(f"the prompt has {len(ids)} tokens; the KV pool holds {self.max_total_tokens}")
+        check_prompt_ids(ids, self.vocab_size, self.context_len, self.max_total_tokens)
         try:
             params = SamplingParams.from_dict(req.sampling_params)
         except (InvalidSamplingParams, TypeError) as e:

@@ -83,3 +83,12 @@ def save_tiny_model(path: Path, kind: str, vocab_size: int = 256, seed: int = 0,
         cfg["eos_token_id"], cfg["bos_token_id"] = src.get("eos_token_id"), src.get("bos_token_id")
         (path / "config.json").write_text(json.dumps(cfg, indent=2))
     return model
+
+
+def assert_engine_clean(engine: Any) -> None:
+    """Every KV slot owned once; after flushing the cache the pools are full again."""
+    engine.scheduler.check_integrity()
+    assert engine.flush_cache()
+    pool = engine.scheduler.kv_pool
+    assert pool.num_free == pool.size, f"{pool.size - pool.num_free} KV slots leaked"
+    assert engine.runner.req_to_token_pool.num_free == engine.runner.req_to_token_pool.max_reqs

@@ -10,6 +10,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+from radixlm_testing import assert_engine_clean
 
 from radixlm.runtime.engine import Engine
 
@@ -31,9 +32,7 @@ def engine(tiny_model_dir: Path) -> Engine:
 @pytest.fixture(autouse=True)
 def clean_pool(engine: Engine) -> Any:
     yield
-    engine.scheduler.check_integrity()
-    assert engine.flush_cache()
-    assert engine.scheduler.kv_pool.num_free == engine.scheduler.kv_pool.size
+    assert_engine_clean(engine)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

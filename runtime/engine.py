@@ -168,9 +168,14 @@ class Engine:
                 reqs.append(self.make_req(str(next(self._rid_counter)), ids, copy_params, logprob))
         return is_batch, reqs
 
-    def make_req(self, rid: str, ids: list[int], params: SamplingParams, logprob: LogprobOptions) -> Req:
-        """A scheduler request (with its stop-string watcher) for already validated input ids."""
-        return Req(rid, ids, params, self._eos_ids, logprob, IncrementalDecoder(self.tokenizer, params, ids))
+    def make_req(
+        self, rid: str, ids: list[int], params: SamplingParams, logprob: LogprobOptions, track_text: bool = True
+    ) -> Req:
+        """A scheduler request for already validated input ids. Its IncrementalDecoder makes the
+        text (the Engine's output) and watches for stop strings; a server's scheduler, whose text
+        comes from the detokenizer, needs it only when there are stop strings (`track_text=False`)."""
+        decoder = IncrementalDecoder(self.tokenizer, params, ids) if track_text or params.stop else None
+        return Req(rid, ids, params, self._eos_ids, logprob, decoder)
 
     def _submit(self, reqs: list[Req]) -> None:
         with self._lock:

@@ -5,8 +5,10 @@ mapped onto our sampling parameters (plus SGLang's extensions: top_k, min_p,
 repetition_penalty, min_tokens, ignore_eos, stop_token_ids, skip_special_tokens), run through
 the tokenizer manager, and shaped as OpenAI responses; `stream` gives SSE chunks with text
 deltas and, with `stream_options.include_usage`, a final usage chunk. `response_format`
-(`json_schema`, `json_object`, and a `regex` extension) constrains the output; `tools` are not
-built yet and get a clear 400.
+(`json_schema`, `json_object`, and a `regex` extension) constrains the output. `tools` and
+`tool_choice` follow `tool_calls` (prompt convention, constraint, parsers): calls come back as
+`message.tool_calls` with `finish_reason: "tool_calls"`; when streaming with tools, each choice's
+text is buffered and sent at its end as content and/or one `delta.tool_calls` chunk.
 """
 
 from __future__ import annotations
@@ -23,6 +25,18 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from radixlm.runtime.request_io import GenerateRequest, RequestError
 from radixlm.runtime.tokenizer_manager import PreparedRequest, TokenizerManager
+from radixlm.runtime.tool_calls import (
+    Tool,
+    ToolCall,
+    add_tools_to_messages,
+    openai_tool_calls,
+    parse_tool_calls,
+    parse_tool_choice,
+    parse_tools,
+    render_history_calls,
+    render_tool_response,
+    tool_call_schema,
+)
 
 
 class _Strict(BaseModel):
@@ -70,6 +84,8 @@ class ChatMessage(_Strict):
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # assistant messages
+    tool_call_id: str | None = None  # tool messages
 
 
 class ChatRequest(_SamplingFields):
@@ -245,9 +261,13 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager) -> None:
     async def chat_completions(request: Request) -> Response:
         req: ChatRequest = _parse(ChatRequest, await read_json(request))
         check_model(req.model)
-        if req.tools is not None or req.tool_choice not in (None, "none"):
-            raise RequestError("tools / tool_choice are not supported yet (tool calls are not built yet)")
-        messages = [{"role": m.role, "content": _content_text(m.content)} for m in req.messages]
+        tools = parse_tools(req.tools) if req.tools is not None else []
+        tool_choice = parse_tool_choice(req.tool_choice, tools)
+        offered = tools if tool_choice != "none" else []
+        tool_names = {t.name for t in offered}
+        messages = _prompt_messages(req.messages)
+        if offered:
+            messages = add_tools_to_messages(messages, offered)
         try:
             prompt = tm.tokenizer.apply_chat_template(messages)
         except Exception as e:  # a template that rejects these messages: the client's problem
@@ -255,26 +275,68 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager) -> None:
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         base_id = f"chatcmpl-{uuid.uuid4().hex}"
         params = {**_sampling_params(req, max_tokens), **response_format_grammar(req.response_format)}
+        params.update(_tool_choice_grammar(tool_choice, tools, params))
         base = GenerateRequest(
             text=prompt, sampling_params=params, return_logprob=req.logprobs,
             top_logprobs_num=(req.top_logprobs or 0) if req.logprobs else 0, return_text_in_logprobs=True, stream=req.stream,
         )
         prepared = prepare_all(tm, _copies(base, req.n, base_id))
+        if req.stream and tool_names:
+            return StreamingResponse(_stream_tool_calls(prepared, req, base_id, tool_names), media_type="text/event-stream")
         if req.stream:
             return StreamingResponse(
                 _stream(tm, prepared, req, base_id, "chat.completion.chunk", 1, None), media_type="text/event-stream"
             )
         results = await run_all(tm, prepared, request)
-        choices = [{
-            "index": i,
-            "message": {"role": "assistant", "content": r["text"]},
-            "logprobs": _chat_logprobs(r["meta_info"]) if req.logprobs else None,
-            "finish_reason": _finish(r["meta_info"]),
-        } for i, r in enumerate(results)]
+        choices = []
+        for i, r in enumerate(results):
+            content, calls = _split_calls(r["text"], tool_names)
+            message: dict[str, Any] = {"role": "assistant", "content": content}
+            if calls:
+                message["tool_calls"] = openai_tool_calls(calls)
+            choices.append({
+                "index": i,
+                "message": message,
+                "logprobs": _chat_logprobs(r["meta_info"]) if req.logprobs else None,
+                "finish_reason": "tool_calls" if calls else _finish(r["meta_info"]),
+            })
         return JSONResponse({
             "id": base_id, "object": "chat.completion", "created": int(time.time()), "model": tm.model_name,
             "choices": choices, "usage": _usage(results, 1),
         })
+
+    async def _stream_tool_calls(reqs: list[PreparedRequest], req: ChatRequest, base_id: str,
+                                 tool_names: set[str]) -> AsyncIterator[bytes]:
+        """Chat SSE with tools: a role chunk per choice now; at each choice's end, its content (if
+        any), one `delta.tool_calls` chunk (if calls), and the finish chunk; then optional usage."""
+        created = int(time.time())
+
+        def chunk(index: int, delta: dict[str, Any], finish: str | None) -> bytes:
+            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+            return sse({"id": base_id, "object": "chat.completion.chunk", "created": created, "model": tm.model_name,
+                        "choices": [choice]})
+
+        for i in range(len(reqs)):
+            yield chunk(i, {"role": "assistant", "content": ""}, None)
+        finals: list[dict[str, Any]] = []
+        async for index, item in merged_outputs(tm, reqs):
+            if isinstance(item, Exception):
+                yield sse_error(item)
+                continue
+            finish = _finish(item["meta_info"])
+            if finish is None:
+                continue
+            finals.append(item)
+            content, calls = _split_calls(item["text"], tool_names)
+            if content:
+                yield chunk(index, {"content": content}, None)
+            if calls:
+                yield chunk(index, {"tool_calls": openai_tool_calls(calls, with_index=True)}, None)
+            yield chunk(index, {}, "tool_calls" if calls else finish)
+        if req.stream_options is not None and req.stream_options.include_usage:
+            yield sse({"id": base_id, "object": "chat.completion.chunk", "created": created, "model": tm.model_name,
+                       "choices": [], "usage": _usage(finals, 1)})
+        yield b"data: [DONE]\n\n"
 
     async def _stream(tm: TokenizerManager, reqs: list[PreparedRequest], req: _SamplingFields, base_id: str,
                       kind: str, num_prompts: int, choice_text: Any) -> AsyncIterator[bytes]:
@@ -313,6 +375,35 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager) -> None:
             yield sse({"id": base_id, "object": kind, "created": created, "model": tm.model_name,
                        "choices": [], "usage": _usage(finals, num_prompts)})
         yield b"data: [DONE]\n\n"
+
+
+def _prompt_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
+    """Chat messages as the chat template takes them; tool calls and results rendered as text."""
+    out = []
+    for m in messages:
+        content = _content_text(m.content)
+        if m.role == "assistant" and m.tool_calls:
+            content = render_history_calls(content, m.tool_calls)
+        elif m.role == "tool":
+            content = render_tool_response(content)
+        out.append({"role": m.role, "content": content})
+    return out
+
+
+def _tool_choice_grammar(tool_choice: str | Tool, tools: list[Tool], params: dict[str, Any]) -> dict[str, str]:
+    """The grammar that forces one call for `required` or a named tool; {} otherwise."""
+    if tool_choice in ("none", "auto"):
+        return {}
+    if "regex" in params or "json_schema" in params:
+        raise RequestError("tool_choice 'required' or a named function cannot be combined with "
+                           "response_format, regex or json_schema")
+    forced = tools if tool_choice == "required" else [tool_choice]
+    return {"json_schema": json.dumps(tool_call_schema([t for t in forced if isinstance(t, Tool)]))}
+
+
+def _split_calls(text: str, tool_names: set[str]) -> tuple[str | None, list[ToolCall]]:
+    """(content, calls) of one choice's text; without tools, the text as is."""
+    return parse_tool_calls(text, tool_names) if tool_names else (text, [])
 
 
 def _content_text(content: str | list[dict[str, Any]] | None) -> str:

@@ -56,7 +56,7 @@ class SchedulerServer:
     def handle_generate(self, msg: io.TokenizedGenerateReq) -> None:
         params = SamplingParams.from_dict(msg.sampling_params)
         logprob = LogprobOptions(msg.return_logprob, msg.logprob_start_len, msg.top_logprobs_num)
-        req = self.engine.make_req(msg.rid, list(msg.input_ids), params, logprob)
+        req = self.engine.make_req(msg.rid, list(msg.input_ids), params, logprob, track_text=False)
         self.scheduler.add_request(req)
         self.reqs[msg.rid] = req
         self._pending_settings[msg.rid] = {

@@ -48,7 +48,9 @@ def sse(data: Any) -> bytes:
     return f"data: {json.dumps(data, ensure_ascii=False, allow_nan=False)}\n\n".encode()
 
 
-def create_app(tm: TokenizerManager, api_key: str | None = None, enable_metrics: bool = True) -> FastAPI:
+def create_app(
+    tm: TokenizerManager, api_key: str | None = None, enable_metrics: bool = True, tool_call_parser: str = "auto"
+) -> FastAPI:
     app = FastAPI(title="radixlm", version="0.1.0")
     app.state.tm = tm
 
@@ -124,7 +126,7 @@ def create_app(tm: TokenizerManager, api_key: str | None = None, enable_metrics:
 
     from radixlm.runtime.openai_api import register_openai_routes
 
-    register_openai_routes(app, tm)
+    register_openai_routes(app, tm, tool_call_parser)
     return app
 
 

@@ -206,7 +206,7 @@ def _chat_logprobs(meta: dict[str, Any]) -> dict[str, Any]:
     return {"content": content}
 
 
-def register_openai_routes(app: FastAPI, tm: TokenizerManager) -> None:
+def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser: str = "auto") -> None:
     from radixlm.runtime.http_server import merged_outputs, prepare_all, read_json, run_all, sse, sse_error
 
     def check_model(name: str | None) -> None:
@@ -265,6 +265,8 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager) -> None:
         tool_choice = parse_tool_choice(req.tool_choice, tools)
         offered = tools if tool_choice != "none" else []
         tool_names = {t.name for t in offered}
+        # a forced call is generated as bare JSON under a schema; `auto` output is read as configured
+        parser = tool_call_parser if tool_choice == "auto" else "json"
         messages = _prompt_messages(req.messages)
         if offered:
             messages = add_tools_to_messages(messages, offered)
@@ -282,7 +284,7 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager) -> None:
         )
         prepared = prepare_all(tm, _copies(base, req.n, base_id))
         if req.stream and tool_names:
-            return StreamingResponse(_stream_tool_calls(prepared, req, base_id, tool_names), media_type="text/event-stream")
+            return StreamingResponse(_stream_tool_calls(prepared, req, base_id, tool_names, parser), media_type="text/event-stream")
         if req.stream:
             return StreamingResponse(
                 _stream(tm, prepared, req, base_id, "chat.completion.chunk", 1, None), media_type="text/event-stream"
@@ -290,7 +292,7 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager) -> None:
         results = await run_all(tm, prepared, request)
         choices = []
         for i, r in enumerate(results):
-            content, calls = _split_calls(r["text"], tool_names)
+            content, calls = _split_calls(r["text"], tool_names, parser)
             message: dict[str, Any] = {"role": "assistant", "content": content}
             if calls:
                 message["tool_calls"] = openai_tool_calls(calls)
@@ -306,7 +308,7 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager) -> None:
         })
 
     async def _stream_tool_calls(reqs: list[PreparedRequest], req: ChatRequest, base_id: str,
-                                 tool_names: set[str]) -> AsyncIterator[bytes]:
+                                 tool_names: set[str], parser: str) -> AsyncIterator[bytes]:
         """Chat SSE with tools: a role chunk per choice now; at each choice's end, its content (if
         any), one `delta.tool_calls` chunk (if calls), and the finish chunk; then optional usage."""
         created = int(time.time())
@@ -327,7 +329,7 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager) -> None:
             if finish is None:
                 continue
             finals.append(item)
-            content, calls = _split_calls(item["text"], tool_names)
+            content, calls = _split_calls(item["text"], tool_names, parser)
             if content:
                 yield chunk(index, {"content": content}, None)
             if calls:
@@ -401,9 +403,9 @@ def _tool_choice_grammar(tool_choice: str | Tool, tools: list[Tool], params: dic
     return {"json_schema": json.dumps(tool_call_schema([t for t in forced if isinstance(t, Tool)]))}
 
 
-def _split_calls(text: str, tool_names: set[str]) -> tuple[str | None, list[ToolCall]]:
+def _split_calls(text: str, tool_names: set[str], parser: str) -> tuple[str | None, list[ToolCall]]:
     """(content, calls) of one choice's text; without tools, the text as is."""
-    return parse_tool_calls(text, tool_names) if tool_names else (text, [])
+    return parse_tool_calls(text, tool_names, parser) if tool_names else (text, [])
 
 
 def _content_text(content: str | list[dict[str, Any]] | None) -> str:

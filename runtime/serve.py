@@ -95,7 +95,7 @@ def _serve_http(args: ServerArgs, paths: Any, children: dict[str, BaseProcess], 
         tm = TokenizerManager(paths, tokenizer, model_name, info["context_len"], vocab_size,
                               info["max_total_tokens"], Metrics(model_name))
         tm.start()
-        app = create_app(tm, args.api_key, enable_metrics=args.enable_metrics)
+        app = create_app(tm, args.api_key, enable_metrics=args.enable_metrics, tool_call_parser=args.tool_call_parser)
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level.lower(),
                                 access_log=args.log_level.lower() == "debug", lifespan="off")
         server = uvicorn.Server(config)

@@ -61,6 +61,8 @@ class ServerArgs:
             raise ValueError(f"context_length must be >= 2, got {self.context_length}")
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if self.tool_call_parser not in ("auto", "hermes", "json"):
+            raise ValueError(f"tool_call_parser must be auto, hermes or json, got {self.tool_call_parser!r}")
         if self.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
             raise ValueError(f"log_level must be debug, info, warning, error or critical, got {self.log_level!r}")
 
@@ -102,14 +104,15 @@ HELP = {
     "api_key": "require 'Authorization: Bearer KEY' on every endpoint but /health",
     "chat_template": "Jinja chat template (file path or the template itself) for chat requests",
     "served_model_name": "model id reported by /v1/models and accepted in requests",
-    "tool_call_parser": "how tool calls are parsed from model output (constrained-decoding work)",
+    "tool_call_parser": "how tool calls are read from output under tool_choice auto: hermes (<tool_call> blocks, also Qwen), json (a bare JSON call), auto (both)",
     "enable_metrics": "serve Prometheus metrics at /metrics",
 }
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
     """One flag per ServerArgs field, SGLang's names (`--model-path`, ...); types from annotations."""
-    choices = {"dtype": DTYPES, "attention_backend": ATTENTION_BACKENDS, "schedule_policy": SCHEDULE_POLICIES}
+    choices = {"dtype": DTYPES, "attention_backend": ATTENTION_BACKENDS, "schedule_policy": SCHEDULE_POLICIES,
+               "tool_call_parser": ("auto", "hermes", "json")}
     for f in dataclasses.fields(ServerArgs):
         flag = "--" + f.name.replace("_", "-")
         annotation = str(f.type)

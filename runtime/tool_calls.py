@@ -15,9 +15,9 @@ content is wrapped in `<tool_response>...</tool_response>`.
   `{"name": <const>, "arguments": <the tool's parameters>}` objects, so it parses as exactly one call;
 - `{"type": "function", "function": {"name": X}}`: the same with tool X alone.
 
-`parse_tool_calls` accepts both output formats whatever `--tool-call-parser` says: Hermes blocks
-(`<tool_call>{json}</tool_call>`, one or more; the last may lack its closing tag) and bare JSON (the
-whole message is one call object or a list of them). A block whose JSON does not parse or names
+`parse_tool_calls` reads the formats `--tool-call-parser` names: `hermes` (also Qwen): blocks
+`<tool_call>{json}</tool_call>` (one or more; the last may lack its closing tag); `json`: the whole
+message is one call object or a list of them; `auto` (default): both. A block whose JSON does not parse or names
 no offered tool stays plain content.
 """
 
@@ -164,9 +164,16 @@ def render_tool_response(content: str) -> str:
     return f"<tool_response>{content}</tool_response>"
 
 
-def parse_tool_calls(text: str, tool_names: set[str]) -> tuple[str | None, list[ToolCall]]:
-    """(the text outside the calls, or None if blank; the calls found), Hermes blocks or bare JSON."""
-    if "<tool_call>" in text:
+TOOL_CALL_PARSERS = ("auto", "hermes", "json")
+
+
+def parse_tool_calls(text: str, tool_names: set[str], parser: str = "auto") -> tuple[str | None, list[ToolCall]]:
+    """(the text outside the calls, or None if blank; the calls found). `parser` (the server's
+    --tool-call-parser): "hermes" (also Qwen) reads <tool_call> blocks only, "json" a bare JSON
+    call or list only, "auto" both."""
+    if parser not in TOOL_CALL_PARSERS:
+        raise ValueError(f"unknown tool-call parser {parser!r}; choose one of {TOOL_CALL_PARSERS}")
+    if "<tool_call>" in text and parser in ("auto", "hermes"):
         calls: list[ToolCall] = []
         outside: list[str] = []
         pos = 0
@@ -183,7 +190,7 @@ def parse_tool_calls(text: str, tool_names: set[str]) -> tuple[str | None, list[
         content = "".join(outside).strip()
         return (content or None), calls
     stripped = text.strip()
-    if stripped.startswith(("{", "[")):
+    if parser in ("auto", "json") and stripped.startswith(("{", "[")):
         try:
             value = json.loads(stripped)
         except json.JSONDecodeError:

@@ -235,3 +235,13 @@ def test_none_and_auto(client: openai.OpenAI) -> None:
 def test_bad_tools_are_400(tiny_server: ServerHandle, body: dict[str, Any], match: str) -> None:
     resp = httpx.post(tiny_server.url + "/v1/chat/completions", json={"messages": MESSAGES, **body}, timeout=60)
     assert resp.status_code == 400 and match in resp.json()["error"]["message"]
+
+
+def test_tool_call_parser_option_selects_the_format() -> None:
+    hermes = 'ok <tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>'
+    bare = '{"name": "f", "arguments": {"x": 1}}'
+    assert [c.name for c in parse_tool_calls(hermes, {"f"}, "hermes")[1]] == ["f"]
+    assert parse_tool_calls(hermes, {"f"}, "json")[1] == []
+    assert [c.name for c in parse_tool_calls(bare, {"f"}, "json")[1]] == ["f"]
+    assert parse_tool_calls(bare, {"f"}, "hermes")[1] == []
+    assert len(parse_tool_calls(bare, {"f"}, "auto")[1]) == len(parse_tool_calls(hermes, {"f"}, "auto")[1]) == 1

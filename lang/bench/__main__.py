@@ -4,6 +4,8 @@ Workloads (prompts from radixlm.bench.workloads, byte-identical to the peer meas
   W1  single stream: TTFT and decode tok/s (128 new tokens, EOS ignored)
   W2  32 distinct prompts x 64 new tokens, submitted together: output tok/s
   W3  32 questions sharing a ~1,000-token prefix x 16 new tokens: wall time
+  W4  JSON extraction of 16 passages (4-field schema): s/request and validity, with the schema
+      as a constraint and without (transformers: without; it has no grammar support)
   W5  2,000-token prefill: tok/s
 With --serving: N concurrent streaming HTTP clients replay W2 and W3 against a server (request
 throughput, output tok/s, TTFT and inter-token latency p50/p99); see radixlm.bench.serving.
@@ -13,6 +15,7 @@ Each figure is the median of --repeats runs after one warm-up; the table gives o
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 from collections.abc import Callable
@@ -49,9 +52,16 @@ class Ours:
         self.engine.generate(**{key: prompts}, sampling_params=params)
 
     def flush(self) -> None:
-        flush = getattr(self.engine, "flush_cache", None)
-        if flush is not None:
-            flush()
+        self.engine.flush_cache()
+
+    def extract(self, prompt: str, constrained: bool) -> str:
+        """W4: one JSON extraction (under the W4 schema when `constrained`)."""
+        params: dict[str, Any] = {"max_new_tokens": wl.W4_MAX_TOKENS, "temperature": 0.0}
+        if constrained:
+            params["json_schema"] = json.dumps(wl.W4_SCHEMA)
+        out = self.engine.generate(prompt=prompt, sampling_params=params)
+        assert isinstance(out, dict)
+        return str(out["text"])
 
 
 class Transformers:
@@ -84,6 +94,14 @@ class Transformers:
     def flush(self) -> None:
         pass
 
+    def extract(self, prompt: str, constrained: bool) -> str:
+        """W4 without constraints (transformers has no grammar support of its own)."""
+        batch = self.tokenizer([prompt], return_tensors="pt")
+        with self.torch.inference_mode():
+            out = self.model.generate(**batch, max_new_tokens=wl.W4_MAX_TOKENS, do_sample=False,
+                                      pad_token_id=self.tokenizer.pad_token_id or 0)
+        return str(self.tokenizer.decode(out[0, batch["input_ids"].shape[1] :], skip_special_tokens=True))
+
 
 def run_system(system: Ours | Transformers, workloads: list[str], repeats: int) -> Result:
     """Median figures of one system. The slow batch workloads skip the warm-up run for the
@@ -105,11 +123,32 @@ def run_system(system: Ours | Transformers, workloads: list[str], repeats: int) 
         out["W3 wall s"] = _median_time(
             lambda: (system.flush(), system.generate(prompts, wl.W3_NEW_TOKENS)), repeats, heavy_warmup
         )
+    if "W4" in workloads:
+        modes = [True, False] if isinstance(system, Ours) else [False]
+        for constrained in modes:
+            out.update(_run_w4(system, constrained))
     if "W5" in workloads:
         ids = system.encode(wl.w5_text())[: wl.W5_TOKENS]
         t = _median_time(lambda: (system.flush(), system.generate([ids], 1)), repeats)
         out["W5 prefill tok/s"] = wl.W5_TOKENS / t
     return out
+
+
+def _run_w4(system: Ours | Transformers, constrained: bool) -> Result:
+    """W4: the 16 extractions one after another; seconds per request and how many are valid
+    (strict: the whole output parses and matches the schema; unconstrained output is also
+    checked leniently, from its first '{')."""
+    cases = wl.w4_cases()
+    system.extract(cases[0]["prompt"], constrained)  # warm-up (and, constrained, the grammar compile)
+    start = time.perf_counter()
+    texts = [system.extract(c["prompt"], constrained) for c in cases]
+    per_request = (time.perf_counter() - start) / len(cases)
+    strict = sum(wl.w4_check(t, c["truth"])[1] for t, c in zip(texts, cases))
+    lenient = sum(wl.w4_check(wl.w4_first_object(t), c["truth"])[1] for t, c in zip(texts, cases))
+    exact = sum(wl.w4_check(t, c["truth"])[2] for t, c in zip(texts, cases))
+    tag = "W4 json_schema" if constrained else "W4 unconstrained"
+    return {f"{tag} s/request": per_request, f"{tag} valid /16": float(strict),
+            f"{tag} lenient valid /16": float(lenient), f"{tag} exact fields /64": float(exact)}
 
 
 def _print_table(dtype: str, ours: Result, base: Result | None) -> None:
@@ -120,7 +159,10 @@ def _print_table(dtype: str, ours: Result, base: Result | None) -> None:
         if base is None or key not in base:
             print(f"| {key} | {value:.2f} | - | - |")
             continue
-        lower_is_better = key.endswith(" s")
+        lower_is_better = key.endswith(" s") or key.endswith("s/request")
+        if not (lower_is_better or key.endswith("tok/s")) or min(value, base[key]) <= 0:
+            print(f"| {key} | {value:.2f} | {base[key]:.2f} | - |")  # counts: no ratio
+            continue
         ratio = base[key] / value if lower_is_better else value / base[key]
         print(f"| {key} | {value:.2f} | {base[key]:.2f} | {ratio:.2f}x |")
 
@@ -128,7 +170,7 @@ def _print_table(dtype: str, ours: Result, base: Result | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m radixlm.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workloads", default="W1,W5", help="comma-separated subset of W1,W2,W3,W5")
+    parser.add_argument("--workloads", default="W1,W5", help="comma-separated subset of W1,W2,W3,W4,W5")
     parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated dtypes to run")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--baseline-repeats", type=int, default=None, help="repeats for transformers (default: --repeats)")

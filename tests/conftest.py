@@ -8,6 +8,7 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -28,3 +29,13 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, default_model_dir: 
     path = tmp_path_factory.mktemp("tiny-llama")
     save_tiny_model(path, "llama", vocab_size=49152, tokenizer_dir=default_model_dir)
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_model_dir: Path) -> Any:
+    """An in-process Engine on the tiny model (4,096-token pool), shared by the engine tests."""
+    from radixlm.runtime.engine import Engine
+
+    engine = Engine(str(tiny_model_dir), max_total_tokens=4096, random_seed=0)
+    yield engine
+    engine.shutdown()

@@ -23,6 +23,7 @@ import outlines_core
 import pytest
 import torch
 
+from radixlm.bench.workloads import W4_SCHEMA
 from radixlm.runtime.constrained import CompiledGrammar, GrammarBackend, GrammarError, validate
 from radixlm.runtime.constrained.numeric_regex import bounded_number_regex, integer_range_regex
 from radixlm.runtime.constrained.regex_syntax import rewrite_regex
@@ -33,17 +34,6 @@ EXTRA_IDS = 64  # model logits wider than the tokenizer, as with padded embeddin
 MAX_WALK_LEN = 200
 
 
-W4_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string"},
-        "age": {"type": "integer"},
-        "city": {"type": "string"},
-        "email": {"type": "string"},
-    },
-    "required": ["name", "age", "city", "email"],
-    "additionalProperties": False,
-}
 _ADDRESS = {
     "type": "object",
     "properties": {

@@ -28,10 +28,8 @@ assert_clean = assert_engine_clean
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_model_dir: Path) -> Engine:
-    eng = Engine(str(tiny_model_dir), max_total_tokens=4096, random_seed=0)
-    yield eng
-    eng.shutdown()
+def engine(tiny_engine: Engine) -> Engine:
+    return tiny_engine
 
 
 @pytest.fixture(autouse=True)

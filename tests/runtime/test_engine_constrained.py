@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -23,10 +22,8 @@ SCHEMA = {
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_model_dir: Path) -> Engine:
-    eng = Engine(str(tiny_model_dir), max_total_tokens=4096, random_seed=0)
-    yield eng
-    eng.shutdown()
+def engine(tiny_engine: Engine) -> Engine:
+    return tiny_engine
 
 
 @pytest.fixture(autouse=True)

@@ -26,6 +26,7 @@ GENERATE_FIELDS = {
     "top_logprobs_num", "return_text_in_logprobs", "stream",
 }
 MAX_BATCH = 1024
+MAX_BODY_BYTES = 32 * 1024 * 1024  # a request body larger than this is refused with 413
 OPEN_PATHS = {"/health"}  # reachable without the API key
 
 
@@ -34,8 +35,14 @@ def error_response(message: str, status_code: int = 400) -> JSONResponse:
 
 
 async def read_json(request: Request) -> Any:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise RequestError(f"the request body is larger than {MAX_BODY_BYTES} bytes", 413)
+    body = await request.body()
+    if len(body) > MAX_BODY_BYTES:
+        raise RequestError(f"the request body is larger than {MAX_BODY_BYTES} bytes", 413)
     try:
-        return json.loads(await request.body(), parse_constant=_reject_constant)
+        return json.loads(body, parse_constant=_reject_constant)
     except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as e:
         raise RequestError(f"the request body is not valid JSON: {e}") from e
 

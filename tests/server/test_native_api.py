@@ -183,3 +183,10 @@ def test_constrained_generate_and_bad_grammars(tiny_server: ServerHandle) -> Non
     late = post(tiny_server, "/generate", {"text": "n:", "sampling_params": {"regex": "(?<=a)b"}})  # fails at compile
     assert late.status_code == 400 and "invalid grammar" in late.json()["error"]["message"]
     assert httpx.get(tiny_server.url + "/health").status_code == 200
+
+
+def test_oversized_body_is_refused(tiny_server: ServerHandle) -> None:
+    big = b'{"text": "' + b"a" * (33 * 1024 * 1024) + b'"}'
+    resp = httpx.post(tiny_server.url + "/generate", content=big, headers={"content-type": "application/json"}, timeout=60)
+    assert resp.status_code == 413 and "larger than" in resp.json()["error"]["message"]
+    assert httpx.get(tiny_server.url + "/health").status_code == 200

@@ -7,7 +7,6 @@ the boolean mask, and for extend the map from flat new tokens to padded query ro
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -28,11 +27,45 @@ class _Metadata:
     shared_prefix_len: int = 0  # > 0: cascade attention over slots shared by every request
 
 
+@dataclass(frozen=True)
+class _Part:
+    """A group of a batch's requests attended together: their flat token indices, a sub-batch
+    view of them, and its metadata."""
+
+    token_index: torch.Tensor | None  # None: the whole batch
+    batch: ForwardBatch
+    meta: _Metadata
+
+
 class TorchAttentionBackend(BaseAttentionBackend):
-    _meta: _Metadata
+    _parts: list[_Part]
     num_cascade_forwards = 0  # forwards that used cascade attention (a statistic for tests/bench)
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        """Mixed extend batches are split: requests with one new token (decodes riding along, or
+        1-token extends) attend as a decode batch instead of being padded to the longest extend."""
+        single = [i for i, n in enumerate(batch.extend_lens_list) if n == 1]
+        if batch.mode is ForwardMode.DECODE or not single or len(single) == batch.batch_size:
+            self._parts = [_Part(None, batch, self._build_metadata(batch))]
+            return
+        multi = [i for i, n in enumerate(batch.extend_lens_list) if n > 1]
+        starts = batch.extend_start_loc
+        single_tokens = starts[single]
+        multi_tokens = torch.cat([torch.arange(int(starts[i]), int(starts[i]) + batch.extend_lens_list[i]) for i in multi])
+        decode = ForwardBatch.decode(
+            batch.req_pool_indices[single].tolist(), [batch.seq_lens_list[i] for i in single], [0] * len(single),
+            single_tokens,
+        )
+        extend = ForwardBatch.extend(
+            batch.req_pool_indices[multi].tolist(), [batch.prefix_lens_list[i] for i in multi],
+            [[0] * batch.extend_lens_list[i] for i in multi], multi_tokens,
+        )
+        self._parts = [
+            _Part(single_tokens, decode, self._build_metadata(decode)),
+            _Part(multi_tokens, extend, self._build_metadata(extend)),
+        ]
+
+    def _build_metadata(self, batch: ForwardBatch) -> _Metadata:
         max_len = max(batch.seq_lens_list)
         slot_index = self.req_to_token[batch.req_pool_indices, :max_len].to(torch.int64)
         key_pos = torch.arange(max_len)
@@ -43,12 +76,10 @@ class TorchAttentionBackend(BaseAttentionBackend):
             shared = _shared_prefix_len(batch, slot_index)
             if shared and mask is None:
                 mask = torch.ones(batch.batch_size, 1, 1, max_len, dtype=torch.bool)
-            self._meta = _Metadata(slot_index, mask, False, None, 1, start, shared)
-            return
+            return _Metadata(slot_index, mask, False, None, 1, start, shared)
         max_ext = max(batch.extend_lens_list)
         if batch.batch_size == 1 and batch.prefix_lens_list[0] == 0:
-            self._meta = _Metadata(slot_index, None, True, None, max_ext, start)
-            return
+            return _Metadata(slot_index, None, True, None, max_ext, start)
         q_pos = batch.prefix_lens[:, None] + torch.arange(max_ext)[None, :]  # [batch, max_ext]
         mask = (key_pos[None, None, :] <= q_pos[:, :, None]) & (
             key_pos[None, None, :] < batch.seq_lens[:, None, None]
@@ -60,31 +91,39 @@ class TorchAttentionBackend(BaseAttentionBackend):
             )
             batch_of_token = torch.repeat_interleave(torch.arange(batch.batch_size), batch.extend_lens)
             pad_rows = batch_of_token * max_ext + offsets
-        self._meta = _Metadata(slot_index, mask[:, None], False, pad_rows, max_ext, start)
-        self._meta = dataclasses.replace(self._meta, shared_prefix_len=_shared_prefix_len(batch, slot_index))
+        return _Metadata(slot_index, mask[:, None], False, pad_rows, max_ext, start, _shared_prefix_len(batch, slot_index))
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch
     ) -> torch.Tensor:
         self.kv_pool.set_kv(layer_id, batch.out_cache_loc, k, v)
-        meta = self._meta
+        if len(self._parts) == 1:
+            return self._attend(q, layer_id, self._parts[0])
+        out = torch.empty_like(q)
+        for part in self._parts:
+            assert part.token_index is not None
+            out[part.token_index] = self._attend(q[part.token_index], layer_id, part)
+        return out
+
+    def _attend(self, q: torch.Tensor, layer_id: int, part: _Part) -> torch.Tensor:
+        meta, batch = part.meta, part.batch
         k_buf, v_buf = self.kv_pool.k_buffer[layer_id], self.kv_pool.v_buffer[layer_id]
-        q_pad = self._pad_queries(q, batch)  # [B, q_len, H, D]
+        q_pad = self._pad_queries(q, batch, meta)  # [B, q_len, H, D]
         if meta.shared_prefix_len:
             if layer_id == 0:
                 self.num_cascade_forwards += 1
-            out = self._cascade(q, q_pad, k_buf, v_buf)
+            out = self._cascade(q, q_pad, k_buf, v_buf, meta)
         else:
             k_ctx, v_ctx = self._gather(k_buf, v_buf, meta.slot_index, meta.contiguous_start)
             out = F.scaled_dot_product_attention(
                 q_pad.transpose(1, 2), k_ctx, v_ctx, attn_mask=meta.mask, is_causal=meta.is_causal,
                 scale=self.scaling, enable_gqa=True,
             ).transpose(1, 2)  # [B, q_len, H, D]
-        return self._unpad(out, q.shape)
+        return self._unpad(out, q.shape, meta)
 
-    def _pad_queries(self, q: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+    @staticmethod
+    def _pad_queries(q: torch.Tensor, batch: ForwardBatch, meta: _Metadata) -> torch.Tensor:
         num_tokens, num_heads, head_dim = q.shape
-        meta = self._meta
         if batch.mode is ForwardMode.DECODE:
             return q.view(batch.batch_size, 1, num_heads, head_dim)
         if meta.pad_rows is None:
@@ -93,9 +132,10 @@ class TorchAttentionBackend(BaseAttentionBackend):
         q_pad.index_copy_(0, meta.pad_rows, q)
         return q_pad.view(batch.batch_size, meta.max_extend_len, num_heads, head_dim)
 
-    def _unpad(self, out: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-        if self._meta.pad_rows is not None:
-            return out.reshape(-1, shape[1], shape[2])[self._meta.pad_rows]
+    @staticmethod
+    def _unpad(out: torch.Tensor, shape: torch.Size, meta: _Metadata) -> torch.Tensor:
+        if meta.pad_rows is not None:
+            return out.reshape(-1, shape[1], shape[2])[meta.pad_rows]
         return out.reshape(shape)
 
     @staticmethod
@@ -114,11 +154,12 @@ class TorchAttentionBackend(BaseAttentionBackend):
         v = v_buf.index_select(0, flat).view(bsz, length, *v_buf.shape[1:]).transpose(1, 2)
         return k, v
 
-    def _cascade(self, q: torch.Tensor, q_pad: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor) -> torch.Tensor:
+    def _cascade(
+        self, q: torch.Tensor, q_pad: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, meta: _Metadata
+    ) -> torch.Tensor:
         """Attention split at the prefix every request shares: all queries attend to the shared
         prefix in one product (its K/V read once, not once per request), each request's queries
         to its own suffix, and the two partial softmaxes merge by their log-sum-exp."""
-        meta = self._meta
         shared = meta.shared_prefix_len
         prefix_slots = meta.slot_index[:1, :shared]
         k_pre, v_pre = self._gather(k_buf, v_buf, prefix_slots, _contiguous_start(prefix_slots))

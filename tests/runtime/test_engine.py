@@ -95,11 +95,10 @@ def test_stop_conditions(engine: Engine) -> None:
     assert stop_tok["output_ids"] == ids[: ids.index(ids[3]) + 1]
     assert stop_tok["meta_info"]["finish_reason"] == {"type": "stop", "matched": ids[3]}
     text = base["text"]
-    stop_str = text[len(text) // 2 : len(text) // 2 + 3]
-    if stop_str.strip():
-        got = engine.generate(prompt=PROMPTS[1], sampling_params={**GREEDY, "stop": [stop_str]})
-        assert got["text"] == text[: text.index(stop_str)]
-        assert got["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop_str}
+    stop_str = next(text[i : i + 3] for i in range(len(text) // 2, len(text) - 3) if text[i : i + 3].strip())
+    got = engine.generate(prompt=PROMPTS[1], sampling_params={**GREEDY, "stop": [stop_str]})
+    assert got["text"] == text[: text.index(stop_str)]
+    assert got["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop_str}
     eos = engine.model_config.eos_token_ids[0]
     forced = engine.generate(input_ids=[1, 2, 3], sampling_params={"temperature": 0, "max_new_tokens": 3, "min_new_tokens": 3, "stop_token_ids": [eos]})
     assert len(forced["output_ids"]) == 3

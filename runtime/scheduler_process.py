@@ -35,7 +35,6 @@ class SchedulerServer:
 
         self.engine = Engine(**vars(args))
         self.scheduler = self.engine.scheduler
-        self.reqs: dict[str, Req] = {}
         self._sent_logprobs: dict[str, dict[str, int]] = {}
         self._pending_settings: dict[str, dict[str, Any]] = {}  # sent with a request's first output
         self.handlers: dict[type, Callable[[Any], object | None]] = {
@@ -58,7 +57,6 @@ class SchedulerServer:
         logprob = LogprobOptions(msg.return_logprob, msg.logprob_start_len, msg.top_logprobs_num)
         req = self.engine.make_req(msg.rid, list(msg.input_ids), params, logprob, track_text=False)
         self.scheduler.add_request(req)
-        self.reqs[msg.rid] = req
         self._pending_settings[msg.rid] = {
             "sampling_params": msg.sampling_params,
             "prompt_tail": list(msg.input_ids[-8:]),
@@ -82,8 +80,6 @@ class SchedulerServer:
 
     def _req_output(self, out: StepOutput) -> io.ReqOutput:
         req = out.req
-        if req.is_finished:
-            self.reqs.pop(req.rid, None)
         return io.ReqOutput(
             rid=req.rid,
             new_token_ids=() if out.token_id is None else (out.token_id,),

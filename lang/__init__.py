@@ -8,7 +8,35 @@ from __future__ import annotations
 
 from typing import Any
 
+from radixlm.backend.base import Backend, BackendError
+from radixlm.backend.runtime_endpoint import RuntimeEndpoint
+from radixlm.interpreter import ProgramState, ProgramStateGroup
+from radixlm.ir import (
+    assistant,
+    assistant_begin,
+    assistant_end,
+    gen,
+    gen_int,
+    gen_string,
+    select,
+    system,
+    system_begin,
+    system_end,
+    user,
+    user_begin,
+    user_end,
+)
+from radixlm.program import SglFunction, flush_cache, function, get_server_info, set_default_backend
+from radixlm.tools import ToolCall, function_to_tool, tools_prompt
+
 __version__ = "0.1.0"
+
+__all__ = [
+    "Backend", "BackendError", "Engine", "OpenAI", "ProgramState", "ProgramStateGroup", "RuntimeEndpoint",
+    "SglFunction", "ToolCall", "assistant", "assistant_begin", "assistant_end", "flush_cache", "function",
+    "function_to_tool", "gen", "gen_int", "gen_string", "get_server_info", "select", "set_default_backend",
+    "system", "system_begin", "system_end", "tools_prompt", "user", "user_begin", "user_end",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -17,4 +45,8 @@ def __getattr__(name: str) -> Any:
         from radixlm.runtime import Engine
 
         return Engine
+    if name == "OpenAI":
+        from radixlm.backend.openai import OpenAI
+
+        return OpenAI
     raise AttributeError(f"module 'radixlm' has no attribute {name!r}")

@@ -18,6 +18,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
+from radixlm.chat_template import derive_chat_template
 from radixlm.runtime.request_io import GenerateRequest, RequestError
 from radixlm.runtime.tokenizer_manager import PreparedRequest, ServiceUnavailable, TokenizerManager
 
@@ -55,6 +56,13 @@ def sse(data: Any) -> bytes:
     return f"data: {json.dumps(data, ensure_ascii=False, allow_nan=False)}\n\n".encode()
 
 
+def chat_role_wrappers(tokenizer: Any) -> dict[str, Any] | None:
+    if tokenizer.chat_template is None:
+        return None
+    template = derive_chat_template(lambda m: tokenizer.apply_chat_template(m, add_generation_prompt=False))
+    return None if template is None else template.to_dict()
+
+
 def create_app(
     tm: TokenizerManager, api_key: str | None = None, enable_metrics: bool = True, tool_call_parser: str = "auto"
 ) -> FastAPI:
@@ -90,9 +98,13 @@ def create_app(
             pass
         return Response(status_code=200)
 
+    role_wrappers = chat_role_wrappers(tm.tokenizer)
+
     @app.get("/get_model_info")
     async def get_model_info() -> dict[str, Any]:
-        return {"model_path": tm.model_name, "tokenizer_path": tm.model_name, "is_generation": True}
+        # chat_template: the text around each role's content, for the language's role blocks
+        return {"model_path": tm.model_name, "tokenizer_path": tm.model_name, "is_generation": True,
+                "chat_template": role_wrappers}
 
     @app.get("/get_server_info")
     @app.get("/server_info")

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from radixlm.runtime.errors import RequestError
 from radixlm.runtime.req import Req
 from radixlm.runtime.sampling_params import SamplingParams
 
@@ -79,14 +80,6 @@ def check_prompt_ids(ids: Sequence[object], vocab_size: int, context_len: int, m
         raise RequestError(f"the prompt has {len(ids)} tokens; the context length is {context_len}")
     if len(ids) + 1 > max_total_tokens:
         raise RequestError(f"the prompt has {len(ids)} tokens; the KV pool holds {max_total_tokens}")
-
-
-class RequestError(ValueError):
-    """A client request is malformed or out of range; the server answers 400 with this message."""
-
-    def __init__(self, message: str, status_code: int = 400):
-        super().__init__(message)
-        self.status_code = status_code
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from radixlm.runtime.request_io import RequestError
+from radixlm.runtime.errors import RequestError
 
 DEFAULT_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 _NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")

@@ -1,0 +1,176 @@
+"""What the interpreter asks of a backend, and the shared code of the two native-API backends.
+
+A backend turns one program step into model calls: `generate` (a gen), `select` (score the
+choices), `tool_call` (a gen with tools), `cache_prefix` (make a prompt's KV cached before
+several requests share it: fork, run_batch). `NativeBackend` implements all of them over
+SGLang's /generate request shape; RuntimeEndpoint sends those requests over HTTP, EngineBackend
+to an in-process Engine.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from radixlm.chat_template import CHATML, ChatTemplate
+from radixlm.choices import ChoiceScores, choice_token_span, decide
+from radixlm.ir import UNCONDITIONAL_LIKELIHOOD_NORMALIZED, Gen, SamplingArgs, Select
+from radixlm.tools import ToolCall, ToolSet
+
+if TYPE_CHECKING:
+    from radixlm.interpreter import StreamExecutor
+
+# Context for the unconditional scores of unconditional_likelihood_normalized: a bare newline,
+# so every choice token (the first included) has a log-probability.
+UNCONDITIONAL_PREFIX = "\n"
+TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
+
+
+class BackendError(RuntimeError):
+    """A backend cannot be reached, or answered with an error."""
+
+
+class Backend:
+    chat_template: ChatTemplate = CHATML
+
+    def generate(self, s: StreamExecutor, gen: Gen, sampling: SamplingArgs) -> tuple[str, dict[str, Any]]:
+        raise NotImplementedError
+
+    def generate_stream(self, s: StreamExecutor, gen: Gen, sampling: SamplingArgs) -> Iterator[tuple[str, dict[str, Any] | None]]:
+        """(text increment, meta info on the last chunk else None) pairs; default: one chunk."""
+        text, meta = self.generate(s, gen, sampling)
+        yield text, meta
+
+    def select(self, s: StreamExecutor, sel: Select) -> tuple[int, dict[str, Any]]:
+        raise NotImplementedError
+
+    def tool_call(self, s: StreamExecutor, gen: Gen, sampling: SamplingArgs, tools: ToolSet) -> tuple[str, Any, dict[str, Any]]:
+        """(text appended to the state, the variable's value: a ToolCall or the text, meta)."""
+        raise NotImplementedError
+
+    def cache_prefix(self, prompt: str) -> None:
+        """Make `prompt`'s KV cached (no-op where the backend has no prefix cache)."""
+
+    def flush_cache(self) -> bool:
+        return False
+
+    def get_server_info(self) -> dict[str, Any]:
+        return {}
+
+    def shutdown(self) -> None:
+        pass
+
+
+class NativeBackend(Backend):
+    """Everything over SGLang's /generate request and result shapes."""
+
+    def call(self, payload: dict[str, Any]) -> Any:
+        """One /generate request (non-streaming) -> its result or list of results."""
+        raise NotImplementedError
+
+    def call_stream(self, payload: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """One streaming /generate request -> partial results (text cumulative)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ program steps
+    def generate(self, s: StreamExecutor, gen: Gen, sampling: SamplingArgs) -> tuple[str, dict[str, Any]]:
+        result = self.call(self._payload(s.text_, gen, sampling))
+        return result["text"], result["meta_info"]
+
+    def generate_stream(self, s: StreamExecutor, gen: Gen, sampling: SamplingArgs) -> Iterator[tuple[str, dict[str, Any] | None]]:
+        sent = ""
+        last: dict[str, Any] | None = None
+        for last in self.call_stream({**self._payload(s.text_, gen, sampling), "stream": True}):
+            text = last["text"]
+            if len(text) > len(sent) and text.startswith(sent):
+                yield text[len(sent) :], None
+                sent = text
+        if last is None:
+            raise BackendError("the stream ended without a result")
+        final = last["text"]
+        yield (final[len(sent) :] if final.startswith(sent) else ""), last["meta_info"]
+
+    def select(self, s: StreamExecutor, sel: Select) -> tuple[int, dict[str, Any]]:
+        scores = self.score_choices(s.text_, sel.choices, sel.choices_method == UNCONDITIONAL_LIKELIHOOD_NORMALIZED)
+        return decide(sel.choices, scores, sel.choices_method, sel.temperature)
+
+    def tool_call(self, s: StreamExecutor, gen: Gen, sampling: SamplingArgs, tools: ToolSet) -> tuple[str, Any, dict[str, Any]]:
+        mode = tools.choose(gen.tool_choice)
+        if isinstance(mode, str):  # "auto" / "none": free text, parsed for a call under "auto"
+            text, meta = self.generate(s, gen, sampling)
+            return text, (parse_call(text, tools) if mode == "auto" else None) or text, meta
+        schema = json.dumps(tools.schema(mode))
+        forced = SamplingArgs(**{**vars(sampling), "regex": None, "json_schema": schema})
+        result = self.call(self._payload(s.text_ + TOOL_CALL_OPEN, gen, forced))
+        raw = result["text"]
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError as e:
+            reason = result["meta_info"].get("finish_reason")
+            raise BackendError(f"the tool call is not complete JSON (finish_reason {reason}); raise max_tokens: {raw!r}") from e
+        call = ToolCall(value["name"], value["arguments"])
+        problem = tools.validate(call)
+        if problem is not None:
+            raise BackendError(f"the generated tool call does not validate: {problem}")
+        return f"{TOOL_CALL_OPEN}{raw}{TOOL_CALL_CLOSE}", call, result["meta_info"]
+
+    def cache_prefix(self, prompt: str) -> None:
+        if prompt:
+            self.call({"text": prompt, "sampling_params": {"max_new_tokens": 0}})
+
+    # ------------------------------------------------------------------ scoring
+    def score_choices(self, prompt: str, choices: list[str], unconditional: bool) -> ChoiceScores:
+        """Each choice's token log-probabilities after `prompt`: the prompt is prefilled (and
+        cached) once, then all choices go in one batched request that reuses it."""
+        start = 0
+        if prompt:
+            prefix = self.call({"text": prompt, "sampling_params": {"max_new_tokens": 0}})
+            start = max(prefix["meta_info"]["prompt_tokens"] - 1, 0)  # the boundary token may re-tokenize
+        results = self._score([prompt + c for c in choices], start)
+        scores = ChoiceScores(
+            [_choice_logprobs(r, c) for r, c in zip(results, choices)],
+            prompt_tokens=max(r["meta_info"]["prompt_tokens"] for r in results),
+            cached_tokens=min(r["meta_info"]["cached_tokens"] for r in results),
+        )
+        if unconditional:
+            plain = self._score([UNCONDITIONAL_PREFIX + c for c in choices], 0)
+            scores.unconditional_logprobs = [_choice_logprobs(r, c) for r, c in zip(plain, choices)]
+        return scores
+
+    def _score(self, texts: list[str], start: int) -> list[dict[str, Any]]:
+        return list(self.call({
+            "text": texts,
+            "sampling_params": {"max_new_tokens": 0, "temperature": 0},
+            "return_logprob": True,
+            "logprob_start_len": start,
+            "return_text_in_logprobs": True,
+        }))
+
+    @staticmethod
+    def _payload(prompt: str, gen: Gen, sampling: SamplingArgs) -> dict[str, Any]:
+        payload: dict[str, Any] = {"text": prompt, "sampling_params": sampling.to_native()}
+        if gen.return_logprob:
+            payload["return_logprob"] = True
+            payload["logprob_start_len"] = -1 if gen.logprob_start_len is None else gen.logprob_start_len
+            payload["top_logprobs_num"] = gen.top_logprobs_num or 0
+            payload["return_text_in_logprobs"] = gen.return_text_in_logprobs
+        return payload
+
+
+def _choice_logprobs(result: dict[str, Any], choice: str) -> list[float]:
+    entries = result["meta_info"]["input_token_logprobs"]
+    span = choice_token_span([e[2] if len(e) > 2 and e[2] is not None else "" for e in entries], choice)
+    return [float(e[0]) for e in entries[-span:] if e[0] is not None]
+
+
+def parse_call(text: str, tools: ToolSet) -> ToolCall | None:
+    """The first valid tool call in free text (Hermes blocks or a bare JSON call), else None."""
+    from radixlm.runtime.tool_calls import parse_tool_calls
+
+    _, calls = parse_tool_calls(text, tools.names)
+    for found in calls:
+        call = ToolCall(found.name, json.loads(found.arguments))
+        if tools.validate(call) is None:
+            return call
+    return None

@@ -1,0 +1,55 @@
+"""EngineBackend: a program's backend in this process, over a radixlm Engine (`rl.Engine(...)`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from radixlm.backend.base import BackendError, NativeBackend
+from radixlm.chat_template import CHATML, derive_chat_template
+
+_ENGINE_KEYS = ("sampling_params", "return_logprob", "logprob_start_len", "top_logprobs_num")
+
+
+class EngineBackend(NativeBackend):
+    def __init__(self, engine: Any):
+        self.engine = engine
+        tokenizer = engine.tokenizer
+        template = None
+        if tokenizer.chat_template is not None:
+            template = derive_chat_template(
+                lambda messages: tokenizer.apply_chat_template(messages, add_generation_prompt=False), "model"
+            )
+        self.chat_template = template or CHATML
+
+    def call(self, payload: dict[str, Any]) -> Any:
+        try:
+            out = self.engine.generate(payload["text"], **{k: payload[k] for k in _ENGINE_KEYS if k in payload})
+        except ValueError as e:
+            raise BackendError(str(e)) from e
+        if payload.get("return_text_in_logprobs"):
+            for result in out if isinstance(out, list) else [out]:
+                self._add_token_texts(result["meta_info"])
+        return out
+
+    def call_stream(self, payload: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        kwargs = {k: payload[k] for k in _ENGINE_KEYS if k in payload}
+        try:
+            yield from self.engine.generate(payload["text"], stream=True, **kwargs)
+        except ValueError as e:
+            raise BackendError(str(e)) from e
+
+    def flush_cache(self) -> bool:
+        return bool(self.engine.flush_cache())
+
+    def get_server_info(self) -> dict[str, Any]:
+        return dict(self.engine.get_server_info())
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+    def _add_token_texts(self, meta: dict[str, Any]) -> None:
+        decode = self.engine.tokenizer.decode
+        for key in ("input_token_logprobs", "output_token_logprobs"):
+            if key in meta:
+                meta[key] = [[lp, tok, decode([tok], skip_special_tokens=False)] for lp, tok, *_ in meta[key]]

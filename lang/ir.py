@@ -1,0 +1,288 @@
+"""The program expressions a state is extended with: text, gen, select, roles, variable scopes.
+
+Expressions are plain values; the interpreter (`interpreter.py`) gives them meaning. `a + b`
+concatenates (a str on either side becomes text), so `s += "Q: " + gen("a")` is one
+expression that runs in order.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+# dtype= in gen: the constraint each type implies (the variable stays text, as in SGLang).
+DTYPE_REGEX = {
+    int: r"[-+]?[0-9]{1,18}",
+    float: r"[-+]?[0-9]{1,12}(\.[0-9]{1,12})?",
+    bool: r"(True|False)",
+    str: r'"[^"\\\n]{0,256}"',
+}
+_DTYPE_NAMES = {"int": int, "float": float, "bool": bool, "str": str}
+
+TOKEN_LENGTH_NORMALIZED = "token_length_normalized"
+GREEDY_TOKEN_SELECTION = "greedy_token_selection"
+UNCONDITIONAL_LIKELIHOOD_NORMALIZED = "unconditional_likelihood_normalized"
+CHOICES_METHODS = (TOKEN_LENGTH_NORMALIZED, GREEDY_TOKEN_SELECTION, UNCONDITIONAL_LIKELIHOOD_NORMALIZED)
+
+
+class Expr:
+    def __add__(self, other: Any) -> Concat:
+        return Concat([self, as_expr(other)])
+
+    def __radd__(self, other: Any) -> Concat:
+        return Concat([as_expr(other), self])
+
+
+@dataclass
+class Text(Expr):
+    text: str
+
+
+@dataclass
+class Concat(Expr):
+    parts: list[Expr]
+
+
+@dataclass
+class SamplingArgs:
+    """gen()'s sampling arguments; None means "the program's default" (see `merged`)."""
+
+    max_new_tokens: int | None = None
+    min_new_tokens: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    ignore_eos: bool | None = None
+    skip_special_tokens: bool | None = None
+    seed: int | None = None
+    regex: str | None = None
+    json_schema: str | None = None
+
+    def merged(self, defaults: SamplingArgs) -> SamplingArgs:
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        for name, value in values.items():
+            if value is None:
+                values[name] = getattr(defaults, name)
+        return SamplingArgs(**values)
+
+    def to_native(self) -> dict[str, Any]:
+        """The native API's sampling_params (unset fields left to the server's defaults)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+        if isinstance(out.get("stop"), str):
+            out["stop"] = [out["stop"]]
+        return out
+
+
+@dataclass
+class Gen(Expr):
+    name: str | None
+    sampling: SamplingArgs
+    return_logprob: bool = False
+    logprob_start_len: int | None = None
+    top_logprobs_num: int | None = None
+    return_text_in_logprobs: bool = False
+    tools: list[Any] | None = None
+    tool_choice: Any = "auto"
+
+
+@dataclass
+class Select(Expr):
+    name: str | None
+    choices: list[str]
+    temperature: float = 0.0
+    choices_method: str = TOKEN_LENGTH_NORMALIZED
+
+
+@dataclass
+class RoleBegin(Expr):
+    role: str
+
+
+@dataclass
+class RoleEnd(Expr):
+    role: str
+
+
+@dataclass
+class VarScopeBegin(Expr):
+    name: str
+
+
+@dataclass
+class VarScopeEnd(Expr):
+    name: str
+
+
+@dataclass
+class ToolResult(Expr):
+    """The result of a tool call as a `tool` message (see ProgramState.run_tool)."""
+
+    content: str
+    call_id: str | None = None
+    name: str | None = None
+
+
+@dataclass
+class Fork:  # not an Expr: forks are made by ProgramState.fork, never appended
+    n: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def as_expr(value: Any) -> Expr:
+    if isinstance(value, Expr):
+        return value
+    if isinstance(value, str):
+        return Text(value)
+    if isinstance(value, (list, tuple)):
+        return Concat([as_expr(v) for v in value])
+    raise TypeError(f"cannot add a {type(value).__name__} to a program state (use str, gen, select, roles)")
+
+
+def gen(
+    name: str | None = None,
+    max_tokens: int | None = None,
+    min_tokens: int | None = None,
+    stop: str | list[str] | None = None,
+    stop_token_ids: list[int] | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    min_p: float | None = None,
+    frequency_penalty: float | None = None,
+    presence_penalty: float | None = None,
+    ignore_eos: bool | None = None,
+    return_logprob: bool | None = None,
+    logprob_start_len: int | None = None,
+    top_logprobs_num: int | None = None,
+    return_text_in_logprobs: bool | None = None,
+    dtype: type | str | None = None,
+    choices: list[str] | None = None,
+    choices_method: str = TOKEN_LENGTH_NORMALIZED,
+    regex: str | None = None,
+    json_schema: str | dict[str, Any] | None = None,
+    tools: list[Any] | None = None,
+    tool_choice: Any = "auto",
+    max_new_tokens: int | None = None,
+    repetition_penalty: float | None = None,
+    seed: int | None = None,
+) -> Gen | Select:
+    """Generate into variable `name`. With `choices` it is `select`; `dtype`, `regex` and
+    `json_schema` constrain the output; `tools` makes the output a tool call (see tools.py)."""
+    if choices is not None:
+        return select(name, choices, temperature=0.0 if temperature is None else temperature, choices_method=choices_method)
+    if max_tokens is not None and max_new_tokens is not None and max_tokens != max_new_tokens:
+        raise ValueError("gen: max_tokens and max_new_tokens disagree; pass one")
+    constraints = [c for c in (dtype, regex, json_schema, tools) if c is not None]
+    if len(constraints) > 1:
+        raise ValueError("gen: pass at most one of dtype, regex, json_schema, tools")
+    if dtype is not None:
+        dtype = _DTYPE_NAMES.get(dtype, dtype) if isinstance(dtype, str) else dtype
+        if dtype not in DTYPE_REGEX:
+            raise ValueError(f"gen: dtype must be one of int, float, bool, str, got {dtype!r}")
+        regex = DTYPE_REGEX[dtype]  # type: ignore[index]
+    if json_schema is not None and not isinstance(json_schema, str):
+        json_schema = json.dumps(json_schema)
+    sampling = SamplingArgs(
+        max_new_tokens=max_new_tokens if max_new_tokens is not None else max_tokens,
+        min_new_tokens=min_tokens,
+        stop=stop,
+        stop_token_ids=stop_token_ids,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        min_p=min_p,
+        frequency_penalty=frequency_penalty,
+        presence_penalty=presence_penalty,
+        repetition_penalty=repetition_penalty,
+        ignore_eos=ignore_eos,
+        seed=seed,
+        regex=regex,
+        json_schema=json_schema,
+    )
+    if tools is not None and not tools:
+        raise ValueError("gen: tools is empty")
+    return Gen(
+        name,
+        sampling,
+        return_logprob=bool(return_logprob),
+        logprob_start_len=logprob_start_len,
+        top_logprobs_num=top_logprobs_num,
+        return_text_in_logprobs=bool(return_text_in_logprobs),
+        tools=list(tools) if tools is not None else None,
+        tool_choice=tool_choice,
+    )
+
+
+def gen_int(name: str | None = None, **kwargs: Any) -> Gen | Select:
+    return gen(name, dtype=int, **kwargs)
+
+
+def gen_string(name: str | None = None, **kwargs: Any) -> Gen | Select:
+    return gen(name, dtype=str, **kwargs)
+
+
+def select(
+    name: str | None = None,
+    choices: list[str] | None = None,
+    temperature: float = 0.0,
+    choices_method: str = TOKEN_LENGTH_NORMALIZED,
+) -> Select:
+    """Pick one of `choices` by the model's likelihood of each (scored in one batched request)."""
+    if not choices or not all(isinstance(c, str) for c in choices):
+        raise ValueError("select: choices must be a non-empty list of strings")
+    if choices_method not in CHOICES_METHODS:
+        raise ValueError(f"select: choices_method must be one of {', '.join(CHOICES_METHODS)}, got {choices_method!r}")
+    if temperature < 0:
+        raise ValueError("select: temperature must be >= 0")
+    return Select(name, list(choices), temperature, choices_method)
+
+
+def _role(role: str, content: Any) -> Concat:
+    parts: list[Expr] = [RoleBegin(role)]
+    if content is not None:
+        parts.append(as_expr(content))
+    parts.append(RoleEnd(role))
+    return Concat(parts)
+
+
+def system(content: Any = None) -> Concat:
+    return _role("system", content)
+
+
+def user(content: Any = None) -> Concat:
+    return _role("user", content)
+
+
+def assistant(content: Any = None) -> Concat:
+    return _role("assistant", content)
+
+
+def system_begin() -> RoleBegin:
+    return RoleBegin("system")
+
+
+def system_end() -> RoleEnd:
+    return RoleEnd("system")
+
+
+def user_begin() -> RoleBegin:
+    return RoleBegin("user")
+
+
+def user_end() -> RoleEnd:
+    return RoleEnd("user")
+
+
+def assistant_begin() -> RoleBegin:
+    return RoleBegin("assistant")
+
+
+def assistant_end() -> RoleEnd:
+    return RoleEnd("assistant")

@@ -46,6 +46,8 @@ class StreamExecutor:
         self.variables: dict[str, Any] = {}
         self.meta_info: dict[str, Any] = {}
         self.tool_sets: dict[str, ToolSet] = {}
+        # fields a backend attaches to the current role's message (e.g. OpenAI `tool_calls`)
+        self.message_extra: dict[str, Any] = {}
         self.cur_role: str | None = None
         self.cur_role_begin = 0
         self.var_scope_begin: dict[str, int] = {}
@@ -100,6 +102,7 @@ class StreamExecutor:
             child.variables = dict(self.variables)
             child.meta_info = dict(self.meta_info)
             child.tool_sets = dict(self.tool_sets)
+            child.message_extra = dict(self.message_extra)
             child.cur_role, child.cur_role_begin = self.cur_role, self.cur_role_begin
             for name in child.variables:
                 child._event(name).set()
@@ -227,7 +230,9 @@ class StreamExecutor:
         if self.cur_role != role:
             raise ValueError(f"role {role!r} ends but the current role is {self.cur_role!r}")
         message: dict[str, Any] = {"role": role, "content": self.text_[self.cur_role_begin :]}
-        message.update({k: v for k, v in (extra or {}).items() if v is not None})
+        extra = {**self.message_extra, **(extra or {})}
+        self.message_extra = {}
+        message.update({k: v for k, v in extra.items() if v is not None})
         self.messages_.append(message)
         self._append(self.backend.chat_template.suffix(role))
         self.cur_role = None
@@ -328,8 +333,10 @@ class ProgramStateGroup:
         return iter(self.states)
 
     def __iadd__(self, other: Any) -> ProgramStateGroup:
-        """`forks += expr`, or a list with one expression per fork."""
-        if isinstance(other, list) and len(other) == len(self.states) and not all(isinstance(o, str) for o in other):
+        """`forks += expr` (to every fork), or a list with one expression per fork."""
+        if isinstance(other, list):
+            if len(other) != len(self.states):
+                raise ValueError(f"forks += list: got {len(other)} expressions for {len(self.states)} forks")
             for state, expr in zip(self.states, other):
                 state += expr
         else:

@@ -146,10 +146,9 @@ class SglFunction:
             executor.end()
 
     def _cache_common_prefix(self, backend: Backend, batch_kwargs: list[dict[str, Any]]) -> None:
-        prefixes = [trace_prefix(self.func, {**self.bound, **kw}, backend) for kw in batch_kwargs]
-        if any(p is None for p in prefixes):
-            return
-        common = os.path.commonprefix(prefixes)  # type: ignore[arg-type]
+        traced = [trace_prefix(self.func, {**self.bound, **kw}, backend) for kw in batch_kwargs]
+        prefixes = [p for p in traced if p is not None]  # an item whose trace fails is left out
+        common = os.path.commonprefix(prefixes) if len(prefixes) > 1 else ""
         if common:
             backend.cache_prefix(common)
 

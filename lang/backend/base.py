@@ -75,7 +75,7 @@ class NativeBackend(Backend):
 
     # ------------------------------------------------------------------ program steps
     def generate(self, s: StreamExecutor, gen: Gen, sampling: SamplingArgs) -> tuple[str, dict[str, Any]]:
-        result = self.call(self._payload(s.text_, gen, sampling))
+        result = _checked(self.call(self._payload(s.text_, gen, sampling)))
         return result["text"], result["meta_info"]
 
     def generate_stream(self, s: StreamExecutor, gen: Gen, sampling: SamplingArgs) -> Iterator[tuple[str, dict[str, Any] | None]]:
@@ -88,6 +88,7 @@ class NativeBackend(Backend):
                 sent = text
         if last is None:
             raise BackendError("the stream ended without a result")
+        _checked(last)
         final = last["text"]
         yield (final[len(sent) :] if final.startswith(sent) else ""), last["meta_info"]
 
@@ -102,7 +103,7 @@ class NativeBackend(Backend):
             return text, (parse_call(text, tools) if mode == "auto" else None) or text, meta
         schema = json.dumps(tools.schema(mode))
         forced = SamplingArgs(**{**vars(sampling), "regex": None, "json_schema": schema})
-        result = self.call(self._payload(s.text_ + TOOL_CALL_OPEN, gen, forced))
+        result = _checked(self.call(self._payload(s.text_ + TOOL_CALL_OPEN, gen, forced)))
         raw = result["text"]
         try:
             value = json.loads(raw)
@@ -156,6 +157,14 @@ class NativeBackend(Backend):
             payload["top_logprobs_num"] = gen.top_logprobs_num or 0
             payload["return_text_in_logprobs"] = gen.return_text_in_logprobs
         return payload
+
+
+def _checked(result: dict[str, Any]) -> dict[str, Any]:
+    """`result`, unless the request was aborted (a bad grammar, an abort): then its reason."""
+    reason = result["meta_info"].get("finish_reason") or {}
+    if reason.get("type") == "abort":
+        raise BackendError(f"the request was aborted: {reason.get('message') or 'no reason given'}")
+    return result
 
 
 def _choice_logprobs(result: dict[str, Any], choice: str) -> list[float]:

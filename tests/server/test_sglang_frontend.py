@@ -62,6 +62,23 @@ def sglang_paths(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return pkg, deps
 
 
+def test_the_same_program_under_import_radixlm_as_sgl(tiny_server: ServerHandle, sglang_paths: tuple[Path, Path]) -> None:
+    """`import radixlm as sgl` runs the unchanged program and gives what sglang's frontend gives."""
+    pkg, deps = sglang_paths
+    ours_program = PROGRAM.replace("import sglang as sgl", "import radixlm as sgl").replace(
+        "from sglang.lang.backend.runtime_endpoint import RuntimeEndpoint", "from radixlm import RuntimeEndpoint")
+    outs = []
+    for program in (PROGRAM, ours_program):
+        done = subprocess.run([sys.executable, "-c", program, tiny_server.url, str(pkg), str(deps)],
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        outs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    theirs, ours = outs
+    for key in ("answer", "text", "stream_text", "batch"):
+        assert ours[key] == theirs[key], key
+    assert ours["meta"]["completion_tokens"] == theirs["meta"]["completion_tokens"] == 8
+
+
 def test_sglang_runtime_endpoint_runs_a_program(tiny_server: ServerHandle, sglang_paths: tuple[Path, Path]) -> None:
     pkg, deps = sglang_paths
     done = subprocess.run([sys.executable, "-c", PROGRAM, tiny_server.url, str(pkg), str(deps)],

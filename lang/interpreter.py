@@ -56,21 +56,31 @@ class StreamExecutor:
         self._queue: queue.Queue[Any] = queue.Queue()
         self._chunks: list[tuple[str | None, str]] = []  # (variable or None, text) as appended
         self._finished = False
+        self._ended = False
+        self._children: list[StreamExecutor] = []
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._work, daemon=True, name="radixlm-program")
         self._thread.start()
 
     # ------------------------------------------------------------------ from the program
     def submit(self, expr: Expr) -> None:
+        if self._ended:
+            raise RuntimeError("this program state has ended (a run finished, or its forks were joined)")
         self._queue.put(expr)
 
     def sync(self) -> None:
         self._queue.join()
 
     def end(self) -> None:
-        """No more expressions: finish them, then close the stream and the worker."""
+        """No more expressions: finish them, then close the stream and the worker (and those of
+        forks never joined). Idempotent."""
+        if self._ended:
+            return
+        self._ended = True
         self._queue.put(_END)
         self._queue.join()
+        for child in self._children:
+            child.end()
 
     def get_var(self, name: str) -> Any:
         event = self._event(name)
@@ -107,6 +117,7 @@ class StreamExecutor:
             for name in child.variables:
                 child._event(name).set()
             forks.append(child)
+        self._children.extend(forks)
         return forks
 
     def text_iter(self, var_name: str | None = None) -> Iterator[str]:

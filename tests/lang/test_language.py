@@ -381,3 +381,19 @@ def test_auto_tool_choice_gives_text_or_a_valid_call(backend: EngineBackend) -> 
 
 def test_engine_is_clean_after_the_language_tests(tiny_engine: Any) -> None:
     assert_engine_clean(tiny_engine)
+
+
+def test_ended_states_refuse_more_and_unjoined_forks_are_closed(backend: EngineBackend) -> None:
+    kept: list[Any] = []
+
+    @rl.function
+    def leaves_forks(s: Any) -> None:
+        s += "stem"
+        kept.extend(s.fork(2))
+        kept[0] += " a"
+
+    state = leaves_forks.run(backend=backend)
+    assert all(f.stream_executor._finished for f in kept)  # closed with the program
+    assert kept[0].text() == "stem a"
+    with pytest.raises(RuntimeError, match="has ended"):
+        state += "more"

@@ -32,7 +32,7 @@ from radixlm.tools import ToolCall, function_to_tool, tools_prompt
 __version__ = "0.1.0"
 
 __all__ = [
-    "Backend", "BackendError", "Engine", "OpenAI", "ProgramState", "ProgramStateGroup", "RuntimeEndpoint",
+    "Backend", "BackendError", "Engine", "OpenAI", "ProgramState", "ProgramStateGroup", "Runtime", "RuntimeEndpoint",
     "SglFunction", "ToolCall", "assistant", "assistant_begin", "assistant_end", "flush_cache", "function",
     "function_to_tool", "gen", "gen_int", "gen_string", "get_server_info", "select", "set_default_backend",
     "system", "system_begin", "system_end", "tools_prompt", "user", "user_begin", "user_end",
@@ -45,6 +45,10 @@ def __getattr__(name: str) -> Any:
         from radixlm.runtime import Engine
 
         return Engine
+    if name == "Runtime":
+        from radixlm.backend.runtime import Runtime
+
+        return Runtime
     if name == "OpenAI":
         from radixlm.backend.openai import OpenAI
 

@@ -118,3 +118,17 @@ def test_bad_requests_and_a_down_server_give_clear_errors(endpoint: rl.RuntimeEn
     url = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(BackendError, match=f"cannot reach the server at {url}"):
         rl.RuntimeEndpoint(url)
+
+
+def test_runtime_starts_and_stops_its_own_server(tiny_model_dir: Any, tmp_path: Any) -> None:
+    @rl.function
+    def hello(s: Any) -> None:
+        s += "Hello" + rl.gen("x", max_tokens=3, temperature=0)
+
+    with rl.Runtime(str(tiny_model_dir), max_total_tokens=2048, random_seed=0, enable_metrics=False) as runtime:
+        state = hello.run(backend=runtime)
+        assert state["x"] == native_greedy(runtime.base_url, "Hello", 3)
+        process = runtime.process
+    assert process.poll() is not None  # stopped with the block
+    with pytest.raises(BackendError, match="exited"):
+        rl.Runtime(str(tmp_path / "no-such-model"))

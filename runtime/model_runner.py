@@ -28,6 +28,7 @@ class RunnerConfig:
     max_running_requests: int
     context_len: int
     device: str = "cpu"
+    cpu_kernels: bool = True  # the packed C++ linear kernel for bfloat16 decode (kernels/cpu_linear.py)
 
     @classmethod
     def from_server_args(cls, args: ServerArgs, model_cfg: ModelConfig) -> RunnerConfig:
@@ -44,6 +45,7 @@ class RunnerConfig:
             max_running_requests=args.max_running_requests,
             context_len=min(context_len, max_total_tokens),
             device=args.device,
+            cpu_kernels=not args.disable_cpu_kernels,
         )
 
 
@@ -58,6 +60,9 @@ class ModelRunner:
         model.rotary = type(model.rotary)(model_cfg.head_dim, model_cfg.context_len, model_cfg.rope)
         model.load_weights(state_dict)
         self.model = model.to(runner_cfg.dtype).eval()
+        self.packed_linears = runner_cfg.cpu_kernels and runner_cfg.device == "cpu" and runner_cfg.dtype == torch.bfloat16
+        if self.packed_linears:
+            self.packed_linears = self.model.use_packed_linears()
         self.kv_pool = KVPool(
             runner_cfg.max_total_tokens,
             model_cfg.num_layers,
@@ -73,10 +78,11 @@ class ModelRunner:
             runner_cfg.attention_backend, self.kv_pool, self.req_to_token_pool, model_cfg.head_dim**-0.5
         )
         logger.info(
-            "model loaded in %.1fs: %s, dtype %s, KV pool %d tokens",
+            "model loaded in %.1fs: %s, dtype %s%s, KV pool %d tokens",
             time.perf_counter() - start,
             model_cfg.architecture,
             runner_cfg.dtype,
+            " (packed CPU linear kernel for decode)" if self.packed_linears else "",
             runner_cfg.max_total_tokens,
         )
 

@@ -31,6 +31,7 @@ class ServerArgs:
     chunked_prefill_size: int = 2048
     schedule_policy: str = "lpm"
     disable_radix_cache: bool = False
+    disable_cpu_kernels: bool = False
     random_seed: int | None = None
     log_level: str = "warning"
     # the HTTP server
@@ -106,6 +107,7 @@ HELP = {
     "served_model_name": "model id reported by /v1/models and accepted in requests",
     "tool_call_parser": "how tool calls are read from output under tool_choice auto: hermes (<tool_call> blocks, also Qwen), json (a bare JSON call), auto (both)",
     "enable_metrics": "serve Prometheus metrics at /metrics",
+    "disable_cpu_kernels": "keep torch's matmul for bfloat16 decode instead of the packed C++ AVX-512 kernel",
 }
 
 

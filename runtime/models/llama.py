@@ -10,20 +10,28 @@ Layout choices made for a lean decode step (few, large ops):
 - The weights of the RMSNorms before qkv_proj, gate_up_proj and lm_head are folded into those
   layers' input rows (norm(x) * w @ W == norm(x) @ (w * W)); the residual adds are the
   accumulators of the o_proj / down_proj GEMMs.
+- In bfloat16 on an AVX-512 CPU, products of up to PACKED_MAX_ROWS rows (decode steps) run in
+  the packed C++ kernel (radixlm.kernels.cpu_linear): bf16 weights, fp32 arithmetic.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixlm.kernels import cpu_linear
 from radixlm.runtime.attention.base import BaseAttentionBackend
 from radixlm.runtime.forward_batch import ForwardBatch
 from radixlm.runtime.model_config import ModelConfig
 from radixlm.runtime.models.rotary import RotaryEmbedding
+
+# Rows up to this many go through the packed kernel (it reads the weights once per 4 rows;
+# beyond this torch's GEMM, which reads them once, wins).
+PACKED_MAX_ROWS = 16
 
 
 class Linear(nn.Module):
@@ -36,14 +44,29 @@ class Linear(nn.Module):
         super().__init__()
         self.weight_t = nn.Parameter(torch.empty(in_features, out_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        # decode-sized inputs (few rows) go through the packed C++ kernel once use_packed is called
+        self.packed: torch.Tensor | None = None
+        self.packed_bias: torch.Tensor | None = None
+        self.ext: ModuleType | None = None
+
+    def use_packed(self, ext: ModuleType) -> None:
+        self.ext = ext
+        self.packed = cpu_linear.pack(self.weight_t.detach())
+        if self.bias is not None:
+            padded = self.packed.shape[0] * cpu_linear.PANEL
+            self.packed_bias = F.pad(self.bias.detach().float(), (0, padded - self.bias.numel())).contiguous()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None and x.shape[0] <= PACKED_MAX_ROWS:
+            return cpu_linear.packed_linear(self.ext, x, self.packed, self.weight_t.shape[1], None, self.packed_bias)  # type: ignore[arg-type]
         if self.bias is None:
             return torch.mm(x, self.weight_t)
         return torch.addmm(self.bias, x, self.weight_t)
 
     def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """residual + linear(x) in one GEMM (the residual is the accumulator)."""
+        if self.packed is not None and x.shape[0] <= PACKED_MAX_ROWS:
+            return cpu_linear.packed_linear(self.ext, x, self.packed, self.weight_t.shape[1], residual, self.packed_bias)  # type: ignore[arg-type]
         out = torch.addmm(residual, x, self.weight_t)
         return out if self.bias is None else out.add_(self.bias)
 
@@ -120,6 +143,17 @@ class LlamaForCausalLM(nn.Module):
         for layer in self.layers:
             residual = layer(residual, rope, attn, batch)
         return self.lm_head(self.norm(residual[batch.logits_indices])).float()
+
+    def use_packed_linears(self) -> bool:
+        """Route decode-sized products of every linear layer through the packed C++ kernel; False
+        (nothing changed) where it cannot run here."""
+        ext = cpu_linear.load()
+        if ext is None:
+            return False
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.use_packed(ext)
+        return True
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Load HF-named weights (fusing q/k/v and gate/up, permuting q/k rows for RoPE)."""

@@ -1,0 +1,103 @@
+"""A C++ CPU kernel for the linear layers of decode steps: weights packed in 64-column panels
+(float32 or bfloat16, see csrc/packed_linear.cpp), read once per step for up to 4 rows.
+
+Built on first use with torch's C++ extension tooling (gcc, ninja from the `ninja` wheel) into
+the radixlm cache, keyed by the source and torch version, under a file lock so concurrent
+processes build once. `load()` returns None (and says why, once) where it cannot run: no
+AVX-512 (avx512f + avx512bw), no compiler, a failed build; callers then keep torch's matmul.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import os
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+PANEL = 64
+SOURCE = Path(__file__).parent / "csrc" / "packed_linear.cpp"
+_state: dict[str, ModuleType | None] = {}
+
+
+def cpu_supports_avx512() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return " avx512f" in flags and " avx512bw" in flags
+
+
+def load() -> ModuleType | None:
+    """The compiled extension, or None if it cannot be used here (the reason is logged once)."""
+    if "ext" not in _state:
+        _state["ext"] = _build()
+    return _state["ext"]
+
+
+def _build() -> ModuleType | None:
+    if not cpu_supports_avx512():
+        logger.info("packed CPU linear kernel off: this CPU lacks avx512f/avx512bw")
+        return None
+    from torch.utils.cpp_extension import load as load_extension
+
+    from radixlm.runtime.model_files import cache_dir
+
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(source + torch.__version__.encode()).hexdigest()[:16]
+    build_dir = cache_dir() / "extensions" / f"packed_linear-{key}"
+    build_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        import ninja  # the wheel's binary; the venv's bin/ is not necessarily on PATH
+
+        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+    except ImportError:
+        pass
+    try:
+        with open(build_dir / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            return load_extension(
+                name="radixlm_packed_linear",
+                sources=[str(SOURCE)],
+                build_directory=str(build_dir),
+                extra_cflags=["-O3", "-mavx512f", "-mavx512bw", "-fopenmp"],
+                extra_ldflags=["-fopenmp"],
+                verbose=False,
+            )
+    except Exception as e:  # a missing compiler or ninja, a failed build: fall back to torch
+        logger.warning("packed CPU linear kernel off: build failed (%s)", str(e).splitlines()[0] if str(e) else type(e).__name__)
+        return None
+
+
+def pack(weight_t: torch.Tensor) -> torch.Tensor:
+    """`[K, N]` -> `[ceil(N/64), K, 64]` panels (zero-padded columns), same dtype."""
+    k, n = weight_t.shape
+    padded = -(-n // PANEL) * PANEL
+    if padded != n:
+        weight_t = torch.nn.functional.pad(weight_t, (0, padded - n))
+    return weight_t.reshape(k, padded // PANEL, PANEL).permute(1, 0, 2).contiguous()
+
+
+def packed_linear(
+    ext: ModuleType, x: torch.Tensor, packed: torch.Tensor, n: int,
+    residual: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """x @ W (+ bias) (+ residual) in x's dtype; `n` is W's true column count."""
+    xf = x.float().contiguous()
+    res = None
+    padded = packed.shape[0] * PANEL
+    if residual is not None:
+        res = residual.float()
+        if padded != n:
+            res = torch.nn.functional.pad(res, (0, padded - n))
+    if bias is not None and bias.numel() != padded:
+        bias = torch.nn.functional.pad(bias.float(), (0, padded - bias.numel()))
+    out = ext.packed_linear(xf, packed, res, bias)
+    if padded != n:
+        out = out[:, :n]
+    return out if x.dtype == torch.float32 else out.to(x.dtype)

@@ -1,0 +1,72 @@
+"""The packed C++ linear kernel (kernels/csrc/packed_linear.cpp) against torch, and a bfloat16
+engine that uses it against the float32 engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from radixlm.kernels import cpu_linear
+
+pytestmark = pytest.mark.skipif(not cpu_linear.cpu_supports_avx512(), reason="the kernel needs AVX-512 (this CPU lacks it)")
+
+
+@pytest.fixture(scope="module")
+def ext() -> Any:
+    module = cpu_linear.load()
+    assert module is not None, "AVX-512 is present, so the kernel must build (see the log for why it did not)"
+    return module
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("k", "n", "m"), [(576, 960, 1), (576, 960, 4), (1536, 576, 7), (64, 100, 16), (96, 64, 5)])
+@pytest.mark.parametrize("extras", ["none", "bias", "residual", "both"])
+def test_packed_linear_matches_torch(ext: Any, dtype: torch.dtype, k: int, n: int, m: int, extras: str) -> None:
+    gen = torch.Generator().manual_seed(k * n + m)
+    w = (torch.randn(k, n, generator=gen) * 0.05).to(dtype)
+    x = torch.randn(m, k, generator=gen).to(dtype)
+    bias = torch.randn(n, generator=gen) if extras in ("bias", "both") else None
+    residual = torch.randn(m, n, generator=gen).to(dtype) if extras in ("residual", "both") else None
+    out = cpu_linear.packed_linear(ext, x, cpu_linear.pack(w), n, residual, bias)
+    # the kernel computes in fp32 from the stored values, rounding only its output to x's dtype
+    ref = x.float() @ w.float()
+    if bias is not None:
+        ref += bias
+    if residual is not None:
+        ref += residual.float()
+    assert out.shape == (m, n) and out.dtype == dtype
+    tol = 1e-4 if dtype == torch.float32 else 2 ** -7 * ref.abs().max().item()
+    torch.testing.assert_close(out.float(), ref, atol=tol, rtol=0)
+
+
+def test_residual_with_a_row_stride(ext: Any) -> None:
+    w = torch.randn(64, 128) * 0.1
+    x = torch.randn(3, 64)
+    wide = torch.randn(3, 256)
+    residual = wide[:, :128]  # rows 256 apart
+    out = cpu_linear.packed_linear(ext, x, cpu_linear.pack(w), 128, residual)
+    torch.testing.assert_close(out, x @ w + residual, atol=1e-4, rtol=0)
+
+
+def test_bfloat16_engine_decodes_through_the_kernel(ext: Any, tiny_model_dir: Path) -> None:
+    from radixlm.runtime.engine import Engine
+
+    prompt_ids = list(range(100, 112))  # 12 tokens: the prefill, too, takes the kernel's path
+    logprobs = {}
+    for name, kwargs in {"fp32": {"dtype": "float32"}, "kernel": {"dtype": "bfloat16"},
+                         "torch": {"dtype": "bfloat16", "disable_cpu_kernels": True}}.items():
+        engine = Engine(str(tiny_model_dir), max_total_tokens=512, random_seed=0, **kwargs)
+        try:
+            assert engine.runner.packed_linears == (name == "kernel")
+            out = engine.generate(input_ids=prompt_ids, sampling_params={"max_new_tokens": 0},
+                                  return_logprob=True, logprob_start_len=0)
+            logprobs[name] = torch.tensor([lp for lp, _ in out["meta_info"]["input_token_logprobs"][1:]])
+        finally:
+            engine.shutdown()
+    kernel_err = (logprobs["kernel"] - logprobs["fp32"]).abs().max().item()
+    torch_err = (logprobs["torch"] - logprobs["fp32"]).abs().max().item()
+    assert kernel_err < 0.05, kernel_err
+    assert kernel_err <= torch_err * 1.5 + 1e-3  # fp32 arithmetic on bf16 weights: no worse than bf16 torch

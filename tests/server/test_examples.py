@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import ast
+import importlib.util
+import json
+import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
+import jsonschema
 from conftest import ServerHandle
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,3 +32,78 @@ def test_offline_engine_example(tiny_model_dir: Path) -> None:
 def test_openai_client_example(tiny_server: ServerHandle) -> None:
     out = run("openai_client.py", "--url", tiny_server.url)
     assert "json: {'capital':" in out and "tool call: get_weather {'city':" in out
+
+
+# ---------------------------------------------------------------- the language examples (lang_*.py)
+# Random weights give nonsense text, so these check the structure each example promises.
+
+
+def load_example(script: str) -> types.ModuleType:
+    """The example as a module (its constants and tools; main() does not run)."""
+    spec = importlib.util.spec_from_file_location(script.removesuffix(".py"), ROOT / "examples" / script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_lang_few_shot_qa_example(tiny_server: ServerHandle) -> None:
+    example = load_example("lang_few_shot_qa.py")
+    out = run("lang_few_shot_qa.py", "--url", tiny_server.url, "--max-tokens", "6")
+    answers = re.findall(r"^  -> (.*)  \((\d+) prompt tokens, (\d+) cached\)$", out, re.MULTILINE)
+    assert len(answers) == len(example.QUESTIONS), out
+    for question in example.QUESTIONS:
+        assert f"{question}\n  -> " in out
+    for answer, prompt_tokens, cached_tokens in answers:
+        assert "\n" not in ast.literal_eval(answer)  # gen stopped at the newline
+        assert 0 < int(cached_tokens) < int(prompt_tokens)  # the few-shot prefix came from the cache
+
+
+def test_lang_multi_turn_chat_example(tiny_server: ServerHandle) -> None:
+    example = load_example("lang_multi_turn_chat.py")
+    out = run("lang_multi_turn_chat.py", "--url", tiny_server.url, "--max-tokens", "6")
+    messages = [ast.literal_eval(line) for line in out.splitlines()]
+    assert [m["role"] for m in messages] == ["system"] + ["user", "assistant"] * len(example.TURNS)
+    assert [m["content"] for m in messages if m["role"] == "user"] == example.TURNS
+    assert all(isinstance(m["content"], str) for m in messages)
+
+
+def test_lang_classify_example(tiny_server: ServerHandle) -> None:
+    example = load_example("lang_classify.py")
+    out = run("lang_classify.py", "--url", tiny_server.url)
+    rows = re.findall(r"^(\w+) +\| (.+)\n +\| scores: (.+)$", out, re.MULTILINE)
+    assert [text for _, text, _ in rows] == example.TEXTS, out
+    for label, _, shown in rows:
+        scores = {name: float(value) for name, value in (item.split("=") for item in shown.split())}
+        assert list(scores) == example.LABELS
+        assert scores[label] == max(scores.values())  # select took the best-scored label
+
+
+def test_lang_tree_of_thought_example(tiny_server: ServerHandle) -> None:
+    out = run("lang_tree_of_thought.py", "--url", tiny_server.url, "--branches", "3", "--max-tokens", "6")
+    assert re.findall(r"^thought (\d+): ", out, re.MULTILINE) == ["1", "2", "3"], out  # join gathered 3
+    best, shown = re.search(r"^best: (\d+)  \(scores: (.+)\)$", out, re.MULTILINE).groups()  # type: ignore[union-attr]
+    scores = [float(x) for x in shown.split()]
+    assert len(scores) == 3 and scores[int(best) - 1] == max(scores)
+    assert re.search(r"^answer: ", out, re.MULTILINE)
+
+
+def test_lang_json_extraction_example(tiny_server: ServerHandle) -> None:
+    example = load_example("lang_json_extraction.py")
+    out = run("lang_json_extraction.py", "--url", tiny_server.url)
+    objects = [json.loads(line) for line in re.findall(r"^  -> (\{.*\})$", out, re.MULTILINE)]
+    assert len(objects) == len(example.PASSAGES), out
+    for obj in objects:
+        jsonschema.validate(obj, example.PERSON_SCHEMA)
+    assert f"{len(objects)}/{len(objects)} objects parse and validate" in out
+
+
+def test_lang_react_agent_example(tiny_server: ServerHandle) -> None:
+    example = load_example("lang_react_agent.py")
+    out = run("lang_react_agent.py", "--url", tiny_server.url, "--max-steps", "2", "--max-tokens", "6")
+    calls = re.findall(r"^  tool call: (\w+) (.*)\n  observation: (.*)$", out, re.MULTILINE)
+    assert calls, out  # the first step always calls a tool
+    tools = {tool.__name__: tool for tool in example.TOOLS}
+    for name, arguments, observation in calls:
+        assert observation == str(tools[name](**json.loads(arguments)))  # run_tool ran the function
+    assert re.search(r"^answer: ", out, re.MULTILINE)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from radixlm.runtime.limits import GRAMMAR_COMPILE_TIMEOUT_S
+
 
 @dataclass(frozen=True)
 class EnvStr:
@@ -24,3 +26,24 @@ class EnvStr:
 
 # Root of the on-disk cache of converted models (default: ~/.cache/radixlm).
 RADIXLM_CACHE = EnvStr("RADIXLM_CACHE")
+
+
+@dataclass(frozen=True)
+class EnvFloat:
+    """A float variable; unset or empty reads as `default`, anything unparsable is a ValueError."""
+
+    name: str
+    default: float
+
+    def get(self) -> float:
+        value = os.environ.get(self.name)
+        if not value:
+            return self.default
+        try:
+            return float(value)
+        except ValueError:
+            raise ValueError(f"{self.name} must be a number of seconds, got {value!r}") from None
+
+
+# Seconds a grammar's token index may take to build before the build is killed.
+RADIXLM_GRAMMAR_COMPILE_TIMEOUT = EnvFloat("RADIXLM_GRAMMAR_COMPILE_TIMEOUT", GRAMMAR_COMPILE_TIMEOUT_S)

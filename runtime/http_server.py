@@ -12,6 +12,7 @@ import asyncio
 import hmac
 import json
 import math
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -19,15 +20,22 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from radixlm.chat_template import derive_chat_template
-from radixlm.runtime.request_io import GenerateRequest, RequestError
+from radixlm.runtime.limits import (
+    MAX_BATCH,
+    MAX_BODY_BYTES,
+    MAX_JSON_DEPTH,
+    MAX_N,
+    MAX_RID_CHARS,
+    MAX_SEQUENCES,
+    json_depth,
+)
+from radixlm.runtime.request_io import GenerateRequest, RequestError, copy_seed
 from radixlm.runtime.tokenizer_manager import PreparedRequest, ServiceUnavailable, TokenizerManager
 
 GENERATE_FIELDS = {
     "text", "input_ids", "sampling_params", "rid", "return_logprob", "logprob_start_len",
     "top_logprobs_num", "return_text_in_logprobs", "stream",
 }
-MAX_BATCH = 1024
-MAX_BODY_BYTES = 32 * 1024 * 1024  # a request body larger than this is refused with 413
 OPEN_PATHS = {"/health"}  # reachable without the API key
 
 
@@ -35,21 +43,65 @@ def error_response(message: str, status_code: int = 400) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "code": status_code}}, status_code=status_code)
 
 
+# A JSON escape of a UTF-16 surrogate; valid UTF-8 bytes never encode one (the decoder refuses them).
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
 async def read_json(request: Request) -> Any:
+    """The body as JSON: at most MAX_BODY_BYTES (413; read no further), valid UTF-8 JSON without
+    NaN / Infinity, nested at most MAX_JSON_DEPTH deep, and no string holding a lone surrogate
+    (`"\\ud800"` parses in Python but is not Unicode: it breaks tokenizers and encoders)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise RequestError(f"the request body is larger than {MAX_BODY_BYTES} bytes", 413)
-    body = await request.body()
-    if len(body) > MAX_BODY_BYTES:
-        raise RequestError(f"the request body is larger than {MAX_BODY_BYTES} bytes", 413)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise RequestError(f"the request body is larger than {MAX_BODY_BYTES} bytes", 413)
+        chunks.append(chunk)
+    body = b"".join(chunks)
     try:
-        return json.loads(body, parse_constant=_reject_constant)
+        value = json.loads(body, parse_constant=_reject_constant, parse_float=_finite_float)
+    except RecursionError:
+        raise RequestError(f"the request body is nested too deeply (the limit is {MAX_JSON_DEPTH} levels)") from None
     except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as e:
         raise RequestError(f"the request body is not valid JSON: {e}") from e
+    if json_depth(value, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
+        raise RequestError(f"the request body is nested too deeply (the limit is {MAX_JSON_DEPTH} levels)")
+    if _SURROGATE_ESCAPE.search(body) and _has_lone_surrogate(value):
+        raise RequestError("the request body holds a string with a lone UTF-16 surrogate (e.g. \"\\ud800\"), "
+                           "which is not valid Unicode")
+    return value
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    """Whether any string (key or value) in a parsed JSON value holds an unpaired surrogate."""
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            try:
+                node.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(node, dict):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return False
 
 
 def _reject_constant(name: str) -> float:
     raise ValueError(f"{name} is not allowed in JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:40]} is out of range")
+    return value
 
 
 def sse(data: Any) -> bytes:
@@ -137,7 +189,7 @@ def create_app(
     async def generate(request: Request) -> Response:
         body = await read_json(request)
         reqs, is_batch = parse_generate(body)
-        prepared = prepare_all(tm, reqs)
+        prepared = await prepare_all(tm, reqs)
         if reqs[0].stream:
             return StreamingResponse(stream_generate(tm, prepared, is_batch), media_type="text/event-stream")
         results = await run_all(tm, prepared, request)
@@ -149,11 +201,13 @@ def create_app(
     return app
 
 
-def prepare_all(tm: TokenizerManager, reqs: list[GenerateRequest]) -> list[PreparedRequest]:
-    """Validate every request before any runs (a bad batch item fails the whole batch with 400)."""
+async def prepare_all(tm: TokenizerManager, reqs: list[GenerateRequest]) -> list[PreparedRequest]:
+    """Validate every request before any runs (a bad batch item fails the whole batch with 400).
+    Runs in a worker thread: tokenizing a long prompt (the tokenizer releases the GIL) or
+    translating a schema must not stall the event loop, which serves everyone else meanwhile."""
     if tm.dead_reason is not None:
         raise ServiceUnavailable(tm.dead_reason)
-    return [tm.validate(r) for r in reqs]
+    return await asyncio.to_thread(lambda: [tm.validate(r) for r in reqs])
 
 
 async def run_all(tm: TokenizerManager, reqs: list[PreparedRequest], request: Request | None) -> list[dict[str, Any]]:
@@ -251,6 +305,11 @@ def parse_generate(body: Any) -> tuple[list[GenerateRequest], bool]:
         raise RequestError(f"a batch holds at most {MAX_BATCH} prompts, got {len(prompts)}")
     params_list = _per_prompt(body.get("sampling_params"), len(prompts), "sampling_params", dict)
     rids = _per_prompt(body.get("rid"), len(prompts), "rid", str)
+    if any(rid is not None and len(rid) > MAX_RID_CHARS for rid in rids):
+        raise RequestError(f"'rid' is longer than {MAX_RID_CHARS} characters")
+    copies = [_num_copies(params) for params in params_list]
+    if sum(copies) > MAX_SEQUENCES:
+        raise RequestError(f"a request generates at most {MAX_SEQUENCES} sequences (prompts x n), got {sum(copies)}")
     opts = {
         "return_logprob": _typed(body, "return_logprob", bool, False),
         "logprob_start_len": _typed(body, "logprob_start_len", int, -1),
@@ -259,20 +318,25 @@ def parse_generate(body: Any) -> tuple[list[GenerateRequest], bool]:
         "stream": _typed(body, "stream", bool, False),
     }
     reqs = []
-    for prompt, params, rid in zip(prompts, params_list, rids):
+    for prompt, params, rid, n in zip(prompts, params_list, rids, copies):
         params = dict(params or {})
-        n = params.pop("n", 1)
-        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 64:
-            raise RequestError(f"sampling_params.n must be an integer in [1, 64], got {n!r}")
+        params.pop("n", None)
         for copy in range(n):
             copy_params = params
             if n > 1 and isinstance(params.get("seed"), int):
-                copy_params = {**params, "seed": params["seed"] + copy}
+                copy_params = {**params, "seed": copy_seed(params["seed"], copy)}
             copy_rid = rid if n == 1 or rid is None else f"{rid}-{copy}"
             key = "text" if isinstance(prompt, str) else "input_ids"
             value = prompt if isinstance(prompt, str) else tuple(prompt)
             reqs.append(GenerateRequest(**{key: value}, sampling_params=copy_params, rid=copy_rid, **opts))
     return reqs, is_batch or len(reqs) > 1
+
+
+def _num_copies(params: dict[str, Any] | None) -> int:
+    n = (params or {}).get("n", 1)
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_N:
+        raise RequestError(f"sampling_params.n must be an integer in [1, {MAX_N}], got {n!r}")
+    return n
 
 
 def _per_prompt(value: Any, count: int, name: str, kind: type) -> list[Any]:

@@ -23,7 +23,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from radixlm.runtime.request_io import GenerateRequest, RequestError
+from radixlm.runtime.limits import MAX_BATCH, MAX_N, MAX_OPENAI_TOP_LOGPROBS, MAX_SEQUENCES
+from radixlm.runtime.request_io import GenerateRequest, RequestError, copy_seed
 from radixlm.runtime.tokenizer_manager import PreparedRequest, TokenizerManager
 from radixlm.runtime.tool_calls import (
     Tool,
@@ -40,7 +41,7 @@ from radixlm.runtime.tool_calls import (
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # JSON types as sent: no "2" -> 2, no 2.0 -> 2
 
 
 class StreamOptions(_Strict):
@@ -52,7 +53,7 @@ class _SamplingFields(_Strict):
     max_tokens: int | None = Field(default=None, ge=0)
     temperature: float | None = None
     top_p: float | None = None
-    n: int = Field(default=1, ge=1, le=64)
+    n: int = Field(default=1, ge=1, le=MAX_N)
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
@@ -76,7 +77,7 @@ class _SamplingFields(_Strict):
 class CompletionRequest(_SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(default=16, ge=0)
-    logprobs: int | None = Field(default=None, ge=0, le=20)
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_OPENAI_TOP_LOGPROBS)
     echo: bool = False
 
 
@@ -92,7 +93,7 @@ class ChatRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=0)
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_OPENAI_TOP_LOGPROBS)
     response_format: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
@@ -155,7 +156,7 @@ def _copies(base: GenerateRequest, n: int, rid_prefix: str) -> list[GenerateRequ
     for i in range(n):
         params = dict(base.sampling_params or {})
         if n > 1 and isinstance(params.get("seed"), int):
-            params["seed"] += i
+            params["seed"] = copy_seed(params["seed"], i)
         reqs.append(GenerateRequest(**{**base.__dict__, "sampling_params": params, "rid": f"{rid_prefix}-{i}"}))
     return reqs
 
@@ -222,6 +223,11 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
         req: CompletionRequest = _parse(CompletionRequest, await read_json(request))
         check_model(req.model)
         prompts = req.prompt if isinstance(req.prompt, list) and req.prompt and not isinstance(req.prompt[0], int) else [req.prompt]
+        if len(prompts) > MAX_BATCH:
+            raise RequestError(f"a batch holds at most {MAX_BATCH} prompts, got {len(prompts)}")
+        if len(prompts) * req.n > MAX_SEQUENCES:
+            raise RequestError(f"a request generates at most {MAX_SEQUENCES} sequences (prompts x n), "
+                               f"got {len(prompts) * req.n}")
         want_logprobs = req.logprobs is not None
         base_id = f"cmpl-{uuid.uuid4().hex}"
         reqs: list[GenerateRequest] = []
@@ -234,7 +240,7 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
                 logprob_start_len=0 if req.echo and want_logprobs else -1, stream=req.stream,
             )
             reqs += _copies(base, req.n, f"{base_id}-{i}")
-        prepared = prepare_all(tm, reqs)
+        prepared = await prepare_all(tm, reqs)
         prompt_texts = [p if isinstance(p, str) else tm.tokenizer.decode(p) for p in prompts]
 
         def choice_text(index: int, text: str) -> str:
@@ -270,6 +276,10 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
         messages = _prompt_messages(req.messages)
         if offered:
             messages = add_tools_to_messages(messages, offered)
+        num_chars = sum(len(m["content"]) for m in messages)
+        if num_chars > tm.max_prompt_chars:  # refused before the template renders it all
+            raise RequestError(f"the messages hold {num_chars} characters, more than the context length "
+                               f"({tm.context_len} tokens) can hold")
         try:
             prompt = tm.tokenizer.apply_chat_template(messages)
         except Exception as e:  # a template that rejects these messages: the client's problem
@@ -282,7 +292,7 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
             text=prompt, sampling_params=params, return_logprob=req.logprobs,
             top_logprobs_num=(req.top_logprobs or 0) if req.logprobs else 0, return_text_in_logprobs=True, stream=req.stream,
         )
-        prepared = prepare_all(tm, _copies(base, req.n, base_id))
+        prepared = await prepare_all(tm, _copies(base, req.n, base_id))
         if req.stream and tool_names:
             return StreamingResponse(_stream_tool_calls(prepared, req, base_id, tool_names, parser), media_type="text/event-stream")
         if req.stream:

@@ -82,6 +82,31 @@ def check_prompt_ids(ids: Sequence[object], vocab_size: int, context_len: int, m
         raise RequestError(f"the prompt has {len(ids)} tokens; the KV pool holds {max_total_tokens}")
 
 
+def copy_seed(seed: Any, copy: int) -> Any:
+    """The seed of copy `copy` of an `n` > 1 request: seed + copy, wrapped into the int64 range
+    (a seed near 2**63 - 1 stays a valid seed). Non-int seeds are left for validation to refuse."""
+    if not isinstance(seed, int) or isinstance(seed, bool) or not -(2**63) <= seed < 2**63:
+        return seed
+    return (seed + copy + 2**63) % 2**64 - 2**63
+
+
+def check_params_fit(params: SamplingParams, prompt_len: int, context_len: int, vocab_size: int) -> None:
+    """The checks of sampling parameters against the model (RequestError if one fails): the
+    prompt plus `max_new_tokens` fit the context length; stop token ids are token ids."""
+    max_new = params.max_new_tokens
+    if max_new is not None and prompt_len + max_new > context_len:
+        raise RequestError(  # worded as SGLang's, which clients recognize
+            f"Requested token count exceeds the model's maximum context length of {context_len} tokens: "
+            f"the prompt has {prompt_len} tokens and max_new_tokens (OpenAI: max_tokens) asks for {max_new} "
+            f"more, {prompt_len + max_new} in all. Ask for at most {context_len - prompt_len}, or leave it unset"
+        )
+    bad = [t for t in params.stop_token_ids if t >= vocab_size]
+    if bad:
+        raise RequestError(
+            f"sampling_params.stop_token_ids holds values that are not token ids in [0, {vocab_size}): {bad[:5]}"
+        )
+
+
 @dataclass(frozen=True)
 class GenerateRequest:
     """One generation request as the tokenizer manager takes it (a single prompt; batches and

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from radixlm.runtime.limits import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS
+
 # Temperatures below this are greedy, as in SGLang (`0 <= temperature < 1e-6`).
 SAMPLING_EPS = 1e-6
 _SEED_MIN, _SEED_MAX = -(2**63), 2**63 - 1
@@ -175,6 +177,13 @@ def _check_stops(p: SamplingParams) -> None:
         raise _fail("stop", "must be a string or a list of strings", p.stop)
     if any(s == "" for s in stop):
         raise _fail("stop", "must not contain empty strings", p.stop)
+    if len(stop) > MAX_STOP_STRINGS:
+        raise InvalidSamplingParams(f"sampling_params.stop has {len(stop)} strings; the limit is {MAX_STOP_STRINGS}")
+    longest = max(map(len, stop), default=0)
+    if longest > MAX_STOP_STRING_CHARS:
+        raise InvalidSamplingParams(
+            f"sampling_params.stop holds a string of {longest} characters; the limit is {MAX_STOP_STRING_CHARS}"
+        )
     object.__setattr__(p, "stop", tuple(stop))
 
     ids: Any = p.stop_token_ids
@@ -182,6 +191,10 @@ def _check_stops(p: SamplingParams) -> None:
         ids = ()
     if not isinstance(ids, (list, tuple, set, frozenset)) or not all(_is_int(t) and t >= 0 for t in ids):
         raise _fail("stop_token_ids", "must be a list of non-negative integers", p.stop_token_ids)
+    if len(ids) > MAX_STOP_TOKEN_IDS:
+        raise InvalidSamplingParams(
+            f"sampling_params.stop_token_ids has {len(ids)} ids; the limit is {MAX_STOP_TOKEN_IDS}"
+        )
     ordered = sorted(ids) if isinstance(ids, (set, frozenset)) else ids
     object.__setattr__(p, "stop_token_ids", tuple(dict.fromkeys(ordered)))
     if p.stop_regex not in (None, "", (), []):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -26,13 +27,15 @@ from radixlm.runtime import io_struct as io
 from radixlm.runtime.constrained.grammar import GrammarError
 from radixlm.runtime.constrained.grammar import validate as validate_grammar
 from radixlm.runtime.ipc import IpcPaths, pull_socket, push_socket
+from radixlm.runtime.limits import MAX_TOP_LOGPROBS_NUM
 from radixlm.runtime.metrics import Metrics
-from radixlm.runtime.request_io import GenerateRequest, RequestError, check_prompt_ids
+from radixlm.runtime.request_io import GenerateRequest, RequestError, check_params_fit, check_prompt_ids
 from radixlm.runtime.sampling_params import InvalidSamplingParams, SamplingParams
 from radixlm.runtime.tokenizer import Tokenizer
 
 logger = logging.getLogger("radixlm.request")
 
+MIN_LOGPROB = -9999.0
 LOGPROB_LISTS = ("input_token_logprobs", "output_token_logprobs", "input_top_logprobs", "output_top_logprobs")
 
 
@@ -74,6 +77,9 @@ class TokenizerManager:
         self.vocab_size = vocab_size
         self.max_total_tokens = max_total_tokens
         self.metrics = metrics
+        # A token spells at most this many characters, so a longer text cannot fit the context:
+        # such prompts are refused before tokenizing them (which would block the event loop).
+        self.max_prompt_chars = context_len * max_token_chars(tokenizer)
         ctx = zmq.asyncio.Context()
         self._to_scheduler = push_socket(ctx, paths.scheduler)
         self._recv = pull_socket(ctx, paths.tokenizer_manager)
@@ -94,6 +100,11 @@ class TokenizerManager:
         if req.text is not None:
             if not isinstance(req.text, str):
                 raise RequestError("'text' must be a string or a list of strings")
+            if len(req.text) > self.max_prompt_chars:
+                raise RequestError(
+                    f"the prompt has {len(req.text)} characters, more than the context length "
+                    f"({self.context_len} tokens) can hold"
+                )
             ids = self.tokenizer.encode(req.text)
         else:
             ids = list(req.input_ids or ())
@@ -102,6 +113,7 @@ class TokenizerManager:
             params = SamplingParams.from_dict(req.sampling_params)
         except (InvalidSamplingParams, TypeError) as e:
             raise RequestError(str(e)) from e
+        check_params_fit(params, len(ids), self.context_len, self.vocab_size)
         for kind, spec in (("regex", params.regex), ("json_schema", params.json_schema)):
             if spec:
                 try:
@@ -112,8 +124,8 @@ class TokenizerManager:
             raise RequestError("sampling_params.ebnf is not supported; use regex or json_schema")
         if params.n != 1:
             raise RequestError("sampling_params.n > 1 must be expanded before the tokenizer manager")
-        if req.top_logprobs_num < 0 or req.top_logprobs_num > 100:
-            raise RequestError("top_logprobs_num must be in [0, 100]")
+        if req.top_logprobs_num < 0 or req.top_logprobs_num > MAX_TOP_LOGPROBS_NUM:
+            raise RequestError(f"top_logprobs_num must be in [0, {MAX_TOP_LOGPROBS_NUM}]")
         if req.logprob_start_len < -1 or req.logprob_start_len >= len(ids):
             raise RequestError(f"logprob_start_len must be in [-1, {len(ids) - 1}]")
         return PreparedRequest(req, ids, params)
@@ -238,10 +250,25 @@ class TokenizerManager:
         return {"text": out.text, "output_ids": list(out.output_ids), "meta_info": meta}
 
     def _with_text(self, entries: list[Any], with_text: bool) -> list[list[Any]]:
-        """SGLang's `[logprob, token_id, text-or-null]` triples."""
+        """SGLang's `[logprob, token_id, text-or-null]` triples, with JSON-safe logprobs."""
         if not with_text:
-            return [[lp, tok, None] for lp, tok in entries]
-        return [[lp, tok, self.tokenizer.decode([tok], skip_special_tokens=False)] for lp, tok in entries]
+            return [[json_logprob(lp), tok, None] for lp, tok in entries]
+        return [[json_logprob(lp), tok, self.tokenizer.decode([tok], skip_special_tokens=False)] for lp, tok in entries]
+
+
+def json_logprob(logprob: float | None) -> float | None:
+    """A logprob as JSON can carry it: -inf (a token a grammar mask or min_new_tokens ruled out,
+    listed among the top logprobs when fewer tokens are allowed than asked for) becomes
+    MIN_LOGPROB, as vLLM reports it; NaN becomes null."""
+    if logprob is None or math.isfinite(logprob):
+        return logprob
+    return MIN_LOGPROB if logprob < 0 else None
+
+
+def max_token_chars(tokenizer: Tokenizer) -> int:
+    """The most characters one token of `tokenizer` spells (byte-level BPE: one per byte)."""
+    tokens = tokenizer.convert_ids_to_tokens(range(tokenizer.vocab_size))
+    return max((len(t) for t in tokens if t is not None), default=1)
 
 
 def _log_request(rid: str, state: ReqState) -> None:

@@ -7,7 +7,10 @@ that violates the schema. Before calling it we:
 - rewrite string `pattern`s so every match is a valid JSON string body (`regex_syntax`);
 - refuse, with a GrammarError naming keyword and location, what it would ignore: the keywords in
   `_IGNORED_KEYWORDS`, `uniqueItems: true`, `pattern`/`format` combined with length bounds, and
-  `required` names that `properties` does not declare.
+  `required` names that `properties` does not declare;
+- refuse what it must never be asked: a `$ref` that is not local (`#/...`; nothing is ever fetched
+  or read from a file), and schemas over the size bounds of `limits` (text, nesting, and the
+  estimated size of the regex, see `schema_size`), before the regex is built.
 Finally Unicode `\\d` (in date/time formats) becomes ASCII `[0-9]`.
 """
 
@@ -22,7 +25,15 @@ from outlines_core.json_schema import build_regex_from_schema
 
 from radixlm.runtime.constrained.errors import GrammarError
 from radixlm.runtime.constrained.numeric_regex import bounded_number_regex
-from radixlm.runtime.constrained.regex_syntax import check_regex_syntax, rewrite_regex
+from radixlm.runtime.constrained.regex_syntax import check_regex_size, check_regex_syntax, rewrite_regex
+from radixlm.runtime.constrained.schema_size import estimate_regex_chars
+from radixlm.runtime.limits import (
+    MAX_SCHEMA_BOUND,
+    MAX_SCHEMA_CHARS,
+    MAX_SCHEMA_DEPTH,
+    MAX_SCHEMA_REGEX_CHARS,
+    json_depth,
+)
 
 _IGNORED_KEYWORDS = (
     "multipleOf", "minProperties", "maxProperties", "patternProperties", "propertyNames",
@@ -36,15 +47,28 @@ _SCHEMA_LIST_KEYS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
 
 
 def parse_schema(spec: object) -> dict[str, Any]:
-    """The schema as a dict, from a dict or a JSON string; GrammarError if neither."""
+    """The schema as a dict, from a dict or a JSON string; GrammarError if neither, or if it is
+    longer than MAX_SCHEMA_CHARS as JSON text or nested deeper than MAX_SCHEMA_DEPTH."""
     if isinstance(spec, (str, bytes)):
+        _check_schema_chars(len(spec))
         try:
             spec = json.loads(spec)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise GrammarError(f"json_schema is not valid JSON: {e}") from None
+        except RecursionError:
+            raise GrammarError(f"json_schema is nested too deeply (the limit is {MAX_SCHEMA_DEPTH} levels)") from None
     if not isinstance(spec, dict):
         raise GrammarError(f"json_schema must be a JSON object, got {type(spec).__name__}")
+    depth = json_depth(spec, MAX_SCHEMA_DEPTH)
+    if depth > MAX_SCHEMA_DEPTH:
+        raise GrammarError(f"json_schema is nested too deeply (the limit is {MAX_SCHEMA_DEPTH} levels)")
+    _check_schema_chars(len(json.dumps(spec)))
     return spec
+
+
+def _check_schema_chars(num_chars: int) -> None:
+    if num_chars > MAX_SCHEMA_CHARS:
+        raise GrammarError(f"json_schema is too long: {num_chars} characters, the limit is {MAX_SCHEMA_CHARS}")
 
 
 def schema_to_regex(schema: dict[str, Any], whitespace_pattern: str | None = None) -> str:
@@ -58,12 +82,18 @@ def schema_to_regex(schema: dict[str, Any], whitespace_pattern: str | None = Non
         lowered = _lower(schema, "#", placeholders, f"radixlm_bound_{secrets.token_hex(6)}_")
     except RecursionError:
         raise GrammarError("json_schema is nested too deeply") from None
+    if estimate_regex_chars(lowered, MAX_SCHEMA_REGEX_CHARS, placeholders) > MAX_SCHEMA_REGEX_CHARS:
+        raise GrammarError(
+            f"json_schema is too complex: its regex would exceed {MAX_SCHEMA_REGEX_CHARS} characters "
+            "(nested arrays and objects with many optional properties multiply its size)"
+        )
     try:
         regex = build_regex_from_schema(json.dumps(lowered), whitespace_pattern)
     except (ValueError, TypeError) as e:
         raise GrammarError(f"unsupported JSON schema: {str(e).splitlines()[0]}") from None
     for name, sub_regex in placeholders.items():
         regex = regex.replace(json.dumps(name), f"(?:{sub_regex})")
+    check_regex_size(regex, "the regex of this json_schema", max_chars=MAX_SCHEMA_REGEX_CHARS)
     return rewrite_regex(regex, in_json_string=False)
 
 
@@ -89,7 +119,14 @@ def _lower(schema: object, path: str, placeholders: dict[str, str], prefix: str)
 
 
 def _check_supported(schema: dict[str, Any], path: str) -> None:
-    """GrammarError for keywords outlines-core would silently ignore (outputs could then be invalid)."""
+    """GrammarError for keywords outlines-core would silently ignore (outputs could then be invalid),
+    and for references to anything but this schema (they are never fetched)."""
+    ref = schema.get("$ref")
+    if ref is not None and not (isinstance(ref, str) and ref.startswith("#")):
+        raise GrammarError(
+            f"unsupported $ref {ref!r} at {path}: only references within the schema ('#/...') are "
+            "supported; nothing is fetched from URLs or files"
+        )
     for key in _IGNORED_KEYWORDS:
         if key in schema:
             raise GrammarError(f"unsupported JSON schema keyword {key!r} at {path}")
@@ -148,8 +185,10 @@ def _bounds(schema: dict[str, Any], path: str) -> tuple[float | None, float | No
         value = schema.get(key)
         if value is None or isinstance(value, bool) and key.startswith("exclusive"):
             return None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise GrammarError(f"{key!r} at {path} must be a finite number")
+        if isinstance(value, float) and not math.isfinite(value) or abs(value) > MAX_SCHEMA_BOUND:
+            raise GrammarError(f"{key!r} at {path} must be a finite number within +-1e30")
         return value
 
     low, high = number("minimum"), number("maximum")

@@ -11,20 +11,22 @@ from typing import Literal, get_args
 
 from radixlm.runtime.constrained.errors import GrammarError
 from radixlm.runtime.constrained.json_schema import parse_schema, schema_to_regex
-from radixlm.runtime.constrained.regex_syntax import check_regex_syntax, escape_literal
+from radixlm.runtime.constrained.regex_syntax import check_regex_size, check_regex_syntax, escape_literal
 
 GrammarKind = Literal["regex", "json_schema", "choices"]
 GRAMMAR_KINDS: tuple[str, ...] = get_args(GrammarKind)
 
 
 def normalize_spec(kind: str, spec: object) -> str:
-    """The canonical text of a spec: equal specs give equal text. Cheap; GrammarError if malformed.
+    """The canonical text of a spec: equal specs give equal text. Cheap; GrammarError if malformed
+    or over the size bounds of `limits` (regex length and positions; schema text and nesting).
 
     JSON schemas keep their key order, since it decides the order of properties in the output.
     """
     if kind == "regex":
         if not isinstance(spec, str):
             raise GrammarError(f"regex must be a string, got {type(spec).__name__}")
+        check_regex_size(spec)
         return spec
     if kind == "json_schema":
         return json.dumps(parse_schema(spec), separators=(",", ":"), ensure_ascii=False)
@@ -61,8 +63,9 @@ def validate(kind: str, spec: object) -> None:
 
     Catches: unknown kind, non-string or syntactically invalid regex, a schema that is not JSON,
     not an object, or unsupported (typically well under a millisecond for ordinary specs), bad
-    choices. A spec that passes can still fail at compile time (e.g. lookaround in a regex),
-    with a GrammarError from `GrammarBackend.get`'s future.
+    choices, and specs over the size bounds (see `limits`). A spec that passes can still fail at
+    compile time (e.g. lookaround in a regex, or an index that takes too long to build), with a
+    GrammarError from `GrammarBackend.get`'s future.
     """
     normalized = normalize_spec(kind, spec)
     if kind == "regex":

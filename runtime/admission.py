@@ -55,20 +55,27 @@ def remaining_decode_tokens(req: Req, context_len: int) -> int:
 def plan_extends(sched: Scheduler) -> AdmissionPlan:
     plan = AdmissionPlan()
     budget = sched.cfg.chunked_prefill_size
-    pending = len(sched.running)  # slots this step already needs (decodes, then extends)
+    # slots this step already needs: decodes (with their jump-forward drafts), then extends
+    pending = sum(1 + len(r.jump_forward_ids) for r in sched.running)
     ratio = sched.new_token_ratio
     ctx = sched.cfg.context_len
     reserved = sum(min(remaining_decode_tokens(r, ctx), MAX_RESERVED_PER_REQ) * ratio for r in sched.running)
 
     chunked = sched.chunked_req
+    num_paused = 0  # a chunked prompt that waits for memory this step
     if chunked is not None and not chunked.is_finished:
-        n = min(budget, chunked.seq_len - chunked.num_cached)
-        plan.extends.append(ExtendItem(chunked, n, chunked.num_cached + n < chunked.seq_len))
-        budget -= n
-        pending += n
+        # the rest of a chunked prompt was never reserved: compute what memory holds now; with
+        # nothing free it waits (nothing else is admitted) while the decodes finish or retract
+        n = min(budget, chunked.seq_len - chunked.num_cached, sched.bridge.available_tokens() - pending)
+        if n > 0:
+            plan.extends.append(ExtendItem(chunked, n, chunked.num_cached + n < chunked.seq_len))
+            budget -= n
+            pending += n
+        else:
+            num_paused = 1
     in_batch = RadixCache(_NoSlots())
     for req in sched.policy.order(sched.waiting):
-        num_live = len(sched.running) + len(plan.extends)
+        num_live = len(sched.running) + len(plan.extends) + num_paused
         if budget <= 0 or num_live >= sched.cfg.max_running_requests:
             break
         sched.bridge.match(req)

@@ -22,6 +22,7 @@ class CacheBridge:
         self.req_to_token_pool = req_to_token_pool
         self.cache = cache
         self.is_caching = not isinstance(cache, NoopRadixCache)
+        self.num_evicted_tokens = 0  # freed by eviction since start (a counter for metrics)
 
     def match(self, req: Req) -> None:
         """Find the cached prefix a waiting request could reuse (sets prefix_slots / prefix_node).
@@ -82,6 +83,16 @@ class CacheBridge:
         req.req_pool_idx = req.last_node = None
         req.num_cached = req.cache_prefix_len = 0
 
+    def truncate(self, req: Req, num_cached: int) -> None:
+        """Free the request-owned K/V of positions [num_cached, req.num_cached) (a rejected
+        jump-forward draft); `num_cached` must not reach into the cache's part."""
+        if num_cached >= req.num_cached:
+            return
+        assert req.req_pool_idx is not None and num_cached >= req.cache_prefix_len
+        slots = self.req_to_token_pool.req_to_token[req.req_pool_idx, num_cached : req.num_cached]
+        self.kv_pool.free(slots.to(torch.int64))
+        req.num_cached = num_cached
+
     def _computed(self, req: Req) -> tuple[list[int], torch.Tensor]:
         assert req.req_pool_idx is not None and req.last_node is not None
         slots = self.req_to_token_pool.req_to_token[req.req_pool_idx, : req.num_cached].to(torch.int64)
@@ -94,7 +105,7 @@ class CacheBridge:
     def alloc(self, num_tokens: int) -> torch.Tensor | None:
         """Allocate slots, evicting from the cache first if the pool is short."""
         if num_tokens > self.kv_pool.num_free:
-            self.cache.evict(num_tokens - self.kv_pool.num_free)
+            self.num_evicted_tokens += self.cache.evict(num_tokens - self.kv_pool.num_free)
         return self.kv_pool.alloc(num_tokens)
 
     def check_integrity(self, running: Iterable[Req]) -> None:

@@ -40,7 +40,11 @@ class Engine:
         runner_cfg = RunnerConfig.from_server_args(args, self.model_config)
         self.runner = ModelRunner(self.model_config, runner_cfg, load_state_dict(model_dir))
         self.context_len = runner_cfg.context_len
-        self.grammar_backend = GrammarBackend(self.tokenizer, self.model_config.vocab_size)
+        # two compile workers: a slow grammar (a big schema) leaves one for everyone else's
+        self.grammar_backend = GrammarBackend(
+            self.tokenizer, self.model_config.vocab_size, num_workers=2,
+            enable_jump_forward=not args.disable_jump_forward,
+        )
         self.scheduler = Scheduler(
             self.runner,
             SchedulerConfig(
@@ -124,6 +128,7 @@ class Engine:
                     "cached_tokens": cache.total_cached_tokens,
                     "evictable_tokens": cache.evictable_tokens,
                     "hit_rate": cache.hit_rate,
+                    "evicted_tokens": sched.bridge.num_evicted_tokens,
                 },
                 "num_running_reqs": len(sched.running) + (1 if sched.chunked_req else 0),
                 "num_waiting_reqs": len(sched.waiting),

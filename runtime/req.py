@@ -67,6 +67,9 @@ class Req:
     # constrained decoding: the compile in flight, then the request's own FSM state
     grammar_future: Future[CompiledGrammar] | None = None
     grammar: Grammar | None = None
+    # jump-forward draft: tokens the grammar forces after output_ids[-1], computed with it next
+    # step and kept as far as sampling agrees (only running requests have one)
+    jump_forward_ids: list[int] = field(default_factory=list)
     # logprobs: lists of (logprob, token_id) and per-position top lists
     input_token_logprobs: list[tuple[float | None, int]] = field(default_factory=list)
     output_token_logprobs: list[tuple[float, int]] = field(default_factory=list)

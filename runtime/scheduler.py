@@ -11,6 +11,13 @@ One step (iteration-level continuous batching):
      request whose prompt is complete;
   4. newly prefilled tokens go to the radix cache at once (so requests sharing a new prefix that
      were held back reuse it next step); finished requests leave at once, their tokens cached.
+
+Jump-forward (constrained requests; `constrained.jump_forward`): after a request samples a token,
+its grammar may force the next text; the tokens spelling it (`req.jump_forward_ids`, the draft)
+join that token in the next forward, which then computes one logits row per draft position. Each
+row is sampled under the grammar mask of its position; the draft is kept as far as the samples
+agree with it, and the first disagreeing sample is the request's next token, so the output is
+what token-by-token decoding gives. The K/V of the rejected draft tokens is freed at once.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from radixlm.runtime.logprobs import (
 from radixlm.runtime.model_runner import ModelRunner
 from radixlm.runtime.radix_cache import BasePrefixCache, NoopRadixCache, RadixCache
 from radixlm.runtime.req import FinishReason, Req
-from radixlm.runtime.sampler import SamplingBatch, sample
+from radixlm.runtime.sampler import SampleOutput, SamplingBatch, sample
 from radixlm.runtime.sampling_params import SamplingParams
 from radixlm.runtime.schedule_policy import SchedulePolicy
 
@@ -55,10 +62,11 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class StepOutput:
-    """One request's progress in a step: the token it gained (None: aborted or nothing new)."""
+    """One request's progress in a step: the tokens it gained (several with jump-forward; none
+    when aborted or nothing new)."""
 
     req: Req
-    token_id: int | None
+    token_ids: tuple[int, ...]
 
 
 class Scheduler:
@@ -79,6 +87,7 @@ class Scheduler:
             self.generator.manual_seed(cfg.random_seed)
         self._aborted: list[Req] = []
         self.num_retractions = 0
+        self.num_jump_forward_tokens = 0  # draft tokens kept: each saved a decode step
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO  # share of remaining tokens admission reserves
 
     @property
@@ -131,7 +140,7 @@ class Scheduler:
 
     def step(self) -> list[StepOutput]:
         self._poll_grammars()
-        outputs = [StepOutput(r, None) for r in self._aborted]
+        outputs = [StepOutput(r, ()) for r in self._aborted]
         self._aborted = []
         self._retire_finished()
         self._make_room_for_decode()
@@ -170,9 +179,14 @@ class Scheduler:
         self.grammar_waiting = still
 
     def _make_room_for_decode(self) -> None:
-        """Ensure one slot per running request: evict, then retract newest-first."""
+        """Ensure one slot per running request (plus its draft, or the drafts are dropped): evict,
+        then retract newest-first."""
         if self.running:
             self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
+        num_draft_tokens = sum(len(r.jump_forward_ids) for r in self.running)
+        if num_draft_tokens and self.bridge.available_tokens() < len(self.running) + num_draft_tokens:
+            for req in self.running:
+                req.jump_forward_ids = []
         while self.running and self.bridge.available_tokens() < len(self.running):
             req = self.running.pop()
             if not self.running and self.chunked_req is None:
@@ -190,12 +204,13 @@ class Scheduler:
     def _prepare(self, plan: AdmissionPlan) -> tuple[ForwardBatch, list[Req], list[InputLogprobSpan]]:
         """Allocate the step's slots and build the ForwardBatch; extends first, then decodes.
 
-        Logits rows: first one per request that samples this step (its last new token), then,
-        for requests asking for input logprobs, the rows of the prompt positions they need.
+        Logits rows: first those of the requests that sample this step (one for the last new
+        token, then one per draft token), then, for requests asking for input logprobs, the rows
+        of the prompt positions they need.
         """
         reqs = [e.req for e in plan.extends] + self.running
         chunks = [e.req.all_ids[e.req.num_cached : e.req.num_cached + e.num_tokens] for e in plan.extends]
-        chunks += [[r.output_ids[-1]] for r in self.running]
+        chunks += [[r.output_ids[-1], *r.jump_forward_ids] for r in self.running]
         slots = self.bridge.alloc(sum(len(c) for c in chunks))
         assert slots is not None, "admission and _make_room_for_decode guarantee the slots"
         offset = 0
@@ -203,7 +218,7 @@ class Scheduler:
             self.runner.req_to_token_pool.write(req.req_pool_idx, req.num_cached, slots[offset : offset + len(chunk)])  # type: ignore[arg-type]
             offset += len(chunk)
         rows = [r.req_pool_idx for r in reqs]
-        if not plan.extends:
+        if not plan.extends and all(len(c) == 1 for c in chunks):
             seq_lens = [r.seq_len for r in self.running]
             batch = ForwardBatch.decode(rows, seq_lens, [c[0] for c in chunks], slots)  # type: ignore[arg-type]
             return batch, list(self.running), []
@@ -217,7 +232,7 @@ class Scheduler:
             end += len(chunk)
             if ext is None or not ext.is_partial:
                 sample_reqs.append(req)
-                sample_rows.append(end - 1)
+                sample_rows.extend(range(end - 1 - len(req.jump_forward_ids), end))
         logits_indices = torch.tensor(sample_rows + extra_rows, dtype=torch.int64)
         batch = ForwardBatch.extend(rows, [r.num_cached for r in reqs], chunks, slots, logits_indices)  # type: ignore[arg-type]
         return batch, sample_reqs, spans
@@ -225,9 +240,10 @@ class Scheduler:
     def _process_results(
         self, plan: AdmissionPlan, sample_reqs: list[Req], spans: list[InputLogprobSpan], logits: torch.Tensor
     ) -> list[StepOutput]:
+        num_rows = sum(1 + len(r.jump_forward_ids) for r in sample_reqs)
         if spans:
-            record_input_logprobs(spans, logits[len(sample_reqs) :])
-        logits = logits[: len(sample_reqs)]
+            record_input_logprobs(spans, logits[num_rows:])
+        logits = logits[:num_rows]
         for ext in plan.extends:
             ext.req.num_cached += ext.num_tokens
             self.bridge.cache_unfinished(ext.req)
@@ -238,42 +254,79 @@ class Scheduler:
                     self.chunked_req = None
                 self.running.append(ext.req)
         for req in self.running:
-            req.num_cached = req.seq_len
+            req.num_cached = req.seq_len + len(req.jump_forward_ids)  # the draft has K/V now too
         outputs = []
         for req in sample_reqs:
             if req.params.max_new_tokens == 0 and not req.is_finished:  # prefill only (e.g. cache a prefix)
                 req.finish_reason = FinishReason("length", 0)
-                outputs.append(StepOutput(req, None))
-        keep = [i for i, r in enumerate(sample_reqs) if not r.is_finished]
-        if len(keep) < len(sample_reqs):
-            sample_reqs = [sample_reqs[i] for i in keep]
-            logits = logits[keep]
-        if not sample_reqs:
-            return outputs
-        want_logprob = any(r.logprob.return_logprob for r in sample_reqs)
-        vocab_mask = grammar_mask(sample_reqs, logits.shape[-1])
+                outputs.append(StepOutput(req, ()))
+        if any(r.is_finished for r in sample_reqs):  # only prefill-only extends, which have no draft
+            row_reqs = [r for r in sample_reqs for _ in range(1 + len(r.jump_forward_ids))]
+            logits = logits[[i for i, r in enumerate(row_reqs) if not r.is_finished]]
+            sample_reqs = [r for r in sample_reqs if not r.is_finished]
+        if sample_reqs:
+            outputs += self._sample_and_accept(sample_reqs, logits)
+        return outputs
+
+    def _sample_and_accept(self, reqs: list[Req], logits: torch.Tensor) -> list[StepOutput]:
+        """Sample every row (a request's rows: its last token, then each draft token), append each
+        request's tokens while they agree with its draft, and set its next draft."""
+        drafts = [r.jump_forward_ids for r in reqs]
+        row_reqs = [r for r, draft in zip(reqs, drafts) for _ in range(len(draft) + 1)]
+        row_output_ids = [r.output_ids + draft[:j] for r, draft in zip(reqs, drafts) for j in range(len(draft) + 1)]
+        want_logprob = any(r.logprob.return_logprob for r in reqs)
         result = sample(
             logits,
             SamplingBatch.build(
-                [r.params for r in sample_reqs],
-                [r.output_ids for r in sample_reqs],
+                [r.params for r in row_reqs],
+                row_output_ids,
                 logits.shape[-1],
-                eos_token_ids=[r.eos_token_ids for r in sample_reqs],
+                eos_token_ids=[r.eos_token_ids for r in row_reqs],
             ),
-            vocab_mask=vocab_mask,
+            vocab_mask=grammar_mask(reqs, logits.shape[-1]),
             generator=self.generator,
             return_logprob=want_logprob,
         )
-        if want_logprob:
-            record_logprobs(sample_reqs, result)
-        for req, token in zip(sample_reqs, result.next_ids.tolist()):
-            req.append_token(token, self.cfg.context_len)
+        next_ids = result.next_ids.tolist()
+        outputs, kept_rows, row = [], [], 0
+        for req, draft in zip(reqs, drafts):
+            first_draft_pos = req.num_cached - len(draft)  # the draft's K/V starts here
+            new_ids: list[int] = []
+            for j in range(len(draft) + 1):
+                token = next_ids[row + j]
+                kept_rows.append(row + j)
+                new_ids.append(token)
+                self._accept_token(req, token)
+                if req.is_finished or j == len(draft) or token != draft[j]:
+                    break
+            row += len(draft) + 1
+            self.num_jump_forward_tokens += sum(t == d for t, d in zip(new_ids, draft))
+            self.bridge.truncate(req, first_draft_pos + len(new_ids) - 1)  # K/V of the kept draft only
+            req.jump_forward_ids = []
             if req.grammar is not None and not req.is_finished:
-                req.grammar.accept_token(token)
-                if req.grammar.is_terminated():  # nothing but EOS could follow: done
-                    req.finish_reason = FinishReason("stop", None)
-            outputs.append(StepOutput(req, token))
+                req.jump_forward_ids = req.grammar.jump_forward_ids(new_ids[-1], self._max_draft_len(req))
+            outputs.append(StepOutput(req, tuple(new_ids)))
+        if want_logprob:
+            assert result.logprobs is not None and result.vocab_logprobs is not None
+            kept = torch.tensor(kept_rows, dtype=torch.int64)
+            kept_result = SampleOutput(result.next_ids[kept], result.logprobs[kept], result.vocab_logprobs[kept])
+            record_logprobs([row_reqs[i] for i in kept_rows], kept_result)
         return outputs
+
+    def _accept_token(self, req: Req, token: int) -> None:
+        req.append_token(token, self.cfg.context_len)
+        if req.grammar is not None and not req.is_finished:
+            req.grammar.accept_token(token)
+            if req.grammar.is_terminated():  # nothing but EOS could follow: done
+                req.finish_reason = FinishReason("stop", None)
+
+    def _max_draft_len(self, req: Req) -> int:
+        """Draft tokens the next step may add: all of them plus one sample stay within the
+        context length and max_new_tokens."""
+        limit = self.cfg.context_len - req.seq_len - 1
+        if req.params.max_new_tokens is not None:
+            limit = min(limit, req.params.max_new_tokens - len(req.output_ids) - 1)
+        return limit
 
     def _retire_finished(self) -> None:
         still_running = []
@@ -300,13 +353,17 @@ def grammar_spec(params: SamplingParams) -> tuple[str, str] | None:
 
 
 def grammar_mask(reqs: list[Req], vocab_size: int) -> torch.Tensor | None:
-    """The allowed-token mask of a batch (True = allowed): each constrained request's FSM fills
-    its row; free requests allow everything. None when no request is constrained."""
+    """The allowed-token mask of a batch's sampled rows (True = allowed): each request has one row
+    plus one per draft token, filled by its FSM along the draft; free requests allow everything.
+    None when no request is constrained."""
     if not any(r.grammar is not None for r in reqs):
         return None
-    mask = torch.ones(len(reqs), vocab_size, dtype=torch.bool)
-    for i, req in enumerate(reqs):
+    mask = torch.ones(sum(1 + len(r.jump_forward_ids) for r in reqs), vocab_size, dtype=torch.bool)
+    row = 0
+    for req in reqs:
+        num_rows = 1 + len(req.jump_forward_ids)
         if req.grammar is not None:
-            mask[i].fill_(False)
-            req.grammar.fill_vocab_mask(mask[i])
+            mask[row : row + num_rows].fill_(False)
+            req.grammar.fill_vocab_masks(mask[row : row + num_rows], req.jump_forward_ids)
+        row += num_rows
     return mask

@@ -31,6 +31,7 @@ class ServerArgs:
     chunked_prefill_size: int = 2048
     schedule_policy: str = "lpm"
     disable_radix_cache: bool = False
+    disable_jump_forward: bool = False
     disable_cpu_kernels: bool = False
     random_seed: int | None = None
     log_level: str = "warning"
@@ -98,6 +99,8 @@ HELP = {
     "chunked_prefill_size": "prompt tokens computed per step; longer prompts are split across steps",
     "schedule_policy": "waiting-queue order: lpm (longest cached prefix first), dfs-weight, fcfs, lof, random",
     "disable_radix_cache": "use a prefix cache that matches nothing",
+    "disable_jump_forward": "constrained requests decode the text their grammar forces token by token, "
+    "instead of checking all its tokens in one forward (same output, slower)",
     "random_seed": "seed of the sampler for requests without their own seed",
     "log_level": "debug, info (one line per request), warning (default), error",
     "host": "address to bind (default 127.0.0.1: this machine only)",

@@ -5,8 +5,20 @@ Workloads (prompts from radixlm.bench.workloads, byte-identical to the peer meas
   W2  32 distinct prompts x 64 new tokens, submitted together: output tok/s
   W3  32 questions sharing a ~1,000-token prefix x 16 new tokens: wall time
   W4  JSON extraction of 16 passages (4-field schema): s/request and validity, with the schema
-      as a constraint and without (transformers: without; it has no grammar support)
+      as a constraint (jump-forward on, and off on a second engine) and without (transformers:
+      without; it has no grammar support); with it on, also the tokens that jump-forward
+      appended without a decode step of their own, per request
   W5  2,000-token prefill: tok/s
+Frontend workloads (@function programs from radixlm.bench.frontend_workloads, greedy), each run
+with run_batch on radixlm and on a naive baseline that sends every gen / select to transformers
+as an independent full-prompt call, one at a time (radixlm.bench.naive); the table gives
+s/program, the speedup, radixlm's cache hit rate and how many outputs are identical:
+  F1  few-shot multiple choice (HellaSwag-style): 5 solved examples, 16 questions, select of 4
+  F2  tree of thought: 4 questions, fork 3 ideas x 24 tokens, join, select the best
+  F3  multi-turn chat: 8 conversations x 4 turns x 24 tokens, one shared system prompt
+  F4  JSON extraction: W4's 16 passages, gen with W4's json_schema
+  (e.g. --workloads F1,F2,F3,F4 --dtypes float32 --repeats 3 --baseline-repeats 1; with --url
+  radixlm runs behind that server through RuntimeEndpoint instead of in-process)
 With --serving: N concurrent streaming HTTP clients replay W2 and W3 against a server (request
 throughput, output tok/s, TTFT and inter-token latency p50/p99); see radixlm.bench.serving.
 Each figure is the median of --repeats runs after one warm-up; the table gives our/baseline ratios.
@@ -37,14 +49,19 @@ def _median_time(fn: Callable[[], Any], repeats: int, warmup: bool = True) -> fl
     return statistics.median(times)
 
 
+W4_MODES = ("json_schema", "json_schema, jump-forward off", "unconstrained")
+
+
 class Ours:
     name = "radixlm"
 
     def __init__(self, dtype: str):
         from radixlm.runtime.engine import Engine
 
+        self.dtype = dtype
         self.engine = Engine(dtype=dtype)
         self.encode = self.engine.tokenizer.encode
+        self._no_jump_engine: Engine | None = None  # W4 with jump-forward off (made when needed)
 
     def generate(self, prompts: list[str] | list[list[int]], new_tokens: int) -> None:
         params = {"max_new_tokens": new_tokens, "temperature": 0.0, "ignore_eos": True}
@@ -54,14 +71,30 @@ class Ours:
     def flush(self) -> None:
         self.engine.flush_cache()
 
-    def extract(self, prompt: str, constrained: bool) -> str:
-        """W4: one JSON extraction (under the W4 schema when `constrained`)."""
+    def extract(self, prompt: str, mode: str) -> str:
+        """W4: one JSON extraction in one of W4_MODES."""
         params: dict[str, Any] = {"max_new_tokens": wl.W4_MAX_TOKENS, "temperature": 0.0}
-        if constrained:
+        if mode != "unconstrained":
             params["json_schema"] = json.dumps(wl.W4_SCHEMA)
-        out = self.engine.generate(prompt=prompt, sampling_params=params)
+        engine = self.engine
+        if mode == "json_schema, jump-forward off":
+            from radixlm.runtime.engine import Engine
+
+            if self._no_jump_engine is None:
+                self._no_jump_engine = Engine(dtype=self.dtype, disable_jump_forward=True)
+            engine = self._no_jump_engine
+        out = engine.generate(prompt=prompt, sampling_params=params)
         assert isinstance(out, dict)
         return str(out["text"])
+
+    def jump_forward_tokens(self) -> int:
+        """Tokens jump-forward appended so far without a decode step of their own."""
+        return self.engine.scheduler.num_jump_forward_tokens
+
+    def close_extra_engines(self) -> None:
+        if self._no_jump_engine is not None:
+            self._no_jump_engine.shutdown()
+            self._no_jump_engine = None
 
 
 class Transformers:
@@ -94,7 +127,7 @@ class Transformers:
     def flush(self) -> None:
         pass
 
-    def extract(self, prompt: str, constrained: bool) -> str:
+    def extract(self, prompt: str, mode: str) -> str:
         """W4 without constraints (transformers has no grammar support of its own)."""
         batch = self.tokenizer([prompt], return_tensors="pt")
         with self.torch.inference_mode():
@@ -124,9 +157,11 @@ def run_system(system: Ours | Transformers, workloads: list[str], repeats: int) 
             lambda: (system.flush(), system.generate(prompts, wl.W3_NEW_TOKENS)), repeats, heavy_warmup
         )
     if "W4" in workloads:
-        modes = [True, False] if isinstance(system, Ours) else [False]
-        for constrained in modes:
-            out.update(_run_w4(system, constrained))
+        modes = W4_MODES if isinstance(system, Ours) else ("unconstrained",)
+        for mode in modes:
+            out.update(_run_w4(system, mode))
+        if isinstance(system, Ours):
+            system.close_extra_engines()
     if "W5" in workloads:
         ids = system.encode(wl.w5_text())[: wl.W5_TOKENS]
         t = _median_time(lambda: (system.flush(), system.generate([ids], 1)), repeats)
@@ -134,21 +169,25 @@ def run_system(system: Ours | Transformers, workloads: list[str], repeats: int) 
     return out
 
 
-def _run_w4(system: Ours | Transformers, constrained: bool) -> Result:
+def _run_w4(system: Ours | Transformers, mode: str) -> Result:
     """W4: the 16 extractions one after another; seconds per request and how many are valid
     (strict: the whole output parses and matches the schema; unconstrained output is also
     checked leniently, from its first '{')."""
     cases = wl.w4_cases()
-    system.extract(cases[0]["prompt"], constrained)  # warm-up (and, constrained, the grammar compile)
+    system.extract(cases[0]["prompt"], mode)  # warm-up (and, constrained, the grammar compile)
+    jump_forward_before = system.jump_forward_tokens() if isinstance(system, Ours) else 0
     start = time.perf_counter()
-    texts = [system.extract(c["prompt"], constrained) for c in cases]
+    texts = [system.extract(c["prompt"], mode) for c in cases]
     per_request = (time.perf_counter() - start) / len(cases)
     strict = sum(wl.w4_check(t, c["truth"])[1] for t, c in zip(texts, cases))
     lenient = sum(wl.w4_check(wl.w4_first_object(t), c["truth"])[1] for t, c in zip(texts, cases))
     exact = sum(wl.w4_check(t, c["truth"])[2] for t, c in zip(texts, cases))
-    tag = "W4 json_schema" if constrained else "W4 unconstrained"
-    return {f"{tag} s/request": per_request, f"{tag} valid /16": float(strict),
-            f"{tag} lenient valid /16": float(lenient), f"{tag} exact fields /64": float(exact)}
+    tag = f"W4 {mode}"
+    out = {f"{tag} s/request": per_request, f"{tag} valid /16": float(strict),
+           f"{tag} lenient valid /16": float(lenient), f"{tag} exact fields /64": float(exact)}
+    if isinstance(system, Ours) and mode == "json_schema":
+        out[f"{tag} jump-forward tokens /request"] = (system.jump_forward_tokens() - jump_forward_before) / len(cases)
+    return out
 
 
 def _print_table(dtype: str, ours: Result, base: Result | None) -> None:
@@ -170,14 +209,15 @@ def _print_table(dtype: str, ours: Result, base: Result | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m radixlm.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workloads", default="W1,W5", help="comma-separated subset of W1,W2,W3,W4,W5")
+    parser.add_argument("--workloads", default="W1,W5", help="comma-separated subset of W1-W5 and F1-F4")
     parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated dtypes to run")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--baseline-repeats", type=int, default=None, help="repeats for transformers (default: --repeats)")
     parser.add_argument("--no-baseline", action="store_true", help="skip transformers")
     parser.add_argument("--serving", action="store_true",
                         help="serving mode: concurrent HTTP clients replay W2/W3 against a server")
-    parser.add_argument("--url", default=None, help="serving mode: an already running server (default: start one)")
+    parser.add_argument("--url", default=None, help="serving mode: an already running server (default: start "
+                        "one); F workloads: run radixlm through this server instead of in-process")
     parser.add_argument("--concurrency", type=int, default=32, help="serving mode: concurrent clients")
     args = parser.parse_args(argv)
     if args.serving:
@@ -189,11 +229,21 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(2)
     workloads = args.workloads.split(",")
+    unknown = [w for w in workloads if w not in ("W1", "W2", "W3", "W4", "W5", "F1", "F2", "F3", "F4")]
+    if unknown:
+        parser.error(f"unknown workloads: {', '.join(unknown)}")
+    engine_workloads = [w for w in workloads if w.startswith("W")]
+    frontend_workloads = [w for w in workloads if w.startswith("F")]
+    base_repeats = args.baseline_repeats or args.repeats
     for dtype in args.dtypes.split(","):
-        ours = run_system(Ours(dtype), workloads, args.repeats)
-        base_repeats = args.baseline_repeats or args.repeats
-        base = None if args.no_baseline else run_system(Transformers(dtype), workloads, base_repeats)
-        _print_table(dtype, ours, base)
+        if engine_workloads:
+            ours = run_system(Ours(dtype), engine_workloads, args.repeats)
+            base = None if args.no_baseline else run_system(Transformers(dtype), engine_workloads, base_repeats)
+            _print_table(dtype, ours, base)
+        if frontend_workloads:
+            from radixlm.bench.frontend import run_frontend
+
+            run_frontend(frontend_workloads, dtype, args.repeats, base_repeats, args.no_baseline, args.url)
     return 0
 
 

@@ -3,6 +3,12 @@
 Flow: `GrammarBackend.get(kind, spec)` -> Future[CompiledGrammar] (compiled in a worker thread,
 cached LRU) -> `CompiledGrammar.new_state()` -> a per-request `Grammar`, which the scheduler drives:
 `fill_vocab_mask` before sampling, `accept_token` after, `is_terminated` to finish the request.
+Jump-forward (see `jump_forward`): `jump_forward_ids` gives the tokens of the text the grammar
+forces next, and `fill_vocab_masks` the masks of the positions along them.
+
+Bounded compiles: the token index is built in a child process (`index_worker`) that is killed
+past RADIXLM_GRAMMAR_COMPILE_TIMEOUT, so a pathological grammar fails with a GrammarError instead
+of holding a core and memory indefinitely.
 
 Thread-safety: outlines-core releases the GIL while it builds an index, so a slow compile never
 stalls the scheduler thread. A `CompiledGrammar` is immutable apart from a memo dict and may be
@@ -22,6 +28,8 @@ import outlines_core
 import torch
 
 from radixlm.runtime.constrained.errors import GrammarError
+from radixlm.runtime.constrained.index_worker import IndexWorker
+from radixlm.runtime.constrained.jump_forward import JumpForward
 from radixlm.runtime.constrained.regex_syntax import python_regex_error
 from radixlm.runtime.constrained.spec import normalize_spec, spec_to_regex, validate
 from radixlm.runtime.constrained.vocabulary import (
@@ -30,11 +38,15 @@ from radixlm.runtime.constrained.vocabulary import (
     GrammarVocabulary,
     get_grammar_vocabulary,
 )
+from radixlm.runtime.envs import RADIXLM_GRAMMAR_COMPILE_TIMEOUT
+from radixlm.runtime.limits import GRAMMAR_COMPILE_MAX_MEMORY_BYTES
 
 if TYPE_CHECKING:
     from radixlm.runtime.tokenizer import Tokenizer
 
 __all__ = ["CompiledGrammar", "Grammar", "GrammarBackend", "GrammarError", "validate"]
+
+MAX_JUMP_FORWARD_TOKENS = 16  # longest draft per step; also the guide's rollback depth
 
 
 class CompiledGrammar:
@@ -42,7 +54,8 @@ class CompiledGrammar:
 
     `regex` is the grammar's regex R; `index` is built for R followed by the end marker (see
     `vocabulary`), so R is complete at an index state iff the marker token leads to a final state.
-    `compile_secs` is the regex + index build time.
+    `compile_secs` is the regex + index build time. `jump_forward` (None: no jump-forward) is the
+    regex's byte DFA and the drafts of its forced texts.
     """
 
     def __init__(
@@ -54,6 +67,7 @@ class CompiledGrammar:
         tokenizer_len: int,
         vocab_size: int,
         compile_secs: float,
+        jump_forward: JumpForward | None = None,
     ):
         self.kind = kind
         self.regex = regex
@@ -62,6 +76,7 @@ class CompiledGrammar:
         self.tokenizer_len = tokenizer_len
         self.vocab_size = vocab_size
         self.compile_secs = compile_secs
+        self.jump_forward = jump_forward
         # Words of outlines-core's LSB-first bitmask; it must cover every token id of the vocabulary.
         self.num_mask_words = (max(vocab_size, tokenizer_len) + 31) // 32
         self._state_to_is_dead_end: dict[int, bool] = {}
@@ -108,9 +123,12 @@ class Grammar:
 
     def __init__(self, compiled: CompiledGrammar):
         self.compiled = compiled
-        self._guide = outlines_core.Guide(compiled.index)
+        self._guide = outlines_core.Guide(compiled.index, max_rollback=MAX_JUMP_FORWARD_TOKENS)
         self._mask_words = np.empty(compiled.num_mask_words, dtype=np.uint32)
         self._is_eos_accepted = False
+        # the byte-DFA state of the text so far (None: jump-forward off or lost track)
+        jump_forward = compiled.jump_forward
+        self._byte_state = None if jump_forward is None else jump_forward.initial_state
 
     def accept_token(self, token_id: int) -> None:
         """Advances by one sampled token; ValueError (state unchanged) if the grammar forbids it."""
@@ -127,6 +145,8 @@ class Grammar:
             raise ValueError(
                 f"token {token_id} is not allowed by the grammar in state {self._guide.get_state()}"
             ) from None
+        if self.compiled.jump_forward is not None:
+            self._byte_state = self.compiled.jump_forward.advance(self._byte_state, token_id)
 
     def fill_vocab_mask(self, mask_row: torch.Tensor) -> None:
         """Overwrites `mask_row` (bool, shape [vocab_size], any device): True = allowed.
@@ -155,6 +175,30 @@ class Grammar:
         else:
             mask_row.copy_(torch.from_numpy(allowed))
 
+    def jump_forward_ids(self, last_token_id: int, max_tokens: int) -> list[int]:
+        """Up to `max_tokens` tokens spelling the start of the text the grammar now forces (empty if
+        none), tokenized at the boundary with `last_token_id`, the token accepted last. Every
+        sequence returned is allowed from the current state; the state does not change."""
+        jump_forward = self.compiled.jump_forward
+        if jump_forward is None or self._byte_state is None or self._is_eos_accepted or max_tokens <= 0:
+            return []
+        draft = list(jump_forward.draft(self._byte_state, last_token_id)[: min(max_tokens, MAX_JUMP_FORWARD_TOKENS)])
+        # the byte DFA and the token index accept the same bytes, so this only guards the invariant
+        return draft if draft and self._guide.accepts_tokens(draft) else []
+
+    def fill_vocab_masks(self, mask_rows: torch.Tensor, draft: list[int]) -> None:
+        """Fills row j of `mask_rows` (bool [len(draft) + 1, vocab_size]) with the mask after
+        `draft[:j]` (row 0: the current state). `draft` must be allowed (`jump_forward_ids`);
+        the state does not change."""
+        if mask_rows.shape[0] != len(draft) + 1:
+            raise ValueError(f"{mask_rows.shape[0]} mask rows for a draft of {len(draft)} tokens")
+        self.fill_vocab_mask(mask_rows[0])
+        for j, token_id in enumerate(draft):
+            self._guide.advance(token_id, return_tokens=False)
+            self.fill_vocab_mask(mask_rows[j + 1])
+        if draft:
+            self._guide.rollback_state(len(draft))
+
     def is_terminated(self) -> bool:
         """True once EOS was accepted, or when no token but EOS can follow (the output is complete).
 
@@ -167,11 +211,12 @@ class Grammar:
         return self.compiled.new_state()
 
 
-def _build_index(kind: str, regex: str, vocab: GrammarVocabulary) -> outlines_core.Index:
-    """outlines-core's index for `regex` + end marker; GrammarError with a readable reason if the
-    regex is invalid, unsupported, or no token of this vocabulary can start a match."""
+def _build_index(kind: str, regex: str, vocab: GrammarVocabulary, worker: IndexWorker) -> outlines_core.Index:
+    """outlines-core's index for `regex` + end marker, built by `worker` (killed past its deadline);
+    GrammarError with a readable reason if the regex is invalid, unsupported, too complex, or no
+    token of this vocabulary can start a match."""
     try:
-        index = outlines_core.Index(f"(?:{regex}){END_MARKER}", vocab.vocabulary)
+        index = worker.build(f"(?:{regex}){END_MARKER}", vocab.vocabulary)
         initial = index.get_initial_state()
         if _is_complete(index, initial) or _real_tokens(index, initial, vocab.eos_token_id):
             return index
@@ -189,7 +234,10 @@ def _build_index(kind: str, regex: str, vocab: GrammarVocabulary) -> outlines_co
 class GrammarBackend:
     """Compiles grammars off the caller's thread and caches them (LRU of `max_cache` entries).
 
-    `vocab_size` is the model's logits width (may exceed the tokenizer's length).
+    `vocab_size` is the model's logits width (may exceed the tokenizer's length). With
+    `enable_jump_forward`, compiled grammars also carry their `JumpForward` (a few ms more).
+    Token indexes are built in a child process (`IndexWorker`) that is killed when a build runs
+    past `compile_timeout_s` (default: RADIXLM_GRAMMAR_COMPILE_TIMEOUT, see `limits`).
     """
 
     def __init__(
@@ -199,12 +247,17 @@ class GrammarBackend:
         max_cache: int = 64,
         num_workers: int = 1,
         whitespace_pattern: str | None = None,
+        enable_jump_forward: bool = True,
+        compile_timeout_s: float | None = None,
     ):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_cache = max_cache
         self.whitespace_pattern = whitespace_pattern
+        self.enable_jump_forward = enable_jump_forward
         self._executor = ThreadPoolExecutor(max_workers=num_workers, thread_name_prefix="grammar-compile")
+        timeout_s = RADIXLM_GRAMMAR_COMPILE_TIMEOUT.get() if compile_timeout_s is None else compile_timeout_s
+        self._index_worker = IndexWorker(timeout_s, GRAMMAR_COMPILE_MAX_MEMORY_BYTES)
         self._key_to_future: OrderedDict[tuple[str, str], Future[CompiledGrammar]] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -236,7 +289,12 @@ class GrammarBackend:
         vocab = get_grammar_vocabulary(self.tokenizer)
         start = time.perf_counter()
         regex = spec_to_regex(kind, normalized, self.whitespace_pattern)
-        index = _build_index(kind, regex, vocab)
+        index = _build_index(kind, regex, vocab, self._index_worker)
+        jump_forward = None
+        if self.enable_jump_forward:
+            # in-process, and only after the bounded token index: the same regex's DFA, walked
+            # with 256 one-byte tokens instead of the whole vocabulary, so it costs less
+            jump_forward = JumpForward(regex, self._encode_plain, vocab.id_to_bytes)
         return CompiledGrammar(
             kind,
             regex,
@@ -245,8 +303,15 @@ class GrammarBackend:
             self.tokenizer.vocab_size,
             self.vocab_size,
             time.perf_counter() - start,
+            jump_forward,
         )
 
+    def _encode_plain(self, text: str) -> list[int]:
+        """Token ids of `text` without the special tokens (BOS) the tokenizer may add."""
+        special_ids = self.tokenizer.all_special_ids
+        return [i for i in self.tokenizer.encode(text) if i not in special_ids]
+
     def shutdown(self) -> None:
-        """Stops the workers; queued compiles are cancelled, a running one finishes in the background."""
+        """Stops the workers; queued compiles are cancelled, a running one fails (its builder is killed)."""
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self._index_worker.close()

@@ -94,6 +94,8 @@ class Metrics:
             metric("radixlm_kv_pool_usage", "gauge", "Share of the KV pool in use", used / max(1, pool["total_tokens"]))
             metric("radixlm_cache_hit_rate", "gauge", "Prefix cache hit rate (tokens)", cache["hit_rate"])
             metric("radixlm_cached_tokens", "gauge", "Tokens held by the prefix cache", cache["cached_tokens"])
+            metric("radixlm_evicted_tokens_total", "counter", "Cached tokens evicted to make room", cache["evicted_tokens"])
+            metric("radixlm_retractions_total", "counter", "Decoding requests retracted (KV pool full)", info["num_retractions"])
         lines += self.ttft.render("radixlm_time_to_first_token_seconds", "Time to first token")
         lines += self.itl.render("radixlm_inter_token_latency_seconds", "Time between output tokens")
         return "\n".join(lines) + "\n"

@@ -82,7 +82,7 @@ class SchedulerServer:
         req = out.req
         return io.ReqOutput(
             rid=req.rid,
-            new_token_ids=() if out.token_id is None else (out.token_id,),
+            new_token_ids=out.token_ids,
             finish_reason=None if req.finish_reason is None else req.finish_reason.to_dict(),
             prompt_tokens=len(req.input_ids),
             completion_tokens=len(req.output_ids),

@@ -5,7 +5,9 @@
   detokenizer    incremental detokenization                       (run_detokenizer_process)
 joined by zmq over ipc:// sockets in a private temp directory. A watchdog fails every request
 with 503 and stops the server (exit code 1) if a child dies; SIGINT/SIGTERM shut down cleanly
-(children stopped, sockets and the temp directory removed, exit code 0).
+(children stopped, sockets and the temp directory removed, exit code 0). Either way, requests
+still in flight get SHUTDOWN_GRACE_S to finish; then they are cancelled and their connections
+dropped, so a client that never reads its stream cannot keep the server alive.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from radixlm.runtime.server_args import ServerArgs, add_cli_args, from_cli_args
 logger = logging.getLogger("radixlm.serve")
 CHILD_START_TIMEOUT = 600.0
 WATCHDOG_INTERVAL = 0.2
+SHUTDOWN_GRACE_S = 10.0
 
 
 def _wait_ready(name: str, proc: BaseProcess, conn: Connection) -> dict[str, Any]:
@@ -97,7 +100,8 @@ def _serve_http(args: ServerArgs, paths: Any, children: dict[str, BaseProcess], 
         tm.start()
         app = create_app(tm, args.api_key, enable_metrics=args.enable_metrics, tool_call_parser=args.tool_call_parser)
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level.lower(),
-                                access_log=args.log_level.lower() == "debug", lifespan="off")
+                                access_log=args.log_level.lower() == "debug", lifespan="off",
+                                timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
         server = uvicorn.Server(config)
 
         async def watchdog() -> None:

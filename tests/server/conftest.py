@@ -37,9 +37,10 @@ class ServerHandle:
         return self.proc.wait(timeout=timeout)
 
 
-def start_server(model_path: Path | None, log_path: Path, *extra: str, timeout: float = 240) -> ServerHandle:
-    """Start `python -m radixlm.runtime.serve` and wait until /health answers."""
-    port = free_port()
+def start_server(model_path: Path | None, log_path: Path, *extra: str, timeout: float = 240,
+                 port: int | None = None) -> ServerHandle:
+    """Start `python -m radixlm.runtime.serve` (on a free port unless given) and wait until /health answers."""
+    port = port or free_port()
     cmd = [sys.executable, "-m", "radixlm.runtime.serve", "--port", str(port), *extra]
     if model_path is not None:
         cmd += ["--model-path", str(model_path)]

@@ -11,7 +11,8 @@ that violates the schema. Before calling it we:
 - refuse what it must never be asked: a `$ref` that is not local (`#/...`; nothing is ever fetched
   or read from a file), and schemas over the size bounds of `limits` (text, nesting, and the
   estimated size of the regex, see `schema_size`), before the regex is built.
-Finally Unicode `\\d` (in date/time formats) becomes ASCII `[0-9]`.
+Finally Unicode `\\d` (in date/time formats) becomes ASCII `[0-9]`, and the `time` format's
+fraction of a second gets the literal dot outlines-core meant.
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ _BOUND_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 _SCHEMA_MAP_KEYS = ("properties", "$defs", "definitions")
 _SCHEMA_KEYS = ("additionalProperties", "items", "not", "if", "then", "else", "additionalItems")
 _SCHEMA_LIST_KEYS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
+# outlines-core's `time` format spells the fraction of a second `(\\.[0-9]+)?`: a backslash, then
+# any character, so its JSON could hold an invalid escape such as `"07:39:34\\*7"`
+_TIME_FRACTION_AS_OUTLINES_SPELLS_IT = r':([0-5][0-9])(\\.[0-9]+)?(Z)?"'
+_TIME_FRACTION = r':([0-5][0-9])(\.[0-9]+)?(Z)?"'
 
 
 def parse_schema(spec: object) -> dict[str, Any]:
@@ -91,6 +96,7 @@ def schema_to_regex(schema: dict[str, Any], whitespace_pattern: str | None = Non
         regex = build_regex_from_schema(json.dumps(lowered), whitespace_pattern)
     except (ValueError, TypeError) as e:
         raise GrammarError(f"unsupported JSON schema: {str(e).splitlines()[0]}") from None
+    regex = regex.replace(_TIME_FRACTION_AS_OUTLINES_SPELLS_IT, _TIME_FRACTION)
     for name, sub_regex in placeholders.items():
         regex = regex.replace(json.dumps(name), f"(?:{sub_regex})")
     check_regex_size(regex, "the regex of this json_schema", max_chars=MAX_SCHEMA_REGEX_CHARS)

@@ -27,6 +27,7 @@ from radixlm.bench.workloads import W4_SCHEMA
 from radixlm.runtime.constrained import CompiledGrammar, GrammarBackend, GrammarError, validate
 from radixlm.runtime.constrained.numeric_regex import bounded_number_regex, integer_range_regex
 from radixlm.runtime.constrained.regex_syntax import rewrite_regex
+from radixlm.runtime.constrained.spec import normalize_spec, spec_to_regex
 from radixlm.runtime.constrained.vocabulary import byte_fallback_token_bytes, get_grammar_vocabulary
 from radixlm.runtime.tokenizer import Tokenizer
 
@@ -374,6 +375,14 @@ def test_rewrite_regex() -> None:
     for bad in ('a"@b x', "a@b\n x", "a\\@b x"):
         assert not re.fullmatch(json_safe, bad)
     assert re.fullmatch(json_safe, "a@b x")
+
+
+def test_time_format_fraction_is_a_literal_dot() -> None:
+    """outlines-core's `time` regex let a backslash and any character stand for the dot (found by
+    the engine test running every schema at temperature 1.0: `"07:39:34\\*7"`, invalid JSON)."""
+    regex = spec_to_regex("json_schema", normalize_spec("json_schema", {"type": "string", "format": "time"}))
+    assert re.fullmatch(regex, '"07:39:34.25Z"') and re.fullmatch(regex, '"23:59:00"')
+    assert not re.fullmatch(regex, '"07:39:34\\*7"')
 
 
 # ---------------------------------------------------------------- random walks

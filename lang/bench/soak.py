@@ -24,6 +24,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import httpx
 
@@ -260,7 +261,8 @@ async def wait_idle_and_flush(client: httpx.AsyncClient, url: str, timeout: floa
 
 @dataclass
 class SoakReport:
-    seconds: float
+    load_seconds: float  # new requests were sent for this long
+    seconds: float  # until the last one ended
     kinds: Counter[str]  # outcome kind -> count
     rss_mb: list[tuple[float, float]]  # (seconds since start, server tree RSS in MiB)
     info: dict[str, Any]  # /get_server_info after the run, cache flushed
@@ -270,7 +272,8 @@ class SoakReport:
         errors = {kind: n for kind, n in self.kinds.items() if kind not in ("ok", "aborted", "disconnected")}
         pool, cache = self.info["kv_pool"], self.info["radix_cache"]
         lines = [
-            f"duration: {self.seconds:.0f} s; requests: {sum(self.kinds.values())} "
+            f"duration: {self.seconds:.0f} s ({self.load_seconds:.0f} s of new requests, then the last ones "
+            f"finishing); requests: {sum(self.kinds.values())} "
             f"({served} served: {self.kinds['ok']} completed, {self.kinds['aborted']} aborted, "
             f"{self.kinds['disconnected']} disconnected)",
             f"errors: {sum(errors.values())} {dict(sorted(errors.items())) or ''}".rstrip(),
@@ -286,7 +289,7 @@ class SoakReport:
 
 
 async def soak(url: str, seconds: float, concurrency: int, seed: int, max_new_tokens: int,
-               rss_interval: float = 10.0, request_timeout: float = 300.0) -> SoakReport:
+               request_timeout: float = 600.0) -> SoakReport:
     shapes = request_shapes(60, seed, max_new_tokens)
     # short prompts, long sampled outputs: they outgrow admission's estimate and force retraction
     shapes += [LoadRequest("generate", {"text": f"Story {i}:", "sampling_params": {
@@ -294,11 +297,13 @@ async def soak(url: str, seconds: float, concurrency: int, seed: int, max_new_to
         for i in range(4)]
     kinds: Counter[str] = Counter()
     rss_mb: list[tuple[float, float]] = []
+    rss_interval = max(10.0, seconds / 30)  # about 30 samples
     start = time.monotonic()
     deadline = start + seconds
     limits = httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8)
     async with httpx.AsyncClient(timeout=request_timeout, limits=limits) as client:
-        root = server_root_pid((await client.get(url + "/get_server_info")).json())
+        info = (await client.get(url + "/get_server_info")).json()
+        root = server_root_pid(info) if urlparse(url).hostname in ("127.0.0.1", "localhost", "::1") else None
 
         async def sample_rss() -> None:
             while root is not None:
@@ -326,7 +331,7 @@ async def soak(url: str, seconds: float, concurrency: int, seed: int, max_new_to
         if root is not None:
             rss_mb.append((time.monotonic() - start, process_tree_rss(root) / 2**20))
         sampler.cancel()
-    return SoakReport(elapsed, kinds, rss_mb, info)
+    return SoakReport(seconds, elapsed, kinds, rss_mb, info)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -337,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=16, help="concurrent clients")
     parser.add_argument("--max-new-tokens", type=int, default=48, help="longest output of a request")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--request-timeout", type=float, default=600.0,
+                        help="seconds a request may take before it counts as a timeout error")
     parser.add_argument("--server-args", default="--max-total-tokens 1024",
                         help="flags for the server this script starts (ignored with --url)")
     args = parser.parse_args(argv)
@@ -347,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
 
         proc, url = start_server(args.server_args.split())
     try:
-        report = asyncio.run(soak(url, args.minutes * 60, args.concurrency, args.seed, args.max_new_tokens))
+        report = asyncio.run(soak(url, args.minutes * 60, args.concurrency, args.seed, args.max_new_tokens,
+                                  request_timeout=args.request_timeout))
     finally:
         if proc is not None:
             proc.terminate()

@@ -15,7 +15,7 @@ import threading
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
-from radixlm.runtime.constrained.grammar import GrammarBackend
+from radixlm.runtime.constrained.grammar import NUM_GRAMMAR_COMPILE_WORKERS, GrammarBackend
 from radixlm.runtime.detokenizer import IncrementalDecoder
 from radixlm.runtime.model_config import ModelConfig
 from radixlm.runtime.model_runner import ModelRunner, RunnerConfig
@@ -40,9 +40,8 @@ class Engine:
         runner_cfg = RunnerConfig.from_server_args(args, self.model_config)
         self.runner = ModelRunner(self.model_config, runner_cfg, load_state_dict(model_dir))
         self.context_len = runner_cfg.context_len
-        # two compile workers: a slow grammar (a big schema) leaves one for everyone else's
         self.grammar_backend = GrammarBackend(
-            self.tokenizer, self.model_config.vocab_size, num_workers=2,
+            self.tokenizer, self.model_config.vocab_size, num_workers=NUM_GRAMMAR_COMPILE_WORKERS,
             enable_jump_forward=not args.disable_jump_forward,
         )
         self.scheduler = Scheduler(

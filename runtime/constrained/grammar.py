@@ -8,9 +8,10 @@ forces next, and `fill_vocab_masks` the masks of the positions along them.
 
 Bounded compiles: the token index is built in a child process (`index_worker`) that is killed
 past RADIXLM_GRAMMAR_COMPILE_TIMEOUT, so a pathological grammar fails with a GrammarError instead
-of holding a core and memory indefinitely.
+of holding a core and memory indefinitely. Up to `num_workers` grammars compile at once, each in
+its own thread and child, so a slow compile delays no other grammar while a worker is free.
 
-Thread-safety: outlines-core releases the GIL while it builds an index, so a slow compile never
+Thread-safety: a compile thread waits on its child's pipe (no GIL held), so a slow compile never
 stalls the scheduler thread. A `CompiledGrammar` is immutable apart from a memo dict and may be
 shared by many `Grammar`s; each `Grammar` must be used by one thread at a time.
 """
@@ -47,6 +48,11 @@ if TYPE_CHECKING:
 __all__ = ["CompiledGrammar", "Grammar", "GrammarBackend", "GrammarError", "validate"]
 
 MAX_JUMP_FORWARD_TOKENS = 16  # longest draft per step; also the guide's rollback depth
+# Grammars compiled at once (worker threads = index-building children): with 2, one slow grammar
+# (a big schema, up to the compile deadline) leaves a worker for everyone else's new grammars.
+# Not more: each child holds its own copy of the vocabulary and may use up to
+# GRAMMAR_COMPILE_MAX_MEMORY_BYTES, and each build keeps a core busy.
+NUM_GRAMMAR_COMPILE_WORKERS = 2
 
 
 class CompiledGrammar:
@@ -236,8 +242,9 @@ class GrammarBackend:
 
     `vocab_size` is the model's logits width (may exceed the tokenizer's length). With
     `enable_jump_forward`, compiled grammars also carry their `JumpForward` (a few ms more).
-    Token indexes are built in a child process (`IndexWorker`) that is killed when a build runs
-    past `compile_timeout_s` (default: RADIXLM_GRAMMAR_COMPILE_TIMEOUT, see `limits`).
+    Token indexes are built in child processes (`IndexWorker`, one per worker thread) and a build
+    that runs past `compile_timeout_s` (default: RADIXLM_GRAMMAR_COMPILE_TIMEOUT, see `limits`)
+    is killed; `num_workers` grammars compile at once.
     """
 
     def __init__(
@@ -245,7 +252,7 @@ class GrammarBackend:
         tokenizer: Tokenizer,
         vocab_size: int,
         max_cache: int = 64,
-        num_workers: int = 1,
+        num_workers: int = NUM_GRAMMAR_COMPILE_WORKERS,
         whitespace_pattern: str | None = None,
         enable_jump_forward: bool = True,
         compile_timeout_s: float | None = None,
@@ -257,7 +264,8 @@ class GrammarBackend:
         self.enable_jump_forward = enable_jump_forward
         self._executor = ThreadPoolExecutor(max_workers=num_workers, thread_name_prefix="grammar-compile")
         timeout_s = RADIXLM_GRAMMAR_COMPILE_TIMEOUT.get() if compile_timeout_s is None else compile_timeout_s
-        self._index_worker = IndexWorker(timeout_s, GRAMMAR_COMPILE_MAX_MEMORY_BYTES)
+        # as many builders as threads: a compile never waits for another's child
+        self._index_worker = IndexWorker(timeout_s, GRAMMAR_COMPILE_MAX_MEMORY_BYTES, max_builders=num_workers)
         self._key_to_future: OrderedDict[tuple[str, str], Future[CompiledGrammar]] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -312,6 +320,6 @@ class GrammarBackend:
         return [i for i in self.tokenizer.encode(text) if i not in special_ids]
 
     def shutdown(self) -> None:
-        """Stops the workers; queued compiles are cancelled, a running one fails (its builder is killed)."""
+        """Stops the workers; queued compiles are cancelled, running ones fail (their builders are killed)."""
         self._executor.shutdown(wait=False, cancel_futures=True)
         self._index_worker.close()

@@ -1,14 +1,17 @@
-"""Token indexes built in a child process, so that a build that runs too long or too big is killed.
+"""Token indexes built in child processes, so that a build that runs too long or too big is killed.
 
 outlines-core determinizes a regex and walks every token through the DFA in Rust, with nothing we
 could interrupt: a pathological regex (`(a|b)*a(a|b){25}` has 2**25 DFA states) would otherwise
 keep a core and gigabytes busy for as long as it likes, in the scheduler process. `IndexWorker.build`
-sends the regex to a long-lived child (this file run as a script: it imports only outlines-core),
-waits at most `timeout_s`, and kills the child when the deadline passes; the next build starts a
-fresh one. The child's address space is capped (a build that needs more fails instead of pushing
-the machine into the OOM killer), and it dies with the thread that started it.
+sends the regex to a child (this file run as a script: it imports only outlines-core), waits at
+most `timeout_s`, and kills the child when the deadline passes. Up to `max_builders` builds run at
+once, each in its own child, so a slow build holds up no other: children start when first needed,
+receive the vocabulary once, serve one build at a time and are reused; a killed one is replaced
+by the next build that needs it. Each child's address space is capped (a build that needs more
+fails instead of pushing the machine into the OOM killer), and it dies with the thread that
+started it.
 
-Protocol on the child's stdin / stdout: length-prefixed pickles. First the Vocabulary, then one
+Protocol on a child's stdin / stdout: length-prefixed pickles. First the Vocabulary, then one
 regex per build; each answer is ("ok", Index) or ("error", message). Indexes pickle compactly: the
 free-form JSON index (1,600 states) is ~20 MB and ~0.4 s each way; typical ones are far smaller.
 
@@ -26,6 +29,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import outlines_core
@@ -33,83 +37,128 @@ import outlines_core
 _HEADER = struct.Struct("<Q")
 
 
-class IndexWorker:
-    """Builds outlines-core indexes in a child process with a deadline and a memory cap.
+@dataclass(eq=False)
+class _Builder:
+    """One child process and the vocabulary it was sent (compared by identity)."""
 
-    Thread-safe: builds are serialized (one child, one build at a time); the deadline counts from
-    the moment a build starts, not from when it queued.
+    proc: subprocess.Popen[bytes]
+    vocabulary: outlines_core.Vocabulary
+
+
+class IndexWorker:
+    """Builds outlines-core indexes in child processes, each build with a deadline and a memory cap.
+
+    Thread-safe: up to `max_builders` builds run at once, each in a child of its own; further
+    callers wait for a free builder. The deadline counts from the moment a build starts, not from
+    when it queued, and a build past it kills only its own child. Every child holds a copy of the
+    vocabulary and may use up to `max_memory_bytes`, so `max_builders` bounds both.
     """
 
-    def __init__(self, timeout_s: float, max_memory_bytes: int):
+    def __init__(self, timeout_s: float, max_memory_bytes: int, max_builders: int = 1):
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        if max_builders < 1:
+            raise ValueError(f"max_builders must be >= 1, got {max_builders}")
         self.timeout_s = timeout_s
         self.max_memory_bytes = max_memory_bytes
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._vocabulary: outlines_core.Vocabulary | None = None
-        self._lock = threading.Lock()
+        self.max_builders = max_builders
+        self._free_slots = threading.BoundedSemaphore(max_builders)
+        # Each child we own is idle or busy (held by one build), never both; every build holds a
+        # slot, so len(_idle) + len(_busy) <= max_builders. close() empties both.
+        self._idle: list[_Builder] = []
+        self._busy: set[_Builder] = set()
+        self._lock = threading.Lock()  # guards _idle and _busy
 
     def build(self, regex: str, vocabulary: outlines_core.Vocabulary) -> outlines_core.Index:
-        """`outlines_core.Index(regex, vocabulary)`, built in the child.
+        """`outlines_core.Index(regex, vocabulary)`, built in a child.
 
         Raises ValueError with outlines-core's message if it rejects the regex, or with a message
         saying so if the build ran past the deadline or the child died (out of memory, crashed).
         """
-        with self._lock:
-            proc = self._ensure_started(vocabulary)
+        with self._free_slots:
+            builder = self._acquire(vocabulary)
             deadline = time.monotonic() + self.timeout_s
             try:
-                _send(proc.stdin, regex)
-                status, payload = _receive(proc.stdout, deadline)
+                _send(builder.proc.stdin, regex)
+                status, payload = _receive(builder.proc.stdout, deadline)
             except TimeoutError:
-                self._stop()
+                self._discard(builder)
                 raise ValueError(
                     f"building its token index took longer than {self.timeout_s:g} s, the limit "
                     "(the regex is too complex: too many states)"
                 ) from None
             except (EOFError, OSError, pickle.UnpicklingError):
-                code = self._stop()
+                code = self._discard(builder)
                 raise ValueError(
                     f"the process building its token index died ({_describe_exit(code)}); "
                     "the regex is likely too large"
                 ) from None
+            self._release(builder)
         if status != "ok":
             raise ValueError(str(payload))
         return payload
 
     def close(self) -> None:
-        """Kills the child (a build in progress then fails). The worker can be used again."""
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            _kill(proc)
+        """Kills the children (builds in progress then fail). The worker can be used again."""
+        with self._lock:
+            idle, busy = self._idle, list(self._busy)
+            self._idle, self._busy = [], set()
+        for builder in idle:
+            _kill(builder.proc)
+        for builder in busy:  # its build sees EOF, then closes the pipes and reaps the child
+            if builder.proc.poll() is None:
+                builder.proc.kill()
 
     @property
-    def pid(self) -> int | None:
-        """The child's pid while one runs (for tests)."""
-        return None if self._proc is None or self._proc.poll() is not None else self._proc.pid
+    def pids(self) -> list[int]:
+        """The pids of the children that run now, idle or building (for tests)."""
+        with self._lock:
+            builders = [*self._idle, *self._busy]
+        return sorted(b.proc.pid for b in builders if b.proc.poll() is None)
 
-    def _ensure_started(self, vocabulary: outlines_core.Vocabulary) -> subprocess.Popen[bytes]:
-        proc = self._proc
-        if proc is not None and proc.poll() is None and self._vocabulary is vocabulary:
-            return proc
-        self._stop()
-        proc = subprocess.Popen(
+    def _acquire(self, vocabulary: outlines_core.Vocabulary) -> _Builder:
+        """An idle child that has `vocabulary`, else a new one (the caller holds a free slot)."""
+        with self._lock:
+            is_usable = [b.vocabulary is vocabulary and b.proc.poll() is None for b in self._idle]
+            stale = [b for b, ok in zip(self._idle, is_usable) if not ok]
+            self._idle = [b for b, ok in zip(self._idle, is_usable) if ok]
+            reused = self._idle.pop() if self._idle else None
+            # started under the lock, so that close() never misses a child
+            builder = reused or _Builder(self._spawn(), vocabulary)
+            self._busy.add(builder)
+        for old in stale:
+            _kill(old.proc)
+        if reused is None:
+            try:
+                _send(builder.proc.stdin, vocabulary)
+            except OSError:
+                self._discard(builder)
+                raise ValueError("could not start the process that builds token indexes") from None
+        return builder
+
+    def _release(self, builder: _Builder) -> None:
+        """Back to the idle children after a build it answered, unless close() dropped it meanwhile."""
+        with self._lock:
+            is_kept = builder in self._busy
+            if is_kept:
+                self._busy.remove(builder)
+                self._idle.append(builder)
+        if not is_kept:
+            _kill(builder.proc)
+
+    def _discard(self, builder: _Builder) -> int | None:
+        """Kills the child of a failed build; its exit code."""
+        with self._lock:
+            self._busy.discard(builder)
+        return _kill(builder.proc)
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
             [sys.executable, "-I", os.path.abspath(__file__), str(self.max_memory_bytes), str(os.getpid())],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             close_fds=True,
         )
-        try:
-            _send(proc.stdin, vocabulary)
-        except OSError:
-            _kill(proc)
-            raise ValueError("could not start the process that builds token indexes") from None
-        self._proc, self._vocabulary = proc, vocabulary
-        return proc
-
-    def _stop(self) -> int | None:
-        proc, self._proc = self._proc, None
-        return None if proc is None else _kill(proc)
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> int | None:

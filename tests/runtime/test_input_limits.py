@@ -8,6 +8,7 @@ import json
 import os
 import stat
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import outlines_core
@@ -146,8 +147,7 @@ def test_index_worker_kills_a_build_past_its_deadline() -> None:
     worker = IndexWorker(timeout_s=2.0, max_memory_bytes=2 * 1024**3)
     try:
         assert len(worker.build("[0-9]{3}", BYTE_VOCABULARY).get_transitions()) == 4
-        child = worker.pid
-        assert child is not None
+        [child] = worker.pids
         start = time.monotonic()
         with pytest.raises(ValueError, match="longer than 2 s"):
             worker.build(EXPLOSIVE_REGEX, BYTE_VOCABULARY)
@@ -159,7 +159,29 @@ def test_index_worker_kills_a_build_past_its_deadline() -> None:
         assert outlines_core.Guide(index).get_tokens()
     finally:
         worker.close()
-    assert worker.pid is None
+    assert worker.pids == []
+
+
+def test_index_worker_builds_in_parallel_and_a_slow_build_fails_alone() -> None:
+    worker = IndexWorker(timeout_s=4.0, max_memory_bytes=2 * 1024**3, max_builders=2)
+    try:
+        with ThreadPoolExecutor(2) as pool:  # kept alive: children die with the thread that started them
+            slow = pool.submit(worker.build, EXPLOSIVE_REGEX, BYTE_VOCABULARY)
+            time.sleep(0.3)  # the slow build has started
+            fast = pool.submit(worker.build, "[0-9]{3}", BYTE_VOCABULARY)
+            assert len(fast.result(timeout=60).get_transitions()) == 4
+            assert not slow.done(), "the fast build waited for the slow one"
+            assert len(worker.pids) == 2
+            with pytest.raises(ValueError, match="longer than 4 s"):
+                slow.result(timeout=60)
+            assert len(worker.pids) == 1  # only the slow build's child was killed
+            [survivor] = worker.pids
+            index = pool.submit(worker.build, "[a-c]{2}", BYTE_VOCABULARY).result(timeout=60)
+            assert outlines_core.Guide(index).get_tokens()
+            assert worker.pids == [survivor]  # reused, not restarted
+    finally:
+        worker.close()
+    assert worker.pids == []
 
 
 def test_index_worker_memory_cap_fails_the_build_not_the_machine() -> None:

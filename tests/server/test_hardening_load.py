@@ -18,6 +18,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import signal
 import socket
 import time
@@ -162,11 +163,18 @@ async def others_during_compile(url: str) -> None:
             "json_schema": json.dumps(big_schema(36)), "max_new_tokens": 1, "temperature": 0}})
         big_task = asyncio.ensure_future(timed(client, url, big))
         await asyncio.sleep(0.3)  # the big compile has started
-        # (a new grammar would queue behind the big one: indexes are built one at a time, in one
-        # child process; cached grammars and free requests must not wait)
+        # a grammar never compiled before gets the other compile worker; cached grammars and free
+        # requests need none
+        new_regex = f"id-{uuid.uuid4().hex[:4]}-[0-9]{{2}}"
+        new = LoadRequest("generate", {"text": "id:", "sampling_params": {
+            "temperature": 0, "max_new_tokens": 32, "regex": new_regex}})
         free = [LoadRequest("generate", {"text": f"free {i}", "sampling_params": greedy}) for i in range(4)]
-        others = await asyncio.gather(*(timed(client, url, r) for r in [cached, *free]))
+        start = time.monotonic()
+        others = await asyncio.gather(*(timed(client, url, r) for r in [new, cached, *free]))
         assert all(o.kind == "ok" for o, _ in others), others
+        new_outcome, new_done = others[0]
+        assert new_outcome.finish_reasons == ["stop"] and re.fullmatch(new_regex, new_outcome.texts[0]), new_outcome
+        assert new_done - start < 20, f"the new grammar took {new_done - start:.1f} s: it waited for the big one"
         assert not big_task.done(), "the big grammar compiled before the others finished: make it bigger"
         big_outcome, _ = await big_task
         assert big_outcome.kind == "ok", big_outcome

@@ -1,5 +1,6 @@
-"""A C++ CPU kernel for the linear layers of decode steps: weights packed in 64-column panels
-(float32 or bfloat16, see csrc/packed_linear.cpp), read once per step for up to 4 rows.
+"""C++ CPU kernels for decode steps: linear layers over weights packed in 64-column panels
+(float32 or bfloat16, csrc/packed_gemm.h), read once per step for up to 4 rows, and DecodeStack
+(csrc/decode_stack.h), every decoder layer of a decode step in one call.
 
 Built on first use with torch's C++ extension tooling (gcc, ninja from the `ninja` wheel) into
 the radixlm cache, keyed by the source and torch version, under a file lock so concurrent
@@ -21,7 +22,9 @@ import torch
 logger = logging.getLogger(__name__)
 
 PANEL = 64
-SOURCE = Path(__file__).parent / "csrc" / "packed_linear.cpp"
+CSRC = Path(__file__).parent / "csrc"
+SOURCES = [CSRC / "packed_linear.cpp", CSRC / "decode_stack.cpp"]
+HEADERS = [CSRC / "packed_gemm.h", CSRC / "decode_stack.h"]
 _state: dict[str, ModuleType | None] = {}
 
 
@@ -48,9 +51,10 @@ def _build() -> ModuleType | None:
 
     from radixlm.runtime.model_files import cache_dir
 
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + torch.__version__.encode()).hexdigest()[:16]
-    build_dir = cache_dir() / "extensions" / f"packed_linear-{key}"
+    digest = hashlib.sha256(torch.__version__.encode())
+    for path in SOURCES + HEADERS:
+        digest.update(path.read_bytes())
+    build_dir = cache_dir() / "extensions" / f"cpu_kernels-{digest.hexdigest()[:16]}"
     build_dir.mkdir(parents=True, exist_ok=True)
     try:
         import ninja  # the wheel's binary; the venv's bin/ is not necessarily on PATH
@@ -62,8 +66,8 @@ def _build() -> ModuleType | None:
         with open(build_dir / ".lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             return load_extension(
-                name="radixlm_packed_linear",
-                sources=[str(SOURCE)],
+                name="radixlm_cpu_kernels",
+                sources=[str(path) for path in SOURCES],
                 build_directory=str(build_dir),
                 extra_cflags=["-O3", "-mavx512f", "-mavx512bw", "-fopenmp"],
                 extra_ldflags=["-fopenmp"],

@@ -28,7 +28,7 @@ class RunnerConfig:
     max_running_requests: int
     context_len: int
     device: str = "cpu"
-    cpu_kernels: bool = True  # the packed C++ linear kernel for bfloat16 decode (kernels/cpu_linear.py)
+    cpu_kernels: bool = True  # the C++ decode kernels on CPU with torch attention (kernels/cpu_linear.py)
 
     @classmethod
     def from_server_args(cls, args: ServerArgs, model_cfg: ModelConfig) -> RunnerConfig:
@@ -60,9 +60,6 @@ class ModelRunner:
         model.rotary = type(model.rotary)(model_cfg.head_dim, model_cfg.context_len, model_cfg.rope)
         model.load_weights(state_dict)
         self.model = model.to(runner_cfg.dtype).eval()
-        self.packed_linears = runner_cfg.cpu_kernels and runner_cfg.device == "cpu" and runner_cfg.dtype == torch.bfloat16
-        if self.packed_linears:
-            self.packed_linears = self.model.use_packed_linears()
         self.kv_pool = KVPool(
             runner_cfg.max_total_tokens,
             model_cfg.num_layers,
@@ -74,6 +71,11 @@ class ModelRunner:
         self.req_to_token_pool = ReqToTokenPool(
             runner_cfg.max_running_requests, runner_cfg.context_len, runner_cfg.device
         )
+        # the C++ decode path writes K/V and attends itself, in the torch backend's slot layout
+        self.cpu_kernels = (
+            runner_cfg.cpu_kernels and runner_cfg.device == "cpu" and runner_cfg.attention_backend == "torch"
+            and self.model.use_cpu_kernels(self.kv_pool.k_buffer, self.kv_pool.v_buffer)
+        )
         self.attn_backend = create_attention_backend(
             runner_cfg.attention_backend, self.kv_pool, self.req_to_token_pool, model_cfg.head_dim**-0.5
         )
@@ -82,7 +84,7 @@ class ModelRunner:
             time.perf_counter() - start,
             model_cfg.architecture,
             runner_cfg.dtype,
-            " (packed CPU linear kernel for decode)" if self.packed_linears else "",
+            " (C++ CPU decode kernels)" if self.cpu_kernels else "",
             runner_cfg.max_total_tokens,
         )
 

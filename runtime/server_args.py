@@ -110,7 +110,7 @@ HELP = {
     "served_model_name": "model id reported by /v1/models and accepted in requests",
     "tool_call_parser": "how tool calls are read from output under tool_choice auto: hermes (<tool_call> blocks, also Qwen), json (a bare JSON call), auto (both)",
     "enable_metrics": "serve Prometheus metrics at /metrics",
-    "disable_cpu_kernels": "keep torch's matmul for bfloat16 decode instead of the packed C++ AVX-512 kernel",
+    "disable_cpu_kernels": "run decode steps as torch ops instead of the C++ AVX-512 kernels (DecodeStack, packed linear)",
 }
 
 

@@ -1,5 +1,6 @@
 """Suite-wide setup. Triton runs in its interpreter on CPU tensors (no GPU here): the variable
-must be set before anything imports triton."""
+must be set before anything imports triton; likewise radixlm.runtime's OpenMP wait policy before
+anything imports torch."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
+
+import radixlm.runtime  # noqa: E402,F401  (sets OMP_WAIT_POLICY before anything loads torch)
 
 
 @pytest.fixture(scope="session")

@@ -1,91 +1,20 @@
-// y = x @ W (+ bias) (+ residual) for a few rows of x against weights packed in 64-column
-// panels, W[k, 64*b + j] = packed[b][k][j], stored as float32 or bfloat16 (bf16 widened to fp32
-// in registers; accumulation in fp32). Each panel is one contiguous stream the CPU prefetches,
-// read once for up to 4 rows of x; the panels are split across threads. Decode steps of a small
-// model are bound by reading the weights, so halving their bytes (bf16) nearly halves the time,
-// and no bf16 arithmetic is needed (this CPU has AVX-512 but no AVX512-BF16).
+// The Python entry points of the extension: packed_linear (one linear layer through the packed
+// GEMM of packed_gemm.h) and DecodeStack (decode_stack.h: every decoder layer of a decode step).
 #include <torch/extension.h>
-#include <ATen/Parallel.h>
-#include <immintrin.h>
 
-#include <algorithm>
-#include <cstdint>
-
-namespace {
-
-constexpr int64_t kPanel = 64;
-constexpr int64_t kRowsPerPass = 4;
-
-template <bool kBf16>
-inline __m512 load16(const void* base, int64_t index) {
-  if constexpr (kBf16) {
-    const auto* p = static_cast<const uint16_t*>(base) + index;
-    __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
-  } else {
-    return _mm512_loadu_ps(static_cast<const float*>(base) + index);
-  }
-}
-
-template <int kRows, bool kBf16>
-void panel(const float* x, int64_t K, const void* w, int64_t w_offset, float* out, int64_t ld_out,
-           const float* residual, int64_t ld_res, const float* bias) {
-  __m512 acc[kRows][4];
-  for (int r = 0; r < kRows; ++r) {
-    for (int v = 0; v < 4; ++v) {
-      __m512 a = residual ? _mm512_loadu_ps(residual + r * ld_res + v * 16) : _mm512_setzero_ps();
-      acc[r][v] = bias ? _mm512_add_ps(a, _mm512_loadu_ps(bias + v * 16)) : a;
-    }
-  }
-  for (int64_t k = 0; k < K; ++k) {
-    const int64_t at = w_offset + k * kPanel;
-    const __m512 w0 = load16<kBf16>(w, at), w1 = load16<kBf16>(w, at + 16);
-    const __m512 w2 = load16<kBf16>(w, at + 32), w3 = load16<kBf16>(w, at + 48);
-    for (int r = 0; r < kRows; ++r) {
-      const __m512 xk = _mm512_set1_ps(x[r * K + k]);
-      acc[r][0] = _mm512_fmadd_ps(w0, xk, acc[r][0]);
-      acc[r][1] = _mm512_fmadd_ps(w1, xk, acc[r][1]);
-      acc[r][2] = _mm512_fmadd_ps(w2, xk, acc[r][2]);
-      acc[r][3] = _mm512_fmadd_ps(w3, xk, acc[r][3]);
-    }
-  }
-  for (int r = 0; r < kRows; ++r) {
-    for (int v = 0; v < 4; ++v) _mm512_storeu_ps(out + r * ld_out + v * 16, acc[r][v]);
-  }
-}
-
-template <bool kBf16>
-void run(const float* x, int64_t M, int64_t K, const void* w, int64_t panels, float* out, int64_t ld_out,
-         const float* residual, int64_t ld_res, const float* bias) {
-  at::parallel_for(0, panels, 4, [&](int64_t first, int64_t last) {
-    for (int64_t b = first; b < last; ++b) {
-      const int64_t col = b * kPanel;
-      for (int64_t r0 = 0; r0 < M; r0 += kRowsPerPass) {
-        const float* xr = x + r0 * K;
-        float* o = out + r0 * ld_out + col;
-        const float* res = residual ? residual + r0 * ld_res + col : nullptr;
-        const float* bb = bias ? bias + col : nullptr;
-        switch (std::min(kRowsPerPass, M - r0)) {
-          case 1: panel<1, kBf16>(xr, K, w, b * K * kPanel, o, ld_out, res, ld_res, bb); break;
-          case 2: panel<2, kBf16>(xr, K, w, b * K * kPanel, o, ld_out, res, ld_res, bb); break;
-          case 3: panel<3, kBf16>(xr, K, w, b * K * kPanel, o, ld_out, res, ld_res, bb); break;
-          default: panel<4, kBf16>(xr, K, w, b * K * kPanel, o, ld_out, res, ld_res, bb); break;
-        }
-      }
-    }
-  });
-}
-
-}  // namespace
+#include "decode_stack.h"
+#include "packed_gemm.h"
 
 // x [M, K] float32 contiguous; packed [N/64, K, 64] float32 or bfloat16; residual [M, N] float32
 // with unit column stride, or None; bias [N] float32 or None. Returns [M, N] float32.
 torch::Tensor packed_linear(const torch::Tensor& x, const torch::Tensor& packed,
                             const c10::optional<torch::Tensor>& residual, const c10::optional<torch::Tensor>& bias) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be a contiguous float32 [M, K]");
-  TORCH_CHECK(packed.dim() == 3 && packed.size(1) == x.size(1) && packed.size(2) == kPanel && packed.is_contiguous(),
+  TORCH_CHECK(packed.dim() == 3 && packed.size(1) == x.size(1) && packed.size(2) == radixlm::kPanel && packed.is_contiguous(),
               "packed must be a contiguous [N/64, K, 64] matching x");
-  const int64_t M = x.size(0), K = x.size(1), panels = packed.size(0), N = panels * kPanel;
+  TORCH_CHECK(packed.scalar_type() == at::kBFloat16 || packed.scalar_type() == at::kFloat,
+              "packed must be float32 or bfloat16");
+  const int64_t M = x.size(0), K = x.size(1), panels = packed.size(0), N = panels * radixlm::kPanel;
   const float* res = nullptr;
   int64_t ld_res = 0;
   if (residual.has_value() && residual->defined()) {
@@ -101,15 +30,15 @@ torch::Tensor packed_linear(const torch::Tensor& x, const torch::Tensor& packed,
     b = bias->data_ptr<float>();
   }
   auto out = torch::empty({M, N}, x.options());
-  if (packed.scalar_type() == at::kBFloat16) {
-    run<true>(x.data_ptr<float>(), M, K, packed.data_ptr(), panels, out.data_ptr<float>(), N, res, ld_res, b);
-  } else {
-    TORCH_CHECK(packed.scalar_type() == at::kFloat, "packed must be float32 or bfloat16");
-    run<false>(x.data_ptr<float>(), M, K, packed.data_ptr(), panels, out.data_ptr<float>(), N, res, ld_res, b);
-  }
+  radixlm::packed_gemm(x.data_ptr<float>(), M, K, packed.data_ptr(), packed.scalar_type() == at::kBFloat16, panels,
+                       out.data_ptr<float>(), N, res, ld_res, b);
   return out;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("packed_linear", &packed_linear, "x @ W (+ bias) (+ residual) with W packed in 64-column panels");
+  pybind11::class_<radixlm::DecodeStack>(m, "DecodeStack")
+      .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double>())
+      .def("add_layer", &radixlm::DecodeStack::add_layer)
+      .def("forward", &radixlm::DecodeStack::forward);
 }

@@ -10,8 +10,11 @@ Layout choices made for a lean decode step (few, large ops):
 - The weights of the RMSNorms before qkv_proj, gate_up_proj and lm_head are folded into those
   layers' input rows (norm(x) * w @ W == norm(x) @ (w * W)); the residual adds are the
   accumulators of the o_proj / down_proj GEMMs.
-- In bfloat16 on an AVX-512 CPU, products of up to PACKED_MAX_ROWS rows (decode steps) run in
-  the packed C++ kernel (radixlm.kernels.cpu_linear): bf16 weights, fp32 arithmetic.
+- On an AVX-512 CPU with the torch attention backend (`use_cpu_kernels`), products of up to
+  PACKED_MAX_ROWS rows run in the packed C++ kernel (radixlm.kernels.cpu_linear; the weights'
+  dtype, fp32 arithmetic), and a decode step of up to PACKED_MAX_ROWS requests runs all its
+  decoder layers in one C++ call (DecodeStack: the same math, float32 residual stream), which
+  removes the per-op overhead that dominates a small model's decode step.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from torch import nn
 
 from radixlm.kernels import cpu_linear
 from radixlm.runtime.attention.base import BaseAttentionBackend
-from radixlm.runtime.forward_batch import ForwardBatch
+from radixlm.runtime.forward_batch import ForwardBatch, ForwardMode
 from radixlm.runtime.model_config import ModelConfig
 from radixlm.runtime.models.rotary import RotaryEmbedding
 
@@ -135,24 +138,51 @@ class LlamaForCausalLM(nn.Module):
         # its own transposed copy even when tied: the embedding lookup wants [vocab, hidden] rows
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.context_len, cfg.rope)
+        self.decode_stack: object | None = None  # cpu_linear's DecodeStack once use_cpu_kernels ran
 
     def forward(self, batch: ForwardBatch, attn: BaseAttentionBackend) -> torch.Tensor:
         """Logits `[len(batch.logits_indices), vocab]`, float32."""
+        if self.decode_stack is not None and batch.mode is ForwardMode.DECODE and batch.batch_size <= PACKED_MAX_ROWS:
+            return self._forward_decode_stack(batch, attn)
         residual = self.embed_tokens(batch.input_ids)
         rope = self.rotary.freqs_for(batch.positions)
         for layer in self.layers:
             residual = layer(residual, rope, attn, batch)
         return self.lm_head(self.norm(residual[batch.logits_indices])).float()
 
-    def use_packed_linears(self) -> bool:
-        """Route decode-sized products of every linear layer through the packed C++ kernel; False
-        (nothing changed) where it cannot run here."""
+    def _forward_decode_stack(self, batch: ForwardBatch, attn: BaseAttentionBackend) -> torch.Tensor:
+        hidden = self.embed_tokens(batch.input_ids).float()
+        rope = torch.view_as_real(self.rotary.freqs_for(batch.positions))  # [B, 1, head_dim/2, (cos, sin)]
+        residual = self.decode_stack.forward(  # type: ignore[attr-defined]
+            hidden, rope, batch.out_cache_loc, attn.req_to_token, batch.req_pool_indices, batch.seq_lens
+        )
+        return self.lm_head(self.norm(residual[batch.logits_indices])).float()
+
+    def use_cpu_kernels(self, k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor]) -> bool:
+        """Route decode-sized products of every linear layer through the packed C++ kernel and
+        decode steps through DecodeStack over these KV pool buffers; False (nothing changed)
+        where the kernels cannot run here."""
         ext = cpu_linear.load()
         if ext is None:
             return False
         for module in self.modules():
             if isinstance(module, Linear):
                 module.use_packed(ext)
+        cfg = self.cfg
+        stack = ext.DecodeStack(
+            cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size,
+            cfg.rms_norm_eps, cfg.head_dim**-0.5,
+        )
+        for layer, k_buf, v_buf in zip(self.layers, k_buffers, v_buffers, strict=True):
+            assert isinstance(layer, DecoderLayer)
+            stack.add_layer(
+                layer.qkv_proj.packed, layer.qkv_proj.packed_bias, layer.o_proj.packed, layer.o_proj.packed_bias,
+                layer.gate_up_proj.packed, layer.down_proj.packed,
+                None if layer.q_norm is None else layer.q_norm.weight.detach().float().contiguous(),  # type: ignore[union-attr]
+                None if layer.k_norm is None else layer.k_norm.weight.detach().float().contiguous(),  # type: ignore[union-attr]
+                k_buf, v_buf,
+            )
+        self.decode_stack = stack
         return True
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:

@@ -1,5 +1,6 @@
-"""The packed C++ linear kernel (kernels/csrc/packed_linear.cpp) against torch, and a bfloat16
-engine that uses it against the float32 engine."""
+"""The C++ CPU kernels (kernels/csrc): the packed linear kernel against torch, and bfloat16 models
+running through it and through DecodeStack against the float32 torch path. (The float32 runner
+with these kernels is checked against transformers in tests/runtime/test_model_runner.py.)"""
 
 from __future__ import annotations
 
@@ -56,11 +57,11 @@ def test_bfloat16_engine_decodes_through_the_kernel(ext: Any, tiny_model_dir: Pa
 
     prompt_ids = list(range(100, 112))  # 12 tokens: the prefill, too, takes the kernel's path
     logprobs = {}
-    for name, kwargs in {"fp32": {"dtype": "float32"}, "kernel": {"dtype": "bfloat16"},
+    for name, kwargs in {"fp32": {"dtype": "float32", "disable_cpu_kernels": True}, "kernel": {"dtype": "bfloat16"},
                          "torch": {"dtype": "bfloat16", "disable_cpu_kernels": True}}.items():
         engine = Engine(str(tiny_model_dir), max_total_tokens=512, random_seed=0, **kwargs)
         try:
-            assert engine.runner.packed_linears == (name == "kernel")
+            assert engine.runner.cpu_kernels == (name == "kernel")
             out = engine.generate(input_ids=prompt_ids, sampling_params={"max_new_tokens": 0},
                                   return_logprob=True, logprob_start_len=0)
             logprobs[name] = torch.tensor([lp for lp, _ in out["meta_info"]["input_token_logprobs"][1:]])
@@ -70,3 +71,47 @@ def test_bfloat16_engine_decodes_through_the_kernel(ext: Any, tiny_model_dir: Pa
     torch_err = (logprobs["torch"] - logprobs["fp32"]).abs().max().item()
     assert kernel_err < 0.05, kernel_err
     assert kernel_err <= torch_err * 1.5 + 1e-3  # fp32 arithmetic on bf16 weights: no worse than bf16 torch
+
+
+def test_bfloat16_decode_stack_against_float32(ext: Any, tmp_path: Path) -> None:
+    """Teacher-forced decode steps (batched, different lengths) of a bfloat16 model through
+    DecodeStack stay as close to the float32 model as bfloat16 torch ops do, or closer."""
+    from radixlm_testing import save_tiny_model
+    from safetensors.torch import load_file
+
+    from radixlm.runtime.forward_batch import ForwardBatch
+    from radixlm.runtime.model_config import ModelConfig
+    from radixlm.runtime.model_runner import ModelRunner, RunnerConfig
+
+    save_tiny_model(tmp_path, "qwen3", vocab_size=512)  # q/k norms, GQA 4
+    cfg = ModelConfig.from_dir(tmp_path)
+    seqs = [list(range(7, 47)), [5, 3, 9, 11, 2, 8, 13, 21, 34, 55]]
+    start = [len(s) - 8 for s in seqs]
+    logprobs = {}
+    for name, dtype, kernels in [("fp32", torch.float32, False), ("kernel", torch.bfloat16, True),
+                                 ("torch", torch.bfloat16, False)]:
+        runner = ModelRunner(cfg, RunnerConfig(dtype, "torch", 512, 4, cfg.context_len, cpu_kernels=kernels),
+                             load_file(tmp_path / "model.safetensors"))
+        assert runner.cpu_kernels == kernels
+        rows = [runner.req_to_token_pool.alloc() for _ in seqs]
+        slots = runner.kv_pool.alloc(sum(start))
+        assert slots is not None
+        offset = 0
+        for row, n in zip(rows, start):
+            runner.req_to_token_pool.write(row, 0, slots[offset : offset + n])
+            offset += n
+        runner.forward(ForwardBatch.extend(rows, [0, 0], [s[:n] for s, n in zip(seqs, start)], slots))
+        steps = []
+        for step in range(8):
+            pos = [n + step for n in start]
+            new = runner.kv_pool.alloc(len(seqs))
+            assert new is not None
+            for row, p, slot in zip(rows, pos, new):
+                runner.req_to_token_pool.write(row, p, slot.view(1))
+            logits = runner.forward(ForwardBatch.decode(rows, [p + 1 for p in pos], [s[p] for s, p in zip(seqs, pos)], new))
+            steps.append(torch.log_softmax(logits.float(), dim=-1))
+        logprobs[name] = torch.stack(steps)
+    kernel_err = (logprobs["kernel"] - logprobs["fp32"]).abs().max().item()
+    torch_err = (logprobs["torch"] - logprobs["fp32"]).abs().max().item()
+    assert kernel_err < 0.1, kernel_err
+    assert kernel_err <= torch_err * 1.5 + 1e-3, (kernel_err, torch_err)

@@ -1,4 +1,8 @@
-"""Our model runner against Hugging Face transformers on tiny random-weight models (fp32)."""
+"""Our model runner against Hugging Face transformers on tiny random-weight models (fp32).
+
+On an AVX-512 CPU the runner's decode steps go through the C++ DecodeStack (kernels/csrc) and its
+few-row products through the packed kernel; `cpu_kernels=False` is the plain torch path. Both are
+checked against transformers."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import torch
 from radixlm_testing import TINY_CONFIGS, save_tiny_model
 from safetensors.torch import load_file
 
+from radixlm.kernels import cpu_linear
 from radixlm.runtime.forward_batch import ForwardBatch
 from radixlm.runtime.model_config import ModelConfig
 from radixlm.runtime.model_runner import ModelRunner, RunnerConfig
@@ -20,10 +25,16 @@ KINDS = sorted(TINY_CONFIGS)
 ATOL = 1e-4
 
 
-def make_runner(model_dir: Path, backend: str = "torch", pool_tokens: int = 2000) -> ModelRunner:
+HAS_AVX512 = cpu_linear.cpu_supports_avx512()
+
+
+def make_runner(model_dir: Path, backend: str = "torch", pool_tokens: int = 2000, cpu_kernels: bool = True) -> ModelRunner:
     cfg = ModelConfig.from_dir(model_dir)
-    runner_cfg = RunnerConfig(torch.float32, backend, pool_tokens, 16, cfg.context_len)
-    return ModelRunner(cfg, runner_cfg, load_file(model_dir / "model.safetensors"))
+    runner_cfg = RunnerConfig(torch.float32, backend, pool_tokens, 16, cfg.context_len, cpu_kernels=cpu_kernels)
+    runner = ModelRunner(cfg, runner_cfg, load_file(model_dir / "model.safetensors"))
+    # where AVX-512 is present the C++ path must really be the one under test
+    assert runner.cpu_kernels == (cpu_kernels and backend == "torch" and HAS_AVX512)
+    return runner
 
 
 def hf_logits(hf: torch.nn.Module, ids: list[int]) -> torch.Tensor:
@@ -66,9 +77,10 @@ def test_prefill_logits_match_hf(tiny: tuple[torch.nn.Module, Path]) -> None:
     assert (logits - ref).abs().max().item() <= ATOL
 
 
-def test_extend_over_cached_prefix_and_decode_match_hf(tiny: tuple[torch.nn.Module, Path]) -> None:
+@pytest.mark.parametrize("cpu_kernels", [True, False], ids=["cpu-kernels", "torch-ops"])
+def test_extend_over_cached_prefix_and_decode_match_hf(tiny: tuple[torch.nn.Module, Path], cpu_kernels: bool) -> None:
     hf, path = tiny
-    runner = make_runner(path)
+    runner = make_runner(path, cpu_kernels=cpu_kernels)
     seqs = [list(range(3, 40)), [7, 8, 9, 10, 11, 12, 13, 14]]
     ref = [hf_logits(hf, s) for s in seqs]
     rows = [runner.req_to_token_pool.alloc() for _ in seqs]
@@ -119,6 +131,39 @@ def test_greedy_64_steps_batched_match_hf(tiny: tuple[torch.nn.Module, Path]) ->
     ours = run_greedy(make_runner(path), prompts, 64)
     for prompt, got in zip(prompts, ours):
         assert got == hf_greedy(hf, prompt, 64)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        # widths that are not multiples of the kernel's 64-column panels nor of its 16-float
+        # vectors, and 3 query heads per KV head
+        dict(hidden_size=72, num_attention_heads=6, num_key_value_heads=2, head_dim=12, intermediate_size=100),
+        dict(hidden_size=256, num_attention_heads=2, num_key_value_heads=1, head_dim=128, intermediate_size=192),
+    ],
+    ids=["odd-widths-gqa3", "head-dim-128"],
+)
+def test_decode_with_odd_shapes_and_scattered_slots_matches_hf(tmp_path: Path, overrides: dict[str, int]) -> None:
+    """Decode steps of requests of different lengths whose KV slots are not consecutive."""
+    hf = save_tiny_model(tmp_path, "qwen2", **overrides)  # qwen2: q/k/v biases too
+    runner = make_runner(tmp_path)
+    seqs = [list(range(5, 60)), [3, 1, 4, 1, 5, 9, 2, 6], list(range(200, 230))]
+    ref = [hf_logits(hf, s) for s in seqs]
+    rows = [runner.req_to_token_pool.alloc() for _ in seqs]
+    decode_from = [len(s) - 4 for s in seqs]
+    held = runner.kv_pool.alloc(7)  # interleave: free every other slot, so the requests' slots scatter
+    assert held is not None
+    runner.kv_pool.free(held[::2].clone())
+    extend(runner, rows, [0] * len(seqs), [s[:d] for s, d in zip(seqs, decode_from)], all_logits=False)
+    for step in range(4):
+        pos = [d + step for d in decode_from]
+        slots = runner.kv_pool.alloc(len(seqs))
+        assert slots is not None
+        for row, p, slot in zip(rows, pos, slots):
+            runner.req_to_token_pool.write(row, p, slot.view(1))
+        got = runner.forward(ForwardBatch.decode(rows, [p + 1 for p in pos], [s[p] for s, p in zip(seqs, pos)], slots))
+        want = torch.stack([r[p] for r, p in zip(ref, pos)])
+        assert (got - want).abs().max().item() <= ATOL, step
 
 
 def test_triton_backend_matches_torch_backend(tmp_path: Path) -> None:

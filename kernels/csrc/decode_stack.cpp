@@ -1,0 +1,294 @@
+// DecodeStack (see decode_stack.h): the decoder layers of a decode step in one call.
+#include "decode_stack.h"
+
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "packed_gemm.h"
+
+namespace radixlm {
+namespace {
+
+int64_t padded(int64_t n) { return (n + kPanel - 1) / kPanel * kPanel; }
+
+// e^x for 16 floats: x = n ln2 + r with |r| <= ln2/2, e^r by its Taylor series to degree 7
+// (truncation error below 6e-9 relative, under float32 rounding), times 2^n.
+inline __m512 exp16(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-103.0f)), _mm512_set1_ps(88.7f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);  // ln2, high bits
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);     // ln2, the rest
+  __m512 p = _mm512_set1_ps(1.0f / 5040);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+inline float bf16_to_float(uint16_t v) {
+  uint32_t bits = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// Round to nearest even, as torch's float -> bfloat16 conversion does.
+inline uint16_t float_to_bf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  if (std::isnan(f)) return 0x7FC0;
+  bits += 0x7FFF + ((bits >> 16) & 1);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+template <typename T>
+inline void to_float(const T* src, int64_t n, float* dst) {
+  if constexpr (std::is_same_v<T, float>) {
+    std::memcpy(dst, src, n * sizeof(float));
+  } else {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+      __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+      _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16)));
+    }
+    for (; i < n; ++i) dst[i] = bf16_to_float(src[i]);
+  }
+}
+
+template <typename T>
+inline void from_float(const float* src, int64_t n, T* dst) {
+  if constexpr (std::is_same_v<T, float>) {
+    std::memcpy(dst, src, n * sizeof(float));
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = float_to_bf16(src[i]);
+  }
+}
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  __m512 acc = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
+  float s = _mm512_reduce_add_ps(acc);
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+inline void axpy(float alpha, const float* x, float* y, int64_t n) {
+  const __m512 a = _mm512_set1_ps(alpha);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_fmadd_ps(a, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+  for (; i < n; ++i) y[i] += alpha * x[i];
+}
+
+// y = x / sqrt(mean(x^2) + eps) (* weight)
+inline void rms_norm(const float* x, int64_t n, float eps, const float* weight, float* y) {
+  const float inv = 1.0f / std::sqrt(dot(x, x, n) / static_cast<float>(n) + eps);
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * inv * (weight ? weight[i] : 1.0f);
+}
+
+// Rotate interleaved pairs (x[2i], x[2i+1]) by the angle whose (cos, sin) is rope[i].
+inline void rotate(float* x, const float* rope, int64_t head_dim) {
+  for (int64_t i = 0; i < head_dim / 2; ++i) {
+    const float a = x[2 * i], b = x[2 * i + 1], c = rope[2 * i], s = rope[2 * i + 1];
+    x[2 * i] = a * c - b * s;
+    x[2 * i + 1] = a * s + b * c;
+  }
+}
+
+// y[i] = silu(gate[i]) * up[i] = gate / (1 + e^-gate) * up
+inline void silu_mul(const float* gate, const float* up, int64_t n, float* y) {
+  int64_t i = 0;
+  const __m512 one = _mm512_set1_ps(1.0f);
+  for (; i + 16 <= n; i += 16) {
+    const __m512 g = _mm512_loadu_ps(gate + i);
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+    _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(one, e)), _mm512_loadu_ps(up + i)));
+  }
+  for (; i < n; ++i) y[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+}
+
+// In place: s[i] = e^(s[i] - max) / sum; n > 0.
+inline void softmax(float* s, int64_t n) {
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, s[i]);
+  const __m512 vm = _mm512_set1_ps(m);
+  __m512 acc = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + i), vm));
+    _mm512_storeu_ps(s + i, e);
+    acc = _mm512_add_ps(acc, e);
+  }
+  float sum = _mm512_reduce_add_ps(acc);
+  for (; i < n; ++i) {
+    s[i] = std::exp(s[i] - m);
+    sum += s[i];
+  }
+  const float inv = 1.0f / sum;
+  for (int64_t j = 0; j < n; ++j) s[j] *= inv;
+}
+
+// Attention of one request's `group` query heads (sharing kv head g) over its `len` positions.
+template <typename T>
+void attend(const float* q, int64_t group, const T* k_buf, const T* v_buf, const int32_t* slots, int64_t len,
+            int64_t num_kv_heads, int64_t g, int64_t head_dim, float scale, float* out, std::vector<float>& scratch) {
+  scratch.resize(group * len + head_dim);
+  float* scores = scratch.data();
+  float* row = scores + group * len;
+  for (int64_t t = 0; t < len; ++t) {
+    to_float(k_buf + (static_cast<int64_t>(slots[t]) * num_kv_heads + g) * head_dim, head_dim, row);
+    for (int64_t h = 0; h < group; ++h) scores[h * len + t] = dot(q + h * head_dim, row, head_dim) * scale;
+  }
+  for (int64_t h = 0; h < group; ++h) softmax(scores + h * len, len);
+  std::fill(out, out + group * head_dim, 0.0f);
+  for (int64_t t = 0; t < len; ++t) {
+    to_float(v_buf + (static_cast<int64_t>(slots[t]) * num_kv_heads + g) * head_dim, head_dim, row);
+    for (int64_t h = 0; h < group; ++h) axpy(scores[h * len + t], row, out + h * head_dim, head_dim);
+  }
+}
+
+template <typename T>
+void store_kv(const float* k, const float* v, int64_t slot, int64_t width, torch::Tensor& k_buf, torch::Tensor& v_buf) {
+  from_float(k, width, static_cast<T*>(k_buf.data_ptr()) + slot * width);
+  from_float(v, width, static_cast<T*>(v_buf.data_ptr()) + slot * width);
+}
+
+void check_packed(const torch::Tensor& w, int64_t k, int64_t n, const char* name) {
+  TORCH_CHECK(w.dim() == 3 && w.size(1) == k && w.size(2) == kPanel && w.size(0) * kPanel == padded(n) && w.is_contiguous(),
+              name, " must be packed [", padded(n) / kPanel, ", ", k, ", 64]");
+  TORCH_CHECK(w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16, name, " must be float32 or bfloat16");
+}
+
+torch::Tensor optional_vector(const c10::optional<torch::Tensor>& t, int64_t n, const char* name) {
+  if (!t.has_value() || !t->defined()) return torch::Tensor();
+  TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->numel() == n, name, " must be float32 [", n, "]");
+  return *t;
+}
+
+const float* data_or_null(const torch::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
+
+}  // namespace
+
+DecodeStack::DecodeStack(int64_t hidden, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                         int64_t intermediate, double rms_eps, double scale)
+    : hidden_(hidden), num_heads_(num_heads), num_kv_heads_(num_kv_heads), head_dim_(head_dim),
+      intermediate_(intermediate), eps_(static_cast<float>(rms_eps)), scale_(static_cast<float>(scale)) {
+  TORCH_CHECK(num_kv_heads > 0 && num_heads % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads");
+  TORCH_CHECK(head_dim % 2 == 0, "head_dim must be even (RoPE pairs)");
+}
+
+void DecodeStack::add_layer(torch::Tensor qkv, c10::optional<torch::Tensor> qkv_bias, torch::Tensor o,
+                            c10::optional<torch::Tensor> o_bias, torch::Tensor gate_up, torch::Tensor down,
+                            c10::optional<torch::Tensor> q_norm, c10::optional<torch::Tensor> k_norm,
+                            torch::Tensor k_buf, torch::Tensor v_buf) {
+  const int64_t qkv_width = (num_heads_ + 2 * num_kv_heads_) * head_dim_;
+  check_packed(qkv, hidden_, qkv_width, "qkv");
+  check_packed(o, num_heads_ * head_dim_, hidden_, "o");
+  check_packed(gate_up, hidden_, 2 * intermediate_, "gate_up");
+  check_packed(down, intermediate_, hidden_, "down");
+  TORCH_CHECK(k_buf.dim() == 3 && k_buf.size(1) == num_kv_heads_ && k_buf.size(2) == head_dim_ && k_buf.is_contiguous() &&
+                  v_buf.sizes() == k_buf.sizes() && v_buf.is_contiguous() && v_buf.scalar_type() == k_buf.scalar_type() &&
+                  (k_buf.scalar_type() == at::kFloat || k_buf.scalar_type() == at::kBFloat16),
+              "k_buf / v_buf must be contiguous float32 or bfloat16 [slots, num_kv_heads, head_dim]");
+  layers_.push_back(Layer{qkv, optional_vector(qkv_bias, padded(qkv_width), "qkv_bias"), o,
+                          optional_vector(o_bias, padded(hidden_), "o_bias"), gate_up, down,
+                          optional_vector(q_norm, head_dim_, "q_norm"), optional_vector(k_norm, head_dim_, "k_norm"),
+                          k_buf, v_buf});
+}
+
+torch::Tensor DecodeStack::forward(const torch::Tensor& hidden, const torch::Tensor& rope, const torch::Tensor& slots,
+                                   const torch::Tensor& req_to_token, const torch::Tensor& rows,
+                                   const torch::Tensor& seq_lens) {
+  const int64_t B = hidden.size(0), H = hidden_, D = head_dim_, Hq = num_heads_, Hkv = num_kv_heads_;
+  const int64_t group = Hq / Hkv, I = intermediate_;
+  TORCH_CHECK(hidden.dim() == 2 && hidden.size(1) == H && hidden.scalar_type() == at::kFloat && hidden.is_contiguous(),
+              "hidden must be contiguous float32 [B, hidden]");
+  TORCH_CHECK(rope.scalar_type() == at::kFloat && rope.is_contiguous() && rope.numel() == B * D,
+              "rope must be contiguous float32 [B, head_dim/2, 2]");
+  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.numel() == B && rows.scalar_type() == at::kLong && rows.numel() == B &&
+                  seq_lens.scalar_type() == at::kLong && seq_lens.numel() == B,
+              "slots, rows and seq_lens must be int64 [B]");
+  TORCH_CHECK(req_to_token.scalar_type() == at::kInt && req_to_token.dim() == 2 && req_to_token.is_contiguous(),
+              "req_to_token must be contiguous int32 [rows, context]");
+  const int64_t context = req_to_token.size(1);
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  const int64_t* row = rows.data_ptr<int64_t>();
+  const int64_t* seq = seq_lens.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK(seq[b] >= 1 && seq[b] <= context && row[b] >= 0 && row[b] < req_to_token.size(0),
+                "a request's row or length is out of range");
+  }
+  const int64_t Hp = padded(H), qkv_width = (Hq + 2 * Hkv) * D, Qp = padded(qkv_width), Gp = padded(2 * I);
+  auto opts = hidden.options();
+  torch::Tensor residual = torch::zeros({B, Hp}, opts);
+  residual.narrow(1, 0, H).copy_(hidden);
+  torch::Tensor xn = torch::empty({B, H}, opts), qkv = torch::empty({B, Qp}, opts);
+  torch::Tensor attn = torch::empty({B, Hq * D}, opts), gu = torch::empty({B, Gp}, opts), act = torch::empty({B, I}, opts);
+  float *res = residual.data_ptr<float>(), *x = xn.data_ptr<float>(), *qkv_p = qkv.data_ptr<float>();
+  float *attn_p = attn.data_ptr<float>(), *gu_p = gu.data_ptr<float>(), *act_p = act.data_ptr<float>();
+  const float* rope_p = rope.data_ptr<float>();
+  const int32_t* r2t = req_to_token.data_ptr<int32_t>();
+
+  for (Layer& L : layers_) {
+    const bool kv_bf16 = L.k_buf.scalar_type() == at::kBFloat16;
+    const int64_t num_slots = L.k_buf.size(0);
+    for (int64_t b = 0; b < B; ++b) rms_norm(res + b * Hp, H, eps_, nullptr, x + b * H);
+    packed_gemm(x, B, H, L.qkv.data_ptr(), L.qkv.scalar_type() == at::kBFloat16, L.qkv.size(0), qkv_p, Qp, nullptr, 0,
+                data_or_null(L.qkv_bias));
+    for (int64_t b = 0; b < B; ++b) {
+      float* q = qkv_p + b * Qp;
+      float* k = q + Hq * D;
+      const float* v = k + Hkv * D;
+      for (int64_t h = 0; h < Hq + Hkv; ++h) {
+        float* head = q + h * D;
+        const torch::Tensor& norm = h < Hq ? L.q_norm : L.k_norm;
+        if (norm.defined()) rms_norm(head, D, eps_, norm.data_ptr<float>(), head);
+        rotate(head, rope_p + b * D, D);
+      }
+      TORCH_CHECK(slot[b] > 0 && slot[b] < num_slots, "a new token's KV slot is out of range");
+      if (kv_bf16) {
+        store_kv<uint16_t>(k, v, slot[b], Hkv * D, L.k_buf, L.v_buf);
+      } else {
+        store_kv<float>(k, v, slot[b], Hkv * D, L.k_buf, L.v_buf);
+      }
+    }
+    at::parallel_for(0, B * Hkv, 1, [&](int64_t first, int64_t last) {
+      std::vector<float> scratch;
+      for (int64_t unit = first; unit < last; ++unit) {
+        const int64_t b = unit / Hkv, g = unit % Hkv;
+        const float* q = qkv_p + b * Qp + g * group * D;
+        float* out = attn_p + b * Hq * D + g * group * D;
+        const int32_t* req_slots = r2t + row[b] * context;
+        if (kv_bf16) {
+          attend(q, group, static_cast<const uint16_t*>(L.k_buf.data_ptr()), static_cast<const uint16_t*>(L.v_buf.data_ptr()),
+                 req_slots, seq[b], Hkv, g, D, scale_, out, scratch);
+        } else {
+          attend(q, group, L.k_buf.data_ptr<float>(), L.v_buf.data_ptr<float>(), req_slots, seq[b], Hkv, g, D, scale_, out,
+                 scratch);
+        }
+      }
+    });
+    packed_gemm(attn_p, B, Hq * D, L.o.data_ptr(), L.o.scalar_type() == at::kBFloat16, L.o.size(0), res, Hp, res, Hp,
+                data_or_null(L.o_bias));
+    for (int64_t b = 0; b < B; ++b) rms_norm(res + b * Hp, H, eps_, nullptr, x + b * H);
+    packed_gemm(x, B, H, L.gate_up.data_ptr(), L.gate_up.scalar_type() == at::kBFloat16, L.gate_up.size(0), gu_p, Gp,
+                nullptr, 0, nullptr);
+    for (int64_t b = 0; b < B; ++b) silu_mul(gu_p + b * Gp, gu_p + b * Gp + I, I, act_p + b * I);
+    packed_gemm(act_p, B, I, L.down.data_ptr(), L.down.scalar_type() == at::kBFloat16, L.down.size(0), res, Hp, res, Hp,
+                nullptr);
+  }
+  return residual.narrow(1, 0, H).contiguous();
+}
+
+}  // namespace radixlm

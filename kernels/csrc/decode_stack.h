@@ -1,0 +1,50 @@
+// DecodeStack: every decoder layer of a decode step (each request one new token) in one C++ call,
+// for a Llama-family model whose linear layers are packed (packed_gemm.h). Per layer: RMSNorm,
+// fused q/k/v product (+ bias), Qwen3's per-head q/k norms, RoPE on interleaved pairs, K/V written
+// to the pool slots, paged attention over each request's slots (GQA, float32 softmax), o_proj
+// accumulated onto the residual, RMSNorm, fused gate/up product, SiLU(gate) * up, down_proj
+// accumulated onto the residual. The residual stream stays float32 throughout.
+//
+// Why: a decode step of a small model on a CPU is bound by per-op overhead (Python, dispatch,
+// small kernels, dtype conversions) as much as by reading the weights; here a step has one call
+// per step instead of ~20 torch ops per layer.
+#pragma once
+
+#include <torch/extension.h>
+
+#include <vector>
+
+namespace radixlm {
+
+class DecodeStack {
+ public:
+  // The RMSNorm weights before qkv and gate_up are folded into those products (no weight here).
+  DecodeStack(int64_t hidden, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t intermediate,
+              double rms_eps, double scale);
+
+  // One layer, in order. Weights are packed [N/64, K, 64] (float32 or bfloat16); biases float32
+  // padded to the packed width, or None; q_norm / k_norm float32 [head_dim] or None; k_buf / v_buf
+  // are the layer's KV pool buffers [slots, num_kv_heads, head_dim] (float32 or bfloat16).
+  void add_layer(torch::Tensor qkv, c10::optional<torch::Tensor> qkv_bias, torch::Tensor o,
+                 c10::optional<torch::Tensor> o_bias, torch::Tensor gate_up, torch::Tensor down,
+                 c10::optional<torch::Tensor> q_norm, c10::optional<torch::Tensor> k_norm, torch::Tensor k_buf,
+                 torch::Tensor v_buf);
+
+  // hidden [B, H] float32 (the embeddings of the new tokens); rope [B, head_dim/2, 2] float32
+  // (cos, sin of each token's position); slots int64 [B] (KV slots of the new tokens);
+  // req_to_token int32 [rows, context]; rows int64 [B]; seq_lens int64 [B] (including the new
+  // token). Returns the residual stream after the last layer, float32 [B, H].
+  torch::Tensor forward(const torch::Tensor& hidden, const torch::Tensor& rope, const torch::Tensor& slots,
+                        const torch::Tensor& req_to_token, const torch::Tensor& rows,
+                        const torch::Tensor& seq_lens);
+
+ private:
+  struct Layer {
+    torch::Tensor qkv, qkv_bias, o, o_bias, gate_up, down, q_norm, k_norm, k_buf, v_buf;
+  };
+  int64_t hidden_, num_heads_, num_kv_heads_, head_dim_, intermediate_;
+  float eps_, scale_;
+  std::vector<Layer> layers_;
+};
+
+}  // namespace radixlm

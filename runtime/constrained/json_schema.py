@@ -11,8 +11,9 @@ that violates the schema. Before calling it we:
 - refuse what it must never be asked: a `$ref` that is not local (`#/...`; nothing is ever fetched
   or read from a file), and schemas over the size bounds of `limits` (text, nesting, and the
   estimated size of the regex, see `schema_size`), before the regex is built.
-Finally Unicode `\\d` (in date/time formats) becomes ASCII `[0-9]`, and the `time` format's
-fraction of a second gets the literal dot outlines-core meant.
+Finally Unicode `\\d` (in date/time formats) becomes ASCII `[0-9]`, the `time` format's
+fraction of a second gets the literal dot outlines-core meant, and the `email` format keeps only
+its dot-atom form (see _EMAIL).
 """
 
 from __future__ import annotations
@@ -49,6 +50,16 @@ _SCHEMA_LIST_KEYS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
 # any character, so its JSON could hold an invalid escape such as `"07:39:34\\*7"`
 _TIME_FRACTION_AS_OUTLINES_SPELLS_IT = r':([0-5][0-9])(\\.[0-9]+)?(Z)?"'
 _TIME_FRACTION = r':([0-5][0-9])(\.[0-9]+)?(Z)?"'
+# outlines-core's `email` format also admits RFC 5322's quoted local part (`"a b"@x.org`) and
+# address literals (`a@[IPv6:...]`) spelled with raw `"`, `\` and control characters: inside a JSON
+# string that is invalid JSON (`{"value":""a"@b.co"}` matched), and a literal ends only on `]"`, so
+# sampled output could run to its length limit. We keep the dot-atom form (local@domain.tld),
+# which is JSON-safe and what "email" means in practice.
+_EMAIL_AS_OUTLINES_SPELLS_IT = build_regex_from_schema('{"type": "string", "format": "email"}')[1:-1]
+_EMAIL = (
+    r"[a-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\.[a-z0-9!#$%&'*+/=?^_`{|}~-]+)*"
+    r"@(?:[a-z0-9](?:[a-z0-9-]*[a-z0-9])?\.)+[a-z0-9](?:[a-z0-9-]*[a-z0-9])?"
+)
 
 
 def parse_schema(spec: object) -> dict[str, Any]:
@@ -97,6 +108,7 @@ def schema_to_regex(schema: dict[str, Any], whitespace_pattern: str | None = Non
     except (ValueError, TypeError) as e:
         raise GrammarError(f"unsupported JSON schema: {str(e).splitlines()[0]}") from None
     regex = regex.replace(_TIME_FRACTION_AS_OUTLINES_SPELLS_IT, _TIME_FRACTION)
+    regex = regex.replace(_EMAIL_AS_OUTLINES_SPELLS_IT, _EMAIL)
     for name, sub_regex in placeholders.items():
         regex = regex.replace(json.dumps(name), f"(?:{sub_regex})")
     check_regex_size(regex, "the regex of this json_schema", max_chars=MAX_SCHEMA_REGEX_CHARS)

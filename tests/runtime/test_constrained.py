@@ -385,6 +385,18 @@ def test_time_format_fraction_is_a_literal_dot() -> None:
     assert not re.fullmatch(regex, '"07:39:34\\*7"')
 
 
+def test_email_format_is_json_safe() -> None:
+    """outlines-core's `email` regex admitted a quoted local part and address literals with raw
+    quotes, backslashes and control characters (found by the engine test running every schema at
+    temperature 1.0): `{"value":""a"@b.co"}` matched. Only the dot-atom form is kept."""
+    schema = {"type": "object", "properties": {"value": {"type": "string", "format": "email"}}, "required": ["value"]}
+    regex = spec_to_regex("json_schema", normalize_spec("json_schema", schema))
+    for good in ('{"value":"a.b+c@mail.example.org"}', '{"value":"x@y.co"}'):
+        assert re.fullmatch(regex, good) and json.loads(good)
+    for bad in ('{"value":""a"@b.co"}', '{"value":"a@[1.2.3.4]"}', '{"value":"a@[1.2.3.a:\x01"]"}', '{"value":"a@b"}'):
+        assert not re.fullmatch(regex, bad), bad
+
+
 # ---------------------------------------------------------------- random walks
 
 

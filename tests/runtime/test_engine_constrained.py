@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
-from radixlm_testing import assert_engine_clean
+from radixlm_testing import assert_engine_clean, save_tiny_model
+from test_constrained import SCHEMAS
 
 from radixlm.runtime.engine import Engine
 
@@ -58,3 +60,96 @@ def test_bad_grammar_finishes_with_a_clear_error(engine: Engine) -> None:
     assert "invalid grammar" in out["meta_info"]["finish_reason"]["message"]
     ok = engine.generate(prompt="x", sampling_params={"regex": "[ab]{3}", "temperature": 0})
     assert re.fullmatch("[ab]{3}", ok["text"])
+
+
+# The all-SCHEMAS test below: its length limit, its seeds and its model (a byte-level tokenizer,
+# near-uniform logits).
+SCHEMAS_MAX_NEW_TOKENS = 8192
+SCHEMAS_SEED_OFFSET = 0  # request i samples with seed SCHEMAS_SEED_OFFSET + i
+BYTE_MERGES = [('"', ","), ('"', "}"), ('"', ":"), ("{", '"'), ("\u0120", '"'), (".", '"')]  # \u0120: a space
+NEAR_UNIFORM_INIT = 0.0005  # initializer_range of the near-uniform model
+MAX_ABS_LOGIT = 0.08  # what the docstring's bound assumes of that model
+
+
+def _save_byte_tokenizer(path: Path) -> None:
+    """A byte-level BPE tokenizer: the 256 bytes, BYTE_MERGES (tokens that cross from a string into
+    the JSON around it, as real vocabularies have) and an EOS, plus the config.json holding the EOS
+    id that `save_tiny_model(tokenizer_dir=...)` copies into the model's config."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    token_to_id = {char: i for i, char in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    for left, right in BYTE_MERGES:
+        token_to_id[left + right] = len(token_to_id)
+    tokenizer = Tokenizer(models.BPE(token_to_id, BYTE_MERGES))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens(["<|endoftext|>"])
+    path.mkdir()
+    tokenizer.save(str(path / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>"}
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    (path / "config.json").write_text(json.dumps({"eos_token_id": tokenizer.token_to_id("<|endoftext|>")}))
+
+
+@pytest.fixture(scope="module")
+def near_uniform_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Llama with the byte-level tokenizer, room for a short prompt and
+    SCHEMAS_MAX_NEW_TOKENS, and weights so small that every logit is within MAX_ABS_LOGIT of 0
+    (checked from the weights: |logit| <= max |final norm weight| * sqrt(hidden size) * max row
+    norm of lm_head, since the final RMSNorm's input has root mean square 1)."""
+    root = tmp_path_factory.mktemp("near-uniform-llama")
+    _save_byte_tokenizer(root / "tokenizer")
+    hf = save_tiny_model(
+        root / "model", "llama", vocab_size=272, tokenizer_dir=root / "tokenizer",
+        max_position_embeddings=SCHEMAS_MAX_NEW_TOKENS + 64, initializer_range=NEAR_UNIFORM_INIT,
+    )
+    norm_weight, lm_head_weight = hf.model.norm.weight.detach(), hf.lm_head.weight.detach()
+    max_abs_logit = norm_weight.abs().max() * hf.config.hidden_size**0.5 * lm_head_weight.norm(dim=1).max()
+    assert max_abs_logit <= MAX_ABS_LOGIT
+    return root / "model"
+
+
+def test_every_schema_finishes_valid_at_temperature_one(near_uniform_model_dir: Path) -> None:
+    """All SCHEMAS (>= 50: nested objects, arrays, enums, bounded numbers, optional fields, string
+    patterns and formats) in one batch at temperature 1.0, each request with its own seed (so the
+    draws do not depend on the batch): every output finishes with EOS and validates.
+
+    The model is chosen so that how long an output runs is a property of its grammar alone, and
+    an honest limit can be computed. With real weights (conftest's tiny model) a string ends only
+    when the model happens to favour a closing quote: on SmolLM's tokenizer 48,769 tokens may
+    continue a string and 37 close it, and runs of 4,000+ tokens are common. Here:
+    - the tokenizer is byte-level (about 150 tokens may continue a string, 3-4 of them close it);
+    - every logit is within 0.08 of 0, so each allowed token has probability within a factor
+      e^0.16 of 1 / (number allowed): sampling is a near-uniform random walk through the grammar,
+      the walk that reaches the most unusual tokens (escapes, multi-byte characters, merges).
+    Cut probability: the exact output-length distribution under uniform sampling, by dynamic
+    programming over each grammar's token index, gives P(length > 8192) <= 1.3e-16 for every
+    schema (the longest tail: a `pattern` string that needs one of ~150 tokens to be "@"; most are
+    below 1e-70). The factor e^0.16 scales each step's chance to end a run by at least e^-0.16, so
+    a tail P becomes at most about P^0.85: below 1e-13 per schema, 1e-11 for the whole batch.
+    """
+    assert len(SCHEMAS) >= 50
+    # admission reserves up to 4,096 future tokens per request: with this pool all start at once
+    engine = Engine(str(near_uniform_model_dir), max_total_tokens=len(SCHEMAS) * 4096, random_seed=0)
+    try:
+        base = {"temperature": 1.0, "max_new_tokens": SCHEMAS_MAX_NEW_TOKENS}
+        params = [
+            {**base, "seed": SCHEMAS_SEED_OFFSET + i, "json_schema": json.dumps(schema)}
+            for i, schema in enumerate(SCHEMAS)
+        ]
+        outs = engine.generate(prompt=[f"object {i}:" for i in range(len(SCHEMAS))], sampling_params=params)
+        assert_engine_clean(engine)
+    finally:
+        engine.shutdown()
+    failures: list[str] = []
+    for i, (out, schema) in enumerate(zip(outs, SCHEMAS)):
+        reason, text = out["meta_info"]["finish_reason"]["type"], out["text"]
+        if reason != "stop":
+            failures.append(f"schema {i}: finish_reason {reason!r} after "
+                            f"{out['meta_info']['completion_tokens']} tokens, text ends {text[-80:]!r}")
+            continue
+        try:
+            jsonschema.validate(json.loads(text), schema)
+        except (ValueError, jsonschema.ValidationError) as e:
+            failures.append(f"schema {i}: {text!r} is not valid: {str(e).splitlines()[0]}")
+    assert not failures, "\n".join(failures)

@@ -19,6 +19,8 @@ $(STAMP): pyproject.toml
 
 model: setup
 	$(BIN)/python -m radixlm.runtime.model_files --fetch-default
+	# the C++ CPU decode kernels, compiled once into the cache (a minute or two the first time)
+	$(BIN)/python -m radixlm.kernels.cpu_linear
 
 serve: model
 	$(BIN)/radixlm serve $(ARGS)

@@ -105,3 +105,9 @@ def packed_linear(
     if padded != n:
         out = out[:, :n]
     return out if x.dtype == torch.float32 else out.to(x.dtype)
+
+
+if __name__ == "__main__":  # `python -m radixlm.kernels.cpu_linear`: build now (make setup does)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    ext = load()
+    print(f"C++ CPU kernels: {ext.__file__ if ext is not None else 'not available here (torch ops are used)'}")

@@ -92,3 +92,31 @@ def assert_engine_clean(engine: Any) -> None:
     pool = engine.scheduler.kv_pool
     assert pool.num_free == pool.size, f"{pool.size - pool.num_free} KV slots leaked"
     assert engine.runner.req_to_token_pool.num_free == engine.runner.req_to_token_pool.max_reqs
+
+
+def runner_extend(runner: Any, rows: list[int], prefix_lens: list[int], chunks: list[list[int]],
+                  all_logits: bool = True) -> torch.Tensor:
+    """One extend batch on a ModelRunner: slots allocated for `chunks` and recorded after each
+    prefix; logits of every new token (or of each request's last one)."""
+    from radixlm.runtime.forward_batch import ForwardBatch
+
+    slots = runner.kv_pool.alloc(sum(len(c) for c in chunks))
+    assert slots is not None
+    offset = 0
+    for row, start, chunk in zip(rows, prefix_lens, chunks):
+        runner.req_to_token_pool.write(row, start, slots[offset : offset + len(chunk)])
+        offset += len(chunk)
+    logits_indices = torch.arange(offset) if all_logits else None
+    return runner.forward(ForwardBatch.extend(rows, prefix_lens, chunks, slots, logits_indices))
+
+
+def runner_decode(runner: Any, rows: list[int], seqs: list[list[int]], positions: list[int]) -> torch.Tensor:
+    """One decode step on a ModelRunner: token `seqs[i][positions[i]]` of each request (the ones
+    before it already in the pool), its slot allocated and recorded; the logits."""
+    from radixlm.runtime.forward_batch import ForwardBatch
+
+    slots = runner.kv_pool.alloc(len(rows))
+    assert slots is not None
+    for row, pos, slot in zip(rows, positions, slots):
+        runner.req_to_token_pool.write(row, pos, slot.view(1))
+    return runner.forward(ForwardBatch.decode(rows, [p + 1 for p in positions], [s[p] for s, p in zip(seqs, positions)], slots))

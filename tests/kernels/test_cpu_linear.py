@@ -76,10 +76,9 @@ def test_bfloat16_engine_decodes_through_the_kernel(ext: Any, tiny_model_dir: Pa
 def test_bfloat16_decode_stack_against_float32(ext: Any, tmp_path: Path) -> None:
     """Teacher-forced decode steps (batched, different lengths) of a bfloat16 model through
     DecodeStack stay as close to the float32 model as bfloat16 torch ops do, or closer."""
-    from radixlm_testing import save_tiny_model
+    from radixlm_testing import runner_decode, runner_extend, save_tiny_model
     from safetensors.torch import load_file
 
-    from radixlm.runtime.forward_batch import ForwardBatch
     from radixlm.runtime.model_config import ModelConfig
     from radixlm.runtime.model_runner import ModelRunner, RunnerConfig
 
@@ -94,21 +93,10 @@ def test_bfloat16_decode_stack_against_float32(ext: Any, tmp_path: Path) -> None
                              load_file(tmp_path / "model.safetensors"))
         assert runner.cpu_kernels == kernels
         rows = [runner.req_to_token_pool.alloc() for _ in seqs]
-        slots = runner.kv_pool.alloc(sum(start))
-        assert slots is not None
-        offset = 0
-        for row, n in zip(rows, start):
-            runner.req_to_token_pool.write(row, 0, slots[offset : offset + n])
-            offset += n
-        runner.forward(ForwardBatch.extend(rows, [0, 0], [s[:n] for s, n in zip(seqs, start)], slots))
+        runner_extend(runner, rows, [0, 0], [s[:n] for s, n in zip(seqs, start)], all_logits=False)
         steps = []
         for step in range(8):
-            pos = [n + step for n in start]
-            new = runner.kv_pool.alloc(len(seqs))
-            assert new is not None
-            for row, p, slot in zip(rows, pos, new):
-                runner.req_to_token_pool.write(row, p, slot.view(1))
-            logits = runner.forward(ForwardBatch.decode(rows, [p + 1 for p in pos], [s[p] for s, p in zip(seqs, pos)], new))
+            logits = runner_decode(runner, rows, seqs, [n + step for n in start])
             steps.append(torch.log_softmax(logits.float(), dim=-1))
         logprobs[name] = torch.stack(steps)
     kernel_err = (logprobs["kernel"] - logprobs["fp32"]).abs().max().item()

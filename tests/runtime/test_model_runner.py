@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from radixlm_testing import TINY_CONFIGS, save_tiny_model
+from radixlm_testing import TINY_CONFIGS, runner_decode, save_tiny_model
+from radixlm_testing import runner_extend as extend
 from safetensors.torch import load_file
 
 from radixlm.kernels import cpu_linear
-from radixlm.runtime.forward_batch import ForwardBatch
 from radixlm.runtime.model_config import ModelConfig
 from radixlm.runtime.model_runner import ModelRunner, RunnerConfig
 from radixlm.runtime.req import Req
@@ -40,19 +40,6 @@ def make_runner(model_dir: Path, backend: str = "torch", pool_tokens: int = 2000
 def hf_logits(hf: torch.nn.Module, ids: list[int]) -> torch.Tensor:
     with torch.no_grad():
         return hf(torch.tensor([ids])).logits[0]
-
-
-def extend(runner: ModelRunner, rows: list[int], prefix_lens: list[int], chunks: list[list[int]],
-           all_logits: bool = True) -> torch.Tensor:
-    """Run one extend batch: allocate slots for `chunks`, record them after each prefix."""
-    slots = runner.kv_pool.alloc(sum(len(c) for c in chunks))
-    assert slots is not None
-    offset = 0
-    for row, start, chunk in zip(rows, prefix_lens, chunks):
-        runner.req_to_token_pool.write(row, start, slots[offset : offset + len(chunk)])
-        offset += len(chunk)
-    logits_indices = torch.arange(offset) if all_logits else None
-    return runner.forward(ForwardBatch.extend(rows, prefix_lens, chunks, slots, logits_indices))
 
 
 @pytest.fixture(params=KINDS)
@@ -94,11 +81,7 @@ def test_extend_over_cached_prefix_and_decode_match_hf(tiny: tuple[torch.nn.Modu
     # two decode steps
     for step in range(2):
         pos = [m + step for m in mid]
-        slots = runner.kv_pool.alloc(len(seqs))
-        for row, p, slot in zip(rows, pos, slots):
-            runner.req_to_token_pool.write(row, p, slot.view(1))
-        batch = ForwardBatch.decode(rows, [p + 1 for p in pos], [s[p] for s, p in zip(seqs, pos)], slots)
-        got = runner.forward(batch)
+        got = runner_decode(runner, rows, seqs, pos)
         want = torch.stack([r[p] for r, p in zip(ref, pos)])
         assert (got - want).abs().max().item() <= ATOL
 
@@ -157,11 +140,7 @@ def test_decode_with_odd_shapes_and_scattered_slots_matches_hf(tmp_path: Path, o
     extend(runner, rows, [0] * len(seqs), [s[:d] for s, d in zip(seqs, decode_from)], all_logits=False)
     for step in range(4):
         pos = [d + step for d in decode_from]
-        slots = runner.kv_pool.alloc(len(seqs))
-        assert slots is not None
-        for row, p, slot in zip(rows, pos, slots):
-            runner.req_to_token_pool.write(row, p, slot.view(1))
-        got = runner.forward(ForwardBatch.decode(rows, [p + 1 for p in pos], [s[p] for s, p in zip(seqs, pos)], slots))
+        got = runner_decode(runner, rows, seqs, pos)
         want = torch.stack([r[p] for r, p in zip(ref, pos)])
         assert (got - want).abs().max().item() <= ATOL, step
 

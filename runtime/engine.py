@@ -43,6 +43,7 @@ class Engine:
         self.grammar_backend = GrammarBackend(
             self.tokenizer, self.model_config.vocab_size, num_workers=NUM_GRAMMAR_COMPILE_WORKERS,
             enable_jump_forward=not args.disable_jump_forward,
+            whitespace_pattern=args.constrained_json_whitespace_pattern,
         )
         self.scheduler = Scheduler(
             self.runner,

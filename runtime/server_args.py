@@ -32,6 +32,7 @@ class ServerArgs:
     schedule_policy: str = "lpm"
     disable_radix_cache: bool = False
     disable_jump_forward: bool = False
+    constrained_json_whitespace_pattern: str | None = None  # None: outlines-core's `[ ]?`
     disable_cpu_kernels: bool = False
     random_seed: int | None = None
     log_level: str = "warning"
@@ -65,6 +66,10 @@ class ServerArgs:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if self.tool_call_parser not in ("auto", "hermes", "json"):
             raise ValueError(f"tool_call_parser must be auto, hermes or json, got {self.tool_call_parser!r}")
+        if self.constrained_json_whitespace_pattern is not None:
+            from radixlm.runtime.constrained.json_schema import check_whitespace_pattern
+
+            check_whitespace_pattern(self.constrained_json_whitespace_pattern)
         if self.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
             raise ValueError(f"log_level must be debug, info, warning, error or critical, got {self.log_level!r}")
 
@@ -88,6 +93,8 @@ class ServerArgs:
 
 
 HELP = {
+    "constrained_json_whitespace_pattern": "regex of the whitespace JSON-schema output may put between JSON tokens "
+    "(default [ ]?; '' gives compact JSON, where jump-forward forces every key); it may match only spaces, tabs and newlines",
     "model_path": "HF model directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)",
     "tokenizer_path": "tokenizer directory (default: the model's)",
     "dtype": "weights and KV cache: auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16, float16",

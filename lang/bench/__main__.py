@@ -31,9 +31,12 @@ import json
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from radixlm.bench import workloads as wl
+
+if TYPE_CHECKING:
+    from radixlm.runtime.engine import Engine
 
 Result = dict[str, float]
 
@@ -49,7 +52,12 @@ def _median_time(fn: Callable[[], Any], repeats: int, warmup: bool = True) -> fl
     return statistics.median(times)
 
 
-W4_MODES = ("json_schema", "json_schema, jump-forward off", "unconstrained")
+W4_MODES = ("json_schema", "json_schema, jump-forward off", "json_schema, compact whitespace", "unconstrained")
+# engine flags of the W4 modes that need an engine of their own
+_W4_ENGINE_FLAGS: dict[str, dict[str, Any]] = {
+    "json_schema, jump-forward off": {"disable_jump_forward": True},
+    "json_schema, compact whitespace": {"constrained_json_whitespace_pattern": ""},
+}
 
 
 class Ours:
@@ -61,7 +69,7 @@ class Ours:
         self.dtype = dtype
         self.engine = Engine(dtype=dtype)
         self.encode = self.engine.tokenizer.encode
-        self._no_jump_engine: Engine | None = None  # W4 with jump-forward off (made when needed)
+        self._mode_engines: dict[str, Engine] = {}  # W4 modes with flags of their own (made when needed)
 
     def generate(self, prompts: list[str] | list[list[int]], new_tokens: int) -> None:
         params = {"max_new_tokens": new_tokens, "temperature": 0.0, "ignore_eos": True}
@@ -76,25 +84,27 @@ class Ours:
         params: dict[str, Any] = {"max_new_tokens": wl.W4_MAX_TOKENS, "temperature": 0.0}
         if mode != "unconstrained":
             params["json_schema"] = json.dumps(wl.W4_SCHEMA)
-        engine = self.engine
-        if mode == "json_schema, jump-forward off":
-            from radixlm.runtime.engine import Engine
-
-            if self._no_jump_engine is None:
-                self._no_jump_engine = Engine(dtype=self.dtype, disable_jump_forward=True)
-            engine = self._no_jump_engine
-        out = engine.generate(prompt=prompt, sampling_params=params)
+        out = self._engine_for(mode).generate(prompt=prompt, sampling_params=params)
         assert isinstance(out, dict)
         return str(out["text"])
 
-    def jump_forward_tokens(self) -> int:
-        """Tokens jump-forward appended so far without a decode step of their own."""
-        return self.engine.scheduler.num_jump_forward_tokens
+    def _engine_for(self, mode: str) -> Engine:
+        if mode not in _W4_ENGINE_FLAGS:
+            return self.engine
+        if mode not in self._mode_engines:
+            from radixlm.runtime.engine import Engine
+
+            self._mode_engines[mode] = Engine(dtype=self.dtype, **_W4_ENGINE_FLAGS[mode])
+        return self._mode_engines[mode]
+
+    def jump_forward_tokens(self, mode: str) -> int:
+        """Tokens jump-forward appended so far, in `mode`'s engine, without a decode step of their own."""
+        return self._engine_for(mode).scheduler.num_jump_forward_tokens
 
     def close_extra_engines(self) -> None:
-        if self._no_jump_engine is not None:
-            self._no_jump_engine.shutdown()
-            self._no_jump_engine = None
+        for engine in self._mode_engines.values():
+            engine.shutdown()
+        self._mode_engines.clear()
 
 
 class Transformers:
@@ -175,7 +185,7 @@ def _run_w4(system: Ours | Transformers, mode: str) -> Result:
     checked leniently, from its first '{')."""
     cases = wl.w4_cases()
     system.extract(cases[0]["prompt"], mode)  # warm-up (and, constrained, the grammar compile)
-    jump_forward_before = system.jump_forward_tokens() if isinstance(system, Ours) else 0
+    jump_forward_before = system.jump_forward_tokens(mode) if isinstance(system, Ours) else 0
     start = time.perf_counter()
     texts = [system.extract(c["prompt"], mode) for c in cases]
     per_request = (time.perf_counter() - start) / len(cases)
@@ -185,8 +195,8 @@ def _run_w4(system: Ours | Transformers, mode: str) -> Result:
     tag = f"W4 {mode}"
     out = {f"{tag} s/request": per_request, f"{tag} valid /16": float(strict),
            f"{tag} lenient valid /16": float(lenient), f"{tag} exact fields /64": float(exact)}
-    if isinstance(system, Ours) and mode == "json_schema":
-        out[f"{tag} jump-forward tokens /request"] = (system.jump_forward_tokens() - jump_forward_before) / len(cases)
+    if isinstance(system, Ours) and mode.startswith("json_schema"):
+        out[f"{tag} jump-forward tokens /request"] = (system.jump_forward_tokens(mode) - jump_forward_before) / len(cases)
     return out
 
 

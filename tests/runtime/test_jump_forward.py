@@ -300,3 +300,35 @@ def test_w4_outputs_equal_on_the_default_model(default_model_dir: Path) -> None:
     for out in on:
         obj = json.loads(out["text"])
         jsonschema.validate(obj, W4_SCHEMA)
+
+
+def test_compact_whitespace_pattern_gives_compact_json_and_forces_more(tiny_model_dir: Path) -> None:
+    """`constrained_json_whitespace_pattern=""`: no whitespace between JSON tokens, so every key
+    (and `{"name":"` at the very start) is forced text that jump-forward appends; with the
+    default `[ ]?` the model may put a space after `{`, `,` and `:`, so less is forced."""
+    schema = {"type": "object", "required": ["name", "age"], "properties": {
+        "name": {"type": "string", "maxLength": 6}, "age": {"type": "integer", "minimum": 0, "maximum": 99}}}
+    forced, texts = {}, {}
+    for pattern in (None, ""):
+        engine = Engine(str(tiny_model_dir), max_total_tokens=2048, random_seed=0,
+                        constrained_json_whitespace_pattern=pattern)
+        try:
+            out = engine.generate(prompt="person:", sampling_params={
+                "temperature": 0, "max_new_tokens": 64, "json_schema": json.dumps(schema)})
+            forced[pattern], texts[pattern] = engine.scheduler.num_jump_forward_tokens, out["text"]
+            assert out["meta_info"]["finish_reason"]["type"] == "stop"
+            assert_engine_clean(engine)
+        finally:
+            engine.shutdown()
+    value = json.loads(texts[""])
+    jsonschema.validate(value, schema)
+    assert texts[""] == json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    assert forced[""] > forced[None], forced
+
+
+@pytest.mark.parametrize("pattern", ["x", r"\s*", "[ ]+(", "a?"])
+def test_whitespace_pattern_must_match_only_json_whitespace(pattern: str) -> None:
+    from radixlm.runtime.server_args import ServerArgs
+
+    with pytest.raises(ValueError, match="JSON whitespace pattern"):
+        ServerArgs(constrained_json_whitespace_pattern=pattern)

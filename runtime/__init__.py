@@ -10,14 +10,17 @@ from __future__ import annotations
 import os
 from typing import Any
 
-# OpenMP threads sleep between parallel regions instead of spinning, unless the user chose a
-# policy. A decode step runs ~150 short regions (kernels/csrc/decode_stack.cpp); with spinning
-# waiters any competing process on the same cores stalls every region boundary. Measured on the
-# 2-core machine, a bfloat16 decode step of the default model: 20 ms either way when the machine
-# is quiet; beside one busy process, 33 ms passive vs ~600 ms spinning. libgomp reads this when it
-# loads (the first `import torch`), so it takes effect where radixlm.runtime is imported first,
-# and in every process the runtime starts.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# OpenMP threads spin only briefly before they sleep, unless the user chose a policy. A decode
+# step runs ~150 short parallel regions (kernels/csrc/decode_stack.cpp); with libgomp's default
+# long spin, any competing process on the same cores stalls every region boundary for a time
+# slice. Measured on the 2-core machine (bf16 decode step of the default model): quiet, 16-20 ms
+# for every setting; beside one busy process, ~600 ms with the default spin, 63 ms with
+# GOMP_SPINCOUNT=10000, 33 ms with OMP_WAIT_POLICY=PASSIVE. PASSIVE (sleep at once) cost ~15% on
+# batched work when quiet (W2 79 vs 93-97 tok/s, W3 10.2 vs 8.2-8.6 s), the short spin nothing.
+# libgomp reads these when it loads (the first `import torch`), so they take effect where
+# radixlm.runtime is imported first, and in every process the runtime starts.
+if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+    os.environ["GOMP_SPINCOUNT"] = "10000"
 
 
 def __getattr__(name: str) -> Any:

@@ -1,5 +1,5 @@
 """Suite-wide setup. Triton runs in its interpreter on CPU tensors (no GPU here): the variable
-must be set before anything imports triton; likewise radixlm.runtime's OpenMP wait policy before
+must be set before anything imports triton; likewise radixlm.runtime's OpenMP spin count before
 anything imports torch."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
 
-import radixlm.runtime  # noqa: E402,F401  (sets OMP_WAIT_POLICY before anything loads torch)
+import radixlm.runtime  # noqa: E402,F401  (sets GOMP_SPINCOUNT before anything loads torch)
 
 
 @pytest.fixture(scope="session")

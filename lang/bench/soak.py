@@ -211,8 +211,8 @@ def with_action(shape: LoadRequest, action: str, rid: str, cut_after: int) -> Lo
     return LoadRequest(shape.api, shape.body, "disconnect", cut_after)
 
 
-def process_tree_rss(root_pid: int) -> int:
-    """Resident bytes of a process and all its descendants, from /proc (0 if it is gone)."""
+def process_tree(root_pid: int) -> list[int]:
+    """A process's pid and those of all its descendants, from /proc."""
     parent_of: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -220,14 +220,16 @@ def process_tree_rss(root_pid: int) -> int:
                 parent_of[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
             except (OSError, IndexError, ValueError):
                 continue
-    tree, frontier = {root_pid}, [root_pid]
-    while frontier:
-        pid = frontier.pop()
-        kids = [child for child, parent in parent_of.items() if parent == pid and child not in tree]
-        tree.update(kids)
-        frontier.extend(kids)
+    tree = [root_pid]
+    for pid in tree:  # grows while it is walked: breadth-first
+        tree += [child for child, parent in parent_of.items() if parent == pid and child not in tree]
+    return tree
+
+
+def process_tree_rss(root_pid: int) -> int:
+    """Resident bytes of a process and all its descendants, from /proc (0 if it is gone)."""
     total = 0
-    for pid in tree:
+    for pid in process_tree(root_pid):
         try:
             for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):

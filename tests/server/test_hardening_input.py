@@ -35,6 +35,8 @@ from conftest import ServerHandle, start_server
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from radixlm.bench.soak import process_tree
+
 KEY = "hardening-key-7c1"
 COMPILE_TIMEOUT_S = 5
 BOUND_S = 30.0  # every answer, whatever the input (grammar compiles stop at COMPILE_TIMEOUT_S)
@@ -529,21 +531,6 @@ def test_every_route_needs_the_api_key(server: ServerHandle) -> None:
             assert resp.status_code < 500, (method, path, resp.status_code, resp.text[:300])
 
 
-def server_processes(server: ServerHandle) -> list[int]:
-    """The server's pid and its descendants (scheduler, detokenizer, grammar index builder)."""
-    parent_of: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent_of[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    family = [server.proc.pid]
-    for pid in family:
-        family += [child for child, parent in parent_of.items() if parent == pid]
-    return family
-
-
 def socket_inodes(pids: list[int]) -> set[int]:
     inodes = set()
     for pid in pids:
@@ -562,7 +549,7 @@ def socket_inodes(pids: list[int]) -> set[int]:
 
 
 def test_listens_on_loopback_only_and_zmq_is_private(server: ServerHandle) -> None:
-    inodes = socket_inodes(server_processes(server))
+    inodes = socket_inodes(process_tree(server.proc.pid))
     listening = []  # (address, port) of every TCP socket the server's processes listen on
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         for line in Path(table).read_text().splitlines()[1:]:

@@ -97,7 +97,8 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """float32 logits `[len(batch.logits_indices), vocab]`."""
-        self.attn_backend.init_forward_metadata(batch)
+        if not self.model.runs_in_decode_stack(batch):
+            self.attn_backend.init_forward_metadata(batch)
         return self.model(batch, self.attn_backend)
 
 

@@ -142,13 +142,18 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, batch: ForwardBatch, attn: BaseAttentionBackend) -> torch.Tensor:
         """Logits `[len(batch.logits_indices), vocab]`, float32."""
-        if self.decode_stack is not None and batch.mode is ForwardMode.DECODE and batch.batch_size <= PACKED_MAX_ROWS:
+        if self.runs_in_decode_stack(batch):
             return self._forward_decode_stack(batch, attn)
         residual = self.embed_tokens(batch.input_ids)
         rope = self.rotary.freqs_for(batch.positions)
         for layer in self.layers:
             residual = layer(residual, rope, attn, batch)
         return self.lm_head(self.norm(residual[batch.logits_indices])).float()
+
+    def runs_in_decode_stack(self, batch: ForwardBatch) -> bool:
+        """Whether `forward` runs this batch in DecodeStack, which reads the slot layout itself
+        (the attention backend's per-forward metadata is then not needed)."""
+        return self.decode_stack is not None and batch.mode is ForwardMode.DECODE and batch.batch_size <= PACKED_MAX_ROWS
 
     def _forward_decode_stack(self, batch: ForwardBatch, attn: BaseAttentionBackend) -> torch.Tensor:
         hidden = self.embed_tokens(batch.input_ids).float()

@@ -18,9 +18,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 model: setup
-	$(BIN)/python -m radixlm.runtime.model_files --fetch-default
+	$(BIN)/python -m radixlm.runtime.model.model_files --fetch-default
 	# the C++ CPU decode kernels, compiled once into the cache (a minute or two the first time)
-	$(BIN)/python -m radixlm.kernels.cpu_linear
+	$(BIN)/python -m radixlm.runtime.model.model_files --build-kernels
 
 serve: model
 	$(BIN)/radixlm serve $(ARGS)
@@ -32,7 +32,7 @@ lint: setup
 	$(BIN)/ruff check lang runtime kernels tests examples
 
 bench: model
-	$(BIN)/python -m radixlm.bench $(ARGS)
+	$(BIN)/python -m radixlm.runtime.bench $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -3,7 +3,7 @@
 (csrc/decode_stack.h), every decoder layer of a decode step in one call.
 
 Built on first use with torch's C++ extension tooling (gcc, ninja from the `ninja` wheel) into
-the radixlm cache, keyed by the source and torch version, under a file lock so concurrent
+`build_root` (the runtime passes its cache's `extensions/` folder), keyed by the source and torch version, under a file lock so concurrent
 processes build once. `load()` returns None (and says why, once) where it cannot run: no
 AVX-512 (avx512f + avx512bw), no compiler, a failed build; callers then keep torch's matmul.
 """
@@ -36,25 +36,24 @@ def cpu_supports_avx512() -> bool:
     return " avx512f" in flags and " avx512bw" in flags
 
 
-def load() -> ModuleType | None:
-    """The compiled extension, or None if it cannot be used here (the reason is logged once)."""
+def load(build_root: Path) -> ModuleType | None:
+    """The compiled extension, or None if it cannot be used here (the reason is logged once).
+    The first call builds (or finds) it under `build_root`; later calls return that result."""
     if "ext" not in _state:
-        _state["ext"] = _build()
+        _state["ext"] = _build(build_root)
     return _state["ext"]
 
 
-def _build() -> ModuleType | None:
+def _build(build_root: Path) -> ModuleType | None:
     if not cpu_supports_avx512():
         logger.info("packed CPU linear kernel off: this CPU lacks avx512f/avx512bw")
         return None
     from torch.utils.cpp_extension import load as load_extension
 
-    from radixlm.runtime.model_files import cache_dir
-
     digest = hashlib.sha256(torch.__version__.encode())
     for path in SOURCES + HEADERS:
         digest.update(path.read_bytes())
-    build_dir = cache_dir() / "extensions" / f"cpu_kernels-{digest.hexdigest()[:16]}"
+    build_dir = build_root / f"cpu_kernels-{digest.hexdigest()[:16]}"
     build_dir.mkdir(parents=True, exist_ok=True)
     try:
         import ninja  # the wheel's binary; the venv's bin/ is not necessarily on PATH
@@ -107,7 +106,3 @@ def packed_linear(
     return out if x.dtype == torch.float32 else out.to(x.dtype)
 
 
-if __name__ == "__main__":  # `python -m radixlm.kernels.cpu_linear`: build now (make setup does)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    ext = load()
-    print(f"C++ CPU kernels: {ext.__file__ if ext is not None else 'not available here (torch ops are used)'}")

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixlm.runtime.tool_calls import Tool, parse_tools, tool_call_schema, tools_system_prompt
+from radixlm.tool_calls import Tool, parse_tools, tool_call_schema, tools_system_prompt
 
 __all__ = ["ToolCall", "ToolSet", "function_to_tool", "tools_prompt"]
 

@@ -1,26 +1,28 @@
-"""The serving runtime: model runner, KV pool, attention backends, engine.
+"""The serving runtime, one subpackage per process and concern. A request flows:
 
-Flow of one request (in-process Engine):
-  prompt -> tokenizer -> Engine batch loop -> ModelRunner.forward (ForwardBatch over the KV pool)
-  -> sampler -> output ids -> tokenizer.decode.
+  HTTP client
+    -> server/        (main process) FastAPI routes, OpenAI routes, TokenizerManager: validate at
+                      the door (request_io), apply the chat template, tokenize
+    -> messages.py    frozen IPC messages over zmq (ipc.py: sockets)
+    -> scheduler/     (scheduler process) Scheduler.step(): admission, schedule policy, the cache
+                      bridge between requests and mem_cache/, retraction; logprob bookkeeping
+    -> model/         ModelRunner.forward over a ForwardBatch: model code, attention backends
+                      over the paged KV pool (mem_cache/), model files and GGUF conversion
+    -> sampling/      sampler (masks from constrained/ applied here), sampling params
+    -> detokenizer/   (detokenizer process) incremental text deltas back to the TokenizerManager
+    -> HTTP client
+
+`engine.py` is the same path in one process (no zmq), `bench/` the benchmarks and the soak.
+Top-level modules hold what every layer reads: `server_args` (config), `envs` (environment),
+`limits`, `errors`, `tokenizer`, `request_io` (the front door shared by Engine and server).
+Imports point down this list, never up; `radixlm` (the language) imports none of it.
+Importing this package changes nothing in the process (see `radixlm.runtime.envs.set_omp_defaults`,
+called by each process entry point).
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
-
-# OpenMP threads spin only briefly before they sleep, unless the user chose a policy. A decode
-# step runs ~150 short parallel regions (kernels/csrc/decode_stack.cpp); with libgomp's default
-# long spin, any competing process on the same cores stalls every region boundary for a time
-# slice. Measured on the 2-core machine (bf16 decode step of the default model): quiet, 16-20 ms
-# for every setting; beside one busy process, ~600 ms with the default spin, 63 ms with
-# GOMP_SPINCOUNT=10000, 33 ms with OMP_WAIT_POLICY=PASSIVE. PASSIVE (sleep at once) cost ~15% on
-# batched work when quiet (W2 79 vs 93-97 tok/s, W3 10.2 vs 8.2-8.6 s), the short spin nothing.
-# libgomp reads these when it loads (the first `import torch`), so they take effect where
-# radixlm.runtime is imported first, and in every process the runtime starts.
-if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
-    os.environ["GOMP_SPINCOUNT"] = "10000"
 
 
 def __getattr__(name: str) -> Any:

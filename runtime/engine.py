@@ -15,52 +15,33 @@ import threading
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
-from radixlm.runtime.constrained.grammar import NUM_GRAMMAR_COMPILE_WORKERS, GrammarBackend
-from radixlm.runtime.detokenizer import IncrementalDecoder
-from radixlm.runtime.model_config import ModelConfig
-from radixlm.runtime.model_runner import ModelRunner, RunnerConfig
-from radixlm.runtime.req import LogprobOptions, Req
-from radixlm.runtime.request_io import build_result, check_prompt_ids, normalize_inputs, normalize_params
-from radixlm.runtime.sampling_params import SamplingParams
-from radixlm.runtime.scheduler import Scheduler, SchedulerConfig
-from radixlm.runtime.server_args import ServerArgs
-from radixlm.runtime.tokenizer import Tokenizer
+from radixlm.runtime.envs import set_omp_defaults
+
+set_omp_defaults()  # before the imports below load torch
+
+from radixlm.runtime.request_io import (  # noqa: E402
+    build_result,
+    check_prompt_ids,
+    normalize_inputs,
+    normalize_params,
+)
+from radixlm.runtime.scheduler.req import LogprobOptions, Req  # noqa: E402
+from radixlm.runtime.scheduler.scheduler_stack import SchedulerStack  # noqa: E402
+from radixlm.runtime.server_args import ServerArgs  # noqa: E402
 
 
 class Engine:
     """Load a model and generate in this process. `model_path=None` is the embedded default model."""
 
     def __init__(self, model_path: str | None = None, **kwargs: Any):
-        from radixlm.runtime.model_files import load_state_dict, resolve_model_path
-
-        self.server_args = args = ServerArgs(model_path=model_path, **kwargs)
-        model_dir = resolve_model_path(args.model_path)
-        self.model_config = ModelConfig.from_dir(model_dir)
-        self.tokenizer = Tokenizer(args.tokenizer_path or model_dir)
-        runner_cfg = RunnerConfig.from_server_args(args, self.model_config)
-        self.runner = ModelRunner(self.model_config, runner_cfg, load_state_dict(model_dir))
-        self.context_len = runner_cfg.context_len
-        self.grammar_backend = GrammarBackend(
-            self.tokenizer, self.model_config.vocab_size, num_workers=NUM_GRAMMAR_COMPILE_WORKERS,
-            enable_jump_forward=not args.disable_jump_forward,
-            whitespace_pattern=args.constrained_json_whitespace_pattern,
-        )
-        self.scheduler = Scheduler(
-            self.runner,
-            SchedulerConfig(
-                context_len=self.context_len,
-                max_running_requests=args.max_running_requests,
-                chunked_prefill_size=args.chunked_prefill_size,
-                schedule_policy=args.schedule_policy,
-                disable_radix_cache=args.disable_radix_cache,
-                random_seed=args.random_seed,
-            ),
-            self.grammar_backend,
-        )
-        eos = set(self.model_config.eos_token_ids)
-        if self.tokenizer.eos_token_id is not None:
-            eos.add(self.tokenizer.eos_token_id)
-        self._eos_ids = frozenset(eos)
+        self.server_args = ServerArgs(model_path=model_path, **kwargs)
+        self.stack = SchedulerStack.build(self.server_args)
+        self.model_config = self.stack.model_config
+        self.tokenizer = self.stack.tokenizer
+        self.runner = self.stack.runner
+        self.grammar_backend = self.stack.grammar_backend
+        self.scheduler = self.stack.scheduler
+        self.context_len = self.stack.context_len
         self._rid_counter = itertools.count()
         self._lock = threading.Lock()
 
@@ -117,33 +98,12 @@ class Engine:
 
     def get_server_info(self) -> dict[str, Any]:
         with self._lock:
-            sched = self.scheduler
-            cache = sched.cache
-            return {
-                **{k: v for k, v in vars(self.server_args).items()},
-                "model_path": str(self.server_args.model_path or "default:SmolLM2-135M-Instruct"),
-                "context_length": self.context_len,
-                "kv_pool": {"total_tokens": sched.kv_pool.size, "free_tokens": sched.kv_pool.num_free},
-                "radix_cache": {
-                    "cached_tokens": cache.total_cached_tokens,
-                    "evictable_tokens": cache.evictable_tokens,
-                    "hit_rate": cache.hit_rate,
-                    "evicted_tokens": sched.bridge.num_evicted_tokens,
-                },
-                "num_running_reqs": len(sched.running) + (1 if sched.chunked_req else 0),
-                "num_waiting_reqs": len(sched.waiting),
-                "num_retractions": sched.num_retractions,
-            }
+            return self.stack.server_info()
 
     def shutdown(self) -> None:
         """Abort everything queued or running and release its memory."""
         with self._lock:
-            for req in list(self.scheduler.waiting) + list(self.scheduler.running):
-                self.scheduler.abort(req.rid)
-            if self.scheduler.chunked_req is not None:
-                self.scheduler.abort(self.scheduler.chunked_req.rid)
-            while self.scheduler.has_work:
-                self.scheduler.step()
+            self.stack.abort_all()
         self.grammar_backend.shutdown()
 
     def __enter__(self) -> Engine:
@@ -170,17 +130,8 @@ class Engine:
                 copy_params = sp
                 if sp.n > 1 and sp.seed is not None:  # copies of a seeded request differ, reproducibly
                     copy_params = dataclasses.replace(sp, seed=sp.seed + copy)
-                reqs.append(self.make_req(str(next(self._rid_counter)), ids, copy_params, logprob))
+                reqs.append(self.stack.make_req(str(next(self._rid_counter)), ids, copy_params, logprob))
         return is_batch, reqs
-
-    def make_req(
-        self, rid: str, ids: list[int], params: SamplingParams, logprob: LogprobOptions, track_text: bool = True
-    ) -> Req:
-        """A scheduler request for already validated input ids. Its IncrementalDecoder makes the
-        text (the Engine's output) and watches for stop strings; a server's scheduler, whose text
-        comes from the detokenizer, needs it only when there are stop strings (`track_text=False`)."""
-        decoder = IncrementalDecoder(self.tokenizer, params, ids) if track_text or params.stop else None
-        return Req(rid, ids, params, self._eos_ids, logprob, decoder)
 
     def _submit(self, reqs: list[Req]) -> None:
         with self._lock:

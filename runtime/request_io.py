@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixlm.runtime.errors import RequestError
-from radixlm.runtime.req import Req
-from radixlm.runtime.sampling_params import SamplingParams
+from radixlm.runtime.sampling.sampling_params import SamplingParams
+from radixlm.runtime.scheduler.req import Req
 
 
 def normalize_inputs(

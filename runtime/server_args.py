@@ -91,6 +91,22 @@ class ServerArgs:
     def replace(self, **changes: object) -> ServerArgs:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
+    def public_dict(self) -> dict[str, object]:
+        """Every setting a client may see: all but the secrets (SECRET_FIELDS), e.g. for
+        /get_server_info. A secret's presence shows as a boolean `has_<name>`."""
+        public: dict[str, object] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name in SECRET_FIELDS:
+                public[f"has_{f.name}"] = value is not None
+            else:
+                public[f.name] = value
+        return public
+
+
+# Settings no endpoint, log line or error message may show.
+SECRET_FIELDS = frozenset({"api_key"})
+
 
 HELP = {
     "constrained_json_whitespace_pattern": "regex of the whitespace JSON-schema output may put between JSON tokens "

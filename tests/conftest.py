@@ -1,5 +1,5 @@
 """Suite-wide setup. Triton runs in its interpreter on CPU tensors (no GPU here): the variable
-must be set before anything imports triton; likewise radixlm.runtime's OpenMP spin count before
+must be set before anything imports triton; likewise the runtime's OpenMP spin count before
 anything imports torch."""
 
 from __future__ import annotations
@@ -13,13 +13,15 @@ from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
 
-import radixlm.runtime  # noqa: E402,F401  (sets GOMP_SPINCOUNT before anything loads torch)
+from radixlm.runtime.envs import set_omp_defaults  # noqa: E402
+
+set_omp_defaults()  # before anything loads torch
 
 
 @pytest.fixture(scope="session")
 def default_model_dir() -> Path:
     """The embedded default model (converted once per machine into the user cache)."""
-    from radixlm.runtime.model_files import resolve_model_path
+    from radixlm.runtime.model.model_files import resolve_model_path
 
     return resolve_model_path(None)
 

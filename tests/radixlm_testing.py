@@ -98,7 +98,7 @@ def runner_extend(runner: Any, rows: list[int], prefix_lens: list[int], chunks: 
                   all_logits: bool = True) -> torch.Tensor:
     """One extend batch on a ModelRunner: slots allocated for `chunks` and recorded after each
     prefix; logits of every new token (or of each request's last one)."""
-    from radixlm.runtime.forward_batch import ForwardBatch
+    from radixlm.runtime.model.forward_batch import ForwardBatch
 
     slots = runner.kv_pool.alloc(sum(len(c) for c in chunks))
     assert slots is not None
@@ -113,7 +113,7 @@ def runner_extend(runner: Any, rows: list[int], prefix_lens: list[int], chunks: 
 def runner_decode(runner: Any, rows: list[int], seqs: list[list[int]], positions: list[int]) -> torch.Tensor:
     """One decode step on a ModelRunner: token `seqs[i][positions[i]]` of each request (the ones
     before it already in the pool), its slot allocated and recorded; the logits."""
-    from radixlm.runtime.forward_batch import ForwardBatch
+    from radixlm.runtime.model.forward_batch import ForwardBatch
 
     slots = runner.kv_pool.alloc(len(rows))
     assert slots is not None

@@ -175,7 +175,7 @@ def _choice_logprobs(result: dict[str, Any], choice: str) -> list[float]:
 
 def parse_call(text: str, tools: ToolSet) -> ToolCall | None:
     """The first valid tool call in free text (Hermes blocks or a bare JSON call), else None."""
-    from radixlm.runtime.tool_calls import parse_tool_calls
+    from radixlm.tool_calls import parse_tool_calls
 
     _, calls = parse_tool_calls(text, tools.names)
     for found in calls:

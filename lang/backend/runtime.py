@@ -25,7 +25,7 @@ class Runtime(RuntimeEndpoint):
     def __init__(self, model_path: str | None = None, startup_timeout: float = 300.0, **server_args: Any):
         port = server_args.pop("port", None) or _free_port()
         self.log = tempfile.NamedTemporaryFile(prefix="radixlm-runtime-", suffix=".log", delete=False)  # noqa: SIM115
-        cmd = [sys.executable, "-m", "radixlm.runtime.serve", "--port", str(port)]
+        cmd = [sys.executable, "-m", "radixlm.runtime.server.serve", "--port", str(port)]
         if model_path is not None:
             cmd += ["--model-path", str(model_path)]
         for name, value in server_args.items():

@@ -11,13 +11,14 @@ import pytest
 import torch
 
 from radixlm.kernels import cpu_linear
+from radixlm.runtime.model.model_files import load_cpu_kernels
 
 pytestmark = pytest.mark.skipif(not cpu_linear.cpu_supports_avx512(), reason="the kernel needs AVX-512 (this CPU lacks it)")
 
 
 @pytest.fixture(scope="module")
 def ext() -> Any:
-    module = cpu_linear.load()
+    module = load_cpu_kernels()
     assert module is not None, "AVX-512 is present, so the kernel must build (see the log for why it did not)"
     return module
 
@@ -79,8 +80,8 @@ def test_bfloat16_decode_stack_against_float32(ext: Any, tmp_path: Path) -> None
     from radixlm_testing import runner_decode, runner_extend, save_tiny_model
     from safetensors.torch import load_file
 
-    from radixlm.runtime.model_config import ModelConfig
-    from radixlm.runtime.model_runner import ModelRunner, RunnerConfig
+    from radixlm.runtime.model.model_config import ModelConfig
+    from radixlm.runtime.model.model_runner import ModelRunner, RunnerConfig
 
     save_tiny_model(tmp_path, "qwen3", vocab_size=512)  # q/k norms, GQA 4
     cfg = ModelConfig.from_dir(tmp_path)

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from radixlm.bench.frontend import TallyingEngineBackend, agreement, run_workload
-from radixlm.bench.frontend_workloads import f1_workload, f2_workload, f3_workload, f4_workload
-from radixlm.bench.naive import NaiveTransformersBackend, _first_stop
+from radixlm.runtime.bench.frontend import TallyingEngineBackend, agreement, run_workload
+from radixlm.runtime.bench.frontend_workloads import f1_workload, f2_workload, f3_workload, f4_workload
+from radixlm.runtime.bench.naive import NaiveTransformersBackend, _first_stop
 
 TINY_WORKLOADS = {
     "F1": lambda: f1_workload(num_questions=3),

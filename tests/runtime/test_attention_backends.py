@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from radixlm.kernels.reference import decode_attention_ref, extend_attention_ref
-from radixlm.runtime.attention import torch_backend
-from radixlm.runtime.attention.torch_backend import TorchAttentionBackend
-from radixlm.runtime.forward_batch import ForwardBatch
-from radixlm.runtime.mem_pool import KVPool, ReqToTokenPool
+from radixlm.runtime.mem_cache.mem_pool import KVPool, ReqToTokenPool
+from radixlm.runtime.model.attention import torch_backend
+from radixlm.runtime.model.attention.torch_backend import TorchAttentionBackend
+from radixlm.runtime.model.forward_batch import ForwardBatch
 
 HEADS, KV_HEADS, DIM = 6, 2, 16
 

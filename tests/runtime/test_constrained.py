@@ -23,7 +23,7 @@ import outlines_core
 import pytest
 import torch
 
-from radixlm.bench.workloads import W4_SCHEMA
+from radixlm.runtime.bench.workloads import W4_SCHEMA
 from radixlm.runtime.constrained import CompiledGrammar, GrammarBackend, GrammarError, validate
 from radixlm.runtime.constrained.numeric_regex import bounded_number_regex, integer_range_regex
 from radixlm.runtime.constrained.regex_syntax import rewrite_regex

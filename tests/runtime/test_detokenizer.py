@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixlm.runtime.detokenizer import IncrementalDecoder
-from radixlm.runtime.model_files import resolve_model_path
-from radixlm.runtime.sampling_params import SamplingParams
+from radixlm.runtime.detokenizer.detokenizer import IncrementalDecoder
+from radixlm.runtime.model.model_files import resolve_model_path
+from radixlm.runtime.sampling.sampling_params import SamplingParams
 from radixlm.runtime.tokenizer import Tokenizer
 
 MULTIBYTE_TEXT = "héllo 世界 🎉🎉 naïve Ωmega — café ½ 日本語 👩\u200d💻"

@@ -30,7 +30,7 @@ from radixlm.runtime.limits import (
     json_depth,
 )
 from radixlm.runtime.request_io import copy_seed
-from radixlm.runtime.sampling_params import InvalidSamplingParams, SamplingParams
+from radixlm.runtime.sampling.sampling_params import InvalidSamplingParams, SamplingParams
 from radixlm.runtime.server_args import ServerArgs
 
 BYTE_VOCABULARY = outlines_core.Vocabulary(0, {bytes([b]): [b + 1] for b in range(256)})

@@ -16,7 +16,7 @@ import pytest
 import torch
 from radixlm_testing import assert_engine_clean
 
-from radixlm.bench.workloads import W4_MAX_TOKENS, W4_SCHEMA, w4_cases
+from radixlm.runtime.bench.workloads import W4_MAX_TOKENS, W4_SCHEMA, w4_cases
 from radixlm.runtime.constrained import GrammarBackend
 from radixlm.runtime.constrained.grammar import Grammar
 from radixlm.runtime.constrained.jump_forward import draft_tokens

@@ -20,8 +20,8 @@ import torch
 from safetensors.torch import save_file
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
-from radixlm.runtime import gguf_convert
-from radixlm.runtime.model_files import (
+from radixlm.runtime.model import gguf_convert
+from radixlm.runtime.model.model_files import (
     MANIFEST_NAME,
     ModelLoadError,
     build_cached,
@@ -285,7 +285,7 @@ def test_failed_build_leaves_nothing(tmp_cache: Path) -> None:
 
 def test_concurrent_first_calls_convert_once(tmp_cache: Path, tiny_gguf: Path) -> None:
     env = dict(os.environ, RADIXLM_CACHE=str(tmp_cache))
-    command = [sys.executable, "-m", "radixlm.runtime.model_files", str(tiny_gguf)]
+    command = [sys.executable, "-m", "radixlm.runtime.model.model_files", str(tiny_gguf)]
     procs = [
         subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for _ in range(2)
@@ -461,7 +461,7 @@ def transformers_gguf_state_dict(gguf_path: Path, model_dir: Path) -> dict[str, 
 def test_default_model_resolves_from_cache_without_rebuilding(default_dir: Path) -> None:
     assert default_dir.name == "SmolLM2-135M-Instruct" and is_complete(default_dir)
     built_at = (default_dir / MANIFEST_NAME).stat().st_mtime_ns
-    code = "import sys; from radixlm.runtime.model_files import resolve_model_path as r; print(r(None)); "
+    code = "import sys; from radixlm.runtime.model.model_files import resolve_model_path as r; print(r(None)); "
     code += "print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == [str(default_dir), "False"]  # cache hit: no torch, no conversion

@@ -15,11 +15,11 @@ from radixlm_testing import runner_extend as extend
 from safetensors.torch import load_file
 
 from radixlm.kernels import cpu_linear
-from radixlm.runtime.model_config import ModelConfig
-from radixlm.runtime.model_runner import ModelRunner, RunnerConfig
-from radixlm.runtime.req import Req
-from radixlm.runtime.sampling_params import SamplingParams
-from radixlm.runtime.scheduler import Scheduler, SchedulerConfig
+from radixlm.runtime.model.model_config import ModelConfig
+from radixlm.runtime.model.model_runner import ModelRunner, RunnerConfig
+from radixlm.runtime.sampling.sampling_params import SamplingParams
+from radixlm.runtime.scheduler.req import Req
+from radixlm.runtime.scheduler.scheduler import Scheduler, SchedulerConfig
 
 KINDS = sorted(TINY_CONFIGS)
 ATOL = 1e-4

@@ -10,8 +10,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from radixlm.runtime.mem_pool import KVPool
-from radixlm.runtime.radix_cache import BasePrefixCache, NoopRadixCache, RadixCache, TreeNode
+from radixlm.runtime.mem_cache.mem_pool import KVPool
+from radixlm.runtime.mem_cache.radix_cache import BasePrefixCache, NoopRadixCache, RadixCache, TreeNode
 
 Prefix = tuple[int, ...]
 

@@ -8,14 +8,14 @@ from typing import Any
 import pytest
 import torch
 
-from radixlm.runtime.sampler import (
+from radixlm.runtime.sampling.sampler import (
     SamplingBatch,
     apply_penalties_,
     mix_seed,
     sample,
     top_logprobs,
 )
-from radixlm.runtime.sampling_params import InvalidSamplingParams, SamplingParams
+from radixlm.runtime.sampling.sampling_params import InvalidSamplingParams, SamplingParams
 
 # ---------------------------------------------------------------- SamplingParams
 

@@ -39,9 +39,9 @@ class ServerHandle:
 
 def start_server(model_path: Path | None, log_path: Path, *extra: str, timeout: float = 240,
                  port: int | None = None) -> ServerHandle:
-    """Start `python -m radixlm.runtime.serve` (on a free port unless given) and wait until /health answers."""
+    """Start `python -m radixlm.runtime.server.serve` (on a free port unless given) and wait until /health answers."""
     port = port or free_port()
-    cmd = [sys.executable, "-m", "radixlm.runtime.serve", "--port", str(port), *extra]
+    cmd = [sys.executable, "-m", "radixlm.runtime.server.serve", "--port", str(port), *extra]
     if model_path is not None:
         cmd += ["--model-path", str(model_path)]
     log = open(log_path, "w")

@@ -35,7 +35,7 @@ from conftest import ServerHandle, start_server
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from radixlm.bench.soak import process_tree
+from radixlm.runtime.bench.soak import process_tree
 
 KEY = "hardening-key-7c1"
 COMPILE_TIMEOUT_S = 5
@@ -500,7 +500,7 @@ def test_fuzz_run_left_the_server_serving(server: ServerHandle, client: httpx.Cl
 
 def registered_routes() -> list[tuple[str, str]]:
     """(path, method) of every route the app registers, from an app built with the same factory."""
-    from radixlm.runtime.http_server import create_app
+    from radixlm.runtime.server.http_server import create_app
 
     app = create_app(SimpleNamespace(tokenizer=SimpleNamespace(chat_template=None)), api_key=KEY)  # type: ignore[arg-type]
     return sorted({(route.path, method) for route in app.routes for method in getattr(route, "methods", None) or ()})

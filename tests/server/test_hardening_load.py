@@ -34,7 +34,7 @@ from conftest import ServerHandle, free_port, start_server
 from radixlm_testing import assert_engine_clean
 from test_lifecycle import children_of
 
-from radixlm.bench.soak import (
+from radixlm.runtime.bench.soak import (
     ACTIONS,
     LoadRequest,
     Outcome,
@@ -43,7 +43,7 @@ from radixlm.bench.soak import (
     wait_idle_and_flush,
     with_action,
 )
-from radixlm.runtime.serve import SHUTDOWN_GRACE_S
+from radixlm.runtime.server.serve import SHUTDOWN_GRACE_S
 
 POOL = 768  # KV tokens: a few requests' worth, so 64 clients force eviction and retraction
 NUM_CLIENTS = 64

@@ -47,7 +47,7 @@ print(json.dumps({
 
 @pytest.fixture(scope="session")
 def sglang_paths(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    from radixlm.runtime.model_files import cache_dir
+    from radixlm.runtime.model.model_files import cache_dir
 
     root = cache_dir() / "test-sglang-frontend" / SGLANG.replace("==", "-")
     pkg, deps, done = root / "pkg", root / "deps", root / "complete"

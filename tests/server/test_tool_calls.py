@@ -13,10 +13,10 @@ import pytest
 from conftest import ServerHandle
 
 from radixlm.runtime.constrained.json_schema import schema_to_regex
-from radixlm.runtime.request_io import RequestError
-from radixlm.runtime.tool_calls import (
+from radixlm.tool_calls import (
     Tool,
     ToolCall,
+    ToolSpecError,
     add_tools_to_messages,
     parse_tool_calls,
     parse_tool_choice,
@@ -63,7 +63,7 @@ def test_parse_tools_defaults_and_names() -> None:
     ([{"type": "function", "function": {"name": "f"}}, {"type": "function", "function": {"name": "f"}}], "tools[1]"),
 ])  # fmt: skip
 def test_parse_tools_rejects_bad_shapes(tools: Any, field: str) -> None:
-    with pytest.raises(RequestError, match=field.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(ToolSpecError, match=field.replace("[", r"\[").replace("]", r"\]")):
         parse_tools(tools)
 
 
@@ -75,9 +75,9 @@ def test_parse_tool_choice() -> None:
     assert isinstance(named, Tool) and named.name == "add"
     for bad, match in [({"type": "function", "function": {"name": "nope"}}, "nope"), ("always", "tool_choice"),
                        ({"type": "function"}, "tool_choice.function.name")]:
-        with pytest.raises(RequestError, match=match):
+        with pytest.raises(ToolSpecError, match=match):
             parse_tool_choice(bad, tools)
-    with pytest.raises(RequestError, match="required"):
+    with pytest.raises(ToolSpecError, match="required"):
         parse_tool_choice("required", [])
 
 
@@ -108,7 +108,7 @@ def test_tools_prompt_goes_into_the_system_message() -> None:
     history = render_history_calls("Let me see.", [{"id": "call_1", "type": "function",
                                                     "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}])
     assert history == 'Let me see.\n<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
-    with pytest.raises(RequestError, match="arguments"):
+    with pytest.raises(ToolSpecError, match="arguments"):
         render_history_calls("", [{"function": {"name": "add", "arguments": "{bad"}}])
 
 

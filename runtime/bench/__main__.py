@@ -1,0 +1,261 @@
+"""`python -m radixlm.runtime.bench`: our engine against the transformers baseline, in one run.
+
+Workloads (prompts from radixlm.runtime.bench.workloads, byte-identical to the peer measurements):
+  W1  single stream: TTFT and decode tok/s (128 new tokens, EOS ignored)
+  W2  32 distinct prompts x 64 new tokens, submitted together: output tok/s
+  W3  32 questions sharing a ~1,000-token prefix x 16 new tokens: wall time
+  W4  JSON extraction of 16 passages (4-field schema): s/request and validity, with the schema
+      as a constraint (jump-forward on, and off on a second engine) and without (transformers:
+      without; it has no grammar support); with it on, also the tokens that jump-forward
+      appended without a decode step of their own, per request
+  W5  2,000-token prefill: tok/s
+Frontend workloads (@function programs from radixlm.runtime.bench.frontend_workloads, greedy), each run
+with run_batch on radixlm and on a naive baseline that sends every gen / select to transformers
+as an independent full-prompt call, one at a time (radixlm.runtime.bench.naive); the table gives
+s/program, the speedup, radixlm's cache hit rate and how many outputs are identical:
+  F1  few-shot multiple choice (HellaSwag-style): 5 solved examples, 16 questions, select of 4
+  F2  tree of thought: 4 questions, fork 3 ideas x 24 tokens, join, select the best
+  F3  multi-turn chat: 8 conversations x 4 turns x 24 tokens, one shared system prompt
+  F4  JSON extraction: W4's 16 passages, gen with W4's json_schema
+  (e.g. --workloads F1,F2,F3,F4 --dtypes float32 --repeats 3 --baseline-repeats 1; with --url
+  radixlm runs behind that server through RuntimeEndpoint instead of in-process)
+With --serving: N concurrent streaming HTTP clients replay W2 and W3 against a server (request
+throughput, output tok/s, TTFT and inter-token latency p50/p99); see radixlm.runtime.bench.serving.
+Each figure is the median of --repeats runs after one warm-up; the table gives our/baseline ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from radixlm.runtime.bench import workloads as wl
+
+if TYPE_CHECKING:
+    from radixlm.runtime.engine import Engine
+
+Result = dict[str, float]
+
+
+def _median_time(fn: Callable[[], Any], repeats: int, warmup: bool = True) -> float:
+    if warmup:
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+W4_MODES = ("json_schema", "json_schema, jump-forward off", "json_schema, compact whitespace", "unconstrained")
+# engine flags of the W4 modes that need an engine of their own
+_W4_ENGINE_FLAGS: dict[str, dict[str, Any]] = {
+    "json_schema, jump-forward off": {"disable_jump_forward": True},
+    "json_schema, compact whitespace": {"constrained_json_whitespace_pattern": ""},
+}
+
+
+class Ours:
+    name = "radixlm"
+
+    def __init__(self, dtype: str):
+        from radixlm.runtime.engine import Engine
+
+        self.dtype = dtype
+        self.engine = Engine(dtype=dtype)
+        self.encode = self.engine.tokenizer.encode
+        self._mode_engines: dict[str, Engine] = {}  # W4 modes with flags of their own (made when needed)
+
+    def generate(self, prompts: list[str] | list[list[int]], new_tokens: int) -> None:
+        params = {"max_new_tokens": new_tokens, "temperature": 0.0, "ignore_eos": True}
+        key = "input_ids" if isinstance(prompts[0], list) else "prompt"
+        self.engine.generate(**{key: prompts}, sampling_params=params)
+
+    def flush(self) -> None:
+        self.engine.flush_cache()
+
+    def extract(self, prompt: str, mode: str) -> str:
+        """W4: one JSON extraction in one of W4_MODES."""
+        params: dict[str, Any] = {"max_new_tokens": wl.W4_MAX_TOKENS, "temperature": 0.0}
+        if mode != "unconstrained":
+            params["json_schema"] = json.dumps(wl.W4_SCHEMA)
+        out = self._engine_for(mode).generate(prompt=prompt, sampling_params=params)
+        assert isinstance(out, dict)
+        return str(out["text"])
+
+    def _engine_for(self, mode: str) -> Engine:
+        if mode not in _W4_ENGINE_FLAGS:
+            return self.engine
+        if mode not in self._mode_engines:
+            from radixlm.runtime.engine import Engine
+
+            self._mode_engines[mode] = Engine(dtype=self.dtype, **_W4_ENGINE_FLAGS[mode])
+        return self._mode_engines[mode]
+
+    def jump_forward_tokens(self, mode: str) -> int:
+        """Tokens jump-forward appended so far, in `mode`'s engine, without a decode step of their own."""
+        return self._engine_for(mode).scheduler.num_jump_forward_tokens
+
+    def close_extra_engines(self) -> None:
+        for engine in self._mode_engines.values():
+            engine.shutdown()
+        self._mode_engines.clear()
+
+
+class Transformers:
+    name = "transformers"
+
+    def __init__(self, dtype: str):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from radixlm.runtime.model.model_files import resolve_model_path
+
+        path = resolve_model_path(None)
+        self.torch = torch
+        torch_dtype = torch.float32 if dtype in ("auto", "float32") else getattr(torch, dtype)
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
+        self.encode = self.tokenizer.encode
+
+    def generate(self, prompts: list[str] | list[list[int]], new_tokens: int) -> None:
+        if isinstance(prompts[0], list):
+            batch = {"input_ids": self.torch.tensor(prompts)}
+        else:
+            batch = self.tokenizer(prompts, return_tensors="pt", padding=True)
+        with self.torch.inference_mode():
+            self.model.generate(
+                **batch, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                pad_token_id=self.tokenizer.pad_token_id or 0,
+            )
+
+    def flush(self) -> None:
+        pass
+
+    def extract(self, prompt: str, mode: str) -> str:
+        """W4 without constraints (transformers has no grammar support of its own)."""
+        batch = self.tokenizer([prompt], return_tensors="pt")
+        with self.torch.inference_mode():
+            out = self.model.generate(**batch, max_new_tokens=wl.W4_MAX_TOKENS, do_sample=False,
+                                      pad_token_id=self.tokenizer.pad_token_id or 0)
+        return str(self.tokenizer.decode(out[0, batch["input_ids"].shape[1] :], skip_special_tokens=True))
+
+
+def run_system(system: Ours | Transformers, workloads: list[str], repeats: int) -> Result:
+    """Median figures of one system. The slow batch workloads skip the warm-up run for the
+    baseline (one transformers W3 run takes minutes; its first run is not slower)."""
+    out: Result = {}
+    heavy_warmup = isinstance(system, Ours)
+    if "W1" in workloads:
+        prompt = [wl.W1_PROMPT]
+        ttft = _median_time(lambda: (system.flush(), system.generate(prompt, 1)), repeats)
+        total = _median_time(lambda: (system.flush(), system.generate(prompt, wl.W1_NEW_TOKENS)), repeats)
+        out["W1 TTFT s"] = ttft
+        out["W1 decode tok/s"] = (wl.W1_NEW_TOKENS - 1) / (total - ttft)
+    if "W2" in workloads:
+        prompts = wl.w2_prompts()
+        t = _median_time(lambda: (system.flush(), system.generate(prompts, wl.W2_NEW_TOKENS)), repeats, heavy_warmup)
+        out["W2 output tok/s"] = len(prompts) * wl.W2_NEW_TOKENS / t
+    if "W3" in workloads:
+        _, prompts = wl.w3_workload()
+        out["W3 wall s"] = _median_time(
+            lambda: (system.flush(), system.generate(prompts, wl.W3_NEW_TOKENS)), repeats, heavy_warmup
+        )
+    if "W4" in workloads:
+        modes = W4_MODES if isinstance(system, Ours) else ("unconstrained",)
+        for mode in modes:
+            out.update(_run_w4(system, mode))
+        if isinstance(system, Ours):
+            system.close_extra_engines()
+    if "W5" in workloads:
+        ids = system.encode(wl.w5_text())[: wl.W5_TOKENS]
+        t = _median_time(lambda: (system.flush(), system.generate([ids], 1)), repeats)
+        out["W5 prefill tok/s"] = wl.W5_TOKENS / t
+    return out
+
+
+def _run_w4(system: Ours | Transformers, mode: str) -> Result:
+    """W4: the 16 extractions one after another; seconds per request and how many are valid
+    (strict: the whole output parses and matches the schema; unconstrained output is also
+    checked leniently, from its first '{')."""
+    cases = wl.w4_cases()
+    system.extract(cases[0]["prompt"], mode)  # warm-up (and, constrained, the grammar compile)
+    jump_forward_before = system.jump_forward_tokens(mode) if isinstance(system, Ours) else 0
+    start = time.perf_counter()
+    texts = [system.extract(c["prompt"], mode) for c in cases]
+    per_request = (time.perf_counter() - start) / len(cases)
+    strict = sum(wl.w4_check(t, c["truth"])[1] for t, c in zip(texts, cases))
+    lenient = sum(wl.w4_check(wl.w4_first_object(t), c["truth"])[1] for t, c in zip(texts, cases))
+    exact = sum(wl.w4_check(t, c["truth"])[2] for t, c in zip(texts, cases))
+    tag = f"W4 {mode}"
+    out = {f"{tag} s/request": per_request, f"{tag} valid /16": float(strict),
+           f"{tag} lenient valid /16": float(lenient), f"{tag} exact fields /64": float(exact)}
+    if isinstance(system, Ours) and mode.startswith("json_schema"):
+        out[f"{tag} jump-forward tokens /request"] = (system.jump_forward_tokens(mode) - jump_forward_before) / len(cases)
+    return out
+
+
+def _print_table(dtype: str, ours: Result, base: Result | None) -> None:
+    print(f"\n## dtype {dtype}")
+    print("| metric | radixlm | transformers | ratio |")
+    print("|---|---|---|---|")
+    for key, value in ours.items():
+        if base is None or key not in base:
+            print(f"| {key} | {value:.2f} | - | - |")
+            continue
+        lower_is_better = key.endswith(" s") or key.endswith("s/request")
+        if not (lower_is_better or key.endswith("tok/s")) or min(value, base[key]) <= 0:
+            print(f"| {key} | {value:.2f} | {base[key]:.2f} | - |")  # counts: no ratio
+            continue
+        ratio = base[key] / value if lower_is_better else value / base[key]
+        print(f"| {key} | {value:.2f} | {base[key]:.2f} | {ratio:.2f}x |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m radixlm.runtime.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workloads", default="W1,W5", help="comma-separated subset of W1-W5 and F1-F4")
+    parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated dtypes to run")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--baseline-repeats", type=int, default=None, help="repeats for transformers (default: --repeats)")
+    parser.add_argument("--no-baseline", action="store_true", help="skip transformers")
+    parser.add_argument("--serving", action="store_true",
+                        help="serving mode: concurrent HTTP clients replay W2/W3 against a server")
+    parser.add_argument("--url", default=None, help="serving mode: an already running server (default: start "
+                        "one); F workloads: run radixlm through this server instead of in-process")
+    parser.add_argument("--concurrency", type=int, default=32, help="serving mode: concurrent clients")
+    args = parser.parse_args(argv)
+    if args.serving:
+        from radixlm.runtime.bench.serving import run_serving
+
+        run_serving(args.url, args.concurrency, [])
+        return 0
+    import torch
+
+    torch.set_num_threads(2)
+    workloads = args.workloads.split(",")
+    unknown = [w for w in workloads if w not in ("W1", "W2", "W3", "W4", "W5", "F1", "F2", "F3", "F4")]
+    if unknown:
+        parser.error(f"unknown workloads: {', '.join(unknown)}")
+    engine_workloads = [w for w in workloads if w.startswith("W")]
+    frontend_workloads = [w for w in workloads if w.startswith("F")]
+    base_repeats = args.baseline_repeats or args.repeats
+    for dtype in args.dtypes.split(","):
+        if engine_workloads:
+            ours = run_system(Ours(dtype), engine_workloads, args.repeats)
+            base = None if args.no_baseline else run_system(Transformers(dtype), engine_workloads, base_repeats)
+            _print_table(dtype, ours, base)
+        if frontend_workloads:
+            from radixlm.runtime.bench.frontend import run_frontend
+
+            run_frontend(frontend_workloads, dtype, args.repeats, base_repeats, args.no_baseline, args.url)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,130 @@
+"""Serving benchmark: N concurrent HTTP clients replay W2 / W3 against a radixlm server.
+
+Each client streams its requests from /generate (SSE) and records the time to first token and
+the gaps between later tokens. Reports request throughput, output tokens/s, TTFT and inter-token
+latency p50 / p99. Starts its own server (`radixlm serve` on a free port) unless --url is given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+from radixlm.runtime.bench import workloads as wl
+
+
+@dataclass
+class RequestTiming:
+    ttft: float = 0.0
+    gaps: list[float] = field(default_factory=list)
+    output_tokens: int = 0
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+
+
+async def _one(client: httpx.AsyncClient, url: str, prompt: str, new_tokens: int) -> RequestTiming:
+    body = {"text": prompt, "stream": True,
+            "sampling_params": {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True}}
+    timing = RequestTiming()
+    start = last = time.perf_counter()
+    seen = 0
+    async with client.stream("POST", url + "/generate", json=body) as resp:
+        resp.raise_for_status()
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            count = json.loads(line[6:])["meta_info"]["completion_tokens"]
+            if count > seen:
+                now = time.perf_counter()
+                if seen == 0:
+                    timing.ttft = now - start
+                else:
+                    timing.gaps.append((now - last) / (count - seen))
+                seen, last = count, now
+    timing.output_tokens = seen
+    return timing
+
+
+async def replay(url: str, prompts: list[str], new_tokens: int, concurrency: int) -> dict[str, float]:
+    queue: asyncio.Queue[str] = asyncio.Queue()
+    for p in prompts:
+        queue.put_nowait(p)
+    timings: list[RequestTiming] = []
+
+    async def client_loop(client: httpx.AsyncClient) -> None:
+        while not queue.empty():
+            timings.append(await _one(client, url, queue.get_nowait(), new_tokens))
+
+    start = time.perf_counter()
+    async with httpx.AsyncClient(timeout=600) as client:
+        await asyncio.gather(*(client_loop(client) for _ in range(concurrency)))
+    wall = time.perf_counter() - start
+    gaps = [g for t in timings for g in t.gaps]
+    ttfts = [t.ttft for t in timings]
+    return {
+        "requests/s": len(timings) / wall,
+        "output tok/s": sum(t.output_tokens for t in timings) / wall,
+        "wall s": wall,
+        "TTFT p50 s": statistics.median(ttfts),
+        "TTFT p99 s": percentile(ttfts, 99),
+        "ITL p50 ms": percentile(gaps, 50) * 1e3,
+        "ITL p99 ms": percentile(gaps, 99) * 1e3,
+    }
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_server(extra: list[str]) -> tuple[subprocess.Popen[bytes], str]:
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "radixlm.runtime.server.serve", "--port", str(port), *extra])
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError("the server did not start")
+
+
+def run_serving(url: str | None, concurrency: int, server_args: list[str]) -> None:
+    proc = None
+    if url is None:
+        proc, url = start_server(server_args)
+    try:
+        workloads = {
+            "W2": (wl.w2_prompts(), wl.W2_NEW_TOKENS),
+            "W3": (wl.w3_workload()[1], wl.W3_NEW_TOKENS),
+        }
+        print(f"\n## serving, {concurrency} concurrent streaming clients, {url}")
+        print("| workload | requests/s | output tok/s | wall s | TTFT p50 s | TTFT p99 s | ITL p50 ms | ITL p99 ms |")
+        print("|---|---|---|---|---|---|---|---|")
+        for name, (prompts, new_tokens) in workloads.items():
+            httpx.post(url + "/flush_cache", timeout=60)
+            asyncio.run(replay(url, prompts[:4], new_tokens, min(4, concurrency)))  # warm-up
+            httpx.post(url + "/flush_cache", timeout=60)
+            r = asyncio.run(replay(url, prompts, new_tokens, concurrency))
+            print(f"| {name} | {r['requests/s']:.2f} | {r['output tok/s']:.1f} | {r['wall s']:.2f} | "
+                  f"{r['TTFT p50 s']:.2f} | {r['TTFT p99 s']:.2f} | {r['ITL p50 ms']:.0f} | {r['ITL p99 ms']:.0f} |")
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=60)

@@ -1,0 +1,47 @@
+"""The attention backend interface: one object per model runner, shared by all layers.
+
+Per forward: `init_forward_metadata(batch)` once (index tensors, masks), then `forward(...)` per
+layer. `forward` first writes the new tokens' K/V into the KV pool at `batch.out_cache_loc`, then
+attends each new query to its request's whole context (cached prefix + new tokens, causal).
+"""
+
+from __future__ import annotations
+
+import abc
+
+import torch
+
+from radixlm.runtime.mem_cache.mem_pool import KVPool, ReqToTokenPool
+from radixlm.runtime.model.forward_batch import ForwardBatch
+
+
+class BaseAttentionBackend(abc.ABC):
+    def __init__(self, kv_pool: KVPool, req_to_token_pool: ReqToTokenPool, scaling: float):
+        self.kv_pool = kv_pool
+        self.req_to_token = req_to_token_pool.req_to_token
+        self.scaling = scaling
+
+    @abc.abstractmethod
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        """Prepare whatever the layers share for this batch."""
+
+    @abc.abstractmethod
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch
+    ) -> torch.Tensor:
+        """q `[num_tokens, num_heads, head_dim]`, k/v `[num_tokens, num_kv_heads, head_dim]`
+        -> attention output `[num_tokens, num_heads, head_dim]`."""
+
+
+def create_attention_backend(
+    name: str, kv_pool: KVPool, req_to_token_pool: ReqToTokenPool, scaling: float
+) -> BaseAttentionBackend:
+    if name == "torch":
+        from radixlm.runtime.model.attention.torch_backend import TorchAttentionBackend
+
+        return TorchAttentionBackend(kv_pool, req_to_token_pool, scaling)
+    if name == "triton":
+        from radixlm.runtime.model.attention.triton_backend import TritonAttentionBackend
+
+        return TritonAttentionBackend(kv_pool, req_to_token_pool, scaling)
+    raise ValueError(f"unknown attention backend {name!r}; choose 'torch' or 'triton'")

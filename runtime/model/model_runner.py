@@ -1,0 +1,114 @@
+"""ModelRunner: owns the weights, the KV pool, the request->token pool and the attention backend,
+and executes one prepared ForwardBatch. No scheduling logic lives here."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from radixlm.runtime.mem_cache.mem_pool import KVPool, ReqToTokenPool
+from radixlm.runtime.model.attention.base import create_attention_backend
+from radixlm.runtime.model.forward_batch import ForwardBatch
+from radixlm.runtime.model.model_config import ModelConfig
+from radixlm.runtime.model.models.llama import LlamaForCausalLM
+from radixlm.runtime.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    dtype: torch.dtype
+    attention_backend: str
+    max_total_tokens: int
+    max_running_requests: int
+    context_len: int
+    device: str = "cpu"
+    cpu_kernels: bool = True  # the C++ decode kernels on CPU with torch attention (kernels/cpu_linear.py)
+
+    @classmethod
+    def from_server_args(cls, args: ServerArgs, model_cfg: ModelConfig) -> RunnerConfig:
+        """Resolve `auto` values: context length, and the KV pool size from available memory."""
+        context_len = min(args.context_length or model_cfg.context_len, model_cfg.context_len)
+        per_token = KVPool.bytes_per_token(model_cfg.num_layers, model_cfg.num_kv_heads, model_cfg.head_dim, args.torch_dtype)
+        max_total_tokens = args.max_total_tokens or max(
+            1024, int(_available_memory_bytes() * args.mem_fraction_static) // per_token
+        )
+        return cls(
+            dtype=args.torch_dtype,
+            attention_backend=args.resolved_attention_backend,
+            max_total_tokens=max_total_tokens,
+            max_running_requests=args.max_running_requests,
+            context_len=min(context_len, max_total_tokens),
+            device=args.device,
+            cpu_kernels=not args.disable_cpu_kernels,
+        )
+
+
+class ModelRunner:
+    def __init__(self, model_cfg: ModelConfig, runner_cfg: RunnerConfig, state_dict: dict[str, torch.Tensor]):
+        self.model_cfg = model_cfg
+        self.cfg = runner_cfg
+        start = time.perf_counter()
+        with torch.device("meta"):
+            model = LlamaForCausalLM(model_cfg)
+        model = model.to_empty(device=runner_cfg.device)
+        model.rotary = type(model.rotary)(model_cfg.head_dim, model_cfg.context_len, model_cfg.rope)
+        model.load_weights(state_dict)
+        self.model = model.to(runner_cfg.dtype).eval()
+        self.kv_pool = KVPool(
+            runner_cfg.max_total_tokens,
+            model_cfg.num_layers,
+            model_cfg.num_kv_heads,
+            model_cfg.head_dim,
+            runner_cfg.dtype,
+            runner_cfg.device,
+        )
+        self.req_to_token_pool = ReqToTokenPool(
+            runner_cfg.max_running_requests, runner_cfg.context_len, runner_cfg.device
+        )
+        # the C++ decode path writes K/V and attends itself, in the torch backend's slot layout
+        self.cpu_kernels = (
+            runner_cfg.cpu_kernels and runner_cfg.device == "cpu" and runner_cfg.attention_backend == "torch"
+            and self.model.use_cpu_kernels(self.kv_pool.k_buffer, self.kv_pool.v_buffer)
+        )
+        self.attn_backend = create_attention_backend(
+            runner_cfg.attention_backend, self.kv_pool, self.req_to_token_pool, model_cfg.head_dim**-0.5
+        )
+        logger.info(
+            "model loaded in %.1fs: %s, dtype %s%s, KV pool %d tokens",
+            time.perf_counter() - start,
+            model_cfg.architecture,
+            runner_cfg.dtype,
+            " (C++ CPU decode kernels)" if self.cpu_kernels else "",
+            runner_cfg.max_total_tokens,
+        )
+
+    @classmethod
+    def from_dir(cls, model_dir: Path, runner_cfg: RunnerConfig) -> ModelRunner:
+        from radixlm.runtime.model.model_files import load_state_dict
+
+        return cls(ModelConfig.from_dir(model_dir), runner_cfg, load_state_dict(model_dir))
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """float32 logits `[len(batch.logits_indices), vocab]`."""
+        if not self.model.runs_in_decode_stack(batch):
+            self.attn_backend.init_forward_metadata(batch)
+        return self.model(batch, self.attn_backend)
+
+
+def _available_memory_bytes() -> int:
+    """MemAvailable from /proc/meminfo (CPU); 8 GiB if it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 << 30

@@ -1,0 +1,108 @@
+"""A request as the scheduler sees it: token ids, sampling parameters, KV ownership, progress."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from radixlm.runtime.sampling.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
+
+    from radixlm.runtime.constrained.grammar import CompiledGrammar, Grammar
+    from radixlm.runtime.detokenizer.detokenizer import IncrementalDecoder
+    from radixlm.runtime.mem_cache.radix_cache import TreeNode
+
+
+@dataclass(frozen=True)
+class FinishReason:
+    type: str  # "stop" | "length" | "abort"
+    matched: int | str | None = None  # the EOS / stop token id or stop string that matched
+    message: str | None = None  # for "abort"
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": self.type, "matched": self.matched}
+        if self.message is not None:
+            out["message"] = self.message
+        return out
+
+
+@dataclass(frozen=True)
+class LogprobOptions:
+    return_logprob: bool = False
+    logprob_start_len: int = -1  # -1: no input logprobs; else from this prompt position
+    top_logprobs_num: int = 0
+
+
+@dataclass(eq=False)
+class Req:
+    """One sequence being generated.
+
+    KV ownership while `req_pool_idx` is set: positions [0, num_cached) of `all_ids` have K/V in
+    the pool at the slots in `req_to_token[req_pool_idx]`; of those, [0, cache_prefix_len) are
+    the prefix cache's (locked through `last_node`), [cache_prefix_len, num_cached) the request's.
+    """
+
+    rid: str
+    input_ids: list[int]
+    params: SamplingParams
+    eos_token_ids: frozenset[int]
+    logprob: LogprobOptions = field(default_factory=LogprobOptions)
+    decoder: IncrementalDecoder | None = None  # watches for stop strings (needs a tokenizer)
+    output_ids: list[int] = field(default_factory=list)
+    # KV state
+    req_pool_idx: int | None = None
+    num_cached: int = 0
+    cache_prefix_len: int = 0
+    last_node: TreeNode | None = None
+    # filled by the schedule policy / admission before the request is admitted
+    prefix_slots: torch.Tensor | None = None
+    prefix_node: TreeNode | None = None
+    cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache (meta_info)
+    is_retracted: bool = False
+    finish_reason: FinishReason | None = None
+    # constrained decoding: the compile in flight, then the request's own FSM state
+    grammar_future: Future[CompiledGrammar] | None = None
+    grammar: Grammar | None = None
+    # jump-forward draft: tokens the grammar forces after output_ids[-1], computed with it next
+    # step and kept as far as sampling agrees (only running requests have one)
+    jump_forward_ids: list[int] = field(default_factory=list)
+    # logprobs: lists of (logprob, token_id) and per-position top lists
+    input_token_logprobs: list[tuple[float | None, int]] = field(default_factory=list)
+    output_token_logprobs: list[tuple[float, int]] = field(default_factory=list)
+    input_top_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
+    output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.input_ids + self.output_ids
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.input_ids) + len(self.output_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def append_token(self, token: int, context_len: int) -> None:
+        """Record a sampled token and set finish_reason if a stop condition now holds."""
+        self.output_ids.append(token)
+        num_out = len(self.output_ids)
+        may_stop = num_out >= self.params.min_new_tokens
+        if may_stop and (
+            (not self.params.ignore_eos and token in self.eos_token_ids) or token in self.params.stop_token_ids
+        ):
+            self.finish_reason = FinishReason("stop", token)  # the token's text is not output
+            return
+        if self.decoder is not None:
+            self.decoder.push([token])
+            if may_stop and self.decoder.matched_stop is not None:
+                self.finish_reason = FinishReason("stop", self.decoder.matched_stop)
+                return
+        max_new = self.params.max_new_tokens
+        if (max_new is not None and num_out >= max_new) or self.seq_len >= context_len:
+            self.finish_reason = FinishReason("length", num_out)

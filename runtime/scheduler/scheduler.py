@@ -1,0 +1,369 @@
+"""The scheduler: a plain object (`add_request`, `abort`, `step()`) that batches requests over the
+model runner. No I/O: the Engine drives it in-process, the server wraps it in a process.
+
+One step (iteration-level continuous batching):
+  1. the running requests each need one KV slot for their decode; if memory is short, evict
+     cache, then retract the newest requests to the waiting queue (their tokens are kept, their
+     K/V goes to the cache, so resuming recomputes only what was evicted meanwhile);
+  2. admission (`admission.plan_extends`) adds new requests' extends, in policy order, within the
+     chunked-prefill token budget and the KV memory estimate; a long prompt is split into chunks;
+  3. one forward runs the extends and the decodes together, then one token is sampled for every
+     request whose prompt is complete;
+  4. newly prefilled tokens go to the radix cache at once (so requests sharing a new prefix that
+     were held back reuse it next step); finished requests leave at once, their tokens cached.
+
+Jump-forward (constrained requests; `constrained.jump_forward`): after a request samples a token,
+its grammar may force the next text; the tokens spelling it (`req.jump_forward_ids`, the draft)
+join that token in the next forward, which then computes one logits row per draft position. Each
+row is sampled under the grammar mask of its position; the draft is kept as far as the samples
+agree with it, and the first disagreeing sample is the request's next token, so the output is
+what token-by-token decoding gives. The K/V of the rejected draft tokens is freed at once.
+"""
+
+from __future__ import annotations
+
+from concurrent import futures
+from dataclasses import dataclass
+
+import torch
+
+from radixlm.runtime.constrained.grammar import GrammarBackend
+from radixlm.runtime.mem_cache.radix_cache import BasePrefixCache, NoopRadixCache, RadixCache
+from radixlm.runtime.model.forward_batch import ForwardBatch
+from radixlm.runtime.model.model_runner import ModelRunner
+from radixlm.runtime.sampling.sampler import SampleOutput, SamplingBatch, sample
+from radixlm.runtime.sampling.sampling_params import SamplingParams
+from radixlm.runtime.scheduler.admission import AdmissionPlan, plan_extends
+from radixlm.runtime.scheduler.cache_bridge import CacheBridge
+from radixlm.runtime.scheduler.logprobs import (
+    InputLogprobSpan,
+    input_logprob_span,
+    record_input_logprobs,
+    record_logprobs,
+)
+from radixlm.runtime.scheduler.req import FinishReason, Req
+from radixlm.runtime.scheduler.schedule_policy import SchedulePolicy
+
+GRAMMAR_POLL_S = 0.005
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO = 0.1
+NEW_TOKEN_RATIO_DECAY = 0.002
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    context_len: int
+    max_running_requests: int
+    chunked_prefill_size: int = 2048
+    schedule_policy: str = "lpm"
+    disable_radix_cache: bool = False
+    random_seed: int | None = None
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """One request's progress in a step: the tokens it gained (several with jump-forward; none
+    when aborted or nothing new)."""
+
+    req: Req
+    token_ids: tuple[int, ...]
+
+
+class Scheduler:
+    def __init__(self, runner: ModelRunner, cfg: SchedulerConfig, grammar_backend: GrammarBackend | None = None):
+        self.runner = runner
+        self.cfg = cfg
+        self.grammar_backend = grammar_backend
+        self.grammar_waiting: list[Req] = []  # their grammar is compiling (in a worker thread)
+        self.kv_pool = runner.kv_pool
+        cache: BasePrefixCache = NoopRadixCache(self.kv_pool) if cfg.disable_radix_cache else RadixCache(self.kv_pool)
+        self.bridge = CacheBridge(self.kv_pool, runner.req_to_token_pool, cache)
+        self.policy = SchedulePolicy(cfg.schedule_policy, self.bridge, cfg.random_seed)
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []  # prompt complete, decoding; in admission order
+        self.chunked_req: Req | None = None  # prompt partly computed
+        self.generator = torch.Generator()
+        if cfg.random_seed is not None:
+            self.generator.manual_seed(cfg.random_seed)
+        self._aborted: list[Req] = []
+        self.num_retractions = 0
+        self.num_jump_forward_tokens = 0  # draft tokens kept: each saved a decode step
+        self.new_token_ratio = INIT_NEW_TOKEN_RATIO  # share of remaining tokens admission reserves
+
+    @property
+    def cache(self) -> BasePrefixCache:
+        return self.bridge.cache
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.chunked_req or self._aborted or self.grammar_waiting)
+
+    def add_request(self, req: Req) -> None:
+        if not req.input_ids:
+            raise ValueError("the prompt is empty: at least one input token is required")
+        if len(req.input_ids) >= self.cfg.context_len:
+            raise ValueError(
+                f"the prompt has {len(req.input_ids)} tokens; the context length is {self.cfg.context_len}"
+            )
+        if len(req.input_ids) + 1 > self.kv_pool.size:
+            raise ValueError(f"the prompt has {len(req.input_ids)} tokens; the KV pool holds {self.kv_pool.size}")
+        grammar = grammar_spec(req.params)
+        if grammar is None:
+            self.waiting.append(req)
+            return
+        if self.grammar_backend is None:
+            raise ValueError("this scheduler has no grammar backend for regex / json_schema requests")
+        req.grammar_future = self.grammar_backend.get(*grammar)
+        self.grammar_waiting.append(req)
+
+    def abort(self, rid: str) -> None:
+        """Finish a request now; its KV is released by the next step, which also reports it."""
+        for req in [r for r in self.waiting + self.grammar_waiting if r.rid == rid]:
+            (self.waiting if req in self.waiting else self.grammar_waiting).remove(req)
+            req.finish_reason = FinishReason("abort", message="aborted")
+            self._aborted.append(req)
+        for req in self.running + ([self.chunked_req] if self.chunked_req else []):
+            if req.rid == rid and not req.is_finished:
+                req.finish_reason = FinishReason("abort", message="aborted")
+                self._aborted.append(req)
+
+    def flush_cache(self) -> bool:
+        """Drop the prefix cache; refused (False) while requests are running."""
+        if self.running or self.chunked_req:
+            return False
+        self.cache.flush()
+        return True
+
+    def check_integrity(self) -> None:
+        live = self.running + ([self.chunked_req] if self.chunked_req else [])
+        self.bridge.check_integrity(live)
+
+    def step(self) -> list[StepOutput]:
+        self._poll_grammars()
+        outputs = [StepOutput(r, ()) for r in self._aborted]
+        self._aborted = []
+        self._retire_finished()
+        self._make_room_for_decode()
+        plan = plan_extends(self)
+        if not plan.extends and not self.running:
+            return outputs
+        batch, sample_reqs, spans = self._prepare(plan)
+        logits = self.runner.forward(batch)
+        outputs += self._process_results(plan, sample_reqs, spans, logits)
+        self._retire_finished()
+        return outputs
+
+    def _poll_grammars(self) -> None:
+        """Requests whose grammar finished compiling join the waiting queue (a failed compile
+        finishes the request with its error). With nothing else to do, wait briefly for one."""
+        if not self.grammar_waiting:
+            return
+        if not (self.waiting or self.running or self.chunked_req):
+            futures.wait([r.grammar_future for r in self.grammar_waiting], timeout=GRAMMAR_POLL_S,
+                         return_when=futures.FIRST_COMPLETED)
+        still = []
+        for req in self.grammar_waiting:
+            future = req.grammar_future
+            assert future is not None
+            if not future.done():
+                still.append(req)
+                continue
+            error = future.exception()
+            if error is not None:
+                req.finish_reason = FinishReason("abort", message=f"invalid grammar: {error}")
+                self._aborted.append(req)
+            else:
+                req.grammar = future.result().new_state()
+                self.waiting.append(req)
+            req.grammar_future = None
+        self.grammar_waiting = still
+
+    def _make_room_for_decode(self) -> None:
+        """Ensure one slot per running request (plus its draft, or the drafts are dropped): evict,
+        then retract newest-first."""
+        if self.running:
+            self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
+        num_draft_tokens = sum(len(r.jump_forward_ids) for r in self.running)
+        if num_draft_tokens and self.bridge.available_tokens() < len(self.running) + num_draft_tokens:
+            for req in self.running:
+                req.jump_forward_ids = []
+        while self.running and self.bridge.available_tokens() < len(self.running):
+            req = self.running.pop()
+            if not self.running and self.chunked_req is None:
+                # alone and still out of memory: the pool cannot hold this sequence any longer
+                req.finish_reason = FinishReason("abort", message=f"KV pool ({self.kv_pool.size} tokens) is full")
+                self.bridge.release(req, keep_in_cache=True)
+                self._aborted.append(req)
+                break
+            self.bridge.release(req, keep_in_cache=True)
+            req.is_retracted = True
+            self.waiting.insert(0, req)
+            self.num_retractions += 1
+            self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+
+    def _prepare(self, plan: AdmissionPlan) -> tuple[ForwardBatch, list[Req], list[InputLogprobSpan]]:
+        """Allocate the step's slots and build the ForwardBatch; extends first, then decodes.
+
+        Logits rows: first those of the requests that sample this step (one for the last new
+        token, then one per draft token), then, for requests asking for input logprobs, the rows
+        of the prompt positions they need.
+        """
+        reqs = [e.req for e in plan.extends] + self.running
+        chunks = [e.req.all_ids[e.req.num_cached : e.req.num_cached + e.num_tokens] for e in plan.extends]
+        chunks += [[r.output_ids[-1], *r.jump_forward_ids] for r in self.running]
+        slots = self.bridge.alloc(sum(len(c) for c in chunks))
+        assert slots is not None, "admission and _make_room_for_decode guarantee the slots"
+        offset = 0
+        for req, chunk in zip(reqs, chunks):
+            self.runner.req_to_token_pool.write(req.req_pool_idx, req.num_cached, slots[offset : offset + len(chunk)])  # type: ignore[arg-type]
+            offset += len(chunk)
+        rows = [r.req_pool_idx for r in reqs]
+        if not plan.extends and all(len(c) == 1 for c in chunks):
+            seq_lens = [r.seq_len for r in self.running]
+            batch = ForwardBatch.decode(rows, seq_lens, [c[0] for c in chunks], slots)  # type: ignore[arg-type]
+            return batch, list(self.running), []
+        sample_reqs, sample_rows, spans, extra_rows, end = [], [], [], [], 0
+        for req, chunk, ext in zip(reqs, chunks, list(plan.extends) + [None] * len(self.running)):
+            if ext is not None:
+                span = input_logprob_span(req, req.num_cached, len(chunk), end, len(extra_rows))
+                if span is not None:
+                    spans.append(span)
+                    extra_rows.extend(range(span.first_row, span.first_row + span.count))
+            end += len(chunk)
+            if ext is None or not ext.is_partial:
+                sample_reqs.append(req)
+                sample_rows.extend(range(end - 1 - len(req.jump_forward_ids), end))
+        logits_indices = torch.tensor(sample_rows + extra_rows, dtype=torch.int64)
+        batch = ForwardBatch.extend(rows, [r.num_cached for r in reqs], chunks, slots, logits_indices)  # type: ignore[arg-type]
+        return batch, sample_reqs, spans
+
+    def _process_results(
+        self, plan: AdmissionPlan, sample_reqs: list[Req], spans: list[InputLogprobSpan], logits: torch.Tensor
+    ) -> list[StepOutput]:
+        num_rows = sum(1 + len(r.jump_forward_ids) for r in sample_reqs)
+        if spans:
+            record_input_logprobs(spans, logits[num_rows:])
+        logits = logits[:num_rows]
+        for ext in plan.extends:
+            ext.req.num_cached += ext.num_tokens
+            self.bridge.cache_unfinished(ext.req)
+            if ext.is_partial:
+                self.chunked_req = ext.req
+            else:
+                if self.chunked_req is ext.req:
+                    self.chunked_req = None
+                self.running.append(ext.req)
+        for req in self.running:
+            req.num_cached = req.seq_len + len(req.jump_forward_ids)  # the draft has K/V now too
+        outputs = []
+        for req in sample_reqs:
+            if req.params.max_new_tokens == 0 and not req.is_finished:  # prefill only (e.g. cache a prefix)
+                req.finish_reason = FinishReason("length", 0)
+                outputs.append(StepOutput(req, ()))
+        if any(r.is_finished for r in sample_reqs):  # only prefill-only extends, which have no draft
+            row_reqs = [r for r in sample_reqs for _ in range(1 + len(r.jump_forward_ids))]
+            logits = logits[[i for i, r in enumerate(row_reqs) if not r.is_finished]]
+            sample_reqs = [r for r in sample_reqs if not r.is_finished]
+        if sample_reqs:
+            outputs += self._sample_and_accept(sample_reqs, logits)
+        return outputs
+
+    def _sample_and_accept(self, reqs: list[Req], logits: torch.Tensor) -> list[StepOutput]:
+        """Sample every row (a request's rows: its last token, then each draft token), append each
+        request's tokens while they agree with its draft, and set its next draft."""
+        drafts = [r.jump_forward_ids for r in reqs]
+        row_reqs = [r for r, draft in zip(reqs, drafts) for _ in range(len(draft) + 1)]
+        row_output_ids = [r.output_ids + draft[:j] for r, draft in zip(reqs, drafts) for j in range(len(draft) + 1)]
+        want_logprob = any(r.logprob.return_logprob for r in reqs)
+        result = sample(
+            logits,
+            SamplingBatch.build(
+                [r.params for r in row_reqs],
+                row_output_ids,
+                logits.shape[-1],
+                eos_token_ids=[r.eos_token_ids for r in row_reqs],
+            ),
+            vocab_mask=grammar_mask(reqs, logits.shape[-1]),
+            generator=self.generator,
+            return_logprob=want_logprob,
+        )
+        next_ids = result.next_ids.tolist()
+        outputs, kept_rows, row = [], [], 0
+        for req, draft in zip(reqs, drafts):
+            first_draft_pos = req.num_cached - len(draft)  # the draft's K/V starts here
+            new_ids: list[int] = []
+            for j in range(len(draft) + 1):
+                token = next_ids[row + j]
+                kept_rows.append(row + j)
+                new_ids.append(token)
+                self._accept_token(req, token)
+                if req.is_finished or j == len(draft) or token != draft[j]:
+                    break
+            row += len(draft) + 1
+            self.num_jump_forward_tokens += sum(t == d for t, d in zip(new_ids, draft))
+            self.bridge.truncate(req, first_draft_pos + len(new_ids) - 1)  # K/V of the kept draft only
+            req.jump_forward_ids = []
+            if req.grammar is not None and not req.is_finished:
+                req.jump_forward_ids = req.grammar.jump_forward_ids(new_ids[-1], self._max_draft_len(req))
+            outputs.append(StepOutput(req, tuple(new_ids)))
+        if want_logprob:
+            assert result.logprobs is not None and result.vocab_logprobs is not None
+            kept = torch.tensor(kept_rows, dtype=torch.int64)
+            kept_result = SampleOutput(result.next_ids[kept], result.logprobs[kept], result.vocab_logprobs[kept])
+            record_logprobs([row_reqs[i] for i in kept_rows], kept_result)
+        return outputs
+
+    def _accept_token(self, req: Req, token: int) -> None:
+        req.append_token(token, self.cfg.context_len)
+        if req.grammar is not None and not req.is_finished:
+            req.grammar.accept_token(token)
+            if req.grammar.is_terminated():  # nothing but EOS could follow: done
+                req.finish_reason = FinishReason("stop", None)
+
+    def _max_draft_len(self, req: Req) -> int:
+        """Draft tokens the next step may add: all of them plus one sample stay within the
+        context length and max_new_tokens."""
+        limit = self.cfg.context_len - req.seq_len - 1
+        if req.params.max_new_tokens is not None:
+            limit = min(limit, req.params.max_new_tokens - len(req.output_ids) - 1)
+        return limit
+
+    def _retire_finished(self) -> None:
+        still_running = []
+        for req in self.running:
+            if req.is_finished:
+                self.bridge.release(req, keep_in_cache=True)
+            else:
+                still_running.append(req)
+        self.running = still_running
+        if self.chunked_req is not None and self.chunked_req.is_finished:
+            self.bridge.release(self.chunked_req, keep_in_cache=True)
+            self.chunked_req = None
+
+
+def grammar_spec(params: SamplingParams) -> tuple[str, str] | None:
+    """(kind, spec) of a request's grammar, or None for free generation."""
+    if params.json_schema:
+        return "json_schema", params.json_schema
+    if params.regex:
+        return "regex", params.regex
+    if params.ebnf:
+        raise ValueError("sampling_params.ebnf is not supported; use regex or json_schema")
+    return None
+
+
+def grammar_mask(reqs: list[Req], vocab_size: int) -> torch.Tensor | None:
+    """The allowed-token mask of a batch's sampled rows (True = allowed): each request has one row
+    plus one per draft token, filled by its FSM along the draft; free requests allow everything.
+    None when no request is constrained."""
+    if not any(r.grammar is not None for r in reqs):
+        return None
+    mask = torch.ones(sum(1 + len(r.jump_forward_ids) for r in reqs), vocab_size, dtype=torch.bool)
+    row = 0
+    for req in reqs:
+        num_rows = 1 + len(req.jump_forward_ids)
+        if req.grammar is not None:
+            mask[row : row + num_rows].fill_(False)
+            req.grammar.fill_vocab_masks(mask[row : row + num_rows], req.jump_forward_ids)
+        row += num_rows
+    return mask

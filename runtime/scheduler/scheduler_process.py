@@ -1,0 +1,149 @@
+"""The scheduler process: model, KV pool, radix cache and the scheduler loop, behind zmq.
+
+Loop: drain incoming messages (dispatched by type), run one `Scheduler.step()` when there is
+work (else block on the socket briefly), send each step's token ids to the detokenizer. Replies
+to control requests (flush, info) go straight to the tokenizer manager.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+import zmq
+
+from radixlm.runtime import messages as io
+from radixlm.runtime.ipc import IpcPaths, exit_with_parent, pull_socket, push_socket
+from radixlm.runtime.sampling.sampling_params import SamplingParams
+from radixlm.runtime.scheduler.req import LogprobOptions, Req
+from radixlm.runtime.scheduler.scheduler import StepOutput
+from radixlm.runtime.scheduler.scheduler_stack import SchedulerStack
+from radixlm.runtime.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+POLL_IDLE_MS = 50
+
+
+class SchedulerServer:
+    """Wraps an in-process Engine's scheduler with message handling (no sockets of its own)."""
+
+    def __init__(self, args: ServerArgs):
+        self.stack = SchedulerStack.build(args)
+        self.scheduler = self.stack.scheduler
+        self._sent_logprobs: dict[str, dict[str, int]] = {}
+        self._pending_settings: dict[str, dict[str, Any]] = {}  # sent with a request's first output
+        self.handlers: dict[type, Callable[[Any], object | None]] = {
+            io.TokenizedGenerateReq: self.handle_generate,
+            io.AbortReq: self.handle_abort,
+            io.FlushCacheReq: self.handle_flush_cache,
+            io.GetInfoReq: self.handle_get_info,
+        }
+
+    def handle(self, msg: object) -> object | None:
+        """Dispatch one incoming message; returns a reply for the tokenizer manager, if any."""
+        handler = self.handlers.get(type(msg))
+        if handler is None:
+            logger.warning("scheduler: unknown message %r", type(msg).__name__)
+            return None
+        return handler(msg)
+
+    def handle_generate(self, msg: io.TokenizedGenerateReq) -> None:
+        params = SamplingParams.from_dict(msg.sampling_params)
+        logprob = LogprobOptions(msg.return_logprob, msg.logprob_start_len, msg.top_logprobs_num)
+        req = self.stack.make_req(msg.rid, list(msg.input_ids), params, logprob, track_text=False)
+        self.scheduler.add_request(req)
+        self._pending_settings[msg.rid] = {
+            "sampling_params": msg.sampling_params,
+            "prompt_tail": list(msg.input_ids[-8:]),
+        }
+
+    def handle_abort(self, msg: io.AbortReq) -> None:
+        self.scheduler.abort(msg.rid)
+
+    def handle_flush_cache(self, msg: io.FlushCacheReq) -> io.FlushCacheResp:
+        return io.FlushCacheResp(msg.request_id, self.scheduler.flush_cache())
+
+    def handle_get_info(self, msg: io.GetInfoReq) -> io.GetInfoResp:
+        return io.GetInfoResp(msg.request_id, {**self.stack.server_info(), "scheduler_pid": os.getpid()})
+
+    def step(self) -> io.BatchTokenIDOut | None:
+        outputs = self.scheduler.step()
+        if not outputs:
+            return None
+        settings = {o.req.rid: self._pending_settings.pop(o.req.rid) for o in outputs if o.req.rid in self._pending_settings}
+        return io.BatchTokenIDOut(tuple(self._req_output(o) for o in outputs), settings)
+
+    def _req_output(self, out: StepOutput) -> io.ReqOutput:
+        req = out.req
+        return io.ReqOutput(
+            rid=req.rid,
+            new_token_ids=out.token_ids,
+            finish_reason=None if req.finish_reason is None else req.finish_reason.to_dict(),
+            prompt_tokens=len(req.input_ids),
+            completion_tokens=len(req.output_ids),
+            cached_tokens=req.cached_tokens,
+            logprobs=self._new_logprobs(req) if req.logprob.return_logprob else None,
+        )
+
+    def _new_logprobs(self, req: Req) -> dict[str, Any]:
+        """Logprob entries not sent before (each list grows only at its end)."""
+        sent = self._sent_logprobs.setdefault(req.rid, {})
+        delta: dict[str, Any] = {}
+        for name in ("input_token_logprobs", "output_token_logprobs", "input_top_logprobs", "output_top_logprobs"):
+            values = getattr(req, name)
+            delta[name] = values[sent.get(name, 0) :]
+            sent[name] = len(values)
+        if req.is_finished:
+            self._sent_logprobs.pop(req.rid, None)
+        return delta
+
+
+def run_scheduler_process(args: ServerArgs, paths: IpcPaths, ready: Connection) -> None:
+    """Entry point of the scheduler process (multiprocessing target)."""
+    exit_with_parent()
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s scheduler %(levelname)s %(message)s")
+    try:
+        server = SchedulerServer(args)
+    except Exception as e:  # report a failed start to the parent instead of dying silently
+        ready.send(("error", f"{type(e).__name__}: {e}"))
+        raise
+    ctx = zmq.Context()
+    recv = pull_socket(ctx, paths.scheduler)
+    to_detok = push_socket(ctx, paths.detokenizer)
+    to_tm = push_socket(ctx, paths.tokenizer_manager)
+    ready.send(("ready", {"max_total_tokens": server.scheduler.kv_pool.size, "context_len": server.stack.context_len,
+                          "pid": os.getpid()}))
+    poller = zmq.Poller()
+    poller.register(recv, zmq.POLLIN)
+    while True:
+        timeout = 0 if server.scheduler.has_work else POLL_IDLE_MS
+        if poller.poll(timeout):
+            while True:
+                try:
+                    msg = io.decode(recv.recv(zmq.NOBLOCK))
+                except zmq.Again:
+                    break
+                reply = _handle_safely(server, msg, to_detok)
+                if reply is not None:
+                    to_tm.send(io.encode(reply))
+        if server.scheduler.has_work:
+            batch = server.step()
+            if batch is not None:
+                to_detok.send(io.encode(batch))
+
+
+def _handle_safely(server: SchedulerServer, msg: object, to_detok: zmq.Socket) -> object | None:
+    """A request the scheduler cannot take (validated upstream, so rare) finishes as aborted."""
+    try:
+        return server.handle(msg)
+    except ValueError as e:
+        if isinstance(msg, io.TokenizedGenerateReq):
+            reason = {"type": "abort", "matched": None, "message": str(e)}
+            out = io.ReqOutput(msg.rid, (), reason, len(msg.input_ids), 0, 0)
+            to_detok.send(io.encode(io.BatchTokenIDOut((out,))))
+            return None
+        raise

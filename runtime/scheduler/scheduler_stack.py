@@ -1,0 +1,103 @@
+"""Everything one scheduler needs, built from ServerArgs: model files -> ModelRunner (weights, KV
+pool), tokenizer, GrammarBackend, Scheduler. Shared by the in-process Engine and the scheduler
+process, so both build the same stack and make requests the same way."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from radixlm.runtime.constrained.grammar import NUM_GRAMMAR_COMPILE_WORKERS, GrammarBackend
+from radixlm.runtime.detokenizer.detokenizer import IncrementalDecoder
+from radixlm.runtime.model.model_config import ModelConfig
+from radixlm.runtime.model.model_runner import ModelRunner, RunnerConfig
+from radixlm.runtime.sampling.sampling_params import SamplingParams
+from radixlm.runtime.scheduler.req import LogprobOptions, Req
+from radixlm.runtime.scheduler.scheduler import Scheduler, SchedulerConfig
+from radixlm.runtime.server_args import ServerArgs
+from radixlm.runtime.tokenizer import Tokenizer
+
+
+@dataclass
+class SchedulerStack:
+    server_args: ServerArgs
+    model_config: ModelConfig
+    tokenizer: Tokenizer
+    runner: ModelRunner
+    grammar_backend: GrammarBackend
+    scheduler: Scheduler
+    eos_ids: frozenset[int]
+
+    @classmethod
+    def build(cls, args: ServerArgs) -> SchedulerStack:
+        from radixlm.runtime.model.model_files import load_state_dict, resolve_model_path
+
+        model_dir = resolve_model_path(args.model_path)
+        model_config = ModelConfig.from_dir(model_dir)
+        tokenizer = Tokenizer(args.tokenizer_path or model_dir)
+        runner_cfg = RunnerConfig.from_server_args(args, model_config)
+        runner = ModelRunner(model_config, runner_cfg, load_state_dict(model_dir))
+        grammar_backend = GrammarBackend(
+            tokenizer, model_config.vocab_size, num_workers=NUM_GRAMMAR_COMPILE_WORKERS,
+            enable_jump_forward=not args.disable_jump_forward,
+            whitespace_pattern=args.constrained_json_whitespace_pattern,
+        )
+        scheduler = Scheduler(
+            runner,
+            SchedulerConfig(
+                context_len=runner_cfg.context_len,
+                max_running_requests=args.max_running_requests,
+                chunked_prefill_size=args.chunked_prefill_size,
+                schedule_policy=args.schedule_policy,
+                disable_radix_cache=args.disable_radix_cache,
+                random_seed=args.random_seed,
+            ),
+            grammar_backend,
+        )
+        eos = set(model_config.eos_token_ids)
+        if tokenizer.eos_token_id is not None:
+            eos.add(tokenizer.eos_token_id)
+        return cls(args, model_config, tokenizer, runner, grammar_backend, scheduler, frozenset(eos))
+
+    @property
+    def context_len(self) -> int:
+        return self.scheduler.cfg.context_len
+
+    def make_req(
+        self, rid: str, ids: list[int], params: SamplingParams, logprob: LogprobOptions, track_text: bool = True
+    ) -> Req:
+        """A scheduler request for already validated input ids. Its IncrementalDecoder makes the
+        text (the Engine's output) and watches for stop strings; a server's scheduler, whose text
+        comes from the detokenizer, needs it only when there are stop strings (`track_text=False`)."""
+        decoder = IncrementalDecoder(self.tokenizer, params, ids) if track_text or params.stop else None
+        return Req(rid, ids, params, self.eos_ids, logprob, decoder)
+
+    def server_info(self) -> dict[str, Any]:
+        """The settings (no secrets) and the scheduler's live state, as /get_server_info shows them."""
+        sched = self.scheduler
+        cache = sched.cache
+        return {
+            **self.server_args.public_dict(),
+            "model_path": str(self.server_args.model_path or "default:SmolLM2-135M-Instruct"),
+            "context_length": self.context_len,
+            "kv_pool": {"total_tokens": sched.kv_pool.size, "free_tokens": sched.kv_pool.num_free},
+            "radix_cache": {
+                "cached_tokens": cache.total_cached_tokens,
+                "evictable_tokens": cache.evictable_tokens,
+                "hit_rate": cache.hit_rate,
+                "evicted_tokens": sched.bridge.num_evicted_tokens,
+            },
+            "num_running_reqs": len(sched.running) + (1 if sched.chunked_req else 0),
+            "num_waiting_reqs": len(sched.waiting),
+            "num_retractions": sched.num_retractions,
+        }
+
+    def abort_all(self) -> None:
+        """Abort everything queued or running and step until its memory is released."""
+        sched = self.scheduler
+        for req in list(sched.waiting) + list(sched.running):
+            sched.abort(req.rid)
+        if sched.chunked_req is not None:
+            sched.abort(sched.chunked_req.rid)
+        while sched.has_work:
+            sched.step()

@@ -1,0 +1,438 @@
+"""The OpenAI-compatible API: GET /v1/models, POST /v1/completions, POST /v1/chat/completions.
+
+Requests are validated by pydantic models that forbid unknown fields (400 naming the field),
+mapped onto our sampling parameters (plus SGLang's extensions: top_k, min_p,
+repetition_penalty, min_tokens, ignore_eos, stop_token_ids, skip_special_tokens), run through
+the tokenizer manager, and shaped as OpenAI responses; `stream` gives SSE chunks with text
+deltas and, with `stream_options.include_usage`, a final usage chunk. `response_format`
+(`json_schema`, `json_object`, and a `regex` extension) constrains the output. `tools` and
+`tool_choice` follow `tool_calls` (prompt convention, constraint, parsers): calls come back as
+`message.tool_calls` with `finish_reason: "tool_calls"`; when streaming with tools, each choice's
+text is buffered and sent at its end as content and/or one `delta.tool_calls` chunk.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from radixlm.runtime.limits import MAX_BATCH, MAX_N, MAX_OPENAI_TOP_LOGPROBS, MAX_SEQUENCES
+from radixlm.runtime.request_io import GenerateRequest, RequestError, copy_seed
+from radixlm.runtime.server.tokenizer_manager import PreparedRequest, TokenizerManager
+from radixlm.tool_calls import (
+    Tool,
+    ToolCall,
+    add_tools_to_messages,
+    openai_tool_calls,
+    parse_tool_calls,
+    parse_tool_choice,
+    parse_tools,
+    render_history_calls,
+    render_tool_response,
+    tool_call_schema,
+)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)  # JSON types as sent: no "2" -> 2, no 2.0 -> 2
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class _SamplingFields(_Strict):
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=0)
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int = Field(default=1, ge=1, le=MAX_N)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    user: str | None = None
+    # SGLang extensions
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool | None = None
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool | None = None
+    rid: str | None = None
+    regex: str | None = None  # SGLang extension: constrain the output to a regex
+    json_schema: str | dict[str, Any] | None = None  # SGLang extension: ... or a JSON schema
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(default=16, ge=0)
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_OPENAI_TOP_LOGPROBS)
+    echo: bool = False
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # assistant messages
+    tool_call_id: str | None = None  # tool messages
+
+
+class ChatRequest(_SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=0)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_OPENAI_TOP_LOGPROBS)
+    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+
+
+def _parse(model: type[BaseModel], body: Any) -> Any:
+    try:
+        return model.model_validate(body)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        raise RequestError(f"invalid request: {where}: {first['msg']}") from e
+
+
+def _sampling_params(req: _SamplingFields, max_tokens: int | None) -> dict[str, Any]:
+    pairs = {
+        "max_new_tokens": max_tokens,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "stop": req.stop,
+        "seed": req.seed,
+        "presence_penalty": req.presence_penalty,
+        "frequency_penalty": req.frequency_penalty,
+        "top_k": req.top_k,
+        "min_p": req.min_p,
+        "repetition_penalty": req.repetition_penalty,
+        "min_new_tokens": req.min_tokens,
+        "ignore_eos": req.ignore_eos,
+        "stop_token_ids": req.stop_token_ids,
+        "skip_special_tokens": req.skip_special_tokens,
+        "regex": req.regex,
+        "json_schema": req.json_schema if not isinstance(req.json_schema, dict) else json.dumps(req.json_schema),
+    }
+    return {k: v for k, v in pairs.items() if v is not None}
+
+
+def response_format_grammar(response_format: dict[str, Any] | None) -> dict[str, str]:
+    """OpenAI `response_format` -> our grammar sampling params (`json_schema` or `regex`)."""
+    if response_format is None:
+        return {}
+    kind = response_format.get("type")
+    if kind == "text":
+        return {}
+    if kind == "json_object":
+        return {"json_schema": json.dumps({"type": "object"})}
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+            raise RequestError("response_format.json_schema must be an object with a 'schema' object")
+        return {"json_schema": json.dumps(spec.get("schema", {"type": "object"}))}
+    if kind == "regex":
+        if not isinstance(response_format.get("regex"), str):
+            raise RequestError("response_format of type 'regex' needs a 'regex' string")
+        return {"regex": response_format["regex"]}
+    raise RequestError(f"response_format.type must be text, json_object, json_schema or regex, got {kind!r}")
+
+
+def _copies(base: GenerateRequest, n: int, rid_prefix: str) -> list[GenerateRequest]:
+    reqs = []
+    for i in range(n):
+        params = dict(base.sampling_params or {})
+        if n > 1 and isinstance(params.get("seed"), int):
+            params["seed"] = copy_seed(params["seed"], i)
+        reqs.append(GenerateRequest(**{**base.__dict__, "sampling_params": params, "rid": f"{rid_prefix}-{i}"}))
+    return reqs
+
+
+def _finish(meta: dict[str, Any]) -> str | None:
+    reason = meta.get("finish_reason")
+    return None if reason is None else str(reason["type"])
+
+
+def _usage(results: list[dict[str, Any]], num_prompts: int) -> dict[str, Any]:
+    metas = [r["meta_info"] for r in results]
+    n = max(1, len(metas) // max(1, num_prompts))
+    prompt = sum(m["prompt_tokens"] for m in metas[::n])
+    completion = sum(m["completion_tokens"] for m in metas)
+    cached = sum(m["cached_tokens"] for m in metas)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
+def _completion_logprobs(meta: dict[str, Any], echo: bool) -> dict[str, Any]:
+    entries = (meta.get("input_token_logprobs", []) if echo else []) + meta.get("output_token_logprobs", [])
+    tops = (meta.get("input_top_logprobs", []) if echo else []) + meta.get("output_top_logprobs", [])
+    tokens = [e[2] for e in entries]
+    offsets, pos = [], 0
+    for tok in tokens:
+        offsets.append(pos)
+        pos += len(tok or "")
+    return {
+        "tokens": tokens,
+        "token_logprobs": [e[0] for e in entries],
+        "top_logprobs": [None if t is None else {x[2]: x[0] for x in t} for t in tops] or None,
+        "text_offset": offsets,
+    }
+
+
+def _chat_logprobs(meta: dict[str, Any]) -> dict[str, Any]:
+    tops = meta.get("output_top_logprobs") or [[] for _ in meta.get("output_token_logprobs", [])]
+    content = []
+    for (lp, _, text), top in zip(meta.get("output_token_logprobs", []), tops):
+        content.append({
+            "token": text, "logprob": lp, "bytes": list(text.encode()),
+            "top_logprobs": [{"token": t, "logprob": v, "bytes": list(t.encode())} for v, _, t in top],
+        })
+    return {"content": content}
+
+
+def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser: str = "auto") -> None:
+    from radixlm.runtime.server.http_server import (
+        merged_outputs,
+        prepare_all,
+        read_json,
+        run_all,
+        sse,
+        sse_error,
+    )
+
+    def check_model(name: str | None) -> None:
+        if name is not None and name not in (tm.model_name, "default"):
+            raise RequestError(f"model {name!r} is not served here; this server serves {tm.model_name!r}", 404)
+
+    @app.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": tm.model_name, "object": "model", "created": 0, "owned_by": "radixlm"}]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        req: CompletionRequest = _parse(CompletionRequest, await read_json(request))
+        check_model(req.model)
+        prompts = req.prompt if isinstance(req.prompt, list) and req.prompt and not isinstance(req.prompt[0], int) else [req.prompt]
+        if len(prompts) > MAX_BATCH:
+            raise RequestError(f"a batch holds at most {MAX_BATCH} prompts, got {len(prompts)}")
+        if len(prompts) * req.n > MAX_SEQUENCES:
+            raise RequestError(f"a request generates at most {MAX_SEQUENCES} sequences (prompts x n), "
+                               f"got {len(prompts) * req.n}")
+        want_logprobs = req.logprobs is not None
+        base_id = f"cmpl-{uuid.uuid4().hex}"
+        reqs: list[GenerateRequest] = []
+        for i, prompt in enumerate(prompts):
+            key = "text" if isinstance(prompt, str) else "input_ids"
+            value = prompt if isinstance(prompt, str) else tuple(prompt)
+            base = GenerateRequest(
+                **{key: value}, sampling_params=_sampling_params(req, req.max_tokens),
+                return_logprob=want_logprobs, top_logprobs_num=req.logprobs or 0, return_text_in_logprobs=True,
+                logprob_start_len=0 if req.echo and want_logprobs else -1, stream=req.stream,
+            )
+            reqs += _copies(base, req.n, f"{base_id}-{i}")
+        prepared = await prepare_all(tm, reqs)
+        prompt_texts = [p if isinstance(p, str) else tm.tokenizer.decode(p) for p in prompts]
+
+        def choice_text(index: int, text: str) -> str:
+            return prompt_texts[index // req.n] + text if req.echo else text
+
+        if req.stream:
+            return StreamingResponse(
+                _stream(tm, prepared, req, base_id, "text_completion", len(prompts), choice_text),
+                media_type="text/event-stream",
+            )
+        results = await run_all(tm, prepared, request)
+        choices = [{
+            "index": i,
+            "text": choice_text(i, r["text"]),
+            "logprobs": _completion_logprobs(r["meta_info"], req.echo) if want_logprobs else None,
+            "finish_reason": _finish(r["meta_info"]),
+        } for i, r in enumerate(results)]
+        return JSONResponse({
+            "id": base_id, "object": "text_completion", "created": int(time.time()), "model": tm.model_name,
+            "choices": choices, "usage": _usage(results, len(prompts)),
+        })
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        req: ChatRequest = _parse(ChatRequest, await read_json(request))
+        check_model(req.model)
+        tools = parse_tools(req.tools) if req.tools is not None else []
+        tool_choice = parse_tool_choice(req.tool_choice, tools)
+        offered = tools if tool_choice != "none" else []
+        tool_names = {t.name for t in offered}
+        # a forced call is generated as bare JSON under a schema; `auto` output is read as configured
+        parser = tool_call_parser if tool_choice == "auto" else "json"
+        messages = _prompt_messages(req.messages)
+        if offered:
+            messages = add_tools_to_messages(messages, offered)
+        num_chars = sum(len(m["content"]) for m in messages)
+        if num_chars > tm.max_prompt_chars:  # refused before the template renders it all
+            raise RequestError(f"the messages hold {num_chars} characters, more than the context length "
+                               f"({tm.context_len} tokens) can hold")
+        try:
+            prompt = tm.tokenizer.apply_chat_template(messages)
+        except Exception as e:  # a template that rejects these messages: the client's problem
+            raise RequestError(f"messages: cannot apply the chat template: {e}") from e
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        base_id = f"chatcmpl-{uuid.uuid4().hex}"
+        params = {**_sampling_params(req, max_tokens), **response_format_grammar(req.response_format)}
+        params.update(_tool_choice_grammar(tool_choice, tools, params))
+        base = GenerateRequest(
+            text=prompt, sampling_params=params, return_logprob=req.logprobs,
+            top_logprobs_num=(req.top_logprobs or 0) if req.logprobs else 0, return_text_in_logprobs=True, stream=req.stream,
+        )
+        prepared = await prepare_all(tm, _copies(base, req.n, base_id))
+        if req.stream and tool_names:
+            return StreamingResponse(_stream_tool_calls(prepared, req, base_id, tool_names, parser), media_type="text/event-stream")
+        if req.stream:
+            return StreamingResponse(
+                _stream(tm, prepared, req, base_id, "chat.completion.chunk", 1, None), media_type="text/event-stream"
+            )
+        results = await run_all(tm, prepared, request)
+        choices = []
+        for i, r in enumerate(results):
+            content, calls = _split_calls(r["text"], tool_names, parser)
+            message: dict[str, Any] = {"role": "assistant", "content": content}
+            if calls:
+                message["tool_calls"] = openai_tool_calls(calls)
+            choices.append({
+                "index": i,
+                "message": message,
+                "logprobs": _chat_logprobs(r["meta_info"]) if req.logprobs else None,
+                "finish_reason": "tool_calls" if calls else _finish(r["meta_info"]),
+            })
+        return JSONResponse({
+            "id": base_id, "object": "chat.completion", "created": int(time.time()), "model": tm.model_name,
+            "choices": choices, "usage": _usage(results, 1),
+        })
+
+    async def _stream_tool_calls(reqs: list[PreparedRequest], req: ChatRequest, base_id: str,
+                                 tool_names: set[str], parser: str) -> AsyncIterator[bytes]:
+        """Chat SSE with tools: a role chunk per choice now; at each choice's end, its content (if
+        any), one `delta.tool_calls` chunk (if calls), and the finish chunk; then optional usage."""
+        created = int(time.time())
+
+        def chunk(index: int, delta: dict[str, Any], finish: str | None) -> bytes:
+            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+            return sse({"id": base_id, "object": "chat.completion.chunk", "created": created, "model": tm.model_name,
+                        "choices": [choice]})
+
+        for i in range(len(reqs)):
+            yield chunk(i, {"role": "assistant", "content": ""}, None)
+        finals: list[dict[str, Any]] = []
+        async for index, item in merged_outputs(tm, reqs):
+            if isinstance(item, Exception):
+                yield sse_error(item)
+                continue
+            finish = _finish(item["meta_info"])
+            if finish is None:
+                continue
+            finals.append(item)
+            content, calls = _split_calls(item["text"], tool_names, parser)
+            if content:
+                yield chunk(index, {"content": content}, None)
+            if calls:
+                yield chunk(index, {"tool_calls": openai_tool_calls(calls, with_index=True)}, None)
+            yield chunk(index, {}, "tool_calls" if calls else finish)
+        if req.stream_options is not None and req.stream_options.include_usage:
+            yield sse({"id": base_id, "object": "chat.completion.chunk", "created": created, "model": tm.model_name,
+                       "choices": [], "usage": _usage(finals, 1)})
+        yield b"data: [DONE]\n\n"
+
+    async def _stream(tm: TokenizerManager, reqs: list[PreparedRequest], req: _SamplingFields, base_id: str,
+                      kind: str, num_prompts: int, choice_text: Any) -> AsyncIterator[bytes]:
+        """OpenAI SSE chunks: text deltas per choice, a finish chunk each, an optional usage chunk."""
+        created = int(time.time())
+        is_chat = kind == "chat.completion.chunk"
+
+        def chunk(index: int, delta: str, finish: str | None, first: bool) -> bytes:
+            if is_chat:
+                payload: dict[str, Any] = {"role": "assistant", "content": delta} if first else {"content": delta}
+                choice = {"index": index, "delta": payload, "logprobs": None, "finish_reason": finish}
+            else:
+                choice = {"index": index, "text": delta, "logprobs": None, "finish_reason": finish}
+            return sse({"id": base_id, "object": kind, "created": created, "model": tm.model_name, "choices": [choice]})
+
+        sent = [0] * len(reqs)
+        started = [False] * len(reqs)
+        finals: list[dict[str, Any]] = []
+        if not is_chat and getattr(req, "echo", False):
+            for i in range(len(reqs)):
+                started[i] = True
+                yield chunk(i, choice_text(i, ""), None, False)
+        async for index, item in merged_outputs(tm, reqs):
+            if isinstance(item, Exception):
+                yield sse_error(item)
+                continue
+            text, finish = item["text"], _finish(item["meta_info"])
+            delta = text[sent[index] :]
+            sent[index] = len(text)
+            if delta or finish or not started[index]:
+                yield chunk(index, delta, finish, is_chat and not started[index])
+                started[index] = True
+            if finish is not None:
+                finals.append(item)
+        if req.stream_options is not None and req.stream_options.include_usage:
+            yield sse({"id": base_id, "object": kind, "created": created, "model": tm.model_name,
+                       "choices": [], "usage": _usage(finals, num_prompts)})
+        yield b"data: [DONE]\n\n"
+
+
+def _prompt_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
+    """Chat messages as the chat template takes them; tool calls and results rendered as text."""
+    out = []
+    for m in messages:
+        content = _content_text(m.content)
+        if m.role == "assistant" and m.tool_calls:
+            content = render_history_calls(content, m.tool_calls)
+        elif m.role == "tool":
+            content = render_tool_response(content)
+        out.append({"role": m.role, "content": content})
+    return out
+
+
+def _tool_choice_grammar(tool_choice: str | Tool, tools: list[Tool], params: dict[str, Any]) -> dict[str, str]:
+    """The grammar that forces one call for `required` or a named tool; {} otherwise."""
+    if tool_choice in ("none", "auto"):
+        return {}
+    if "regex" in params or "json_schema" in params:
+        raise RequestError("tool_choice 'required' or a named function cannot be combined with "
+                           "response_format, regex or json_schema")
+    forced = tools if tool_choice == "required" else [tool_choice]
+    return {"json_schema": json.dumps(tool_call_schema([t for t in forced if isinstance(t, Tool)]))}
+
+
+def _split_calls(text: str, tool_names: set[str], parser: str) -> tuple[str | None, list[ToolCall]]:
+    """(content, calls) of one choice's text; without tools, the text as is."""
+    return parse_tool_calls(text, tool_names, parser) if tool_names else (text, [])
+
+
+def _content_text(content: str | list[dict[str, Any]] | None) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for part in content:
+        if part.get("type") != "text" or not isinstance(part.get("text"), str):
+            raise RequestError("messages: only text content parts are supported")
+        parts.append(part["text"])
+    return "".join(parts)

@@ -34,6 +34,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from radixlm.runtime.bench import workloads as wl
+from radixlm.runtime.envs import set_omp_defaults
+
+set_omp_defaults()  # before torch loads, for our engine and the baseline alike
 
 if TYPE_CHECKING:
     from radixlm.runtime.engine import Engine

@@ -1,7 +1,7 @@
 """Batched sampling: one call picks the next token of every request, each with its own params.
 
 Flow of one decode step (the sampler's part):
-  SamplingBatch.build(params, output_ids, ...)      once per step, after the batch is formed
+  SamplingBatch.build(params, num_output_tokens, ..., output_token_counts=...)   once per step
   sample(logits[B, V], batch, vocab_mask=...)       after the model's forward
     1. vocab_mask (constrained decoding)       masked-out tokens -> -inf
     2. penalties: frequency, presence (additive), then repetition (scaling), output tokens only
@@ -18,6 +18,11 @@ top-k / top-p / min-p filter; greedy rows use temperature 1. Masked tokens have 
 
 Repetition penalty scope (SGLang's, unlike Hugging Face's prompt + output): only tokens in the
 request's *generated output* are penalized, as are frequency and presence penalties.
+
+Penalty counts are per request and incremental: a request with penalties owns a float32[V]
+count of its output (`count_tokens` once, then `counts[token] += 1` as each token is accepted);
+`SamplingBatch.build` gathers the rows' counts into the step's [B, V], so no step recounts an
+output. (A batched sampler may later keep these rows in one tensor per running batch.)
 """
 
 from __future__ import annotations
@@ -89,20 +94,26 @@ class SamplingBatch:
     def build(
         cls,
         params: Sequence[SamplingParams],
-        output_ids: Sequence[Sequence[int]],
+        num_output_tokens: Sequence[int],
         vocab_size: int,
         device: torch.device | str = "cpu",
         eos_token_ids: Sequence[Collection[int]] | None = None,
+        output_token_counts: Sequence[torch.Tensor | None] | None = None,
+        extra_counted_ids: Sequence[Sequence[int]] | None = None,
     ) -> SamplingBatch:
-        """Tensors for one step. `output_ids[i]`: tokens request i generated so far.
+        """Tensors for one step. `num_output_tokens[i]`: tokens row i's request generated so far.
 
-        `eos_token_ids[i]`: request i's EOS ids (model/tokenizer EOS); together with its
+        `eos_token_ids[i]`: row i's EOS ids (model/tokenizer EOS); together with its
         `stop_token_ids` they are masked while fewer than `min_new_tokens` were generated
         (SGLang masks them even with `ignore_eos`). Ids >= vocab_size are ignored.
+        Penalties: `output_token_counts[i]` is the float32[V] count of row i's output on `device`
+        (required for rows with penalties, None = zeros elsewhere; several rows may share one),
+        and `extra_counted_ids[i]` tokens row i counts on top of it (a jump-forward draft row:
+        the draft tokens before its position). Neither is modified.
         """
         num_rows = len(params)
-        if len(output_ids) != num_rows or (eos_token_ids is not None and len(eos_token_ids) != num_rows):
-            raise ValueError("SamplingBatch.build: params, output_ids, eos_token_ids differ in length")
+        if len(num_output_tokens) != num_rows or (eos_token_ids is not None and len(eos_token_ids) != num_rows):
+            raise ValueError("SamplingBatch.build: params, num_output_tokens, eos_token_ids differ in length")
         greedy = [p.is_greedy for p in params]
         top_ks = [vocab_size if p.top_k == -1 else min(p.top_k, vocab_size) for p in params]
         used_top_ks = [k for k, p in zip(top_ks, params, strict=True) if p.top_k != -1 and not p.is_greedy]
@@ -110,8 +121,8 @@ class SamplingBatch:
         def column(values: Sequence[float | int], dtype: torch.dtype) -> torch.Tensor:
             return torch.tensor(values, dtype=dtype, device=device).view(num_rows, 1)
 
-        counts, freq, pres, rep = _penalty_tensors(params, output_ids, vocab_size, device)
-        banned_rows, banned_ids = _min_new_tokens_pairs(params, output_ids, eos_token_ids, vocab_size, device)
+        counts, freq, pres, rep = _penalty_tensors(params, output_token_counts, extra_counted_ids, vocab_size, device)
+        banned_rows, banned_ids = _min_new_tokens_pairs(params, num_output_tokens, eos_token_ids, vocab_size, device)
         sampled = [p for p in params if not p.is_greedy]
         return cls(
             vocab_size=vocab_size,
@@ -129,7 +140,7 @@ class SamplingBatch:
             banned_rows=banned_rows,
             banned_ids=banned_ids,
             seeds=tuple(None if g else p.seed for g, p in zip(greedy, params, strict=True)),
-            num_output_tokens=tuple(len(ids) for ids in output_ids),
+            num_output_tokens=tuple(num_output_tokens),
             is_all_greedy=all(greedy),
             has_greedy_rows=any(greedy),
             has_unseeded_sampled_rows=any(p.seed is None for p in sampled),
@@ -140,24 +151,48 @@ class SamplingBatch:
         )
 
 
+def has_penalties(params: SamplingParams) -> bool:
+    """True when a request's output changes its logits (it needs penalty counts)."""
+    return params.frequency_penalty != 0.0 or params.presence_penalty != 0.0 or params.repetition_penalty != 1.0
+
+
+def count_tokens(token_ids: Sequence[int], vocab_size: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """float32[V]: times each id occurs in `token_ids` (all < vocab_size). A request's penalty
+    counts start as this, once; then the owner adds 1 per accepted token (`counts[token] += 1`)."""
+    counts = torch.zeros(vocab_size, dtype=torch.float32, device=device)
+    if token_ids:
+        ids = torch.tensor(list(token_ids), dtype=torch.int64, device=device)
+        counts.index_put_((ids,), torch.ones_like(ids, dtype=torch.float32), accumulate=True)
+    return counts
+
+
 def _penalty_tensors(
     params: Sequence[SamplingParams],
-    output_ids: Sequence[Sequence[int]],
+    output_token_counts: Sequence[torch.Tensor | None] | None,
+    extra_counted_ids: Sequence[Sequence[int]] | None,
     vocab_size: int,
     device: torch.device | str,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-    """(counts[B, V], frequency[B, 1], presence[B, 1], repetition[B, 1]), all None if unused."""
-    if not any(
-        p.frequency_penalty != 0.0 or p.presence_penalty != 0.0 or p.repetition_penalty != 1.0 for p in params
-    ):
+    """(counts[B, V], frequency[B, 1], presence[B, 1], repetition[B, 1]), all None if unused.
+
+    counts is a fresh tensor: the rows' own counts are gathered (copied), never written. Rows
+    without penalties may count zeros: their 0 / 0 / 1 penalties leave the logits bit-identical.
+    """
+    if not any(has_penalties(p) for p in params):
         return None, None, None, None
     num_rows = len(params)
-    counts = torch.zeros((num_rows, vocab_size), dtype=torch.float32, device=device)
-    rows = torch.tensor(
-        [i for i, ids in enumerate(output_ids) for _ in ids], dtype=torch.int64, device=device
-    )
-    cols = torch.tensor([t for ids in output_ids for t in ids], dtype=torch.int64, device=device)
-    counts.index_put_((rows, cols), torch.ones_like(cols, dtype=torch.float32), accumulate=True)
+    if output_token_counts is None or len(output_token_counts) != num_rows:
+        raise ValueError("SamplingBatch.build: penalties need output_token_counts, one per row")
+    if any(c is None and has_penalties(p) for p, c in zip(params, output_token_counts)):
+        raise ValueError("SamplingBatch.build: a row with penalties has no output_token_counts")
+    zeros = torch.zeros(vocab_size, dtype=torch.float32, device=device)
+    counts = torch.stack([zeros if c is None else c for c in output_token_counts])
+    if extra_counted_ids is not None:
+        rows = [i for i, ids in enumerate(extra_counted_ids) for _ in ids]
+        if rows:
+            cols = torch.tensor([t for ids in extra_counted_ids for t in ids], dtype=torch.int64, device=device)
+            rows_t = torch.tensor(rows, dtype=torch.int64, device=device)
+            counts.index_put_((rows_t, cols), torch.ones_like(cols, dtype=torch.float32), accumulate=True)
 
     def column(values: list[float]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.float32, device=device).view(num_rows, 1)
@@ -172,7 +207,7 @@ def _penalty_tensors(
 
 def _min_new_tokens_pairs(
     params: Sequence[SamplingParams],
-    output_ids: Sequence[Sequence[int]],
+    num_output_tokens: Sequence[int],
     eos_token_ids: Sequence[Collection[int]] | None,
     vocab_size: int,
     device: torch.device | str,
@@ -181,7 +216,7 @@ def _min_new_tokens_pairs(
     rows: list[int] = []
     ids: list[int] = []
     for i, p in enumerate(params):
-        if len(output_ids[i]) >= p.min_new_tokens:
+        if num_output_tokens[i] >= p.min_new_tokens:
             continue
         stop_ids = set(p.stop_token_ids) | set(eos_token_ids[i] if eos_token_ids is not None else ())
         for token_id in sorted(stop_ids):

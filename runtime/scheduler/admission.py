@@ -9,6 +9,12 @@ Budget accounting only (the policy orders, the bridge moves KV):
     after a retraction, as in SGLang);
   - requests that would compute the same new prefix as one admitted this step wait one step, so
     that they reuse it from the cache instead of computing it twice.
+
+Prefix matches: a waiting request is matched against the cache at most once per step, by the
+policy (prefix-aware policies rank by it) or else here, before it is tried. Nothing evicts
+between ordering and admitting (slots are allocated after planning), and a node split keeps a
+matched `prefix_node` valid, so the step's match stays exact; the matches of requests still
+waiting are dropped when planning ends (the next step's cache may differ).
 """
 
 from __future__ import annotations
@@ -78,11 +84,12 @@ def plan_extends(sched: Scheduler) -> AdmissionPlan:
         num_live = len(sched.running) + len(plan.extends) + num_paused
         if budget <= 0 or num_live >= sched.cfg.max_running_requests:
             break
-        sched.bridge.match(req)
+        if req.prefix_slots is None:  # the policy did not match it this step
+            sched.bridge.match(req)
         assert req.prefix_slots is not None
         prefix_len = req.prefix_slots.numel()
         new_len = req.seq_len - prefix_len
-        shared = in_batch.match_prefix(req.all_ids).slots.numel() - prefix_len
+        shared = _in_batch_shared_len(in_batch, req) - prefix_len
         if shared > 0 and (shared >= IN_BATCH_SHARED_PREFIX_THRESHOLD or shared >= new_len - 1):
             continue  # computes the same new prefix as a request admitted this step: next step
         n = min(new_len, budget)
@@ -99,4 +106,11 @@ def plan_extends(sched: Scheduler) -> AdmissionPlan:
         budget -= n
         pending += n
         reserved += future
+    for req in sched.waiting:
+        req.prefix_slots = req.prefix_node = None
     return plan
+
+
+def _in_batch_shared_len(in_batch: RadixCache, req: Req) -> int:
+    """Tokens of the request's prefix that a request admitted this step computes too."""
+    return in_batch.match_prefix(req.all_ids).slots.numel() if in_batch.num_nodes else 0

@@ -96,7 +96,7 @@ class CacheBridge:
     def _computed(self, req: Req) -> tuple[list[int], torch.Tensor]:
         assert req.req_pool_idx is not None and req.last_node is not None
         slots = self.req_to_token_pool.req_to_token[req.req_pool_idx, : req.num_cached].to(torch.int64)
-        return req.all_ids[: req.num_cached], slots
+        return req.token_ids(0, req.num_cached), slots
 
     def available_tokens(self) -> int:
         """Slots obtainable now: free ones plus what eviction could release."""

@@ -75,10 +75,19 @@ class Req:
     output_token_logprobs: list[tuple[float, int]] = field(default_factory=list)
     input_top_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
     output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    # penalty counts (requests with penalties): float32[V] on the sampling device, how many times
+    # each token occurs in output_ids. Counted once from output_ids (by the scheduler, before the
+    # first sampling), then kept equal by `append_token`; survives retraction with output_ids.
+    output_token_counts: torch.Tensor | None = None
 
     @property
     def all_ids(self) -> list[int]:
         return self.input_ids + self.output_ids
+
+    def token_ids(self, start: int, stop: int) -> list[int]:
+        """`all_ids[start:stop]` (0 <= start <= stop), copying only those ids."""
+        num_input = len(self.input_ids)
+        return self.input_ids[start:stop] + self.output_ids[max(0, start - num_input) : max(0, stop - num_input)]
 
     @property
     def seq_len(self) -> int:
@@ -91,6 +100,8 @@ class Req:
     def append_token(self, token: int, context_len: int) -> None:
         """Record a sampled token and set finish_reason if a stop condition now holds."""
         self.output_ids.append(token)
+        if self.output_token_counts is not None:
+            self.output_token_counts[token] += 1
         num_out = len(self.output_ids)
         may_stop = num_out >= self.params.min_new_tokens
         if may_stop and (

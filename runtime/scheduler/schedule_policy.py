@@ -6,9 +6,9 @@
   fcfs        arrival order
   lof         longest output (max_new_tokens) first
   random      shuffled
-Prefix-aware policies match every waiting request against the cache to rank it (admission
-matches again, and locks, right before admitting: eviction may change the tree in between);
-with very long queues they fall back to fcfs, as matching each request costs time every step.
+Prefix-aware policies match every waiting request against the cache to rank it; admission
+then uses that match (each waiting request is matched at most once per step, see `admission`).
+With very long queues they fall back to fcfs, as matching each request costs time every step.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from radixlm.runtime.constrained.grammar import GrammarBackend
 from radixlm.runtime.mem_cache.radix_cache import BasePrefixCache, NoopRadixCache, RadixCache
 from radixlm.runtime.model.forward_batch import ForwardBatch
 from radixlm.runtime.model.model_runner import ModelRunner
-from radixlm.runtime.sampling.sampler import SampleOutput, SamplingBatch, sample
+from radixlm.runtime.sampling.sampler import SampleOutput, SamplingBatch, count_tokens, has_penalties, sample
 from radixlm.runtime.sampling.sampling_params import SamplingParams
 from radixlm.runtime.scheduler.admission import AdmissionPlan, plan_extends
 from radixlm.runtime.scheduler.cache_bridge import CacheBridge
@@ -209,7 +209,7 @@ class Scheduler:
         of the prompt positions they need.
         """
         reqs = [e.req for e in plan.extends] + self.running
-        chunks = [e.req.all_ids[e.req.num_cached : e.req.num_cached + e.num_tokens] for e in plan.extends]
+        chunks = [e.req.token_ids(e.req.num_cached, e.req.num_cached + e.num_tokens) for e in plan.extends]
         chunks += [[r.output_ids[-1], *r.jump_forward_ids] for r in self.running]
         slots = self.bridge.alloc(sum(len(c) for c in chunks))
         assert slots is not None, "admission and _make_room_for_decode guarantee the slots"
@@ -273,16 +273,10 @@ class Scheduler:
         request's tokens while they agree with its draft, and set its next draft."""
         drafts = [r.jump_forward_ids for r in reqs]
         row_reqs = [r for r, draft in zip(reqs, drafts) for _ in range(len(draft) + 1)]
-        row_output_ids = [r.output_ids + draft[:j] for r, draft in zip(reqs, drafts) for j in range(len(draft) + 1)]
         want_logprob = any(r.logprob.return_logprob for r in reqs)
         result = sample(
             logits,
-            SamplingBatch.build(
-                [r.params for r in row_reqs],
-                row_output_ids,
-                logits.shape[-1],
-                eos_token_ids=[r.eos_token_ids for r in row_reqs],
-            ),
+            sampling_batch(reqs, logits.shape[-1], logits.device),
             vocab_mask=grammar_mask(reqs, logits.shape[-1]),
             generator=self.generator,
             return_logprob=want_logprob,
@@ -350,6 +344,38 @@ def grammar_spec(params: SamplingParams) -> tuple[str, str] | None:
     if params.ebnf:
         raise ValueError("sampling_params.ebnf is not supported; use regex or json_schema")
     return None
+
+
+def sampling_batch(reqs: list[Req], vocab_size: int, device: torch.device) -> SamplingBatch:
+    """The SamplingBatch of a step's sampled rows: each request's row samples the token after its
+    output, then one row per draft token j samples the token after the output and draft[:j].
+
+    Per-step cost is independent of output lengths: a request with penalties is counted from its
+    output once (its first sampling), then `Req.append_token` keeps the counts; the batch gathers
+    them and counts each draft row's earlier draft tokens on top.
+    """
+    params: list[SamplingParams] = []
+    num_output_tokens: list[int] = []
+    counts: list[torch.Tensor | None] = []
+    extra_counted_ids: list[list[int]] = []
+    for req in reqs:
+        if req.output_token_counts is None and has_penalties(req.params):
+            req.output_token_counts = count_tokens(req.output_ids, vocab_size, device)
+        draft = req.jump_forward_ids
+        for j in range(len(draft) + 1):
+            params.append(req.params)
+            num_output_tokens.append(len(req.output_ids) + j)
+            counts.append(req.output_token_counts)
+            extra_counted_ids.append(draft[:j])
+    return SamplingBatch.build(
+        params,
+        num_output_tokens,
+        vocab_size,
+        device,
+        eos_token_ids=[r.eos_token_ids for r in reqs for _ in range(len(r.jump_forward_ids) + 1)],
+        output_token_counts=counts,
+        extra_counted_ids=extra_counted_ids,
+    )
 
 
 def grammar_mask(reqs: list[Req], vocab_size: int) -> torch.Tensor | None:

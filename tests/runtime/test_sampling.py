@@ -11,6 +11,8 @@ import torch
 from radixlm.runtime.sampling.sampler import (
     SamplingBatch,
     apply_penalties_,
+    count_tokens,
+    has_penalties,
     mix_seed,
     sample,
     top_logprobs,
@@ -145,8 +147,13 @@ V = 8
 def build(
     params: list[SamplingParams], output_ids: list[list[int]] | None = None, **kw: Any
 ) -> SamplingBatch:
+    """The batch of requests that generated `output_ids` so far (their penalty counts recounted)."""
     output_ids = output_ids if output_ids is not None else [[] for _ in params]
-    return SamplingBatch.build(params, output_ids, kw.pop("vocab_size", V), "cpu", **kw)
+    vocab_size = kw.pop("vocab_size", V)
+    counts = [count_tokens(ids, vocab_size) if has_penalties(p) else None for p, ids in zip(params, output_ids)]
+    return SamplingBatch.build(
+        params, [len(ids) for ids in output_ids], vocab_size, "cpu", output_token_counts=counts, **kw
+    )
 
 
 def draw_many(logits_row: torch.Tensor, p: SamplingParams, num: int = 4000, **kw: Any) -> torch.Tensor:
@@ -238,6 +245,41 @@ def test_penalties_through_sample_use_output_tokens() -> None:
     assert torch.equal(logits[0, :2], torch.tensor([3.0, 2.9]))  # input not modified
 
 
+def test_counts_are_gathered_with_extra_ids_on_top() -> None:
+    """A request's counts are read, never written; draft rows count earlier draft tokens on top."""
+    p = SamplingParams(temperature=0.0, frequency_penalty=0.5)
+    own = count_tokens([1, 1, 3], V)
+    assert own.tolist() == [0.0, 2.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+    free = SamplingParams(temperature=0.0)
+    batch = SamplingBatch.build(
+        [p, p, p, free], [3, 4, 5, 0], V, output_token_counts=[own, own, own, None],
+        extra_counted_ids=[[], [3], [3, 5], []],
+    )
+    assert batch.output_token_counts is not None
+    want = [count_tokens(ids, V) for ids in ([1, 1, 3], [1, 1, 3, 3], [1, 1, 3, 3, 5], [])]
+    assert torch.equal(batch.output_token_counts, torch.stack(want))
+    assert torch.equal(own, count_tokens([1, 1, 3], V))
+    with pytest.raises(ValueError, match="penalties"):
+        SamplingBatch.build([p, free], [0, 0], V, output_token_counts=[None, None])
+    with pytest.raises(ValueError, match="penalties"):
+        SamplingBatch.build([p], [0], V)
+    assert SamplingBatch.build([free], [9], V).output_token_counts is None  # no penalty: no counts
+
+
+def test_rows_without_penalties_ignore_counts() -> None:
+    """Gathering zeros for a penalty-free row (as the scheduler does) changes nothing."""
+    logits = torch.randn(2, V, generator=torch.Generator().manual_seed(0))
+    params = [SamplingParams(temperature=0.0, repetition_penalty=1.5), SamplingParams(seed=4)]
+    outputs = [[2, 2, 5], [0, 1, 7, 7]]
+    zeros = build(params, outputs)
+    recounted = SamplingBatch.build(
+        params, [3, 4], V, output_token_counts=[count_tokens(ids, V) for ids in outputs]
+    )
+    a = sample(logits, zeros, return_logprob=True)
+    b = sample(logits, recounted, return_logprob=True)
+    assert torch.equal(a.next_ids, b.next_ids) and torch.equal(a.vocab_logprobs, b.vocab_logprobs)
+
+
 def test_min_new_tokens_masks_eos_and_stop_ids() -> None:
     logits = torch.tensor([[5.0, 4.0, 3.0, 0.0, 0.0, 0.0, 0.0, 0.0]])
     p = SamplingParams(temperature=0.0, min_new_tokens=2, stop_token_ids=[1])
@@ -263,7 +305,7 @@ def seeded_sequence(position: int, others: list[SamplingParams], steps: int = 30
         logits = torch.randn(len(params), V, generator=logits_gen)
         logits[position] = torch.linspace(-1.0, 1.0, V)
         output_ids = [list(tokens) if i == position else [1] * i for i in range(len(params))]
-        batch = SamplingBatch.build(params, output_ids, V, "cpu")
+        batch = build(params, output_ids)
         tokens.append(
             int(
                 sample(logits, batch, generator=torch.Generator().manual_seed(len(tokens))).next_ids[position]

@@ -145,6 +145,7 @@ class TokenizerManager:
             rid, tuple(ids), params.to_dict(), req.return_logprob, req.logprob_start_len,
             req.top_logprobs_num, req.stream,
         )))
+        logger.debug("request %s sent to the scheduler", rid)  # tests wait for this line
         try:
             while True:
                 await state.event.wait()
@@ -160,6 +161,7 @@ class TokenizerManager:
             if not state.finished and self.dead_reason is None:
                 await self._to_scheduler.send(io.encode(io.AbortReq(rid)))
                 self.metrics.on_request_end(state, aborted=True)
+                logger.debug("request %s aborted before it finished", rid)  # tests wait for this line
             elif state.latest is not None and state.error is None:
                 self.metrics.on_request_end(state, aborted=False)
                 _log_request(rid, state)

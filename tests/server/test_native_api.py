@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from conftest import ServerHandle
+from conftest import ServerHandle, start_server
 
 GREEDY = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
 
@@ -123,25 +127,53 @@ def test_invalid_json_is_400(tiny_server: ServerHandle) -> None:
     assert httpx.get(tiny_server.url + "/health").status_code == 200
 
 
-def test_abort_request_and_disconnect_free_the_pool(tiny_server: ServerHandle) -> None:
-    long = {"text": "Run for a while", "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}, "rid": "abort-me"}
-    result: dict[str, Any] = {}
+def wait_for_log(server: ServerHandle, line: str) -> None:
+    """Wait for the server to log `line` (a hang guard, not a timing assert)."""
+    deadline = time.monotonic() + 120
+    while line not in server.log():
+        assert time.monotonic() < deadline and server.proc.poll() is None, f"the server never logged {line!r}"
+        time.sleep(0.05)
 
-    def run() -> None:
-        result["resp"] = post(tiny_server, "/generate", long).json()
 
-    thread = threading.Thread(target=run)
-    thread.start()
-    time.sleep(1.0)
-    assert post(tiny_server, "/abort_request", {"rid": "abort-me"}).status_code == 200
-    thread.join(timeout=60)
-    assert result["resp"]["meta_info"]["finish_reason"]["type"] == "abort"
-    # a streaming client that disconnects mid-stream aborts its request
-    with httpx.stream("POST", tiny_server.url + "/generate", json={**long, "rid": None, "stream": True}, timeout=60) as resp:
-        for i, _ in enumerate(resp.iter_lines()):
-            if i > 3:
-                break
-    wait_idle(tiny_server)
+def test_abort_request_and_disconnect_free_the_pool(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The scheduler is stopped (SIGSTOP) while the request and its abort reach it, so the abort
+    finds the request unfinished whatever the machine's speed; it drains both messages in order."""
+    server = start_server(tiny_model_dir, tmp_path / "log", "--max-total-tokens", "2048", "--log-level", "debug")
+    try:
+        scheduler = httpx.get(server.url + "/get_server_info", timeout=30).json()["scheduler_pid"]
+        long = {"text": "Run for a while", "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}, "rid": "abort-me"}
+        result: dict[str, Any] = {}
+
+        def run() -> None:
+            result["resp"] = post(server, "/generate", long).json()
+
+        os.kill(scheduler, signal.SIGSTOP)
+        try:
+            thread = threading.Thread(target=run)
+            thread.start()
+            wait_for_log(server, "request abort-me sent to the scheduler")
+            assert post(server, "/abort_request", {"rid": "abort-me"}).status_code == 200
+        finally:
+            os.kill(scheduler, signal.SIGCONT)
+        thread.join(timeout=120)
+        assert result["resp"]["meta_info"]["finish_reason"]["type"] == "abort"
+        assert result["resp"]["meta_info"]["completion_tokens"] < 400
+        # a streaming client that disconnects before its request finishes aborts it
+        os.kill(scheduler, signal.SIGSTOP)
+        try:
+            with httpx.stream("POST", server.url + "/generate", json={**long, "rid": "gone", "stream": True},
+                              timeout=120) as resp:
+                assert resp.status_code == 200
+                wait_for_log(server, "request gone sent to the scheduler")
+            wait_for_log(server, "request gone aborted before it finished")
+        finally:
+            os.kill(scheduler, signal.SIGCONT)
+        wait_idle(server)
+        metrics = httpx.get(server.url + "/metrics").text
+        # the disconnected stream counts as aborted (the /abort_request one ends with finish_reason abort)
+        assert re.search(r"^radixlm_requests_aborted_total\{[^}]*\} 1$", metrics, re.M), metrics
+    finally:
+        server.stop()
 
 
 def test_concurrent_clients(tiny_server: ServerHandle) -> None:

@@ -89,6 +89,7 @@ class SchedulerStack:
             },
             "num_running_reqs": len(sched.running) + (1 if sched.chunked_req else 0),
             "num_waiting_reqs": len(sched.waiting),
+            "num_grammar_queue_reqs": len(sched.grammar_waiting),  # waiting for their grammar to compile
             "num_retractions": sched.num_retractions,
         }
 

@@ -82,7 +82,7 @@ def multibyte_ids(tok: Tokenizer) -> list[int]:
 
 
 @pytest.mark.parametrize("skip_special_tokens", [True, False])
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150)
 @given(data=st.data(), chunks=st.lists(st.integers(1, 4), min_size=1, max_size=5))
 def test_deltas_concatenate_to_whole_decode(
     smol: Tokenizer, skip_special_tokens: bool, data: st.DataObject, chunks: list[int]
@@ -102,7 +102,7 @@ def test_deltas_concatenate_to_whole_decode(
     assert not dec.stopped and dec.matched_stop is None
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 @given(
     text=st.text(alphabet=st.sampled_from(list("ab éï世界🎉ß½\n")), max_size=25),
     chunks=st.lists(st.integers(1, 3), min_size=1, max_size=4),
@@ -237,7 +237,7 @@ def test_no_stop_trim_keeps_stop_and_drops_the_rest(smol: Tokenizer) -> None:
     assert dec.push(smol.encode(" more")) == "" and dec.finish() == "" and dec.text == "Hello world"
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(
     text=st.text(alphabet=st.sampled_from(list("ab é🎉")), max_size=20),
     stops=st.lists(st.text(alphabet=st.sampled_from(list("ab é🎉")), min_size=1, max_size=4), max_size=3),
@@ -255,7 +255,7 @@ def test_stop_streaming_matches_char_by_char_spec(
     assert "".join(deltas) == expected
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(
     text=st.text(alphabet=st.sampled_from(list("ab é🎉")), max_size=20),
     stops=st.lists(st.text(alphabet=st.sampled_from(list("ab é🎉")), min_size=1, max_size=4), max_size=3),

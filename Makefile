@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.radixlm-installed
 
-.PHONY: setup model serve test lint bench clean
+.PHONY: setup model serve test lint bench bench-peers clean
 
 setup: $(STAMP)
 
@@ -33,6 +33,14 @@ lint: setup
 
 bench: model
 	$(BIN)/python -m radixlm.runtime.bench $(ARGS)
+
+# Optional peers for `bench --peers llama.cpp`, never needed by `make test`: llama-cpp-python built
+# from source for this CPU (~10 min on 2 cores, once; pip skips it when installed). torch is named
+# beside it so that pip keeps the pinned CPU build whatever the peer's dependencies ask for.
+LLAMA_CPP_PYTHON := llama-cpp-python==0.3.36
+bench-peers: model
+	CMAKE_ARGS="-DGGML_NATIVE=ON $(CMAKE_ARGS)" $(BIN)/python -m pip install \
+		--no-binary llama-cpp-python '$(LLAMA_CPP_PYTHON)' torch==2.13.0
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

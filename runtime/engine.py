@@ -1,33 +1,35 @@
 """The in-process engine: `Engine(...).generate(...)` over the scheduler, no server, no zmq.
 
-Flow: prompt -> Tokenizer.encode -> Req (+ IncrementalDecoder) -> Scheduler.step() loop
-(ModelRunner.forward over the KV pool, sampler) -> output ids and text -> result dicts shaped
-like SGLang's /generate. Any thread may call `generate`; steps are serialised by one lock, and
-whichever caller holds it steps for everyone, so concurrent callers share batches.
+Flow: the same front door as the HTTP server (`parse_generate`, `RequestValidator`: the same
+checks, `n` copies and seeds, and error texts) -> Req (+ IncrementalDecoder for the text) ->
+Scheduler.step() loop (ModelRunner.forward over the KV pool, sampler) -> each step's progress as
+the same deltas the detokenizer sends -> `RequestOutput` -> result dicts shaped like SGLang's
+/generate (streams too: cumulative text, new logprob entries per chunk). Any thread may call
+`generate`; steps are serialised by one lock, and whichever caller holds it steps for everyone,
+so concurrent callers share batches.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import threading
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from radixlm.runtime.envs import set_omp_defaults
 
 set_omp_defaults()  # before the imports below load torch
 
-from radixlm.runtime.request_io import (  # noqa: E402
-    build_result,
-    check_prompt_ids,
-    normalize_inputs,
-    normalize_params,
-)
+from radixlm.runtime.messages import StrOutput  # noqa: E402
+from radixlm.runtime.request_io import PreparedRequest, RequestError, RequestValidator, parse_generate  # noqa: E402
+from radixlm.runtime.request_output import RequestOutput, TokenTexts  # noqa: E402
 from radixlm.runtime.scheduler.req import LogprobOptions, Req  # noqa: E402
+from radixlm.runtime.scheduler.scheduler import StepOutput  # noqa: E402
 from radixlm.runtime.scheduler.scheduler_stack import SchedulerStack  # noqa: E402
 from radixlm.runtime.server_args import ServerArgs  # noqa: E402
+
+Started = tuple[Req, RequestOutput]
 
 
 class Engine:
@@ -42,6 +44,11 @@ class Engine:
         self.grammar_backend = self.stack.grammar_backend
         self.scheduler = self.stack.scheduler
         self.context_len = self.stack.context_len
+        self.validator = RequestValidator(
+            self.tokenizer, self.context_len, self.model_config.vocab_size, self.runner.kv_pool.size
+        )
+        self.token_texts = TokenTexts(self.tokenizer.decode)
+        self._outputs: dict[str, RequestOutput] = {}  # by rid, while the request runs
         self._rid_counter = itertools.count()
         self._lock = threading.Lock()
 
@@ -54,24 +61,32 @@ class Engine:
         return_logprob: bool = False,
         logprob_start_len: int = -1,
         top_logprobs_num: int = 0,
+        return_text_in_logprobs: bool = False,
         stream: bool = False,
+        rid: str | Sequence[str] | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
-        """Generate for one request (a str / a list of ids) or a batch (a list of either).
+        """Generate for one request (a str / a list of ids) or a batch (a list of either), with
+        /generate's fields and checks (a bad input raises RequestError, a ValueError, with the
+        text the server answers 400 with).
 
         A batch is served concurrently. `n` > 1 in the sampling params gives n results per
-        prompt (flattened, prompt-major). `stream=True` (single request, n == 1) returns an
-        iterator of partial results whose `text` is cumulative, as SGLang's /generate streams.
+        prompt (flattened, prompt-major). `stream=True` returns an iterator of partial results
+        as /generate streams them (with "index" when several sequences run).
         """
-        logprob = LogprobOptions(return_logprob, logprob_start_len, top_logprobs_num)
-        is_batch, reqs = self._make_reqs(prompt, input_ids, sampling_params, logprob)
+        body = _body(prompt, input_ids, sampling_params, rid, return_logprob=return_logprob,
+                     logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
+                     return_text_in_logprobs=return_text_in_logprobs, stream=stream)
+        reqs, is_batch = parse_generate(body)
+        started = self._start([self.validator.validate(r) for r in reqs])
         if stream:
-            if is_batch or len(reqs) != 1:
-                raise ValueError("stream=True takes a single prompt with n == 1")
-            return self._stream(reqs[0])
-        self._submit(reqs)
-        self._drive_until(lambda: all(r.is_finished for r in reqs))
-        results = [self._result(r) for r in reqs]
-        return results if is_batch or len(results) > 1 else results[0]
+            return self._stream(started, is_batch)
+        try:
+            self._drive_until(lambda: all(out.is_finished for _, out in started))
+            with self._lock:
+                results = [out.take_chunk().result for _, out in started]
+        finally:
+            self._release(started)
+        return results if is_batch else results[0]
 
     async def async_generate(self, *args: Any, **kwargs: Any) -> dict[str, Any] | list[dict[str, Any]]:
         """`generate` without blocking the event loop (runs in a worker thread; shares batches)."""
@@ -113,57 +128,94 @@ class Engine:
         self.shutdown()
 
     # ---------------------------------------------------------------- internals
-    def _make_reqs(
-        self,
-        prompt: str | Sequence[str] | None,
-        input_ids: Sequence[int] | Sequence[Sequence[int]] | None,
-        sampling_params: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None,
-        logprob: LogprobOptions,
-    ) -> tuple[bool, list[Req]]:
-        is_batch, prompts = normalize_inputs(prompt, input_ids)
-        params = normalize_params(sampling_params, len(prompts))
-        reqs = []
-        for text_or_ids, sp in zip(prompts, params):
-            ids = self.tokenizer.encode(text_or_ids) if isinstance(text_or_ids, str) else text_or_ids
-            check_prompt_ids(ids, self.model_config.vocab_size, self.context_len, self.runner.kv_pool.size)
-            for copy in range(sp.n):
-                copy_params = sp
-                if sp.n > 1 and sp.seed is not None:  # copies of a seeded request differ, reproducibly
-                    copy_params = dataclasses.replace(sp, seed=sp.seed + copy)
-                reqs.append(self.stack.make_req(str(next(self._rid_counter)), ids, copy_params, logprob))
-        return is_batch, reqs
-
-    def _submit(self, reqs: list[Req]) -> None:
+    def _start(self, prepared: list[PreparedRequest]) -> list[Started]:
+        started = []
         with self._lock:
-            for req in reqs:
-                self.scheduler.add_request(req)
+            for p in prepared:
+                req = p.request
+                rid = req.rid or f"engine-{next(self._rid_counter)}"
+                if rid in self._outputs:
+                    self._release(started, locked=True)
+                    raise RequestError(f"request id {rid!r} is already in use")
+                logprob = LogprobOptions(req.return_logprob, req.logprob_start_len, req.top_logprobs_num)
+                sched_req = self.stack.make_req(rid, p.input_ids, p.params, logprob)
+                self.scheduler.add_request(sched_req)
+                output = self._outputs[rid] = RequestOutput.of(rid, req, self.token_texts)
+                started.append((sched_req, output))
+        return started
 
-    def _drive_until(self, done: Any) -> None:
+    def _release(self, started: list[Started], locked: bool = False) -> None:
+        """Forget these requests, aborting any still running (a consumer that stopped early)."""
+        if not locked:
+            with self._lock:
+                return self._release(started, locked=True)
+        for req, output in started:
+            if not output.is_finished:
+                self.scheduler.abort(req.rid)
+            self._outputs.pop(req.rid, None)
+
+    def _drive_until(self, done: Callable[[], bool]) -> None:
         while True:
             with self._lock:
                 if done():
                     return
-                self.scheduler.step()
+                for step_output in self.scheduler.step():
+                    self._deliver(step_output)
 
-    def _stream(self, req: Req) -> Iterator[dict[str, Any]]:
-        self._submit([req])
-        sent = 0
+    def _deliver(self, step: StepOutput) -> None:
+        """Hand one request's progress to its RequestOutput, as the detokenizer would."""
+        output = self._outputs.get(step.req.rid)
+        decoder = step.req.decoder
+        if output is None or decoder is None:
+            return
+        if step.req.is_finished:
+            decoder.finish()  # the held-back tail (the EOS token was never pushed)
+        msg = step.to_message()
+        output.add(StrOutput(msg.rid, decoder.pop_new_text(), msg.new_token_ids, msg.finish_reason,
+                             msg.prompt_tokens, msg.completion_tokens, msg.cached_tokens, msg.logprobs))
+
+    def _stream(self, started: list[Started], is_batch: bool) -> Iterator[dict[str, Any]]:
+        outputs = [out for _, out in started]
         try:
             while True:
-                self._drive_until(lambda sent=sent: req.is_finished or len(req.output_ids) > sent)
-                sent = len(req.output_ids)
-                yield self._result(req) if req.is_finished else self._partial(req)
-                if req.is_finished:
+                self._drive_until(lambda: any(o.has_update for o in outputs) or all(o.is_finished for o in outputs))
+                with self._lock:
+                    chunks = [(i, o.take_chunk()) for i, o in enumerate(outputs) if o.has_update]
+                for i, chunk in chunks:
+                    yield {**chunk.result, "index": i} if is_batch else chunk.result
+                if all(o.is_finished and not o.has_update for o in outputs):
                     return
         finally:
-            if not req.is_finished:  # the consumer stopped early
-                self.abort_request(req.rid)
+            self._release(started)
 
-    def _partial(self, req: Req) -> dict[str, Any]:
-        assert req.decoder is not None
-        return build_result(req, req.decoder.text)
 
-    def _result(self, req: Req) -> dict[str, Any]:
-        assert req.decoder is not None and req.finish_reason is not None
-        req.decoder.finish()
-        return build_result(req, req.decoder.text)
+def _body(
+    prompt: str | Sequence[str] | None,
+    input_ids: Sequence[int] | Sequence[Sequence[int]] | None,
+    sampling_params: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None,
+    rid: str | Sequence[str] | None,
+    **options: Any,
+) -> dict[str, Any]:
+    """The Engine's arguments as the /generate body they stand for (JSON's lists and objects)."""
+    body: dict[str, Any] = dict(options)
+    if prompt is not None:
+        body["text"] = _as_list(prompt)
+    if input_ids is not None:
+        body["input_ids"] = _as_list(input_ids)
+        if isinstance(body["input_ids"], list):
+            body["input_ids"] = [_as_list(x) for x in body["input_ids"]]
+    if sampling_params is not None:
+        params = _as_list(sampling_params)
+        body["sampling_params"] = [_as_dict(p) for p in params] if isinstance(params, list) else _as_dict(params)
+    if rid is not None:
+        body["rid"] = _as_list(rid)
+    return body
+
+
+def _as_list(value: Any) -> Any:
+    """A sequence (other than a str) as a list, as JSON would give it; anything else as is."""
+    return list(value) if isinstance(value, Sequence) and not isinstance(value, (str, bytes)) else value
+
+
+def _as_dict(value: Any) -> Any:
+    return dict(value) if isinstance(value, Mapping) else value

@@ -4,7 +4,12 @@ in a private directory).
 
   TokenizerManager --TokenizedGenerateReq / AbortReq / FlushCacheReq / GetInfoReq--> Scheduler
   Scheduler --BatchTokenIDOut--> Detokenizer --BatchStrOut--> TokenizerManager
-  Scheduler --FlushCacheResp / GetInfoResp (via the detokenizer, which forwards them)--> TokenizerManager
+  Scheduler --FlushCacheResp / GetInfoResp--> TokenizerManager
+
+Data crosses each boundary once, in its final form: sampling parameters travel as the frozen
+`SamplingParams` validated at the door (pickle rebuilds it without running its checks again),
+and outputs carry only what is new since the request's previous output (token ids, text delta,
+logprob entries); the receiver appends. No message grows with the length of the output so far.
 """
 
 from __future__ import annotations
@@ -13,12 +18,14 @@ import pickle
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixlm.runtime.sampling.sampling_params import SamplingParams
+
 
 @dataclass(frozen=True)
 class TokenizedGenerateReq:
     rid: str
     input_ids: tuple[int, ...]
-    sampling_params: dict[str, Any]  # validated SamplingParams.to_dict()
+    sampling_params: SamplingParams  # validated once, at the door
     return_logprob: bool = False
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
@@ -52,6 +59,24 @@ class GetInfoResp:
     info: dict[str, Any]
 
 
+TokenLogprob = tuple[float | None, int]  # (logprob, token id); None for the first prompt token
+TopLogprobs = tuple[TokenLogprob, ...]  # the top-k at one position, best first
+
+
+@dataclass(frozen=True)
+class LogprobEntries:
+    """Logprob entries new since the request's previous output (SGLang's four lists; each list
+    only grows at its end, so the receiver appends)."""
+
+    input_token_logprobs: tuple[TokenLogprob, ...] = ()
+    output_token_logprobs: tuple[TokenLogprob, ...] = ()
+    input_top_logprobs: tuple[TopLogprobs | None, ...] = ()  # None where a position has none
+    output_top_logprobs: tuple[TopLogprobs, ...] = ()
+
+
+LOGPROB_LISTS = ("input_token_logprobs", "output_token_logprobs", "input_top_logprobs", "output_top_logprobs")
+
+
 @dataclass(frozen=True)
 class ReqOutput:
     """One request's progress in one scheduler step (token ids, not text)."""
@@ -62,27 +87,35 @@ class ReqOutput:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
-    # logprob lists as built so far (only when asked for; sent whole when finished or streaming)
-    logprobs: dict[str, Any] | None = None
+    logprobs: LogprobEntries | None = None  # only when asked for
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """What the detokenizer needs to turn a request's ids into text (sent with its first output)."""
+
+    sampling_params: SamplingParams
+    prompt_tail: tuple[int, ...]  # the last prompt ids: context for the first output token's text
 
 
 @dataclass(frozen=True)
 class BatchTokenIDOut:
     outputs: tuple[ReqOutput, ...]
-    # per-rid detokenization settings, sent with a request's first output
-    decode_settings: dict[str, dict[str, Any]] = field(default_factory=dict)
+    decode_settings: dict[str, DecodeSettings] = field(default_factory=dict)  # by rid
 
 
 @dataclass(frozen=True)
 class StrOutput:
+    """One request's progress as text: what is new since its previous output."""
+
     rid: str
-    text: str  # all text so far (cumulative; trimmed at a stop string)
-    output_ids: tuple[int, ...]  # all output ids so far
+    new_text: str  # the text delta (whole characters; trimmed at a stop string)
+    new_token_ids: tuple[int, ...]
     finish_reason: dict[str, Any] | None
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
-    logprobs: dict[str, Any] | None = None
+    logprobs: LogprobEntries | None = None
 
 
 @dataclass(frozen=True)

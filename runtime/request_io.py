@@ -1,72 +1,206 @@
-"""Request inputs in, result dicts out: the shapes of SGLang's /generate, shared by the Engine
-and the server."""
+"""The front door, one for the Engine and the HTTP server: a /generate request's fields ->
+validated, tokenized `PreparedRequest`s, one per prompt and copy (`n`), with the copies' seeds.
+Both doors call `parse_generate` and `RequestValidator.validate`, so the same bad input gets
+the same error text (a `RequestError`, answered 400 by the server) from either.
+
+Flow: body (JSON object or Engine keywords) -> parse_generate -> GenerateRequest per sequence
+-> RequestValidator.validate (tokenize, check against the model, SamplingParams built once)
+-> PreparedRequest -> the scheduler (in process, or as a TokenizedGenerateReq message).
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from radixlm.runtime.constrained.grammar import GrammarError
+from radixlm.runtime.constrained.grammar import validate as validate_grammar
 from radixlm.runtime.errors import RequestError
-from radixlm.runtime.sampling.sampling_params import SamplingParams
-from radixlm.runtime.scheduler.req import Req
+from radixlm.runtime.limits import MAX_BATCH, MAX_N, MAX_RID_CHARS, MAX_SEQUENCES, MAX_TOP_LOGPROBS_NUM
+from radixlm.runtime.sampling.sampling_params import InvalidSamplingParams, SamplingParams
+from radixlm.runtime.tokenizer import Tokenizer
+
+GENERATE_FIELDS = {
+    "text", "input_ids", "sampling_params", "rid", "return_logprob", "logprob_start_len",
+    "top_logprobs_num", "return_text_in_logprobs", "stream",
+}
 
 
-def normalize_inputs(
-    prompt: str | Sequence[str] | None, input_ids: Sequence[int] | Sequence[Sequence[int]] | None
-) -> tuple[bool, list[str | list[int]]]:
-    """(is_batch, prompts): each prompt a str or a list of token ids."""
-    if (prompt is None) == (input_ids is None):
-        raise ValueError("pass exactly one of text/prompt or input_ids")
-    if prompt is not None:
-        if isinstance(prompt, str):
-            return False, [prompt]
-        if isinstance(prompt, Sequence) and prompt and all(isinstance(p, str) for p in prompt):
-            return True, list(prompt)
-        raise ValueError("text must be a string or a non-empty list of strings")
-    assert input_ids is not None
-    if isinstance(input_ids, Sequence) and input_ids and all(_is_token(t) for t in input_ids):
-        return False, [list(input_ids)]  # type: ignore[arg-type]
-    if (
-        isinstance(input_ids, Sequence)
-        and input_ids
-        and all(isinstance(x, Sequence) and not isinstance(x, str) and all(_is_token(t) for t in x) for x in input_ids)
-    ):
-        return True, [list(x) for x in input_ids]  # type: ignore[union-attr]
-    raise ValueError("input_ids must be a non-empty list of ints or a list of such lists")
+@dataclass(frozen=True)
+class GenerateRequest:
+    """One sequence to generate, as the door takes it (a single prompt; batches and `n` are
+    expanded by `parse_generate` / `expand_copies` into several of these)."""
+
+    text: str | None = None
+    input_ids: tuple[int, ...] | None = None
+    sampling_params: Mapping[str, Any] | None = None
+    rid: str | None = None
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    return_text_in_logprobs: bool = False
+    stream: bool = False
 
 
-def _is_token(t: object) -> bool:
-    return isinstance(t, int) and not isinstance(t, bool)
+@dataclass(frozen=True)
+class PreparedRequest:
+    """A validated, tokenized request: what the scheduler gets."""
+
+    request: GenerateRequest
+    input_ids: list[int]
+    params: SamplingParams
 
 
-def normalize_params(
-    sampling_params: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None, count: int
-) -> list[SamplingParams]:
-    if sampling_params is None or isinstance(sampling_params, Mapping):
-        one = SamplingParams.from_dict(sampling_params)
-        return [one] * count
-    if len(sampling_params) != count:
-        raise ValueError(f"got {len(sampling_params)} sampling_params for {count} prompts")
-    return [SamplingParams.from_dict(p) for p in sampling_params]
-
-
-def build_result(req: Req, text: str) -> dict[str, Any]:
-    """One /generate result: text, output_ids, meta_info (with logprob lists when asked)."""
-    meta: dict[str, Any] = {
-        "id": req.rid,
-        "prompt_tokens": len(req.input_ids),
-        "completion_tokens": len(req.output_ids),
-        "cached_tokens": req.cached_tokens,
-        "finish_reason": None if req.finish_reason is None else req.finish_reason.to_dict(),
+def parse_generate(body: Any) -> tuple[list[GenerateRequest], bool]:
+    """The /generate body -> one GenerateRequest per prompt and copy (`n`), prompt-major."""
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object")
+    unknown = sorted(set(body) - GENERATE_FIELDS)
+    if unknown:
+        raise RequestError(f"unknown field(s) in /generate: {unknown}")
+    text, input_ids = body.get("text"), body.get("input_ids")
+    if (text is None) == (input_ids is None):
+        raise RequestError("exactly one of 'text' and 'input_ids' is required")
+    if text is not None:
+        is_batch = isinstance(text, list)
+        prompts: list[Any] = text if is_batch else [text]
+        if not prompts or not all(isinstance(t, str) for t in prompts):
+            raise RequestError("'text' must be a string or a non-empty list of strings")
+    else:
+        is_batch = isinstance(input_ids, list) and bool(input_ids) and isinstance(input_ids[0], list)
+        prompts = input_ids if is_batch else [input_ids]
+        if not isinstance(input_ids, list) or not all(isinstance(p, list) for p in prompts):
+            raise RequestError("'input_ids' must be a list of token ids or a list of such lists")
+    if len(prompts) > MAX_BATCH:
+        raise RequestError(f"a batch holds at most {MAX_BATCH} prompts, got {len(prompts)}")
+    params_list = _per_prompt(body.get("sampling_params"), len(prompts), "sampling_params", dict)
+    rids = _per_prompt(body.get("rid"), len(prompts), "rid", str)
+    if any(rid is not None and len(rid) > MAX_RID_CHARS for rid in rids):
+        raise RequestError(f"'rid' is longer than {MAX_RID_CHARS} characters")
+    copies = [_num_copies(params) for params in params_list]
+    if sum(copies) > MAX_SEQUENCES:
+        raise RequestError(f"a request generates at most {MAX_SEQUENCES} sequences (prompts x n), got {sum(copies)}")
+    opts = {
+        "return_logprob": _typed(body, "return_logprob", bool, False),
+        "logprob_start_len": _typed(body, "logprob_start_len", int, -1),
+        "top_logprobs_num": _typed(body, "top_logprobs_num", int, 0),
+        "return_text_in_logprobs": _typed(body, "return_text_in_logprobs", bool, False),
+        "stream": _typed(body, "stream", bool, False),
     }
-    if req.logprob.return_logprob:
-        meta["input_token_logprobs"] = [list(x) for x in req.input_token_logprobs]
-        meta["output_token_logprobs"] = [list(x) for x in req.output_token_logprobs]
-        if req.logprob.top_logprobs_num > 0:
-            meta["input_top_logprobs"] = [None if x is None else [list(p) for p in x] for x in req.input_top_logprobs]
-            meta["output_top_logprobs"] = [[list(p) for p in x] for x in req.output_top_logprobs]
-    return {"text": text, "output_ids": list(req.output_ids), "meta_info": meta}
+    reqs = []
+    for prompt, params, rid, n in zip(prompts, params_list, rids, copies):
+        params = {k: v for k, v in (params or {}).items() if k != "n"}
+        key = "text" if isinstance(prompt, str) else "input_ids"
+        value = prompt if isinstance(prompt, str) else tuple(prompt)
+        reqs += expand_copies(GenerateRequest(**{key: value}, sampling_params=params, rid=rid, **opts), n)
+    return reqs, is_batch or len(reqs) > 1
+
+
+def _num_copies(params: dict[str, Any] | None) -> int:
+    n = (params or {}).get("n", 1)
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_N:
+        raise RequestError(f"sampling_params.n must be an integer in [1, {MAX_N}], got {n!r}")
+    return n
+
+
+def _per_prompt(value: Any, count: int, name: str, kind: type) -> list[Any]:
+    if value is None or isinstance(value, kind):
+        return [value] * count if name != "rid" or count == 1 or value is None else _rid_batch_error(name)
+    if isinstance(value, list) and len(value) == count and all(v is None or isinstance(v, kind) for v in value):
+        return value
+    raise RequestError(f"'{name}' must be a {kind.__name__} or a list of {count} of them")
+
+
+def _rid_batch_error(name: str) -> list[Any]:
+    raise RequestError(f"a batch needs '{name}' as a list with one id per prompt")
+
+
+def _typed(body: dict[str, Any], name: str, kind: type, default: Any) -> Any:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise RequestError(f"'{name}' must be an integer, got {value!r}")
+    if kind is bool and not isinstance(value, bool):
+        raise RequestError(f"'{name}' must be true or false, got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise RequestError(f"'{name}' must be finite")
+    return value
+
+
+def expand_copies(base: GenerateRequest, n: int) -> list[GenerateRequest]:
+    """The `n` copies of one prompt's request: seeds `copy_seed(seed, i)` (so copies of a seeded
+    request differ, reproducibly) and rids `<rid>-<i>` when a rid was given."""
+    if n == 1:
+        return [base]
+    params = dict(base.sampling_params or {})
+    params.pop("n", None)
+    copies = []
+    for i in range(n):
+        copy_params = params
+        if isinstance(params.get("seed"), int):
+            copy_params = {**params, "seed": copy_seed(params["seed"], i)}
+        copies.append(replace(base, sampling_params=copy_params, rid=None if base.rid is None else f"{base.rid}-{i}"))
+    return copies
+
+
+class RequestValidator:
+    """Tokenizes and checks requests against one model (its tokenizer, vocabulary, context
+    length and KV pool size)."""
+
+    def __init__(self, tokenizer: Tokenizer, context_len: int, vocab_size: int, max_total_tokens: int):
+        self.tokenizer = tokenizer
+        self.context_len = context_len
+        self.vocab_size = vocab_size
+        self.max_total_tokens = max_total_tokens
+        # A token spells at most this many characters, so a longer text cannot fit the context:
+        # such prompts are refused before tokenizing them (which would block the event loop).
+        self.max_prompt_chars = context_len * max_token_chars(tokenizer)
+
+    def validate(self, req: GenerateRequest) -> PreparedRequest:
+        """Tokenize and check a request; raises RequestError naming the problem."""
+        if (req.text is None) == (req.input_ids is None):
+            raise RequestError("exactly one of 'text' and 'input_ids' is required")
+        if req.text is not None:
+            if not isinstance(req.text, str):
+                raise RequestError("'text' must be a string or a list of strings")
+            if len(req.text) > self.max_prompt_chars:
+                raise RequestError(
+                    f"the prompt has {len(req.text)} characters, more than the context length "
+                    f"({self.context_len} tokens) can hold"
+                )
+            ids = self.tokenizer.encode(req.text)
+        else:
+            ids = list(req.input_ids or ())
+        check_prompt_ids(ids, self.vocab_size, self.context_len, self.max_total_tokens)
+        try:
+            params = SamplingParams.from_dict(req.sampling_params)
+        except (InvalidSamplingParams, TypeError) as e:
+            raise RequestError(str(e)) from e
+        check_params_fit(params, len(ids), self.context_len, self.vocab_size)
+        for kind, spec in (("regex", params.regex), ("json_schema", params.json_schema)):
+            if spec:
+                try:
+                    validate_grammar(kind, spec)
+                except GrammarError as e:
+                    raise RequestError(f"sampling_params.{kind}: {e}") from e
+        if params.ebnf:
+            raise RequestError("sampling_params.ebnf is not supported; use regex or json_schema")
+        if params.n != 1:
+            raise RequestError("sampling_params.n > 1 must be expanded before validation (parse_generate)")
+        if req.top_logprobs_num < 0 or req.top_logprobs_num > MAX_TOP_LOGPROBS_NUM:
+            raise RequestError(f"top_logprobs_num must be in [0, {MAX_TOP_LOGPROBS_NUM}]")
+        if req.logprob_start_len < -1 or req.logprob_start_len >= len(ids):
+            raise RequestError(f"logprob_start_len must be in [-1, {len(ids) - 1}]")
+        return PreparedRequest(req, ids, params)
+
+
+def max_token_chars(tokenizer: Tokenizer) -> int:
+    """The most characters one token of `tokenizer` spells (byte-level BPE: one per byte)."""
+    tokens = tokenizer.convert_ids_to_tokens(range(tokenizer.vocab_size))
+    return max((len(t) for t in tokens if t is not None), default=1)
 
 
 def check_prompt_ids(ids: Sequence[object], vocab_size: int, context_len: int, max_total_tokens: int) -> None:
@@ -105,19 +239,3 @@ def check_params_fit(params: SamplingParams, prompt_len: int, context_len: int, 
         raise RequestError(
             f"sampling_params.stop_token_ids holds values that are not token ids in [0, {vocab_size}): {bad[:5]}"
         )
-
-
-@dataclass(frozen=True)
-class GenerateRequest:
-    """One generation request as the tokenizer manager takes it (a single prompt; batches and
-    `n` are expanded by the HTTP layer into several of these)."""
-
-    text: str | None = None
-    input_ids: tuple[int, ...] | None = None
-    sampling_params: Mapping[str, Any] | None = None
-    rid: str | None = None
-    return_logprob: bool = False
-    logprob_start_len: int = -1
-    top_logprobs_num: int = 0
-    return_text_in_logprobs: bool = False
-    stream: bool = False

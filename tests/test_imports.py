@@ -31,7 +31,7 @@ LAYERS: list[set[str]] = [
     {"messages"},  # carry the frozen SamplingParams
     {"model", "detokenizer"},
     {"scheduler"},
-    {"request_io", "engine"},
+    {"request_io", "request_output", "engine"},
     {"server"},
     {"bench"},
 ]

@@ -62,6 +62,12 @@ class Backend:
         pass
 
 
+# Logprob lists whose stream chunks carry only the chunk's new entries (SGLang's streaming form).
+STREAMED_LOGPROB_KEYS = ("output_token_logprobs", "output_top_logprobs", "output_token_ids_logprobs")
+# The prompt's lists come whole in one chunk (ours: the first with output) or in every chunk.
+INPUT_LOGPROB_KEYS = ("input_token_logprobs", "input_top_logprobs")
+
+
 class NativeBackend(Backend):
     """Everything over SGLang's /generate request and result shapes."""
 
@@ -70,7 +76,8 @@ class NativeBackend(Backend):
         raise NotImplementedError
 
     def call_stream(self, payload: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        """One streaming /generate request -> partial results (text cumulative)."""
+        """One streaming /generate request -> partial results (text cumulative; logprob lists
+        holding each chunk's new entries, as SGLang streams them)."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------ program steps
@@ -81,7 +88,15 @@ class NativeBackend(Backend):
     def generate_stream(self, s: StreamExecutor, gen: Gen, sampling: SamplingArgs) -> Iterator[tuple[str, dict[str, Any] | None]]:
         sent = ""
         last: dict[str, Any] | None = None
+        logprobs: dict[str, list[Any]] = {}  # each chunk's new entries, concatenated
         for last in self.call_stream({**self._payload(s.text_, gen, sampling), "stream": True}):
+            meta = last["meta_info"]
+            for key in STREAMED_LOGPROB_KEYS:
+                if key in meta:
+                    logprobs.setdefault(key, []).extend(meta[key])
+            for key in INPUT_LOGPROB_KEYS:
+                if len(meta.get(key) or ()) > len(logprobs.get(key, ())):
+                    logprobs[key] = meta[key]
             text = last["text"]
             if len(text) > len(sent) and text.startswith(sent):
                 yield text[len(sent) :], None
@@ -90,7 +105,7 @@ class NativeBackend(Backend):
             raise BackendError("the stream ended without a result")
         _checked(last)
         final = last["text"]
-        yield (final[len(sent) :] if final.startswith(sent) else ""), last["meta_info"]
+        yield (final[len(sent) :] if final.startswith(sent) else ""), {**last["meta_info"], **logprobs}
 
     def select(self, s: StreamExecutor, sel: Select) -> tuple[int, dict[str, Any]]:
         scores = self.score_choices(s.text_, sel.choices, sel.choices_method == UNCONDITIONAL_LIKELIHOOD_NORMALIZED)

@@ -8,7 +8,7 @@ from typing import Any
 from radixlm.backend.base import BackendError, NativeBackend
 from radixlm.chat_template import CHATML, derive_chat_template
 
-_ENGINE_KEYS = ("sampling_params", "return_logprob", "logprob_start_len", "top_logprobs_num")
+_ENGINE_KEYS = ("sampling_params", "return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
 
 
 class EngineBackend(NativeBackend):
@@ -24,13 +24,9 @@ class EngineBackend(NativeBackend):
 
     def call(self, payload: dict[str, Any]) -> Any:
         try:
-            out = self.engine.generate(payload["text"], **{k: payload[k] for k in _ENGINE_KEYS if k in payload})
+            return self.engine.generate(payload["text"], **{k: payload[k] for k in _ENGINE_KEYS if k in payload})
         except ValueError as e:
             raise BackendError(str(e)) from e
-        if payload.get("return_text_in_logprobs"):
-            for result in out if isinstance(out, list) else [out]:
-                self._add_token_texts(result["meta_info"])
-        return out
 
     def call_stream(self, payload: dict[str, Any]) -> Iterator[dict[str, Any]]:
         kwargs = {k: payload[k] for k in _ENGINE_KEYS if k in payload}
@@ -47,9 +43,3 @@ class EngineBackend(NativeBackend):
 
     def shutdown(self) -> None:
         self.engine.shutdown()
-
-    def _add_token_texts(self, meta: dict[str, Any]) -> None:
-        decode = self.engine.tokenizer.decode
-        for key in ("input_token_logprobs", "output_token_logprobs"):
-            if key in meta:
-                meta[key] = [[lp, tok, decode([tok], skip_special_tokens=False)] for lp, tok, *_ in meta[key]]

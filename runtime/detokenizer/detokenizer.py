@@ -64,15 +64,21 @@ class IncrementalDecoder:
         self._read_len = len(context)
         self._pending = ""  # decoded, not yet emitted: a possible beginning of a stop string
         self._deltas: list[str] = []
+        self._num_deltas_popped = 0  # deltas already returned by pop_new_text
         self.stopped = False
         self.matched_stop: str | None = None
 
     @property
     def text(self) -> str:
         """All text emitted so far (trimmed at the stop string once `stopped`)."""
-        if len(self._deltas) > 1:
-            self._deltas = ["".join(self._deltas)]
-        return self._deltas[0] if self._deltas else ""
+        return "".join(self._deltas)
+
+    def pop_new_text(self) -> str:
+        """The text emitted since the previous call (for a caller that does not keep the deltas
+        `push` and `finish` return, e.g. when the scheduler pushes the ids)."""
+        new = "".join(self._deltas[self._num_deltas_popped :])
+        self._num_deltas_popped = len(self._deltas)
+        return new
 
     def push(self, new_ids: Sequence[int]) -> str:
         """Add newly sampled ids; return the text that became safe to emit (maybe "")."""

@@ -2,13 +2,13 @@
 
 One `IncrementalDecoder` per request (correct across multi-byte characters, trims at stop
 strings exactly as the scheduler's stop check does, since both run the same decoder on the same
-ids). Text in `StrOutput` is cumulative, as SGLang's /generate streams it.
+ids). Each `StrOutput` carries the text delta and the ids new since the request's previous
+output; the tokenizer manager appends them.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 
 import zmq
@@ -16,49 +16,41 @@ import zmq
 from radixlm.runtime import messages as io
 from radixlm.runtime.detokenizer.detokenizer import IncrementalDecoder
 from radixlm.runtime.ipc import IpcPaths, exit_with_parent, pull_socket, push_socket
-from radixlm.runtime.sampling.sampling_params import SamplingParams
 from radixlm.runtime.server_args import ServerArgs
 from radixlm.runtime.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class _DecodeState:
-    decoder: IncrementalDecoder
-    output_ids: list[int] = field(default_factory=list)
-
-
 class DetokenizerManager:
     def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer
-        self.states: dict[str, _DecodeState] = {}
+        self.decoders: dict[str, IncrementalDecoder] = {}
 
-    def register(self, rid: str, params: SamplingParams, prompt_tail: list[int]) -> None:
-        self.states[rid] = _DecodeState(IncrementalDecoder(self.tokenizer, params, prompt_tail))
+    def register(self, rid: str, settings: io.DecodeSettings) -> None:
+        self.decoders[rid] = IncrementalDecoder(self.tokenizer, settings.sampling_params, settings.prompt_tail)
 
     def handle_batch(self, batch: io.BatchTokenIDOut) -> io.BatchStrOut:
+        for rid, settings in batch.decode_settings.items():
+            self.register(rid, settings)
         return io.BatchStrOut(tuple(self._handle_one(out) for out in batch.outputs))
 
     def _handle_one(self, out: io.ReqOutput) -> io.StrOutput:
-        state = self.states.get(out.rid)
-        if state is None:  # unknown rid (e.g. rejected before registration): nothing to decode
-            text, ids = "", list(out.new_token_ids)
-        else:
-            state.output_ids.extend(out.new_token_ids)
+        decoder = self.decoders.get(out.rid)
+        new_text = ""
+        if decoder is not None:  # None: a request refused before registration, nothing to decode
             reason = out.finish_reason
             new = list(out.new_token_ids)
             if reason is not None and reason["type"] == "stop" and isinstance(reason["matched"], int) and new:
                 new = new[:-1]  # the EOS / stop token itself is not part of the text
-            state.decoder.push(new)
+            new_text = decoder.push(new)
             if reason is not None:
-                state.decoder.finish()
-                del self.states[out.rid]
-            text, ids = state.decoder.text, state.output_ids
+                new_text += decoder.finish()
+                del self.decoders[out.rid]
         return io.StrOutput(
             rid=out.rid,
-            text=text,
-            output_ids=tuple(ids),
+            new_text=new_text,
+            new_token_ids=out.new_token_ids,
             finish_reason=out.finish_reason,
             prompt_tokens=out.prompt_tokens,
             completion_tokens=out.completion_tokens,
@@ -82,8 +74,6 @@ def run_detokenizer_process(args: ServerArgs, paths: IpcPaths, ready: Connection
     while True:
         msg = io.decode(recv.recv())
         if isinstance(msg, io.BatchTokenIDOut):
-            for rid, settings in msg.decode_settings.items():
-                manager.register(rid, SamplingParams.from_dict(settings["sampling_params"]), settings["prompt_tail"])
             to_tm.send(io.encode(manager.handle_batch(msg)))
         else:
             logger.warning("detokenizer: unknown message %r", type(msg).__name__)

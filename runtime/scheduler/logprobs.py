@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from radixlm.runtime.messages import LogprobEntries
 from radixlm.runtime.sampling.sampler import SampleOutput, top_logprobs
 from radixlm.runtime.scheduler.req import Req
 
@@ -72,3 +73,14 @@ def record_input_logprobs(spans: Sequence[InputLogprobSpan], logits: torch.Tenso
             top_v, top_i = top_logprobs(rows, k)
             for v, i in zip(top_v.tolist(), top_i.tolist()):
                 span.req.input_top_logprobs.append(list(zip(v, i)))
+
+
+def take_new_logprobs(req: Req) -> LogprobEntries:
+    """The logprob entries recorded since the previous call (each list grows only at its end)."""
+    lists = (req.input_token_logprobs, req.output_token_logprobs, req.input_top_logprobs, req.output_top_logprobs)
+    entries = LogprobEntries(*(
+        tuple(tuple(row) if isinstance(row, list) else row for row in values[start:])
+        for values, start in zip(lists, req.num_logprobs_reported)
+    ))
+    req.num_logprobs_reported = tuple(len(values) for values in lists)  # type: ignore[assignment]
+    return entries

@@ -75,6 +75,8 @@ class Req:
     output_token_logprobs: list[tuple[float, int]] = field(default_factory=list)
     input_top_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
     output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    # how many entries of each of the four lists above were reported already (take_new_logprobs)
+    num_logprobs_reported: tuple[int, int, int, int] = (0, 0, 0, 0)
     # penalty counts (requests with penalties): float32[V] on the sampling device, how many times
     # each token occurs in output_ids. Counted once from output_ids (by the scheduler, before the
     # first sampling), then kept equal by `append_token`; survives retraction with output_ids.

@@ -29,6 +29,7 @@ import torch
 
 from radixlm.runtime.constrained.grammar import GrammarBackend
 from radixlm.runtime.mem_cache.radix_cache import BasePrefixCache, NoopRadixCache, RadixCache
+from radixlm.runtime.messages import ReqOutput
 from radixlm.runtime.model.forward_batch import ForwardBatch
 from radixlm.runtime.model.model_runner import ModelRunner
 from radixlm.runtime.sampling.sampler import SampleOutput, SamplingBatch, count_tokens, has_penalties, sample
@@ -40,6 +41,7 @@ from radixlm.runtime.scheduler.logprobs import (
     input_logprob_span,
     record_input_logprobs,
     record_logprobs,
+    take_new_logprobs,
 )
 from radixlm.runtime.scheduler.req import FinishReason, Req
 from radixlm.runtime.scheduler.schedule_policy import SchedulePolicy
@@ -67,6 +69,19 @@ class StepOutput:
 
     req: Req
     token_ids: tuple[int, ...]
+
+    def to_message(self) -> ReqOutput:
+        """This progress as the detokenizer takes it (new ids and new logprob entries only)."""
+        req = self.req
+        return ReqOutput(
+            rid=req.rid,
+            new_token_ids=self.token_ids,
+            finish_reason=None if req.finish_reason is None else req.finish_reason.to_dict(),
+            prompt_tokens=len(req.input_ids),
+            completion_tokens=len(req.output_ids),
+            cached_tokens=req.cached_tokens,
+            logprobs=take_new_logprobs(req) if req.logprob.return_logprob else None,
+        )
 
 
 class Scheduler:

@@ -17,9 +17,7 @@ import zmq
 
 from radixlm.runtime import messages as io
 from radixlm.runtime.ipc import IpcPaths, exit_with_parent, pull_socket, push_socket
-from radixlm.runtime.sampling.sampling_params import SamplingParams
-from radixlm.runtime.scheduler.req import LogprobOptions, Req
-from radixlm.runtime.scheduler.scheduler import StepOutput
+from radixlm.runtime.scheduler.req import LogprobOptions
 from radixlm.runtime.scheduler.scheduler_stack import SchedulerStack
 from radixlm.runtime.server_args import ServerArgs
 
@@ -34,8 +32,7 @@ class SchedulerServer:
     def __init__(self, args: ServerArgs):
         self.stack = SchedulerStack.build(args)
         self.scheduler = self.stack.scheduler
-        self._sent_logprobs: dict[str, dict[str, int]] = {}
-        self._pending_settings: dict[str, dict[str, Any]] = {}  # sent with a request's first output
+        self._pending_settings: dict[str, io.DecodeSettings] = {}  # sent with a request's first output
         self.handlers: dict[type, Callable[[Any], object | None]] = {
             io.TokenizedGenerateReq: self.handle_generate,
             io.AbortReq: self.handle_abort,
@@ -52,14 +49,10 @@ class SchedulerServer:
         return handler(msg)
 
     def handle_generate(self, msg: io.TokenizedGenerateReq) -> None:
-        params = SamplingParams.from_dict(msg.sampling_params)
         logprob = LogprobOptions(msg.return_logprob, msg.logprob_start_len, msg.top_logprobs_num)
-        req = self.stack.make_req(msg.rid, list(msg.input_ids), params, logprob, track_text=False)
+        req = self.stack.make_req(msg.rid, list(msg.input_ids), msg.sampling_params, logprob, track_text=False)
         self.scheduler.add_request(req)
-        self._pending_settings[msg.rid] = {
-            "sampling_params": msg.sampling_params,
-            "prompt_tail": list(msg.input_ids[-8:]),
-        }
+        self._pending_settings[msg.rid] = io.DecodeSettings(msg.sampling_params, msg.input_ids[-8:])
 
     def handle_abort(self, msg: io.AbortReq) -> None:
         self.scheduler.abort(msg.rid)
@@ -75,31 +68,7 @@ class SchedulerServer:
         if not outputs:
             return None
         settings = {o.req.rid: self._pending_settings.pop(o.req.rid) for o in outputs if o.req.rid in self._pending_settings}
-        return io.BatchTokenIDOut(tuple(self._req_output(o) for o in outputs), settings)
-
-    def _req_output(self, out: StepOutput) -> io.ReqOutput:
-        req = out.req
-        return io.ReqOutput(
-            rid=req.rid,
-            new_token_ids=out.token_ids,
-            finish_reason=None if req.finish_reason is None else req.finish_reason.to_dict(),
-            prompt_tokens=len(req.input_ids),
-            completion_tokens=len(req.output_ids),
-            cached_tokens=req.cached_tokens,
-            logprobs=self._new_logprobs(req) if req.logprob.return_logprob else None,
-        )
-
-    def _new_logprobs(self, req: Req) -> dict[str, Any]:
-        """Logprob entries not sent before (each list grows only at its end)."""
-        sent = self._sent_logprobs.setdefault(req.rid, {})
-        delta: dict[str, Any] = {}
-        for name in ("input_token_logprobs", "output_token_logprobs", "input_top_logprobs", "output_top_logprobs"):
-            values = getattr(req, name)
-            delta[name] = values[sent.get(name, 0) :]
-            sent[name] = len(values)
-        if req.is_finished:
-            self._sent_logprobs.pop(req.rid, None)
-        return delta
+        return io.BatchTokenIDOut(tuple(o.to_message() for o in outputs), settings)
 
 
 def run_scheduler_process(args: ServerArgs, paths: IpcPaths, ready: Connection) -> None:

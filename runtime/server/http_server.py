@@ -20,23 +20,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from radixlm.chat_template import derive_chat_template
-from radixlm.runtime.limits import (
-    MAX_BATCH,
-    MAX_BODY_BYTES,
-    MAX_JSON_DEPTH,
-    MAX_N,
-    MAX_RID_CHARS,
-    MAX_SEQUENCES,
-    json_depth,
-)
-from radixlm.runtime.request_io import GenerateRequest, RequestError, copy_seed
-from radixlm.runtime.server.tokenizer_manager import PreparedRequest, ServiceUnavailable, TokenizerManager
+from radixlm.runtime.limits import MAX_BODY_BYTES, MAX_JSON_DEPTH, json_depth
+from radixlm.runtime.request_io import GenerateRequest, PreparedRequest, RequestError, parse_generate
+from radixlm.runtime.request_output import OutputChunk
+from radixlm.runtime.server.tokenizer_manager import ServiceUnavailable, TokenizerManager
 from radixlm.tool_calls import ToolSpecError
 
-GENERATE_FIELDS = {
-    "text", "input_ids", "sampling_params", "rid", "return_logprob", "logprob_start_len",
-    "top_logprobs_num", "return_text_in_logprobs", "stream",
-}
 OPEN_PATHS = {"/health"}  # reachable without the API key
 
 
@@ -151,7 +140,7 @@ def create_app(
     @app.get("/health_generate")
     async def health_generate() -> Response:
         req = GenerateRequest(input_ids=(0,), sampling_params={"max_new_tokens": 1, "temperature": 0})
-        async for _ in tm.generate(tm.validate(req)):
+        async for _ in tm.generate(tm.validator.validate(req)):
             pass
         return Response(status_code=200)
 
@@ -197,7 +186,7 @@ def create_app(
         prepared = await prepare_all(tm, reqs)
         if reqs[0].stream:
             return StreamingResponse(stream_generate(tm, prepared, is_batch), media_type="text/event-stream")
-        results = await run_all(tm, prepared, request)
+        results = [chunk.result for chunk in await run_all(tm, prepared, request)]
         return JSONResponse(results if is_batch else results[0])
 
     from radixlm.runtime.server.openai_api import register_openai_routes
@@ -212,17 +201,18 @@ async def prepare_all(tm: TokenizerManager, reqs: list[GenerateRequest]) -> list
     translating a schema must not stall the event loop, which serves everyone else meanwhile."""
     if tm.dead_reason is not None:
         raise ServiceUnavailable(tm.dead_reason)
-    return await asyncio.to_thread(lambda: [tm.validate(r) for r in reqs])
+    return await asyncio.to_thread(lambda: [tm.validator.validate(r) for r in reqs])
 
 
-async def run_all(tm: TokenizerManager, reqs: list[PreparedRequest], request: Request | None) -> list[dict[str, Any]]:
+async def run_all(tm: TokenizerManager, reqs: list[PreparedRequest], request: Request | None) -> list[OutputChunk]:
     """Run requests concurrently to their final results; a client that disconnects aborts them."""
 
-    async def one(req: PreparedRequest) -> dict[str, Any]:
-        final: dict[str, Any] = {}
-        async for latest in tm.generate(req):
-            final = latest
-        reason = final.get("meta_info", {}).get("finish_reason") or {}
+    async def one(req: PreparedRequest) -> OutputChunk:
+        final: OutputChunk | None = None
+        async for chunk in tm.generate(req):
+            final = chunk
+        assert final is not None
+        reason = final.meta_info["finish_reason"] or {}
         if reason.get("type") == "abort" and str(reason.get("message", "")).startswith("invalid grammar"):
             raise RequestError(reason["message"])  # a grammar that passed the quick check but failed to compile
         return final
@@ -243,15 +233,27 @@ async def run_all(tm: TokenizerManager, reqs: list[PreparedRequest], request: Re
 
 async def merged_outputs(
     tm: TokenizerManager, reqs: list[PreparedRequest]
-) -> AsyncIterator[tuple[int, dict[str, Any] | Exception]]:
-    """Run requests concurrently and yield (index, latest result or error) as they progress.
-    Closing the iterator (client gone) cancels the rest, which aborts them in the scheduler."""
-    queue: asyncio.Queue[tuple[int, dict[str, Any] | Exception | None]] = asyncio.Queue()
+) -> AsyncIterator[tuple[int, OutputChunk | Exception]]:
+    """Run requests concurrently and yield (index, chunk or error) as they progress. Nothing
+    piles up for a reader that stops reading: each request's pump holds at most one chunk (the
+    queue has one place per request), and deltas arriving meanwhile coalesce in the tokenizer
+    manager. Closing the iterator (client gone) cancels the rest, which aborts them."""
+    if len(reqs) == 1:  # no pump needed
+        outputs = tm.generate(reqs[0])
+        try:
+            async for chunk in outputs:
+                yield 0, chunk
+        except (RequestError, ServiceUnavailable) as e:
+            yield 0, e
+        finally:
+            await outputs.aclose()  # now, not when collected: aborts the request if unfinished
+        return
+    queue: asyncio.Queue[tuple[int, OutputChunk | Exception | None]] = asyncio.Queue(maxsize=len(reqs))
 
     async def pump(index: int, req: PreparedRequest) -> None:
         try:
-            async for result in tm.generate(req):
-                await queue.put((index, result))
+            async for chunk in tm.generate(req):
+                await queue.put((index, chunk))
         except (RequestError, ServiceUnavailable) as e:
             await queue.put((index, e))
         await queue.put((index, None))
@@ -282,88 +284,5 @@ async def stream_generate(tm: TokenizerManager, reqs: list[PreparedRequest], is_
         if isinstance(item, Exception):
             yield sse_error(item)
         else:
-            yield sse({**item, "index": index} if is_batch else item)
+            yield sse({**item.result, "index": index} if is_batch else item.result)
     yield b"data: [DONE]\n\n"
-
-
-def parse_generate(body: Any) -> tuple[list[GenerateRequest], bool]:
-    """The /generate body -> one GenerateRequest per prompt and copy (`n`), prompt-major."""
-    if not isinstance(body, dict):
-        raise RequestError("the request body must be a JSON object")
-    unknown = sorted(set(body) - GENERATE_FIELDS)
-    if unknown:
-        raise RequestError(f"unknown field(s) in /generate: {unknown}")
-    text, input_ids = body.get("text"), body.get("input_ids")
-    if (text is None) == (input_ids is None):
-        raise RequestError("exactly one of 'text' and 'input_ids' is required")
-    if text is not None:
-        is_batch = isinstance(text, list)
-        prompts: list[Any] = text if is_batch else [text]
-        if not prompts or not all(isinstance(t, str) for t in prompts):
-            raise RequestError("'text' must be a string or a non-empty list of strings")
-    else:
-        is_batch = isinstance(input_ids, list) and bool(input_ids) and isinstance(input_ids[0], list)
-        prompts = input_ids if is_batch else [input_ids]
-        if not isinstance(input_ids, list) or not all(isinstance(p, list) for p in prompts):
-            raise RequestError("'input_ids' must be a list of token ids or a list of such lists")
-    if len(prompts) > MAX_BATCH:
-        raise RequestError(f"a batch holds at most {MAX_BATCH} prompts, got {len(prompts)}")
-    params_list = _per_prompt(body.get("sampling_params"), len(prompts), "sampling_params", dict)
-    rids = _per_prompt(body.get("rid"), len(prompts), "rid", str)
-    if any(rid is not None and len(rid) > MAX_RID_CHARS for rid in rids):
-        raise RequestError(f"'rid' is longer than {MAX_RID_CHARS} characters")
-    copies = [_num_copies(params) for params in params_list]
-    if sum(copies) > MAX_SEQUENCES:
-        raise RequestError(f"a request generates at most {MAX_SEQUENCES} sequences (prompts x n), got {sum(copies)}")
-    opts = {
-        "return_logprob": _typed(body, "return_logprob", bool, False),
-        "logprob_start_len": _typed(body, "logprob_start_len", int, -1),
-        "top_logprobs_num": _typed(body, "top_logprobs_num", int, 0),
-        "return_text_in_logprobs": _typed(body, "return_text_in_logprobs", bool, False),
-        "stream": _typed(body, "stream", bool, False),
-    }
-    reqs = []
-    for prompt, params, rid, n in zip(prompts, params_list, rids, copies):
-        params = dict(params or {})
-        params.pop("n", None)
-        for copy in range(n):
-            copy_params = params
-            if n > 1 and isinstance(params.get("seed"), int):
-                copy_params = {**params, "seed": copy_seed(params["seed"], copy)}
-            copy_rid = rid if n == 1 or rid is None else f"{rid}-{copy}"
-            key = "text" if isinstance(prompt, str) else "input_ids"
-            value = prompt if isinstance(prompt, str) else tuple(prompt)
-            reqs.append(GenerateRequest(**{key: value}, sampling_params=copy_params, rid=copy_rid, **opts))
-    return reqs, is_batch or len(reqs) > 1
-
-
-def _num_copies(params: dict[str, Any] | None) -> int:
-    n = (params or {}).get("n", 1)
-    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_N:
-        raise RequestError(f"sampling_params.n must be an integer in [1, {MAX_N}], got {n!r}")
-    return n
-
-
-def _per_prompt(value: Any, count: int, name: str, kind: type) -> list[Any]:
-    if value is None or isinstance(value, kind):
-        return [value] * count if name != "rid" or count == 1 or value is None else _rid_batch_error(name)
-    if isinstance(value, list) and len(value) == count and all(v is None or isinstance(v, kind) for v in value):
-        return value
-    raise RequestError(f"'{name}' must be a {kind.__name__} or a list of {count} of them")
-
-
-def _rid_batch_error(name: str) -> list[Any]:
-    raise RequestError(f"a batch needs '{name}' as a list with one id per prompt")
-
-
-def _typed(body: dict[str, Any], name: str, kind: type, default: Any) -> Any:
-    value = body.get(name, default)
-    if value is None:
-        return default
-    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise RequestError(f"'{name}' must be an integer, got {value!r}")
-    if kind is bool and not isinstance(value, bool):
-        raise RequestError(f"'{name}' must be true or false, got {value!r}")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise RequestError(f"'{name}' must be finite")
-    return value

@@ -11,9 +11,11 @@ TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60
 ITL_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
-class _Finished(Protocol):
-    @property
-    def latest(self) -> Any: ...
+class _Counts(Protocol):
+    """A request's token counts (a RequestOutput)."""
+
+    completion_tokens: int
+    cached_tokens: int
 
 
 @dataclass
@@ -62,14 +64,13 @@ class Metrics:
     def on_token(self, seconds: float) -> None:
         self.itl.observe(seconds)
 
-    def on_request_end(self, state: _Finished, aborted: bool) -> None:
+    def on_request_end(self, counts: _Counts, aborted: bool) -> None:
         if aborted:
             self.requests_aborted += 1
         else:
             self.requests_finished += 1
-        if state.latest is not None:
-            self.generation_tokens += state.latest.completion_tokens
-            self.cached_tokens += state.latest.cached_tokens
+        self.generation_tokens += counts.completion_tokens
+        self.cached_tokens += counts.cached_tokens
 
     def render(self, info: dict[str, Any] | None) -> str:
         label = f'{{model_name="{self.model_name}"}}'

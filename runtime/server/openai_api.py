@@ -17,6 +17,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request
@@ -24,8 +25,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from radixlm.runtime.limits import MAX_BATCH, MAX_N, MAX_OPENAI_TOP_LOGPROBS, MAX_SEQUENCES
-from radixlm.runtime.request_io import GenerateRequest, RequestError, copy_seed
-from radixlm.runtime.server.tokenizer_manager import PreparedRequest, TokenizerManager
+from radixlm.runtime.request_io import GenerateRequest, PreparedRequest, RequestError, expand_copies
+from radixlm.runtime.server.tokenizer_manager import TokenizerManager
 from radixlm.tool_calls import (
     Tool,
     ToolCall,
@@ -151,16 +152,6 @@ def response_format_grammar(response_format: dict[str, Any] | None) -> dict[str,
     raise RequestError(f"response_format.type must be text, json_object, json_schema or regex, got {kind!r}")
 
 
-def _copies(base: GenerateRequest, n: int, rid_prefix: str) -> list[GenerateRequest]:
-    reqs = []
-    for i in range(n):
-        params = dict(base.sampling_params or {})
-        if n > 1 and isinstance(params.get("seed"), int):
-            params["seed"] = copy_seed(params["seed"], i)
-        reqs.append(GenerateRequest(**{**base.__dict__, "sampling_params": params, "rid": f"{rid_prefix}-{i}"}))
-    return reqs
-
-
 def _finish(meta: dict[str, Any]) -> str | None:
     reason = meta.get("finish_reason")
     return None if reason is None else str(reason["type"])
@@ -180,14 +171,16 @@ def _usage(results: list[dict[str, Any]], num_prompts: int) -> dict[str, Any]:
     }
 
 
-def _completion_logprobs(meta: dict[str, Any], echo: bool) -> dict[str, Any]:
+def _completion_logprobs(meta: dict[str, Any], echo: bool, offset: int = 0) -> dict[str, Any]:
+    """OpenAI completion logprobs of the entries in `meta` (a whole result, or a stream chunk's
+    new entries, whose first token starts at text offset `offset`)."""
     entries = (meta.get("input_token_logprobs", []) if echo else []) + meta.get("output_token_logprobs", [])
     tops = (meta.get("input_top_logprobs", []) if echo else []) + meta.get("output_top_logprobs", [])
     tokens = [e[2] for e in entries]
-    offsets, pos = [], 0
+    offsets = []
     for tok in tokens:
-        offsets.append(pos)
-        pos += len(tok or "")
+        offsets.append(offset)
+        offset += len(tok or "")
     return {
         "tokens": tokens,
         "token_logprobs": [e[0] for e in entries],
@@ -246,7 +239,7 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
                 return_logprob=want_logprobs, top_logprobs_num=req.logprobs or 0, return_text_in_logprobs=True,
                 logprob_start_len=0 if req.echo and want_logprobs else -1, stream=req.stream,
             )
-            reqs += _copies(base, req.n, f"{base_id}-{i}")
+            reqs += expand_copies(replace(base, rid=f"{base_id}-{i}"), req.n)
         prepared = await prepare_all(tm, reqs)
         prompt_texts = [p if isinstance(p, str) else tm.tokenizer.decode(p) for p in prompts]
 
@@ -258,7 +251,7 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
                 _stream(tm, prepared, req, base_id, "text_completion", len(prompts), choice_text),
                 media_type="text/event-stream",
             )
-        results = await run_all(tm, prepared, request)
+        results = [chunk.result for chunk in await run_all(tm, prepared, request)]
         choices = [{
             "index": i,
             "text": choice_text(i, r["text"]),
@@ -284,7 +277,7 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
         if offered:
             messages = add_tools_to_messages(messages, offered)
         num_chars = sum(len(m["content"]) for m in messages)
-        if num_chars > tm.max_prompt_chars:  # refused before the template renders it all
+        if num_chars > tm.validator.max_prompt_chars:  # refused before the template renders it all
             raise RequestError(f"the messages hold {num_chars} characters, more than the context length "
                                f"({tm.context_len} tokens) can hold")
         try:
@@ -299,14 +292,14 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
             text=prompt, sampling_params=params, return_logprob=req.logprobs,
             top_logprobs_num=(req.top_logprobs or 0) if req.logprobs else 0, return_text_in_logprobs=True, stream=req.stream,
         )
-        prepared = await prepare_all(tm, _copies(base, req.n, base_id))
+        prepared = await prepare_all(tm, expand_copies(replace(base, rid=base_id), req.n))
         if req.stream and tool_names:
             return StreamingResponse(_stream_tool_calls(prepared, req, base_id, tool_names, parser), media_type="text/event-stream")
         if req.stream:
             return StreamingResponse(
                 _stream(tm, prepared, req, base_id, "chat.completion.chunk", 1, None), media_type="text/event-stream"
             )
-        results = await run_all(tm, prepared, request)
+        results = [chunk.result for chunk in await run_all(tm, prepared, request)]
         choices = []
         for i, r in enumerate(results):
             content, calls = _split_calls(r["text"], tool_names, parser)
@@ -342,11 +335,11 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
             if isinstance(item, Exception):
                 yield sse_error(item)
                 continue
-            finish = _finish(item["meta_info"])
+            finish = _finish(item.meta_info)
             if finish is None:
                 continue
-            finals.append(item)
-            content, calls = _split_calls(item["text"], tool_names, parser)
+            finals.append(item.result)
+            content, calls = _split_calls(item.result["text"], tool_names, parser)
             if content:
                 yield chunk(index, {"content": content}, None)
             if calls:
@@ -363,33 +356,43 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
         created = int(time.time())
         is_chat = kind == "chat.completion.chunk"
 
-        def chunk(index: int, delta: str, finish: str | None, first: bool) -> bytes:
+        asked = getattr(req, "logprobs", None)  # chat: a bool; completions: the top count or None
+        want_logprobs = bool(asked) if is_chat else asked is not None
+        echo = not is_chat and getattr(req, "echo", False)
+
+        def chunk(index: int, delta: str, finish: str | None, first: bool, logprobs: dict[str, Any] | None) -> bytes:
             if is_chat:
                 payload: dict[str, Any] = {"role": "assistant", "content": delta} if first else {"content": delta}
-                choice = {"index": index, "delta": payload, "logprobs": None, "finish_reason": finish}
+                choice = {"index": index, "delta": payload, "logprobs": logprobs, "finish_reason": finish}
             else:
-                choice = {"index": index, "text": delta, "logprobs": None, "finish_reason": finish}
+                choice = {"index": index, "text": delta, "logprobs": logprobs, "finish_reason": finish}
             return sse({"id": base_id, "object": kind, "created": created, "model": tm.model_name, "choices": [choice]})
 
-        sent = [0] * len(reqs)
         started = [False] * len(reqs)
+        offsets = [0] * len(reqs)  # completions: text offset of each choice's next logprob token
         finals: list[dict[str, Any]] = []
-        if not is_chat and getattr(req, "echo", False):
+        if echo:
             for i in range(len(reqs)):
                 started[i] = True
-                yield chunk(i, choice_text(i, ""), None, False)
+                yield chunk(i, choice_text(i, ""), None, False, None)
         async for index, item in merged_outputs(tm, reqs):
             if isinstance(item, Exception):
                 yield sse_error(item)
                 continue
-            text, finish = item["text"], _finish(item["meta_info"])
-            delta = text[sent[index] :]
-            sent[index] = len(text)
-            if delta or finish or not started[index]:
-                yield chunk(index, delta, finish, is_chat and not started[index])
+            finish = _finish(item.meta_info)
+            logprobs = None
+            if want_logprobs and is_chat:
+                logprobs = _chat_logprobs(item.meta_info)
+            elif want_logprobs:
+                logprobs = _completion_logprobs(item.meta_info, echo, offsets[index])
+                if logprobs["tokens"]:
+                    offsets[index] = logprobs["text_offset"][-1] + len(logprobs["tokens"][-1] or "")
+            has_logprobs = bool(logprobs and (logprobs.get("content") or logprobs.get("tokens")))
+            if item.new_text or finish or not started[index] or has_logprobs:
+                yield chunk(index, item.new_text, finish, is_chat and not started[index], logprobs)
                 started[index] = True
             if finish is not None:
-                finals.append(item)
+                finals.append(item.result)
         if req.stream_options is not None and req.stream_options.include_usage:
             yield sse({"id": base_id, "object": kind, "created": created, "model": tm.model_name,
                        "choices": [], "usage": _usage(finals, num_prompts)})

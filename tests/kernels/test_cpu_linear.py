@@ -65,7 +65,7 @@ def test_bfloat16_engine_decodes_through_the_kernel(ext: Any, tiny_model_dir: Pa
             assert engine.runner.cpu_kernels == (name == "kernel")
             out = engine.generate(input_ids=prompt_ids, sampling_params={"max_new_tokens": 0},
                                   return_logprob=True, logprob_start_len=0)
-            logprobs[name] = torch.tensor([lp for lp, _ in out["meta_info"]["input_token_logprobs"][1:]])
+            logprobs[name] = torch.tensor([lp for lp, _, _ in out["meta_info"]["input_token_logprobs"][1:]])
         finally:
             engine.shutdown()
     kernel_err = (logprobs["kernel"] - logprobs["fp32"]).abs().max().item()

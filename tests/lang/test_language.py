@@ -157,8 +157,8 @@ def test_select_scores_every_choice_after_one_cached_prefix(backend: EngineBacke
         ids = tok.encode(prompt + choice)
         out = tiny_engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 0}, return_logprob=True, logprob_start_len=0)
         entries = out["meta_info"]["input_token_logprobs"]
-        span = choice_token_span([tok.decode([t]) for _, t in entries], choice)
-        reference.append(sum(lp for lp, _ in entries[-span:]) / span)
+        span = choice_token_span([tok.decode([t]) for _, t, _ in entries], choice)
+        reference.append(sum(lp for lp, _, _ in entries[-span:]) / span)
     assert meta["normalized_prompt_logprobs"] == pytest.approx(reference, abs=1e-4)
     assert state["colour"] == choices[max(range(3), key=lambda i: reference[i])]
     prompt_tokens = len(tok.encode(prompt))

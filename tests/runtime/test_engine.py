@@ -115,7 +115,8 @@ def test_logprobs_shapes(engine: Engine) -> None:
     out = engine.generate(prompt=PROMPTS[1], sampling_params=GREEDY, return_logprob=True, top_logprobs_num=3)
     meta = out["meta_info"]
     assert len(meta["output_token_logprobs"]) == 24
-    for (lp, tok), top, got in zip(meta["output_token_logprobs"], meta["output_top_logprobs"], out["output_ids"]):
+    for (lp, tok, text), top, got in zip(meta["output_token_logprobs"], meta["output_top_logprobs"], out["output_ids"]):
+        assert text is None  # return_text_in_logprobs not asked for
         assert tok == got and lp <= 0.0
         assert len(top) == 3 and top[0][1] == tok and abs(top[0][0] - lp) < 1e-5  # greedy: top-1
 
@@ -212,11 +213,11 @@ def test_input_logprobs_agree_with_output_logprobs(tiny_model_dir: Path, chunk: 
         )
         got = again["meta_info"]["input_token_logprobs"]
         want = first["meta_info"]["output_token_logprobs"]  # position len(prompt) + i <-> output i
-        assert [t for _, t in got] == [t for _, t in want] == first["output_ids"]
+        assert [t for _, t, _ in got] == [t for _, t, _ in want] == first["output_ids"]
         assert all(abs(a[0] - b[0]) < 1e-4 for a, b in zip(got, want))
         assert len(again["meta_info"]["input_top_logprobs"]) == len(got)
         whole = eng.generate(input_ids=full, sampling_params={"max_new_tokens": 1}, return_logprob=True, logprob_start_len=0)
-        assert whole["meta_info"]["input_token_logprobs"][0] == [None, full[0]]
+        assert whole["meta_info"]["input_token_logprobs"][0] == [None, full[0], None]
         assert len(whole["meta_info"]["input_token_logprobs"]) == len(full)
         assert_clean(eng)
     finally:

@@ -14,6 +14,7 @@ from radixlm_testing import assert_engine_clean, save_tiny_model
 from test_constrained import SCHEMAS
 
 from radixlm.runtime.engine import Engine
+from radixlm.runtime.errors import RequestError
 
 SCHEMA = {
     "type": "object",
@@ -54,10 +55,10 @@ def test_regex_and_schema_outputs_are_valid_in_a_mixed_batch(engine: Engine, tem
         assert out["meta_info"]["finish_reason"]["type"] == "stop"
 
 
-def test_bad_grammar_finishes_with_a_clear_error(engine: Engine) -> None:
-    out = engine.generate(prompt="x", sampling_params={"regex": "(unclosed"})
-    assert out["meta_info"]["finish_reason"]["type"] == "abort"
-    assert "invalid grammar" in out["meta_info"]["finish_reason"]["message"]
+def test_bad_grammar_is_refused_at_the_door(engine: Engine) -> None:
+    """The Engine checks grammars at the door as the server does (the same error text)."""
+    with pytest.raises(RequestError, match=r"sampling_params.regex: invalid regex '\(unclosed'"):
+        engine.generate(prompt="x", sampling_params={"regex": "(unclosed"})
     ok = engine.generate(prompt="x", sampling_params={"regex": "[ab]{3}", "temperature": 0})
     assert re.fullmatch("[ab]{3}", ok["text"])
 

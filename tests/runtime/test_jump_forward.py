@@ -250,8 +250,8 @@ def test_outputs_equal_with_jump_forward_on_and_off(engine_on: Engine, engine_of
     for a, b in zip(on, off):
         got, want = a["meta_info"]["output_token_logprobs"], b["meta_info"]["output_token_logprobs"]
         assert len(got) == a["meta_info"]["completion_tokens"] == len(a["meta_info"]["output_top_logprobs"])
-        assert [t for _, t in got] == [t for _, t in want]
-        np.testing.assert_allclose([v for v, _ in got], [v for v, _ in want], atol=1e-4)
+        assert [t for _, t, _ in got] == [t for _, t, _ in want]
+        np.testing.assert_allclose([v for v, _, _ in got], [v for v, _, _ in want], atol=1e-4)
     for out in (on[0], on[3], on[7]):
         jsonschema.validate(json.loads(out["text"]), SCHEMA)
     assert on[4]["meta_info"]["completion_tokens"] == 6

@@ -8,12 +8,16 @@ import socket
 import subprocess
 import sys
 import time
+import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
+
+SGLANG = "sglang==0.5.23"
+FRONTEND_DEPS = ["orjson", "requests", "setproctitle", "psutil", "pybase64", "IPython", "msgspec", "pillow", "aiohttp"]
 
 
 def free_port() -> int:
@@ -78,3 +82,23 @@ def default_server(default_model_dir: Path, tmp_path_factory: pytest.TempPathFac
     server = start_server(None, log, "--max-total-tokens", "8192")
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def sglang_paths(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The real `sglang` frontend: its wheel's `sglang/` package (unpacked, not installed: its
+    full install pulls CUDA packages) and the pure-Python modules its frontend imports, in side
+    directories cached under the radixlm cache."""
+    from radixlm.runtime.model.model_files import cache_dir
+
+    root = cache_dir() / "test-sglang-frontend" / SGLANG.replace("==", "-")
+    pkg, deps, done = root / "pkg", root / "deps", root / "complete"
+    if not done.exists():
+        wheels = tmp_path_factory.mktemp("sglang-wheel")
+        pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+        subprocess.run([*pip, "download", "--no-deps", SGLANG, "-d", str(wheels)], check=True, timeout=600)
+        with zipfile.ZipFile(next(wheels.glob("sglang-*.whl"))) as wheel:
+            wheel.extractall(pkg, [n for n in wheel.namelist() if n.startswith("sglang/")])
+        subprocess.run([*pip, "install", "--target", str(deps), *FRONTEND_DEPS], check=True, timeout=600)
+        done.write_text("ok")
+    return pkg, deps

@@ -10,14 +10,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
-import pytest
 from conftest import ServerHandle
-
-SGLANG = "sglang==0.5.23"
-FRONTEND_DEPS = ["orjson", "requests", "setproctitle", "psutil", "pybase64", "IPython", "msgspec", "pillow", "aiohttp"]
 
 PROGRAM = r'''
 import json, sys
@@ -43,23 +38,6 @@ print(json.dumps({
     "meta": state.get_meta_info("answer"),
 }))
 '''
-
-
-@pytest.fixture(scope="session")
-def sglang_paths(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    from radixlm.runtime.model.model_files import cache_dir
-
-    root = cache_dir() / "test-sglang-frontend" / SGLANG.replace("==", "-")
-    pkg, deps, done = root / "pkg", root / "deps", root / "complete"
-    if not done.exists():
-        wheels = tmp_path_factory.mktemp("sglang-wheel")
-        pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-        subprocess.run([*pip, "download", "--no-deps", SGLANG, "-d", str(wheels)], check=True, timeout=600)
-        with zipfile.ZipFile(next(wheels.glob("sglang-*.whl"))) as wheel:
-            wheel.extractall(pkg, [n for n in wheel.namelist() if n.startswith("sglang/")])
-        subprocess.run([*pip, "install", "--target", str(deps), *FRONTEND_DEPS], check=True, timeout=600)
-        done.write_text("ok")
-    return pkg, deps
 
 
 def test_the_same_program_under_import_radixlm_as_sgl(tiny_server: ServerHandle, sglang_paths: tuple[Path, Path]) -> None:

@@ -19,6 +19,10 @@ s/program, the speedup, radixlm's cache hit rate and how many outputs are identi
   F4  JSON extraction: W4's 16 passages, gen with W4's json_schema
   (e.g. --workloads F1,F2,F3,F4 --dtypes float32 --repeats 3 --baseline-repeats 1; with --url
   radixlm runs behind that server through RuntimeEndpoint instead of in-process)
+With --peers llama.cpp (after `make bench-peers`): the W workloads also run on llama.cpp through
+llama-cpp-python, over a sweep of its configurations (--peer-configs; see
+radixlm.runtime.bench.llamacpp_peer), and a last table gives, per metric, the best of radixlm,
+transformers and llama.cpp with radixlm's ratios.
 With --serving: N concurrent streaming HTTP clients replay W2 and W3 against a server (request
 throughput, output tok/s, TTFT and inter-token latency p50/p99); see radixlm.runtime.bench.serving.
 Each figure is the median of --repeats runs after one warm-up; the table gives our/baseline ratios.
@@ -34,6 +38,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from radixlm.runtime.bench import workloads as wl
+from radixlm.runtime.bench.llamacpp_peer import (
+    LlamaCppPeer,
+    llamacpp_configs,
+    print_peer_summary,
+    run_llamacpp,
+)
 from radixlm.runtime.envs import set_omp_defaults
 
 set_omp_defaults()  # before torch loads, for our engine and the baseline alike
@@ -149,11 +159,11 @@ class Transformers:
         return str(self.tokenizer.decode(out[0, batch["input_ids"].shape[1] :], skip_special_tokens=True))
 
 
-def run_system(system: Ours | Transformers, workloads: list[str], repeats: int) -> Result:
+def run_system(system: Ours | Transformers | LlamaCppPeer, workloads: list[str], repeats: int) -> Result:
     """Median figures of one system. The slow batch workloads skip the warm-up run for the
     baseline (one transformers W3 run takes minutes; its first run is not slower)."""
     out: Result = {}
-    heavy_warmup = isinstance(system, Ours)
+    heavy_warmup = not isinstance(system, Transformers)
     if "W1" in workloads:
         prompt = [wl.W1_PROMPT]
         ttft = _median_time(lambda: (system.flush(), system.generate(prompt, 1)), repeats)
@@ -170,7 +180,8 @@ def run_system(system: Ours | Transformers, workloads: list[str], repeats: int) 
             lambda: (system.flush(), system.generate(prompts, wl.W3_NEW_TOKENS)), repeats, heavy_warmup
         )
     if "W4" in workloads:
-        modes = W4_MODES if isinstance(system, Ours) else ("unconstrained",)
+        modes = W4_MODES if isinstance(system, Ours) else system.w4_modes if isinstance(
+            system, LlamaCppPeer) else ("unconstrained",)
         for mode in modes:
             out.update(_run_w4(system, mode))
         if isinstance(system, Ours):
@@ -182,7 +193,7 @@ def run_system(system: Ours | Transformers, workloads: list[str], repeats: int) 
     return out
 
 
-def _run_w4(system: Ours | Transformers, mode: str) -> Result:
+def _run_w4(system: Ours | Transformers | LlamaCppPeer, mode: str) -> Result:
     """W4: the 16 extractions one after another; seconds per request and how many are valid
     (strict: the whole output parses and matches the schema; unconstrained output is also
     checked leniently, from its first '{')."""
@@ -232,6 +243,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--url", default=None, help="serving mode: an already running server (default: start "
                         "one); F workloads: run radixlm through this server instead of in-process")
     parser.add_argument("--concurrency", type=int, default=32, help="serving mode: concurrent clients")
+    parser.add_argument("--peers", default="", help="comma-separated peers beside transformers: llama.cpp "
+                        "(needs `make bench-peers`)")
+    parser.add_argument("--peer-configs", default="full", help="llama.cpp configurations: full (dtype bf16/q8_0/q4_1 "
+                        "x batch 16/32 x flash attention on/off x n_ubatch 512/2048), quick (bf16, q8_0, q4_1 at "
+                        "32:on:512) or DTYPE:BATCH:FA:UBATCH,... with * for all (dtypes also f32, f16)")
     args = parser.parse_args(argv)
     if args.serving:
         from radixlm.runtime.bench.serving import run_serving
@@ -248,15 +264,26 @@ def main(argv: list[str] | None = None) -> int:
     engine_workloads = [w for w in workloads if w.startswith("W")]
     frontend_workloads = [w for w in workloads if w.startswith("F")]
     base_repeats = args.baseline_repeats or args.repeats
+    try:
+        peer_configs = llamacpp_configs(args.peers, args.peer_configs)
+    except ValueError as e:
+        parser.error(str(e))
+    ours_by_dtype: dict[str, Result] = {}
+    base_by_dtype: dict[str, Result] = {}
     for dtype in args.dtypes.split(","):
         if engine_workloads:
-            ours = run_system(Ours(dtype), engine_workloads, args.repeats)
+            ours = ours_by_dtype[dtype] = run_system(Ours(dtype), engine_workloads, args.repeats)
             base = None if args.no_baseline else run_system(Transformers(dtype), engine_workloads, base_repeats)
+            if base is not None:
+                base_by_dtype[dtype] = base
             _print_table(dtype, ours, base)
         if frontend_workloads:
             from radixlm.runtime.bench.frontend import run_frontend
 
             run_frontend(frontend_workloads, dtype, args.repeats, base_repeats, args.no_baseline, args.url)
+    if peer_configs and engine_workloads:
+        peer = run_llamacpp(engine_workloads, peer_configs, args.repeats, run_system)
+        print_peer_summary(ours_by_dtype, base_by_dtype, peer)
     return 0
 
 

@@ -140,7 +140,9 @@ class Engine:
                 logprob = LogprobOptions(req.return_logprob, req.logprob_start_len, req.top_logprobs_num)
                 sched_req = self.stack.make_req(rid, p.input_ids, p.params, logprob)
                 self.scheduler.add_request(sched_req)
-                output = self._outputs[rid] = RequestOutput.of(rid, req, self.token_texts)
+                output = self._outputs[rid] = RequestOutput.of(
+                    rid, req, self.token_texts, self.server_args.incremental_streaming_output
+                )
                 started.append((sched_req, output))
         return started
 

@@ -11,8 +11,10 @@ Stream chunks have SGLang's streaming form: `text` and `output_ids` are cumulati
 `meta_info["output_token_logprobs"]` and `["output_top_logprobs"]` hold the chunk's new entries
 only and `["output_token_logprobs_length"]` the running count. The input logprob lists are sent
 the same way (new entries only: in practice all of them in the first chunk, since the prompt is
-read before the first token is sampled), so no chunk repeats the prompt's logprobs. The final
-result of a request that is not streamed holds every list whole.
+read before the first token is sampled), so no chunk repeats the prompt's logprobs. With
+`incremental` (SGLang's `--incremental-streaming-output`), `text` and `output_ids` hold only the
+chunk's new text and ids too, so no chunk grows with the output. The final result of a request
+that is not streamed holds every list whole.
 """
 
 from __future__ import annotations
@@ -79,14 +81,17 @@ class OutputChunk:
 class RequestOutput:
     """One request's outputs so far; see the module docstring."""
 
-    def __init__(self, rid: str, options: OutputOptions, stream: bool, token_text: TokenTexts | None):
+    def __init__(self, rid: str, options: OutputOptions, stream: bool, token_text: TokenTexts | None,
+                 incremental: bool = False):
         self.rid = rid
         self.options = options
         self.stream = stream
+        self.incremental = incremental and stream
         self._token_text = token_text if options.return_text_in_logprobs else None
         self._text_taken = ""  # the text given to the reader so far
         self._text_pending: list[str] = []  # text deltas since then
         self.output_ids: list[int] = []
+        self._num_ids_taken = 0
         self.finish_reason: dict[str, Any] | None = None
         self.prompt_tokens = self.completion_tokens = self.cached_tokens = 0
         self.logprobs: dict[str, list[Any]] = {name: [] for name in self._lists()}
@@ -96,10 +101,10 @@ class RequestOutput:
         self.created = time.perf_counter()
 
     @classmethod
-    def of(cls, rid: str, request: GenerateRequest, token_text: TokenTexts) -> RequestOutput:
+    def of(cls, rid: str, request: GenerateRequest, token_text: TokenTexts, incremental: bool = False) -> RequestOutput:
         """The output of a request taken at the door (both doors make it this way)."""
         options = OutputOptions(request.return_logprob, request.top_logprobs_num, request.return_text_in_logprobs)
-        return cls(rid, options, request.stream, token_text)
+        return cls(rid, options, request.stream, token_text, incremental)
 
     @property
     def is_finished(self) -> bool:
@@ -160,7 +165,12 @@ class RequestOutput:
             meta.update(self._new_logprobs() if self.stream else self.logprobs)
             if self.stream:
                 meta["output_token_logprobs_length"] = len(self.logprobs["output_token_logprobs"])
-        result = {"text": self._text_taken, "output_ids": list(self.output_ids), "meta_info": meta}
+        if self.incremental:
+            text, ids = new_text, self.output_ids[self._num_ids_taken :]
+        else:
+            text, ids = self._text_taken, list(self.output_ids)
+        self._num_ids_taken = len(self.output_ids)
+        result = {"text": text, "output_ids": ids, "meta_info": meta}
         return OutputChunk(result, new_text, self.is_finished)
 
     def _lists(self) -> tuple[str, ...]:

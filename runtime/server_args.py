@@ -52,6 +52,7 @@ class ServerArgs:
     served_model_name: str | None = None  # the model id in the OpenAI API; default: the model's name
     tool_call_parser: str = "auto"
     enable_metrics: bool = True
+    incremental_streaming_output: bool = False  # stream chunks carry new text / ids only
 
     def __post_init__(self) -> None:
         if self.device != "cpu":
@@ -144,6 +145,8 @@ HELP = {
     "served_model_name": "model id reported by /v1/models and accepted in requests",
     "tool_call_parser": "how tool calls are read from output under tool_choice auto: hermes (<tool_call> blocks, also Qwen), json (a bare JSON call), auto (both)",
     "enable_metrics": "serve Prometheus metrics at /metrics",
+    "incremental_streaming_output": "native stream chunks carry only their new text and output_ids "
+    "(default: cumulative, as SGLang streams them)",
     "disable_cpu_kernels": "run decode steps as torch ops instead of the C++ AVX-512 kernels (DecodeStack, packed linear)",
 }
 

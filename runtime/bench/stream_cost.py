@@ -3,7 +3,9 @@ stream stalls the server for everyone else.
 
 1. Long stream: one /generate stream of 4,000 tokens (`ignore_eos`, greedy) on a tiny random
    model with a 4,608-position context; reports the client-side time per token of the first and
-   the last 500 tokens, and the bytes received. Flat per-token cost means last/first ~ 1.
+   the last 500 tokens, and the bytes received. Flat per-token cost means last/first ~ 1. The
+   same stream from the in-process Engine (`--engine-baseline`) shows what the model's own step
+   adds as the context grows (attention over 4,000 positions), apart from the stream path.
 2. Heavy logprob stream: 200 tokens with `top_logprobs_num=100` and `return_text_in_logprobs`,
    while a second client polls GET /health every 20 ms; reports the worst /health latency and
    the bytes the stream sent.
@@ -13,6 +15,7 @@ port unless `--url` is given (point it at another build's server to compare befo
 tiny model is written to `--model-dir`, which such a server can be started on).
 
     python -m radixlm.runtime.bench.stream_cost [--url URL] [--model-dir DIR] [--repeats 3]
+        [--server-flags "--incremental-streaming-output"] [--engine-baseline]
 """
 
 from __future__ import annotations
@@ -65,12 +68,12 @@ def write_tiny_long_model(path: Path) -> Path:
     return path
 
 
-def start_server(model_dir: Path, log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_server(model_dir: Path, log_path: Path, flags: list[str]) -> tuple[subprocess.Popen[bytes], str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "radixlm.runtime.server.serve", "--port", str(port), "--model-path", str(model_dir),
-           "--max-total-tokens", "16384", "--random-seed", "0"]
+           "--max-total-tokens", "16384", "--random-seed", "0", *flags]
     proc = subprocess.Popen(cmd, stdout=open(log_path, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
@@ -106,13 +109,32 @@ def time_at(arrivals: list[tuple[float, int]], tokens: int) -> float:
     return next(t for t, n in arrivals if n >= tokens)
 
 
-def long_stream(url: str) -> dict[str, float]:
-    body = {"text": "Once upon a time", "sampling_params": {"max_new_tokens": LONG_TOKENS, "temperature": 0,
-                                                            "ignore_eos": True}}
-    arrivals, num_bytes = stream(url, body)
+LONG_BODY = {"text": "Once upon a time",
+             "sampling_params": {"max_new_tokens": LONG_TOKENS, "temperature": 0, "ignore_eos": True}}
+
+
+def windows(arrivals: list[tuple[float, int]], num_bytes: int) -> dict[str, float]:
     first = (time_at(arrivals, WINDOW) - time_at(arrivals, 1)) / (WINDOW - 1)
     last = (time_at(arrivals, LONG_TOKENS) - time_at(arrivals, LONG_TOKENS - WINDOW)) / WINDOW
     return {"first_ms": first * 1e3, "last_ms": last * 1e3, "ratio": last / first, "mb": num_bytes / 1e6}
+
+
+def long_stream(url: str) -> dict[str, float]:
+    return windows(*stream(url, LONG_BODY))
+
+
+def engine_long_stream(engine: Any) -> dict[str, float]:
+    arrivals = [(time.perf_counter(), chunk["meta_info"]["completion_tokens"])
+                for chunk in engine.generate(prompt=LONG_BODY["text"], sampling_params=LONG_BODY["sampling_params"],
+                                             stream=True)]
+    return windows(arrivals, 0)
+
+
+def report_long(name: str, runs: list[dict[str, float]]) -> None:
+    med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    print(f"{name} ({LONG_TOKENS} tokens, medians of {len(runs)}): first {WINDOW} tokens "
+          f"{med['first_ms']:.3f} ms/token, last {WINDOW} {med['last_ms']:.3f} ms/token "
+          f"(last/first {med['ratio']:.2f}), {med['mb']:.1f} MB received")
 
 
 def heavy_logprob_stream(url: str) -> dict[str, float]:
@@ -146,12 +168,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--url", help="an already running server on the tiny long model (else one is started)")
     parser.add_argument("--model-dir", type=Path, default=Path("/tmp/radixlm-bench-tiny-long"))
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--server-flags", default="", help="extra flags for the server this bench starts")
+    parser.add_argument("--engine-baseline", action="store_true", help="also stream from the in-process Engine")
     args = parser.parse_args(argv)
     write_tiny_long_model(args.model_dir)
     proc = None
     url = args.url
     if url is None:
-        proc, url = start_server(args.model_dir, args.model_dir / "server.log")
+        proc, url = start_server(args.model_dir, args.model_dir / "server.log", args.server_flags.split())
     try:
         stream(url, {"text": "warm up", "sampling_params": {"max_new_tokens": 16}})
         longs = [long_stream(url) for _ in range(args.repeats)]
@@ -160,15 +184,24 @@ def main(argv: list[str] | None = None) -> None:
         if proc is not None:
             proc.terminate()
             proc.wait(60)
-    med = {k: statistics.median(r[k] for r in longs) for k in longs[0]}
-    print(f"long stream ({LONG_TOKENS} tokens, medians of {args.repeats}): first {WINDOW} tokens "
-          f"{med['first_ms']:.3f} ms/token, last {WINDOW} {med['last_ms']:.3f} ms/token "
-          f"(last/first {med['ratio']:.2f}), {med['mb']:.1f} MB received")
+    report_long("server stream", longs)
     worst = max(r["worst_health_ms"] for r in heavies)
     heavy_mb = statistics.median(r["mb"] for r in heavies)
     median_health = statistics.median(r["median_health_ms"] for r in heavies)
     print(f"heavy logprob stream ({HEAVY_TOKENS} tokens x 100 top logprobs with text): worst /health "
           f"{worst:.1f} ms over {args.repeats} runs (median {median_health:.1f} ms), {heavy_mb:.1f} MB sent")
+    if args.engine_baseline:
+        from radixlm.runtime.envs import set_omp_defaults
+
+        set_omp_defaults()
+        from radixlm.runtime.engine import Engine
+
+        engine = Engine(str(args.model_dir), max_total_tokens=16384, random_seed=0)
+        try:
+            report_long("in-process Engine stream (the model's own cost)",
+                        [engine_long_stream(engine) for _ in range(args.repeats)])
+        finally:
+            engine.shutdown()
 
 
 if __name__ == "__main__":

@@ -51,13 +51,14 @@ class ServiceUnavailable(RuntimeError):
 
 class TokenizerManager:
     def __init__(self, paths: IpcPaths, tokenizer: Tokenizer, model_name: str, context_len: int,
-                 vocab_size: int, max_total_tokens: int, metrics: Metrics):
+                 vocab_size: int, max_total_tokens: int, metrics: Metrics, incremental_streaming_output: bool = False):
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.context_len = context_len
         self.metrics = metrics
         self.validator = RequestValidator(tokenizer, context_len, vocab_size, max_total_tokens)
         self.token_texts = TokenTexts(tokenizer.decode)
+        self.incremental_streaming_output = incremental_streaming_output
         ctx = zmq.asyncio.Context()
         self._to_scheduler = push_socket(ctx, paths.scheduler)
         self._recv = pull_socket(ctx, paths.tokenizer_manager)
@@ -80,7 +81,7 @@ class TokenizerManager:
         rid = req.rid or f"{uuid.uuid4().hex[:16]}-{next(self._rid_counter)}"
         if rid in self.states:
             raise RequestError(f"request id {rid!r} is already in use")
-        state = ReqState(RequestOutput.of(rid, req, self.token_texts))
+        state = ReqState(RequestOutput.of(rid, req, self.token_texts, self.incremental_streaming_output))
         self.states[rid] = state
         self.metrics.on_request_start(len(ids))
         await self._to_scheduler.send(io.encode(io.TokenizedGenerateReq(

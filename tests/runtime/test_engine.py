@@ -149,6 +149,35 @@ def test_stream_and_abort_by_closing(engine: Engine) -> None:
     assert engine.get_server_info()["num_running_reqs"] == 0
 
 
+def test_stream_logprobs_and_batches(engine: Engine) -> None:
+    """Engine streams have the server's shape: each chunk's logprob entries are new, a batch
+    stream tags chunks with their index."""
+    args = {"sampling_params": GREEDY, "return_logprob": True, "top_logprobs_num": 2}
+    full = engine.generate(prompt=PROMPTS[2], **args)
+    entries: list[Any] = []
+    for chunk in engine.generate(prompt=PROMPTS[2], stream=True, **args):
+        entries += chunk["meta_info"]["output_token_logprobs"]
+        assert chunk["meta_info"]["output_token_logprobs_length"] == len(entries) == chunk["meta_info"]["completion_tokens"]
+    assert [e[1] for e in entries] == [e[1] for e in full["meta_info"]["output_token_logprobs"]]
+    texts_by_index: dict[int, str] = {}
+    for chunk in engine.generate(prompt=PROMPTS[:2], sampling_params=GREEDY, stream=True):
+        texts_by_index[chunk["index"]] = chunk["text"]
+    assert [texts_by_index[0], texts_by_index[1]] == [r["text"] for r in engine.generate(prompt=PROMPTS[:2], sampling_params=GREEDY)]
+
+
+def test_incremental_streaming_output(tiny_model_dir: Any) -> None:
+    """--incremental-streaming-output: each chunk's text and output_ids are only its new ones."""
+    eng = Engine(str(tiny_model_dir), max_total_tokens=1024, incremental_streaming_output=True)
+    try:
+        full = eng.generate(prompt=PROMPTS[0], sampling_params=GREEDY)
+        chunks = list(eng.generate(prompt=PROMPTS[0], sampling_params=GREEDY, stream=True))
+        assert "".join(c["text"] for c in chunks) == full["text"]
+        assert [i for c in chunks for i in c["output_ids"]] == full["output_ids"]
+        assert len(chunks) > 1
+    finally:
+        eng.shutdown()
+
+
 def test_async_generate_concurrent(engine: Engine) -> None:
     async def main() -> list[Any]:
         return await asyncio.gather(*(engine.async_generate(prompt=p, sampling_params=GREEDY) for p in PROMPTS))

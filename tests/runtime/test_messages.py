@@ -113,3 +113,15 @@ def test_a_request_not_streamed_gets_every_entry_at_the_end() -> None:
     assert [e[1] for e in result["meta_info"]["output_token_logprobs"]] == [5, 6]
     assert "output_token_logprobs_length" not in result["meta_info"]
     assert result["meta_info"]["finish_reason"] == {"type": "stop", "matched": 6}
+
+
+def test_incremental_streaming_output_sends_only_new_text_and_ids() -> None:
+    """SGLang's --incremental-streaming-output: chunks that never grow with the output."""
+    out = RequestOutput.of("r", request(stream=True), TokenTexts(CountingDecode()), incremental=True)
+    out.add(delta("a", (5,), ((-0.1, 5),), completion=1))
+    first = out.take_chunk().result
+    out.add(delta("bc", (6, 7), ((-0.2, 6), (-0.3, 7)), {"type": "length", "matched": 3}, completion=3))
+    second = out.take_chunk().result
+    assert (first["text"], first["output_ids"]) == ("a", [5])
+    assert (second["text"], second["output_ids"]) == ("bc", [6, 7])
+    assert second["meta_info"]["output_token_logprobs_length"] == 3

@@ -96,9 +96,11 @@ class TokenizerManager:
                 if state.error is not None:
                     raise ServiceUnavailable(state.error)
                 if state.output.is_finished or req.stream:
-                    yield state.output.take_chunk()
-                if state.output.is_finished:
-                    return
+                    chunk = state.output.take_chunk()
+                    # decide by the chunk taken: more may arrive (and finish) while it is yielded
+                    yield chunk
+                    if chunk.is_finished:
+                        return
         finally:
             self.states.pop(rid, None)
             if not state.finished and self.dead_reason is None:

@@ -181,24 +181,30 @@ def never_reader_body(rid: str) -> dict[str, Any]:
     }
 
 
+def open_stream(url: str, body: dict[str, Any]) -> socket.socket:
+    """Send a streaming /generate over a raw socket (HTTP/1.0: no chunked encoding, closed after
+    the stream) with a small receive buffer, reading nothing yet."""
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect((host, int(port)))
+    payload = json.dumps(body).encode()
+    sock.sendall(b"POST /generate HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+    return sock
+
+
 def test_clients_that_never_read_hold_little_memory(long_server: ServerHandle) -> None:
-    """Three streaming clients send a request and never read a byte of the answer. Once the
-    scheduler has produced all of it, the main process is within 100 MB of where it started
-    (it grew by ~1.2 GB per such client when every update queued a full snapshot)."""
+    """Three streaming clients send a request and read nothing of the answer. Once the scheduler
+    has produced all of it, the main process is within 100 MB of where it started (it grew by
+    ~1.2 GB per such client when every update queued a full snapshot)."""
     url = long_server.url
     stream_events(url, {**never_reader_body("warm-up"), "rid": None})  # warm every path once, read fully
     before = rss_mb(long_server.proc.pid)
-    host, port = url.removeprefix("http://").split(":")
     sockets = []
     try:
         for k in range(3):
-            sock = socket.socket()
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # fills at once: the server must wait
-            sock.connect((host, int(port)))
-            payload = json.dumps(never_reader_body(f"never-reader-{k}")).encode()
-            sock.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
-            sockets.append(sock)
+            sockets.append(open_stream(url, never_reader_body(f"never-reader-{k}")))
         for k in range(3):  # the request reached the scheduler: later info replies count it
             wait_for(lambda k=k: f"request never-reader-{k} sent to the scheduler" in long_server.log(), "request sent")
         wait_for(lambda: scheduler_idle(url), "the scheduler finishing the never-read requests")
@@ -211,6 +217,31 @@ def test_clients_that_never_read_hold_little_memory(long_server: ServerHandle) -
         wait_for(lambda k=k: f"rid=never-reader-{k} " in long_server.log()
                  or f"request never-reader-{k} aborted" in long_server.log(), "the never-read request ending")
     assert httpx.get(url + "/health", timeout=HANG_GUARD_S).status_code == 200
+
+
+def test_a_reader_that_falls_behind_gets_the_whole_stream(long_server: ServerHandle) -> None:
+    """A client reads nothing until the scheduler has produced all 2,000 tokens (~30 MB of
+    stream: the server's buffers fill and it waits on the client with deltas pending), then
+    reads: every token's logprob entry arrives once, the last chunk carries the finish reason,
+    then [DONE]."""
+    body = {"input_ids": list(range(600, 620)), "rid": "slow-reader", "stream": True,
+            "sampling_params": {"max_new_tokens": 2_000, "temperature": 0, "ignore_eos": True},
+            "return_logprob": True, "top_logprobs_num": 100}
+    sock = open_stream(long_server.url, body)
+    try:
+        wait_for(lambda: "request slow-reader sent to the scheduler" in long_server.log(), "request sent")
+        wait_for(lambda: scheduler_idle(long_server.url), "the scheduler finishing the request")
+        sock.settimeout(HANG_GUARD_S)
+        received = b"".join(iter(lambda: sock.recv(1 << 16), b""))
+    finally:
+        sock.close()
+    events = [line[5:].strip() for line in received.decode().split("\r\n\r\n", 1)[1].split("\n")
+              if line.startswith("data:")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
+    assert chunks[-1]["meta_info"]["completion_tokens"] == len(chunks[-1]["output_ids"]) == 2_000
+    assert sum(len(c["meta_info"]["output_token_logprobs"]) for c in chunks) == 2_000
 
 
 def test_heavy_logprob_stream_sends_bytes_in_proportion_to_its_tokens(long_server: ServerHandle) -> None:

@@ -1,6 +1,7 @@
-"""C++ CPU kernels for decode steps: linear layers over weights packed in 64-column panels
-(float32 or bfloat16, csrc/packed_gemm.h), read once per step for up to 4 rows, and DecodeStack
-(csrc/decode_stack.h), every decoder layer of a decode step in one call.
+"""C++ CPU kernels: linear layers over weights packed in 64-column panels (float32 or bfloat16,
+csrc/packed_gemm.h), read once per step for up to 4 rows; DecodeStack (csrc/decode_stack.h),
+every decoder layer of a decode step in one call; and paged attention (csrc/paged_attention.cpp),
+causal attention of any batch's new tokens reading K/V in place from the KV pool.
 
 Built on first use with torch's C++ extension tooling (gcc, ninja from the `ninja` wheel) into
 `build_root` (the runtime passes its cache's `extensions/` folder), keyed by the source and torch version, under a file lock so concurrent
@@ -23,8 +24,8 @@ logger = logging.getLogger(__name__)
 
 PANEL = 64
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = [CSRC / "packed_linear.cpp", CSRC / "decode_stack.cpp"]
-HEADERS = [CSRC / "packed_gemm.h", CSRC / "decode_stack.h"]
+SOURCES = [CSRC / "packed_linear.cpp", CSRC / "decode_stack.cpp", CSRC / "paged_attention.cpp"]
+HEADERS = [CSRC / "packed_gemm.h", CSRC / "decode_stack.h", CSRC / "simd_math.h"]
 _state: dict[str, ModuleType | None] = {}
 
 
@@ -106,3 +107,21 @@ def packed_linear(
     return out if x.dtype == torch.float32 else out.to(x.dtype)
 
 
+
+
+PAGED_ATTENTION_HEAD_DIMS = (16, 32, 64, 80, 96, 128, 256)
+
+
+def paged_attention(
+    ext: ModuleType, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, extend_lens: torch.Tensor,
+    extend_start_loc: torch.Tensor, scale: float,
+) -> torch.Tensor:
+    """Attention of new tokens `q [T, Hq, D]` over their requests' context in the pool (K/V of
+    the new tokens already written), causal; in q's dtype. Token i of request b is q row
+    `extend_start_loc[b] + i` at position `seq_lens[b] - extend_lens[b] + i`."""
+    out = ext.paged_attention(
+        q.float().contiguous(), k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, extend_lens,
+        extend_start_loc, scale,
+    )
+    return out if q.dtype == torch.float32 else out.to(q.dtype)

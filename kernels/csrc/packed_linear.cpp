@@ -5,6 +5,12 @@
 #include "decode_stack.h"
 #include "packed_gemm.h"
 
+namespace radixlm {
+torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& k_buf, const torch::Tensor& v_buf,
+                              const torch::Tensor& req_to_token, const torch::Tensor& rows, const torch::Tensor& seq_lens,
+                              const torch::Tensor& extend_lens, const torch::Tensor& extend_start, double scale);
+}  // namespace radixlm
+
 // x [M, K] float32 contiguous; packed [N/64, K, 64] float32 or bfloat16; residual [M, N] float32
 // with unit column stride, or None; bias [N] float32 or None. Returns [M, N] float32.
 torch::Tensor packed_linear(const torch::Tensor& x, const torch::Tensor& packed,
@@ -37,6 +43,8 @@ torch::Tensor packed_linear(const torch::Tensor& x, const torch::Tensor& packed,
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("packed_linear", &packed_linear, "x @ W (+ bias) (+ residual) with W packed in 64-column panels");
+  m.def("paged_attention", &radixlm::paged_attention,
+        "causal attention of new tokens over their requests' context, read in place from the KV pool");
   pybind11::class_<radixlm::DecodeStack>(m, "DecodeStack")
       .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double>())
       .def("add_layer", &radixlm::DecodeStack::add_layer)

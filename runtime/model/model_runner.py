@@ -14,6 +14,7 @@ from radixlm.runtime.mem_cache.mem_pool import KVPool, ReqToTokenPool
 from radixlm.runtime.model.attention.base import create_attention_backend
 from radixlm.runtime.model.forward_batch import ForwardBatch
 from radixlm.runtime.model.model_config import ModelConfig
+from radixlm.runtime.model.model_files import load_cpu_kernels
 from radixlm.runtime.model.models.llama import LlamaForCausalLM
 from radixlm.runtime.server_args import ServerArgs
 
@@ -77,7 +78,8 @@ class ModelRunner:
             and self.model.use_cpu_kernels(self.kv_pool.k_buffer, self.kv_pool.v_buffer)
         )
         self.attn_backend = create_attention_backend(
-            runner_cfg.attention_backend, self.kv_pool, self.req_to_token_pool, model_cfg.head_dim**-0.5
+            runner_cfg.attention_backend, self.kv_pool, self.req_to_token_pool, model_cfg.head_dim**-0.5,
+            load_cpu_kernels() if self.cpu_kernels else None,
         )
         logger.info(
             "model loaded in %.1fs: %s, dtype %s%s, KV pool %d tokens",

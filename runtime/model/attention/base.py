@@ -8,6 +8,7 @@ attends each new query to its request's whole context (cached prefix + new token
 from __future__ import annotations
 
 import abc
+from types import ModuleType
 
 import torch
 
@@ -34,12 +35,15 @@ class BaseAttentionBackend(abc.ABC):
 
 
 def create_attention_backend(
-    name: str, kv_pool: KVPool, req_to_token_pool: ReqToTokenPool, scaling: float
+    name: str, kv_pool: KVPool, req_to_token_pool: ReqToTokenPool, scaling: float,
+    cpu_kernels: ModuleType | None = None,
 ) -> BaseAttentionBackend:
+    """`cpu_kernels` (the loaded C++ extension, CPU only): the torch backend attends through its
+    paged kernel where that is faster (see torch_backend)."""
     if name == "torch":
         from radixlm.runtime.model.attention.torch_backend import TorchAttentionBackend
 
-        return TorchAttentionBackend(kv_pool, req_to_token_pool, scaling)
+        return TorchAttentionBackend(kv_pool, req_to_token_pool, scaling, cpu_kernels)
     if name == "triton":
         from radixlm.runtime.model.attention.triton_backend import TritonAttentionBackend
 

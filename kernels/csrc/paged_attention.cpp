@@ -1,0 +1,260 @@
+// paged_attention: causal attention of a batch's new tokens over their requests' whole context,
+// reading K/V in place from the KV pool through req_to_token (no per-layer gather, no padding to
+// a rectangle, no mask tensor). One kernel for decode, extend and mixed batches.
+//
+// Layout. q [T, Hq, D] float32; k_buf / v_buf [slots, Hkv, D] float32 or bfloat16; req_to_token
+// int32 [rows, context]; rows, seq_lens, extend_lens, extend_start int64 [B]. New token i of
+// request b is q row extend_start[b] + i at position seq_lens[b] - extend_lens[b] + i, and attends
+// positions [0, that position] of its request. Output [T, Hq, D] float32.
+//
+// Work unit: (request, block of up to kTokens new tokens): its query rows of each kv head share
+// every key they read, and each key is read from the pool once for all kv heads. Keys stream in blocks of 16 (one AVX-512 vector of scores per
+// query row): the block's K is widened to float32 and transposed to [D][16] once, scores are D
+// FMAs per row, and a flash-style online softmax (running max and sum per row, float32) folds
+// the block's V into the row's accumulator, so no score matrix is ever materialized.
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <torch/extension.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "simd_math.h"
+
+namespace radixlm {
+namespace {
+
+constexpr int64_t kKeys = 16;    // keys per block: one vector of scores
+constexpr int64_t kTokens = 32;  // new tokens per work unit
+
+bool is_supported_head_dim(int64_t d) { return d == 16 || d == 32 || d == 64 || d == 80 || d == 96 || d == 128 || d == 256; }
+
+struct Unit {
+  int64_t b, first;  // request, first new token (of the request's) in this unit
+};
+
+constexpr int64_t kRows = 8;  // query rows whose scores are computed together (8 FMA chains)
+
+// 16 floats of a pool row (float32, or bfloat16 widened exactly).
+template <typename T>
+inline __m512 load_row16(const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return _mm512_loadu_ps(p);
+  } else {
+    const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+  }
+}
+
+// In place: r[j][d] -> r[d][j] for a 16 x 16 float tile held in 16 vectors.
+inline void transpose16(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 8; ++i) {  // per 128-bit lane L: [r2i[4L], r2i+1[4L], r2i[4L+1], r2i+1[4L+1]] / +2, +3
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {  // r[4i + k] lane L: column 4L + k of rows 4i..4i+3
+    r[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int k = 0; k < 4; ++k) {  // a 4 x 4 transpose of 128-bit lanes, for each k
+    const __m512 p = _mm512_shuffle_f32x4(r[k], r[4 + k], 0x44), q = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0x44);
+    const __m512 u = _mm512_shuffle_f32x4(r[k], r[4 + k], 0xEE), w = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0xEE);
+    t[k] = _mm512_shuffle_f32x4(p, q, 0x88);
+    t[4 + k] = _mm512_shuffle_f32x4(p, q, 0xDD);
+    t[8 + k] = _mm512_shuffle_f32x4(u, w, 0x88);
+    t[12 + k] = _mm512_shuffle_f32x4(u, w, 0xDD);
+  }
+  for (int i = 0; i < 16; ++i) r[i] = t[i];
+}
+
+// One work unit: every query head of up to kTokens new tokens of one request. Each key block is
+// read from the pool once for all kv heads (a slot's K for all heads is one contiguous row).
+template <int NV, typename T>
+void attend_unit(const Unit& u, const float* q, int64_t Hq, int64_t Hkv, const T* k_buf, const T* v_buf,
+                 const int32_t* slots, int64_t prefix_len, int64_t num_tokens, int64_t q_row0, float scale, float* out,
+                 std::vector<float>& scratch) {
+  constexpr int64_t D = NV * 16;
+  const int64_t group = Hq / Hkv, M = num_tokens * group, Mp = (M + kRows - 1) / kRows * kRows, W = Hkv * D;
+  // scratch: kt [Hkv][D][16], vb [Hkv][16][D], row [W], qs [Hkv][Mp][D], acc [Hkv][M][D], m, l [Hkv][M]
+  scratch.resize(2 * W * kKeys + W + Hkv * (Mp * D + M * D + 2 * M) + 16);
+  float* kt = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(scratch.data()) + 63) & ~uintptr_t{63});
+  float* vb = kt + W * kKeys;
+  float* row = vb + W * kKeys;
+  float* qs = row + W;
+  float* acc = qs + Hkv * Mp * D;
+  float* m = acc + Hkv * M * D;
+  float* l = m + Hkv * M;
+  // rows of kv head g: r = t * group + h (token t, query head g * group + h), in position order
+  for (int64_t g = 0; g < Hkv; ++g) {
+    for (int64_t t = 0; t < num_tokens; ++t) {
+      for (int64_t h = 0; h < group; ++h) {
+        const float* src = q + ((q_row0 + t) * Hq + g * group + h) * D;
+        float* dst = qs + (g * Mp + t * group + h) * D;
+        for (int64_t d = 0; d < D; ++d) dst[d] = src[d] * scale;
+      }
+    }
+    std::fill(qs + (g * Mp + M) * D, qs + (g + 1) * Mp * D, 0.0f);
+  }
+  std::fill(acc, acc + Hkv * M * D, 0.0f);
+  std::fill(m, m + Hkv * M, -std::numeric_limits<float>::infinity());
+  std::fill(l, l + Hkv * M, 0.0f);
+  const int64_t last_pos = prefix_len + num_tokens - 1;  // the unit's last query position
+  alignas(64) float pw[kKeys];
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t k0 = 0; k0 <= last_pos; k0 += kKeys) {
+    const int64_t n = std::min(kKeys, last_pos + 1 - k0);
+    const T* krow[kKeys];
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t slot = slots[k0 + j];
+      krow[j] = k_buf + slot * W;
+      to_float(v_buf + slot * W, W, row);
+      for (int64_t g = 0; g < Hkv; ++g) std::memcpy(vb + (g * kKeys + j) * D, row + g * D, D * sizeof(float));
+    }
+    for (int64_t j = n; j < kKeys; ++j) {
+      for (int64_t g = 0; g < Hkv; ++g) std::fill(vb + (g * kKeys + j) * D, vb + (g * kKeys + j + 1) * D, 0.0f);
+    }
+    for (int64_t c = 0; c < W; c += 16) {  // kt[g][d][j] = K[j][g * D + d], a 16 x 16 tile at a time
+      __m512 tile[kKeys];
+      for (int64_t j = 0; j < kKeys; ++j) tile[j] = j < n ? load_row16(krow[j] + c) : _mm512_setzero_ps();
+      transpose16(tile);
+      for (int64_t i = 0; i < 16; ++i) _mm512_store_ps(kt + (c + i) * kKeys, tile[i]);
+    }
+    // rows whose position is before k0 see nothing of this block; rows are in position order
+    const int64_t first_row = std::max<int64_t>(0, (k0 - prefix_len) * group);
+    for (int64_t g = 0; g < Hkv; ++g) {
+      const float* ktg = kt + g * D * kKeys;
+      const float* vbg = vb + g * kKeys * D;
+      float* mg = m + g * M;
+      float* lg = l + g * M;
+      for (int64_t r0 = first_row / kRows * kRows; r0 < M; r0 += kRows) {
+        __m512 s[kRows];
+        for (int i = 0; i < kRows; ++i) s[i] = _mm512_setzero_ps();
+        const float* q0 = qs + (g * Mp + r0) * D;
+        for (int64_t d = 0; d < D; ++d) {
+          const __m512 kv = _mm512_load_ps(ktg + d * kKeys);
+          for (int i = 0; i < kRows; ++i) s[i] = _mm512_fmadd_ps(_mm512_set1_ps(q0[i * D + d]), kv, s[i]);
+        }
+        for (int i = 0; i < kRows && r0 + i < M; ++i) {
+          const int64_t r = r0 + i, pos = prefix_len + r / group;
+          if (k0 > pos) continue;  // the whole block is in this row's future
+          const int64_t visible = std::min(n, pos - k0 + 1);
+          const __mmask16 keep = static_cast<__mmask16>((1u << visible) - 1u);
+          const __m512 sv = _mm512_mask_mov_ps(neg_inf, keep, s[i]);
+          const float new_max = std::max(mg[r], _mm512_reduce_max_ps(sv));
+          const float alpha = std::exp(mg[r] - new_max);  // 0 on the row's first block (m = -inf)
+          const __m512 p = _mm512_maskz_mov_ps(keep, exp16(_mm512_sub_ps(sv, _mm512_set1_ps(new_max))));
+          lg[r] = lg[r] * alpha + _mm512_reduce_add_ps(p);
+          mg[r] = new_max;
+          _mm512_store_ps(pw, p);
+          float* ar = acc + (g * M + r) * D;
+          __m512 a[NV];
+          const __m512 va = _mm512_set1_ps(alpha);
+          for (int v = 0; v < NV; ++v) a[v] = _mm512_mul_ps(_mm512_loadu_ps(ar + v * 16), va);
+          for (int64_t j = 0; j < visible; ++j) {
+            const __m512 pj = _mm512_set1_ps(pw[j]);
+            for (int v = 0; v < NV; ++v) a[v] = _mm512_fmadd_ps(pj, _mm512_load_ps(vbg + j * D + v * 16), a[v]);
+          }
+          for (int v = 0; v < NV; ++v) _mm512_storeu_ps(ar + v * 16, a[v]);
+        }
+      }
+    }
+  }
+  for (int64_t g = 0; g < Hkv; ++g) {
+    for (int64_t t = 0; t < num_tokens; ++t) {
+      for (int64_t h = 0; h < group; ++h) {
+        const int64_t r = t * group + h;
+        const float inv = 1.0f / l[g * M + r];  // >= 1: the row's own position is always visible
+        const float* src = acc + (g * M + r) * D;
+        float* dst = out + ((q_row0 + t) * Hq + g * group + h) * D;
+        for (int64_t d = 0; d < D; ++d) dst[d] = src[d] * inv;
+      }
+    }
+  }
+}
+
+template <int NV>
+void run_units(const std::vector<Unit>& units, const float* q, float* out, int64_t Hq, int64_t Hkv,
+               const torch::Tensor& k_buf, const torch::Tensor& v_buf, const int32_t* r2t, int64_t context,
+               const int64_t* row, const int64_t* seq, const int64_t* ext, const int64_t* start, float scale) {
+  const bool bf16 = k_buf.scalar_type() == at::kBFloat16;
+  const int64_t n = static_cast<int64_t>(units.size());
+  // Units are interleaved from both ends (0, n-1, 1, n-2, ...) so that the contiguous ranges
+  // parallel_for hands each thread mix cheap early tokens with expensive late ones (causal).
+  at::parallel_for(0, n, 1, [&](int64_t lo, int64_t hi) {
+    std::vector<float> scratch;
+    for (int64_t i = lo; i < hi; ++i) {
+      const Unit& u = units[i % 2 == 0 ? i / 2 : n - 1 - i / 2];
+      const int64_t prefix = seq[u.b] - ext[u.b] + u.first;
+      const int64_t count = std::min(kTokens, ext[u.b] - u.first);
+      const int32_t* slots = r2t + row[u.b] * context;
+      if (bf16) {
+        attend_unit<NV>(u, q, Hq, Hkv, static_cast<const uint16_t*>(k_buf.data_ptr()),
+                        static_cast<const uint16_t*>(v_buf.data_ptr()), slots, prefix, count, start[u.b] + u.first,
+                        scale, out, scratch);
+      } else {
+        attend_unit<NV>(u, q, Hq, Hkv, k_buf.data_ptr<float>(), v_buf.data_ptr<float>(), slots, prefix, count,
+                        start[u.b] + u.first, scale, out, scratch);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& k_buf, const torch::Tensor& v_buf,
+                              const torch::Tensor& req_to_token, const torch::Tensor& rows, const torch::Tensor& seq_lens,
+                              const torch::Tensor& extend_lens, const torch::Tensor& extend_start, double scale) {
+  TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat && q.is_contiguous(), "q must be contiguous float32 [T, Hq, D]");
+  TORCH_CHECK(k_buf.dim() == 3 && k_buf.is_contiguous() && v_buf.sizes() == k_buf.sizes() && v_buf.is_contiguous() &&
+                  v_buf.scalar_type() == k_buf.scalar_type() &&
+                  (k_buf.scalar_type() == at::kFloat || k_buf.scalar_type() == at::kBFloat16),
+              "k_buf / v_buf must be contiguous float32 or bfloat16 [slots, Hkv, D]");
+  const int64_t T = q.size(0), Hq = q.size(1), D = q.size(2), Hkv = k_buf.size(1), num_slots = k_buf.size(0);
+  TORCH_CHECK(k_buf.size(2) == D && Hkv > 0 && Hq % Hkv == 0, "head shapes of q and the pool disagree");
+  TORCH_CHECK(is_supported_head_dim(D), "head_dim ", D, " is not supported (16, 32, 64, 80, 96, 128 or 256)");
+  TORCH_CHECK(req_to_token.scalar_type() == at::kInt && req_to_token.dim() == 2 && req_to_token.is_contiguous(),
+              "req_to_token must be contiguous int32 [rows, context]");
+  const int64_t B = rows.numel(), context = req_to_token.size(1);
+  for (const auto* t : {&rows, &seq_lens, &extend_lens, &extend_start}) {
+    TORCH_CHECK(t->scalar_type() == at::kLong && t->numel() == B && t->is_contiguous(), "rows / lengths must be int64 [B]");
+  }
+  const int64_t *row = rows.data_ptr<int64_t>(), *seq = seq_lens.data_ptr<int64_t>();
+  const int64_t *ext = extend_lens.data_ptr<int64_t>(), *start = extend_start.data_ptr<int64_t>();
+  const int32_t* r2t = req_to_token.data_ptr<int32_t>();
+  std::vector<Unit> units;
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK(row[b] >= 0 && row[b] < req_to_token.size(0) && seq[b] >= 1 && seq[b] <= context && ext[b] >= 1 &&
+                    ext[b] <= seq[b] && start[b] >= 0 && start[b] + ext[b] <= T,
+                "request ", b, ": row, lengths or start out of range");
+    const int32_t* slots = r2t + row[b] * context;
+    for (int64_t p = 0; p < seq[b]; ++p) {
+      TORCH_CHECK(slots[p] >= 0 && slots[p] < num_slots, "request ", b, ": a KV slot is out of range");
+    }
+    for (int64_t first = 0; first < ext[b]; first += kTokens) units.push_back(Unit{b, first});
+  }
+  auto out = torch::empty_like(q);
+  const float sc = static_cast<float>(scale);
+  const float* qp = q.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  switch (D / 16) {
+    case 1: run_units<1>(units, qp, op, Hq, Hkv, k_buf, v_buf, r2t, context, row, seq, ext, start, sc); break;
+    case 2: run_units<2>(units, qp, op, Hq, Hkv, k_buf, v_buf, r2t, context, row, seq, ext, start, sc); break;
+    case 4: run_units<4>(units, qp, op, Hq, Hkv, k_buf, v_buf, r2t, context, row, seq, ext, start, sc); break;
+    case 5: run_units<5>(units, qp, op, Hq, Hkv, k_buf, v_buf, r2t, context, row, seq, ext, start, sc); break;
+    case 6: run_units<6>(units, qp, op, Hq, Hkv, k_buf, v_buf, r2t, context, row, seq, ext, start, sc); break;
+    case 8: run_units<8>(units, qp, op, Hq, Hkv, k_buf, v_buf, r2t, context, row, seq, ext, start, sc); break;
+    case 16: run_units<16>(units, qp, op, Hq, Hkv, k_buf, v_buf, r2t, context, row, seq, ext, start, sc); break;
+    default: TORCH_CHECK(false, "head_dim ", D, " is not supported (16, 32, 64, 80, 96, 128 or 256)");
+  }
+  return out;
+}
+
+}  // namespace radixlm

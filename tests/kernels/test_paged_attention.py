@@ -1,0 +1,118 @@
+"""The C++ paged attention kernel (kernels/csrc/paged_attention.cpp) against the plain torch
+reference (kernels/reference.py): decode, extend and mixed batches over scattered pool slots,
+float32 and bfloat16 pools, every supported head size, GQA; and the attention backend's choice
+of path (the kernel for batches, torch's SDPA for one long uncached prompt)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from radixlm.kernels import cpu_linear
+from radixlm.kernels.reference import extend_attention_ref
+from radixlm.runtime.mem_cache.mem_pool import KVPool, ReqToTokenPool
+from radixlm.runtime.model.attention.torch_backend import DENSE_PREFILL_MIN_LEN, TorchAttentionBackend
+from radixlm.runtime.model.forward_batch import ForwardBatch
+from radixlm.runtime.model.model_files import load_cpu_kernels
+
+pytestmark = pytest.mark.skipif(not cpu_linear.cpu_supports_avx512(), reason="the kernel needs AVX-512 (this CPU lacks it)")
+
+
+@pytest.fixture(scope="module")
+def ext() -> Any:
+    module = load_cpu_kernels()
+    assert module is not None, "AVX-512 is present, so the kernels must build (see the log for why they did not)"
+    return module
+
+
+def scattered_batch(prefix_lens: list[int], extend_lens: list[int], heads: int, kv_heads: int, dim: int,
+                    dtype: torch.dtype, seed: int = 0) -> tuple[KVPool, ReqToTokenPool, ForwardBatch, torch.Tensor]:
+    """A pool whose requests own shuffled slots (the first request's first 40 shared by all
+    requests with a prefix that long, as the radix cache shares them); returns the batch and q."""
+    gen = torch.Generator().manual_seed(seed)
+    total = sum(p + e for p, e in zip(prefix_lens, extend_lens))
+    pool = KVPool(total + 16, 1, kv_heads, dim, dtype)
+    pool.k_buffer[0].copy_(torch.randn(pool.k_buffer[0].shape, generator=gen).to(dtype))
+    pool.v_buffer[0].copy_(torch.randn(pool.v_buffer[0].shape, generator=gen).to(dtype))
+    reqs = ReqToTokenPool(len(prefix_lens) + 2, max(p + e for p, e in zip(prefix_lens, extend_lens)) + 1)
+    slots = pool.alloc(total)
+    slots = slots[torch.randperm(total, generator=gen)]
+    shared = slots[:40]
+    rows, new_slots = [], []
+    for prefix, new in zip(prefix_lens, extend_lens):
+        row = reqs.alloc()
+        own, slots = slots[: prefix + new], slots[prefix + new :]
+        if prefix >= 40:
+            own = torch.cat([shared, own[40:]])
+        reqs.write(row, 0, own)
+        rows.append(row)
+        new_slots.append(own[prefix:])
+    out_loc = torch.cat(new_slots)
+    if all(e == 1 for e in extend_lens):
+        batch = ForwardBatch.decode(rows, [p + 1 for p in prefix_lens], [0] * len(rows), out_loc)
+    else:
+        batch = ForwardBatch.extend(rows, prefix_lens, [[0] * e for e in extend_lens], out_loc)
+    q = torch.randn(batch.num_tokens, heads, dim, generator=gen).to(dtype)
+    return pool, reqs, batch, q
+
+
+CASES = {
+    "decode 1": ([0], [1]),
+    "decode 7": ([5, 17, 33, 100, 1, 0, 64], [1] * 7),
+    "decode 17": ([3 * i + 1 for i in range(17)], [1] * 17),
+    "decode 64 sharing a prefix": ([40 + i for i in range(64)], [1] * 64),
+    "prefill": ([0], [300]),
+    "extend over a prefix": ([0, 45, 200], [1, 20, 37]),
+    "mixed lengths": ([3, 0, 40, 7, 90], [1, 2, 16, 33, 70]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (4, 4, 16), (8, 2, 80), (2, 1, 128)])
+def test_paged_attention_matches_reference(ext: Any, case: str, dtype: torch.dtype, heads: int, kv_heads: int,
+                                           dim: int) -> None:
+    pool, reqs, batch, q = scattered_batch(*CASES[case], heads, kv_heads, dim, dtype)
+    args = (pool.k_buffer[0], pool.v_buffer[0], reqs.req_to_token, batch.req_pool_indices, batch.seq_lens)
+    got = cpu_linear.paged_attention(ext, q, *args, batch.extend_lens, batch.extend_start_loc, dim**-0.5)
+    want = extend_attention_ref(q.float(), args[0].float(), args[1].float(), *args[2:], batch.extend_lens, dim**-0.5)
+    assert got.dtype == dtype
+    # float32: the reference's own rounding; bfloat16: the output's rounding (inputs are exact)
+    tolerance = 1e-5 if dtype == torch.float32 else 1.6e-2
+    assert (got.float() - want).abs().max().item() < tolerance
+
+
+def test_bad_shapes_are_refused(ext: Any) -> None:
+    pool, reqs, batch, q = scattered_batch([4], [1], 4, 2, 24, torch.float32)
+    with pytest.raises(RuntimeError, match="head_dim 24 is not supported"):
+        ext.paged_attention(q, pool.k_buffer[0], pool.v_buffer[0], reqs.req_to_token, batch.req_pool_indices,
+                            batch.seq_lens, batch.extend_lens, batch.extend_start_loc, 1.0)
+    pool, reqs, batch, q = scattered_batch([4], [1], 4, 2, 16, torch.float32)
+    with pytest.raises(RuntimeError, match="out of range"):
+        ext.paged_attention(q, pool.k_buffer[0], pool.v_buffer[0], reqs.req_to_token, batch.req_pool_indices,
+                            batch.seq_lens + 1000, batch.extend_lens, batch.extend_start_loc, 1.0)
+
+
+@pytest.mark.parametrize(("prefix_lens", "extend_lens", "paged"), [
+    ([0], [DENSE_PREFILL_MIN_LEN], False),  # a long extend: torch's SDPA
+    ([40], [DENSE_PREFILL_MIN_LEN], False),
+    ([0, 7], [3, DENSE_PREFILL_MIN_LEN], False),
+    ([0], [DENSE_PREFILL_MIN_LEN - 1], True),
+    ([0, 0, 45], [30, 3, 90], True),  # a batch of short extends
+    ([50, 60, 70], [1, 1, 1], True),  # decode
+])
+def test_backend_picks_its_path_and_both_agree(ext: Any, prefix_lens: list[int], extend_lens: list[int],
+                                               paged: bool) -> None:
+    pool, reqs, batch, q = scattered_batch(prefix_lens, extend_lens, 4, 2, 32, torch.float32)
+    k = pool.k_buffer[0][batch.out_cache_loc].clone()
+    v = pool.v_buffer[0][batch.out_cache_loc].clone()
+    fast = TorchAttentionBackend(pool, reqs, 32**-0.5, ext)
+    plain = TorchAttentionBackend(pool, reqs, 32**-0.5)
+    outs = []
+    for backend in (fast, plain):
+        backend.init_forward_metadata(batch)
+        outs.append(backend.forward(q, k, v, 0, batch))
+    assert fast.num_paged_forwards == int(paged) and plain.num_paged_forwards == 0
+    assert torch.allclose(outs[0], outs[1], atol=1e-5)

@@ -241,7 +241,7 @@ class LlamaCppPeer:
         self.n_vocab = int(lib.llama_vocab_n_tokens(self.vocab))
         self.batch = lib.llama_batch_init(N_BATCH, 0, 1)
         self.ctx: Any = None
-        self.ctx_key: tuple[int, int, bool] | None = None
+        self.ctx_key: tuple[int, int, bool] | None = None  # (sequences, cells, unified)
         self.grammar: Any = None
 
     def close(self) -> None:
@@ -271,7 +271,7 @@ class LlamaCppPeer:
         token_lists = [p if isinstance(p, list) else self.encode(p) for p in prompts]
         prefix_len = shared_prefix_len(token_lists)
         num_seqs = min(self.config.batch, len(token_lists))
-        ctx = self._context(num_seqs, max(len(t) for t in token_lists) + new_tokens, prefix_len > 0)
+        ctx = self._context(num_seqs, max(len(t) for t in token_lists) + new_tokens, prefix_len)
         memory = self.lib.llama_get_memory(ctx)
         if prefix_len:
             prefix = token_lists[0][:prefix_len]
@@ -317,18 +317,20 @@ class LlamaCppPeer:
                 picked += [int(t) for t in rows.argmax(axis=1)] if pick is None else [pick(row) for row in rows]
         return picked
 
-    def _context(self, num_seqs: int, seq_len: int, share_cells: bool = False) -> Any:
-        """An empty context for `num_seqs` sequences of up to `seq_len` tokens. Sequences that
-        share a prefix share its cells in one unified KV cache (a step attends to every used
-        cell, masked); otherwise each has a KV stream of its own (it attends only to its own)."""
+    def _context(self, num_seqs: int, seq_len: int, shared_len: int = 0) -> Any:
+        """An empty context for `num_seqs` sequences of up to `seq_len` tokens, the first
+        `shared_len` common to all. Sequences that share a prefix share its cells in one unified
+        KV cache (a step attends to every used cell, masked); otherwise each has a KV stream of
+        its own (it attends only to its own cells)."""
         lib = self.lib
-        unified = share_cells if self.kv_unified is None else self.kv_unified
-        key = (num_seqs, -(-seq_len // 256) * 256, unified)
+        unified = shared_len > 0 if self.kv_unified is None else self.kv_unified
+        num_cells = shared_len + num_seqs * (seq_len - shared_len) if unified else num_seqs * -(-seq_len // 256) * 256
+        key = (num_seqs, -(-num_cells // 256) * 256, unified)
         if key != self.ctx_key:
             if self.ctx:
                 lib.llama_free(self.ctx)
             params = lib.llama_context_default_params()
-            params.n_ctx, params.n_seq_max = key[0] * key[1], num_seqs
+            params.n_ctx, params.n_seq_max = key[1], num_seqs
             params.n_batch, params.n_ubatch = N_BATCH, min(self.config.n_ubatch, N_BATCH)
             params.n_threads = params.n_threads_batch = NUM_THREADS
             params.flash_attn_type = (lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if self.config.flash_attn

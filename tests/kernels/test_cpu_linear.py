@@ -11,16 +11,9 @@ import pytest
 import torch
 
 from radixlm.kernels import cpu_linear
-from radixlm.runtime.model.model_files import load_cpu_kernels
 
-pytestmark = pytest.mark.skipif(not cpu_linear.cpu_supports_avx512(), reason="the kernel needs AVX-512 (this CPU lacks it)")
+pytestmark = pytest.mark.skipif(not cpu_linear.cpu_supports_avx512(), reason="the kernels need AVX-512 (this CPU lacks it)")
 
-
-@pytest.fixture(scope="module")
-def ext() -> Any:
-    module = load_cpu_kernels()
-    assert module is not None, "AVX-512 is present, so the kernel must build (see the log for why it did not)"
-    return module
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -15,16 +15,9 @@ from radixlm.kernels.reference import extend_attention_ref
 from radixlm.runtime.mem_cache.mem_pool import KVPool, ReqToTokenPool
 from radixlm.runtime.model.attention.torch_backend import DENSE_PREFILL_MIN_LEN, TorchAttentionBackend
 from radixlm.runtime.model.forward_batch import ForwardBatch
-from radixlm.runtime.model.model_files import load_cpu_kernels
 
-pytestmark = pytest.mark.skipif(not cpu_linear.cpu_supports_avx512(), reason="the kernel needs AVX-512 (this CPU lacks it)")
+pytestmark = pytest.mark.skipif(not cpu_linear.cpu_supports_avx512(), reason="the kernels need AVX-512 (this CPU lacks it)")
 
-
-@pytest.fixture(scope="module")
-def ext() -> Any:
-    module = load_cpu_kernels()
-    assert module is not None, "AVX-512 is present, so the kernels must build (see the log for why they did not)"
-    return module
 
 
 def scattered_batch(prefix_lens: list[int], extend_lens: list[int], heads: int, kv_heads: int, dim: int,

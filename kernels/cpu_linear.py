@@ -1,5 +1,6 @@
-"""C++ CPU kernels: linear layers over weights packed in 64-column panels (float32 or bfloat16,
-csrc/packed_gemm.h), read once per step for up to 4 rows; DecodeStack (csrc/decode_stack.h),
+"""C++ CPU kernels: linear layers over weights packed in panels, float32 (csrc/packed_gemm.h, read
+once per step for up to 4 rows) or bfloat16 (csrc/bf16_gemm.h: AMX tiles, AVX512-BF16 vdpbf16ps,
+or vdpbf16ps emulated in AVX-512F, whichever the CPU runs); DecodeStack (csrc/decode_stack.h),
 every decoder layer of a decode step in one call; and paged attention (csrc/paged_attention.cpp),
 causal attention of any batch's new tokens reading K/V in place from the KV pool.
 
@@ -24,8 +25,8 @@ logger = logging.getLogger(__name__)
 
 PANEL = 64
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = [CSRC / "packed_linear.cpp", CSRC / "decode_stack.cpp", CSRC / "paged_attention.cpp"]
-HEADERS = [CSRC / "packed_gemm.h", CSRC / "decode_stack.h", CSRC / "simd_math.h"]
+SOURCES = [CSRC / "packed_linear.cpp", CSRC / "decode_stack.cpp", CSRC / "paged_attention.cpp", CSRC / "bf16_gemm.cpp"]
+HEADERS = [CSRC / "packed_gemm.h", CSRC / "decode_stack.h", CSRC / "simd_math.h", CSRC / "bf16_gemm.h"]
 _state: dict[str, ModuleType | None] = {}
 
 
@@ -78,8 +79,23 @@ def _build(build_root: Path) -> ModuleType | None:
         return None
 
 
+# Rows up to which our kernels beat torch's GEMM, measured with `python -m radixlm.runtime.bench.gemm`
+# (a decode step's layers of the default model, weights streamed from memory, 2 cores, Xeon with
+# AMX): float32 panels and the vector bf16 paths read the weights once per 4 / 8 rows and lose to
+# torch beyond 16 rows; AMX holds a 32 x 32 output block in tiles: 1 row 7.7 ms (torch bf16 17.1),
+# 32 rows 11.5 (19.5), 64 rows ~20 (~23), and about even from 128 rows on.
+PACKED_MAX_ROWS = 16
+AMX_MAX_ROWS = 64
+
+
+def kernel_max_rows(dtype: torch.dtype, path: str) -> int:
+    """Products of up to this many rows go through our kernel for weights of `dtype` (bf16 ones
+    on bf16 GEMM path `path`)."""
+    return AMX_MAX_ROWS if dtype == torch.bfloat16 and path == "amx" else PACKED_MAX_ROWS
+
+
 def pack(weight_t: torch.Tensor) -> torch.Tensor:
-    """`[K, N]` -> `[ceil(N/64), K, 64]` panels (zero-padded columns), same dtype."""
+    """float32 `[K, N]` -> `[ceil(N/64), K, 64]` panels (zero-padded columns)."""
     k, n = weight_t.shape
     padded = -(-n // PANEL) * PANEL
     if padded != n:
@@ -91,7 +107,7 @@ def packed_linear(
     ext: ModuleType, x: torch.Tensor, packed: torch.Tensor, n: int,
     residual: torch.Tensor | None = None, bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """x @ W (+ bias) (+ residual) in x's dtype; `n` is W's true column count."""
+    """x @ W (+ bias) (+ residual) in x's dtype, W from `pack`; `n` is W's true column count."""
     xf = x.float().contiguous()
     res = None
     padded = packed.shape[0] * PANEL
@@ -102,6 +118,66 @@ def packed_linear(
     if bias is not None and bias.numel() != padded:
         bias = torch.nn.functional.pad(bias.float(), (0, padded - bias.numel()))
     out = ext.packed_linear(xf, packed, res, bias)
+    if padded != n:
+        out = out[:, :n]
+    return out if x.dtype == torch.float32 else out.to(x.dtype)
+
+
+# The bf16 GEMM's paths (csrc/bf16_gemm.h), slowest first; `bf16_path` gives the one this CPU runs.
+BF16_PATHS = ("emulated", "avx512bf16", "amx")
+VNNI_PANEL = 32
+VNNI_K = 32
+
+
+def pack_vnni(weight_t: torch.Tensor) -> torch.Tensor:
+    """`[K, N]` -> bfloat16 VNNI panels `[Np/32, Kp/2, 32, 2]` (K padded to a multiple of 32, N to
+    one of 64, with zeros): panel b, row p holds (W[2p, c], W[2p+1, c]) for its 32 columns c."""
+    k, n = weight_t.shape
+    kp, np_ = -(-k // VNNI_K) * VNNI_K, -(-n // PANEL) * PANEL
+    w = torch.nn.functional.pad(weight_t.to(torch.bfloat16), (0, np_ - n, 0, kp - k))
+    return w.reshape(kp // 2, 2, np_ // VNNI_PANEL, VNNI_PANEL).permute(2, 0, 3, 1).contiguous()
+
+
+def bf16_path(ext: ModuleType) -> str:
+    """The fastest bf16 GEMM path this CPU runs: 'amx', 'avx512bf16' or 'emulated' (vdpbf16ps
+    emulated in AVX-512F)."""
+    return BF16_PATHS[ext.cpu_features()["bf16_path"]]
+
+
+def available_bf16_paths(ext: ModuleType) -> list[str]:
+    """The bf16 GEMM paths this CPU (and OS) can run, slowest first."""
+    features = ext.cpu_features()
+    ok = {"emulated": True, "avx512bf16": features["avx512bf16"], "amx": features["amx_permitted"]}
+    return [path for path in BF16_PATHS if ok[path]]
+
+
+def resolve_bf16_path(ext: ModuleType, requested: str | None) -> str:
+    """`requested` (e.g. from RADIXLM_BF16_PATH) if this CPU runs it, the fastest path if None;
+    a ValueError naming the paths it can run otherwise."""
+    if requested is None:
+        return bf16_path(ext)
+    available = available_bf16_paths(ext)
+    if requested not in available:
+        known = "" if requested in BF16_PATHS else f" (known paths: {', '.join(BF16_PATHS)})"
+        raise ValueError(f"bf16 GEMM path {requested!r} cannot run here{known}; this CPU runs: {', '.join(available)}")
+    return requested
+
+
+def bf16_linear(
+    ext: ModuleType, x: torch.Tensor, packed: torch.Tensor, n: int,
+    residual: torch.Tensor | None = None, bias: torch.Tensor | None = None, path: str | None = None,
+) -> torch.Tensor:
+    """bf16(x) @ W (+ bias) (+ residual), W from `pack_vnni`, accumulated in float32, in x's dtype;
+    `path` forces one of BF16_PATHS (an error where this CPU cannot run it)."""
+    padded = packed.shape[0] * VNNI_PANEL
+    res = None
+    if residual is not None:
+        res = residual.float()
+        if padded != n:
+            res = torch.nn.functional.pad(res, (0, padded - n))
+    if bias is not None and bias.numel() != padded:
+        bias = torch.nn.functional.pad(bias.float(), (0, padded - bias.numel()))
+    out = ext.bf16_linear(x.float().contiguous(), packed, res, bias, -1 if path is None else BF16_PATHS.index(path))
     if padded != n:
         out = out[:, :n]
     return out if x.dtype == torch.float32 else out.to(x.dtype)

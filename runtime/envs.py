@@ -27,6 +27,10 @@ class EnvStr:
 # Root of the on-disk cache of converted models (default: ~/.cache/radixlm).
 RADIXLM_CACHE = EnvStr("RADIXLM_CACHE")
 
+# The C++ bf16 GEMM's path (kernels/cpu_linear.BF16_PATHS: emulated, avx512bf16, amx); default:
+# the fastest this CPU runs. For tests and comparisons; a path the CPU cannot run is an error.
+RADIXLM_BF16_PATH = EnvStr("RADIXLM_BF16_PATH")
+
 
 @dataclass(frozen=True)
 class EnvFloat:

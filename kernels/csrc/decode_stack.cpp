@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 
+#include "bf16_gemm.h"
 #include "packed_gemm.h"
 #include "simd_math.h"
 
@@ -25,13 +26,6 @@ inline float dot(const float* a, const float* b, int64_t n) {
   float s = _mm512_reduce_add_ps(acc);
   for (; i < n; ++i) s += a[i] * b[i];
   return s;
-}
-
-inline void axpy(float alpha, const float* x, float* y, int64_t n) {
-  const __m512 a = _mm512_set1_ps(alpha);
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_fmadd_ps(a, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
-  for (; i < n; ++i) y[i] += alpha * x[i];
 }
 
 // y = x / sqrt(mean(x^2) + eps) (* weight)
@@ -61,46 +55,6 @@ inline void silu_mul(const float* gate, const float* up, int64_t n, float* y) {
   for (; i < n; ++i) y[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 }
 
-// In place: s[i] = e^(s[i] - max) / sum; n > 0.
-inline void softmax(float* s, int64_t n) {
-  float m = -std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < n; ++i) m = std::max(m, s[i]);
-  const __m512 vm = _mm512_set1_ps(m);
-  __m512 acc = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + i), vm));
-    _mm512_storeu_ps(s + i, e);
-    acc = _mm512_add_ps(acc, e);
-  }
-  float sum = _mm512_reduce_add_ps(acc);
-  for (; i < n; ++i) {
-    s[i] = std::exp(s[i] - m);
-    sum += s[i];
-  }
-  const float inv = 1.0f / sum;
-  for (int64_t j = 0; j < n; ++j) s[j] *= inv;
-}
-
-// Attention of one request's `group` query heads (sharing kv head g) over its `len` positions.
-template <typename T>
-void attend(const float* q, int64_t group, const T* k_buf, const T* v_buf, const int32_t* slots, int64_t len,
-            int64_t num_kv_heads, int64_t g, int64_t head_dim, float scale, float* out, std::vector<float>& scratch) {
-  scratch.resize(group * len + head_dim);
-  float* scores = scratch.data();
-  float* row = scores + group * len;
-  for (int64_t t = 0; t < len; ++t) {
-    to_float(k_buf + (static_cast<int64_t>(slots[t]) * num_kv_heads + g) * head_dim, head_dim, row);
-    for (int64_t h = 0; h < group; ++h) scores[h * len + t] = dot(q + h * head_dim, row, head_dim) * scale;
-  }
-  for (int64_t h = 0; h < group; ++h) softmax(scores + h * len, len);
-  std::fill(out, out + group * head_dim, 0.0f);
-  for (int64_t t = 0; t < len; ++t) {
-    to_float(v_buf + (static_cast<int64_t>(slots[t]) * num_kv_heads + g) * head_dim, head_dim, row);
-    for (int64_t h = 0; h < group; ++h) axpy(scores[h * len + t], row, out + h * head_dim, head_dim);
-  }
-}
-
 template <typename T>
 void store_kv(const float* k, const float* v, int64_t slot, int64_t width, torch::Tensor& k_buf, torch::Tensor& v_buf) {
   from_float(k, width, static_cast<T*>(k_buf.data_ptr()) + slot * width);
@@ -108,9 +62,15 @@ void store_kv(const float* k, const float* v, int64_t slot, int64_t width, torch
 }
 
 void check_packed(const torch::Tensor& w, int64_t k, int64_t n, const char* name) {
-  TORCH_CHECK(w.dim() == 3 && w.size(1) == k && w.size(2) == kPanel && w.size(0) * kPanel == padded(n) && w.is_contiguous(),
-              name, " must be packed [", padded(n) / kPanel, ", ", k, ", 64]");
-  TORCH_CHECK(w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16, name, " must be float32 or bfloat16");
+  if (w.scalar_type() == at::kBFloat16) {
+    TORCH_CHECK(w.dim() == 4 && w.size(0) * kVnniPanel == padded(n) && w.size(1) * 2 == vnni_k(k) &&
+                    w.size(2) == kVnniPanel && w.size(3) == 2 && w.is_contiguous(),
+                name, " (bfloat16) must be VNNI panels [", padded(n) / kVnniPanel, ", ", vnni_k(k) / 2, ", 32, 2]");
+  } else {
+    TORCH_CHECK(w.scalar_type() == at::kFloat && w.dim() == 3 && w.size(1) == k && w.size(2) == kPanel &&
+                    w.size(0) * kPanel == padded(n) && w.is_contiguous(),
+                name, " (float32) must be packed [", padded(n) / kPanel, ", ", k, ", 64]");
+  }
 }
 
 torch::Tensor optional_vector(const c10::optional<torch::Tensor>& t, int64_t n, const char* name) {
@@ -123,10 +83,27 @@ const float* data_or_null(const torch::Tensor& t) { return t.defined() ? t.data_
 
 }  // namespace
 
+// out = x @ w (+ bias) (+ residual): float32 panels through packed_gemm, bfloat16 VNNI panels
+// through bf16_gemm on the stack's path.
+void DecodeStack::linear(const torch::Tensor& w, const float* x, int64_t M, int64_t K, float* out, int64_t ld_out,
+                         const float* residual, int64_t ld_res, const torch::Tensor& bias) const {
+  if (w.scalar_type() == at::kBFloat16) {
+    bf16_gemm(x, M, K, static_cast<const uint16_t*>(w.data_ptr()), w.size(0), out, ld_out, residual, ld_res,
+              data_or_null(bias), bf16_path_);
+  } else {
+    packed_gemm(x, M, K, w.data_ptr<float>(), w.size(0), out, ld_out, residual, ld_res, data_or_null(bias));
+  }
+}
+
+void DecodeStack::set_bf16_path(int64_t path) { bf16_path_ = bf16_path(static_cast<int>(path)); }
+
+int64_t DecodeStack::get_bf16_path() const { return static_cast<int64_t>(bf16_path_); }
+
 DecodeStack::DecodeStack(int64_t hidden, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                          int64_t intermediate, double rms_eps, double scale)
     : hidden_(hidden), num_heads_(num_heads), num_kv_heads_(num_kv_heads), head_dim_(head_dim),
-      intermediate_(intermediate), eps_(static_cast<float>(rms_eps)), scale_(static_cast<float>(scale)) {
+      intermediate_(intermediate), eps_(static_cast<float>(rms_eps)), scale_(static_cast<float>(scale)),
+      bf16_path_(bf16_path()) {
   TORCH_CHECK(num_kv_heads > 0 && num_heads % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads");
   TORCH_CHECK(head_dim % 2 == 0, "head_dim must be even (RoPE pairs)");
 }
@@ -177,18 +154,17 @@ torch::Tensor DecodeStack::forward(const torch::Tensor& hidden, const torch::Ten
   torch::Tensor residual = torch::zeros({B, Hp}, opts);
   residual.narrow(1, 0, H).copy_(hidden);
   torch::Tensor xn = torch::empty({B, H}, opts), qkv = torch::empty({B, Qp}, opts);
-  torch::Tensor attn = torch::empty({B, Hq * D}, opts), gu = torch::empty({B, Gp}, opts), act = torch::empty({B, I}, opts);
+  torch::Tensor q_all = torch::empty({B, Hq, D}, opts), gu = torch::empty({B, Gp}, opts), act = torch::empty({B, I}, opts);
   float *res = residual.data_ptr<float>(), *x = xn.data_ptr<float>(), *qkv_p = qkv.data_ptr<float>();
-  float *attn_p = attn.data_ptr<float>(), *gu_p = gu.data_ptr<float>(), *act_p = act.data_ptr<float>();
+  float *q_p = q_all.data_ptr<float>(), *gu_p = gu.data_ptr<float>(), *act_p = act.data_ptr<float>();
   const float* rope_p = rope.data_ptr<float>();
-  const int32_t* r2t = req_to_token.data_ptr<int32_t>();
+  const torch::Tensor ones = torch::ones({B}, seq_lens.options()), starts = torch::arange(B, seq_lens.options());
 
   for (Layer& L : layers_) {
     const bool kv_bf16 = L.k_buf.scalar_type() == at::kBFloat16;
     const int64_t num_slots = L.k_buf.size(0);
     for (int64_t b = 0; b < B; ++b) rms_norm(res + b * Hp, H, eps_, nullptr, x + b * H);
-    packed_gemm(x, B, H, L.qkv.data_ptr(), L.qkv.scalar_type() == at::kBFloat16, L.qkv.size(0), qkv_p, Qp, nullptr, 0,
-                data_or_null(L.qkv_bias));
+    linear(L.qkv, x, B, H, qkv_p, Qp, nullptr, 0, L.qkv_bias);
     for (int64_t b = 0; b < B; ++b) {
       float* q = qkv_p + b * Qp;
       float* k = q + Hq * D;
@@ -206,30 +182,15 @@ torch::Tensor DecodeStack::forward(const torch::Tensor& hidden, const torch::Ten
         store_kv<float>(k, v, slot[b], Hkv * D, L.k_buf, L.v_buf);
       }
     }
-    at::parallel_for(0, B * Hkv, 1, [&](int64_t first, int64_t last) {
-      std::vector<float> scratch;
-      for (int64_t unit = first; unit < last; ++unit) {
-        const int64_t b = unit / Hkv, g = unit % Hkv;
-        const float* q = qkv_p + b * Qp + g * group * D;
-        float* out = attn_p + b * Hq * D + g * group * D;
-        const int32_t* req_slots = r2t + row[b] * context;
-        if (kv_bf16) {
-          attend(q, group, static_cast<const uint16_t*>(L.k_buf.data_ptr()), static_cast<const uint16_t*>(L.v_buf.data_ptr()),
-                 req_slots, seq[b], Hkv, g, D, scale_, out, scratch);
-        } else {
-          attend(q, group, L.k_buf.data_ptr<float>(), L.v_buf.data_ptr<float>(), req_slots, seq[b], Hkv, g, D, scale_, out,
-                 scratch);
-        }
-      }
-    });
-    packed_gemm(attn_p, B, Hq * D, L.o.data_ptr(), L.o.scalar_type() == at::kBFloat16, L.o.size(0), res, Hp, res, Hp,
-                data_or_null(L.o_bias));
+    for (int64_t b = 0; b < B; ++b) std::memcpy(q_p + b * Hq * D, qkv_p + b * Qp, sizeof(float) * Hq * D);
+    const torch::Tensor attn =
+        paged_attention(q_all, L.k_buf, L.v_buf, req_to_token, rows, seq_lens, ones, starts, scale_);
+    const float* attn_p = attn.data_ptr<float>();
+    linear(L.o, attn_p, B, Hq * D, res, Hp, res, Hp, L.o_bias);
     for (int64_t b = 0; b < B; ++b) rms_norm(res + b * Hp, H, eps_, nullptr, x + b * H);
-    packed_gemm(x, B, H, L.gate_up.data_ptr(), L.gate_up.scalar_type() == at::kBFloat16, L.gate_up.size(0), gu_p, Gp,
-                nullptr, 0, nullptr);
+    linear(L.gate_up, x, B, H, gu_p, Gp, nullptr, 0, torch::Tensor());
     for (int64_t b = 0; b < B; ++b) silu_mul(gu_p + b * Gp, gu_p + b * Gp + I, I, act_p + b * I);
-    packed_gemm(act_p, B, I, L.down.data_ptr(), L.down.scalar_type() == at::kBFloat16, L.down.size(0), res, Hp, res, Hp,
-                nullptr);
+    linear(L.down, act_p, B, I, res, Hp, res, Hp, torch::Tensor());
   }
   return residual.narrow(1, 0, H).contiguous();
 }

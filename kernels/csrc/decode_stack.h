@@ -1,7 +1,8 @@
 // DecodeStack: every decoder layer of a decode step (each request one new token) in one C++ call,
-// for a Llama-family model whose linear layers are packed (packed_gemm.h). Per layer: RMSNorm,
-// fused q/k/v product (+ bias), Qwen3's per-head q/k norms, RoPE on interleaved pairs, K/V written
-// to the pool slots, paged attention over each request's slots (GQA, float32 softmax), o_proj
+// for a Llama-family model whose linear layers are packed (float32: packed_gemm.h; bfloat16:
+// bf16_gemm.h, AMX where the CPU has it). Per layer: RMSNorm, fused q/k/v product (+ bias),
+// Qwen3's per-head q/k norms, RoPE on interleaved pairs, K/V written to the pool slots, attention
+// read in place from the pool (paged_attention.cpp: GQA, flash-style float32 softmax), o_proj
 // accumulated onto the residual, RMSNorm, fused gate/up product, SiLU(gate) * up, down_proj
 // accumulated onto the residual. The residual stream stays float32 throughout.
 //
@@ -12,9 +13,16 @@
 
 #include <torch/extension.h>
 
+#include "bf16_gemm.h"
+
 #include <vector>
 
 namespace radixlm {
+
+// paged_attention.cpp
+torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& k_buf, const torch::Tensor& v_buf,
+                              const torch::Tensor& req_to_token, const torch::Tensor& rows, const torch::Tensor& seq_lens,
+                              const torch::Tensor& extend_lens, const torch::Tensor& extend_start, double scale);
 
 class DecodeStack {
  public:
@@ -22,7 +30,8 @@ class DecodeStack {
   DecodeStack(int64_t hidden, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t intermediate,
               double rms_eps, double scale);
 
-  // One layer, in order. Weights are packed [N/64, K, 64] (float32 or bfloat16); biases float32
+  // One layer, in order. Weights are float32 packed [N/64, K, 64] (packed_gemm.h) or bfloat16 VNNI
+  // panels [N/32, Kp/2, 32, 2] (bf16_gemm.h); biases float32
   // padded to the packed width, or None; q_norm / k_norm float32 [head_dim] or None; k_buf / v_buf
   // are the layer's KV pool buffers [slots, num_kv_heads, head_dim] (float32 or bfloat16).
   void add_layer(torch::Tensor qkv, c10::optional<torch::Tensor> qkv_bias, torch::Tensor o,
@@ -38,12 +47,20 @@ class DecodeStack {
                         const torch::Tensor& req_to_token, const torch::Tensor& rows,
                         const torch::Tensor& seq_lens);
 
+  // The bf16 GEMM path (a Bf16Path; by default the fastest this CPU runs), settable for tests.
+  void set_bf16_path(int64_t path);
+  int64_t get_bf16_path() const;
+
  private:
+  void linear(const torch::Tensor& w, const float* x, int64_t M, int64_t K, float* out, int64_t ld_out,
+              const float* residual, int64_t ld_res, const torch::Tensor& bias) const;
+
   struct Layer {
     torch::Tensor qkv, qkv_bias, o, o_bias, gate_up, down, q_norm, k_norm, k_buf, v_buf;
   };
   int64_t hidden_, num_heads_, num_kv_heads_, head_dim_, intermediate_;
   float eps_, scale_;
+  Bf16Path bf16_path_;
   std::vector<Layer> layers_;
 };
 

@@ -1,9 +1,7 @@
-// The packed-panel GEMM core shared by packed_linear.cpp and decode_stack.cpp:
-// out[M, N] = x[M, K] @ W (+ bias) (+ residual), W[k, 64*b + j] = packed[b][k][j] stored as
-// float32 or bfloat16 (bf16 widened to fp32 in registers; accumulation in fp32). Each panel is
+// The float32 packed-panel GEMM core shared by packed_linear.cpp and decode_stack.cpp:
+// out[M, N] = x[M, K] @ W (+ bias) (+ residual), W[k, 64*b + j] = packed[b][k][j]. Each panel is
 // one contiguous stream the CPU prefetches, read once for up to 4 rows of x; the panels are split
-// across threads. Decode steps of a small model are bound by reading the weights, so halving
-// their bytes (bf16) nearly halves the time, and no bf16 arithmetic is needed.
+// across threads. (bfloat16 weights take bf16_gemm.h.)
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -17,19 +15,8 @@ namespace radixlm {
 constexpr int64_t kPanel = 64;
 constexpr int64_t kRowsPerPass = 4;
 
-template <bool kBf16>
-inline __m512 load16(const void* base, int64_t index) {
-  if constexpr (kBf16) {
-    const auto* p = static_cast<const uint16_t*>(base) + index;
-    __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
-  } else {
-    return _mm512_loadu_ps(static_cast<const float*>(base) + index);
-  }
-}
-
-template <int kRows, bool kBf16>
-inline void panel(const float* x, int64_t K, const void* w, int64_t w_offset, float* out, int64_t ld_out,
+template <int kRows>
+inline void panel(const float* x, int64_t K, const float* w, int64_t w_offset, float* out, int64_t ld_out,
            const float* residual, int64_t ld_res, const float* bias) {
   __m512 acc[kRows][4];
   for (int r = 0; r < kRows; ++r) {
@@ -40,8 +27,8 @@ inline void panel(const float* x, int64_t K, const void* w, int64_t w_offset, fl
   }
   for (int64_t k = 0; k < K; ++k) {
     const int64_t at = w_offset + k * kPanel;
-    const __m512 w0 = load16<kBf16>(w, at), w1 = load16<kBf16>(w, at + 16);
-    const __m512 w2 = load16<kBf16>(w, at + 32), w3 = load16<kBf16>(w, at + 48);
+    const __m512 w0 = _mm512_loadu_ps(w + at), w1 = _mm512_loadu_ps(w + at + 16);
+    const __m512 w2 = _mm512_loadu_ps(w + at + 32), w3 = _mm512_loadu_ps(w + at + 48);
     for (int r = 0; r < kRows; ++r) {
       const __m512 xk = _mm512_set1_ps(x[r * K + k]);
       acc[r][0] = _mm512_fmadd_ps(w0, xk, acc[r][0]);
@@ -55,8 +42,8 @@ inline void panel(const float* x, int64_t K, const void* w, int64_t w_offset, fl
   }
 }
 
-template <bool kBf16>
-inline void run(const float* x, int64_t M, int64_t K, const void* w, int64_t panels, float* out, int64_t ld_out,
+// x [M, K] (row stride K); out and residual rows `ld_out` / `ld_res` apart, N = panels * 64.
+inline void packed_gemm(const float* x, int64_t M, int64_t K, const float* w, int64_t panels, float* out, int64_t ld_out,
          const float* residual, int64_t ld_res, const float* bias) {
   at::parallel_for(0, panels, 4, [&](int64_t first, int64_t last) {
     for (int64_t b = first; b < last; ++b) {
@@ -67,25 +54,15 @@ inline void run(const float* x, int64_t M, int64_t K, const void* w, int64_t pan
         const float* res = residual ? residual + r0 * ld_res + col : nullptr;
         const float* bb = bias ? bias + col : nullptr;
         switch (std::min(kRowsPerPass, M - r0)) {
-          case 1: panel<1, kBf16>(xr, K, w, b * K * kPanel, o, ld_out, res, ld_res, bb); break;
-          case 2: panel<2, kBf16>(xr, K, w, b * K * kPanel, o, ld_out, res, ld_res, bb); break;
-          case 3: panel<3, kBf16>(xr, K, w, b * K * kPanel, o, ld_out, res, ld_res, bb); break;
-          default: panel<4, kBf16>(xr, K, w, b * K * kPanel, o, ld_out, res, ld_res, bb); break;
+          case 1: panel<1>(xr, K, w, b * K * kPanel, o, ld_out, res, ld_res, bb); break;
+          case 2: panel<2>(xr, K, w, b * K * kPanel, o, ld_out, res, ld_res, bb); break;
+          case 3: panel<3>(xr, K, w, b * K * kPanel, o, ld_out, res, ld_res, bb); break;
+          default: panel<4>(xr, K, w, b * K * kPanel, o, ld_out, res, ld_res, bb); break;
         }
       }
     }
   });
 }
 
-
-// x [M, K] (row stride K); out and residual rows `ld_out` / `ld_res` apart, N = panels * 64.
-inline void packed_gemm(const float* x, int64_t M, int64_t K, const void* w, bool bf16, int64_t panels, float* out,
-                        int64_t ld_out, const float* residual, int64_t ld_res, const float* bias) {
-  if (bf16) {
-    run<true>(x, M, K, w, panels, out, ld_out, residual, ld_res, bias);
-  } else {
-    run<false>(x, M, K, w, panels, out, ld_out, residual, ld_res, bias);
-  }
-}
 
 }  // namespace radixlm

@@ -1,7 +1,9 @@
 // The Python entry points of the extension: packed_linear (one linear layer through the packed
-// GEMM of packed_gemm.h) and DecodeStack (decode_stack.h: every decoder layer of a decode step).
+// GEMM of packed_gemm.h), bf16_linear (through the VNNI-panel GEMM of bf16_gemm.h), the CPU's
+// bf16 features, and DecodeStack (decode_stack.h: every decoder layer of a decode step).
 #include <torch/extension.h>
 
+#include "bf16_gemm.h"
 #include "decode_stack.h"
 #include "packed_gemm.h"
 
@@ -11,42 +13,79 @@ torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& k_buf
                               const torch::Tensor& extend_lens, const torch::Tensor& extend_start, double scale);
 }  // namespace radixlm
 
-// x [M, K] float32 contiguous; packed [N/64, K, 64] float32 or bfloat16; residual [M, N] float32
+namespace {
+
+// (residual pointer, its row stride) of an optional float32 [M, N] residual with unit column stride
+std::pair<const float*, int64_t> residual_of(const c10::optional<torch::Tensor>& residual, int64_t M, int64_t N) {
+  if (!residual.has_value() || !residual->defined()) return {nullptr, 0};
+  TORCH_CHECK(residual->scalar_type() == at::kFloat && residual->dim() == 2 && residual->size(0) == M &&
+                  residual->size(1) == N && residual->stride(1) == 1,
+              "residual must be float32 [M, N] with unit column stride");
+  return {residual->data_ptr<float>(), residual->stride(0)};
+}
+
+const float* bias_of(const c10::optional<torch::Tensor>& bias, int64_t N) {
+  if (!bias.has_value() || !bias->defined()) return nullptr;
+  TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->numel() == N && bias->is_contiguous(), "bias must be float32 [N]");
+  return bias->data_ptr<float>();
+}
+
+}  // namespace
+
+// x [M, K] float32 contiguous; packed [N/64, K, 64] float32; residual [M, N] float32
 // with unit column stride, or None; bias [N] float32 or None. Returns [M, N] float32.
 torch::Tensor packed_linear(const torch::Tensor& x, const torch::Tensor& packed,
                             const c10::optional<torch::Tensor>& residual, const c10::optional<torch::Tensor>& bias) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be a contiguous float32 [M, K]");
   TORCH_CHECK(packed.dim() == 3 && packed.size(1) == x.size(1) && packed.size(2) == radixlm::kPanel && packed.is_contiguous(),
               "packed must be a contiguous [N/64, K, 64] matching x");
-  TORCH_CHECK(packed.scalar_type() == at::kBFloat16 || packed.scalar_type() == at::kFloat,
-              "packed must be float32 or bfloat16");
+  TORCH_CHECK(packed.scalar_type() == at::kFloat, "packed must be float32 (bfloat16 weights take bf16_linear)");
   const int64_t M = x.size(0), K = x.size(1), panels = packed.size(0), N = panels * radixlm::kPanel;
-  const float* res = nullptr;
-  int64_t ld_res = 0;
-  if (residual.has_value() && residual->defined()) {
-    TORCH_CHECK(residual->scalar_type() == at::kFloat && residual->dim() == 2 && residual->size(0) == M &&
-                    residual->size(1) == N && residual->stride(1) == 1,
-                "residual must be float32 [M, N] with unit column stride");
-    res = residual->data_ptr<float>();
-    ld_res = residual->stride(0);
-  }
-  const float* b = nullptr;
-  if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->numel() == N && bias->is_contiguous(), "bias must be float32 [N]");
-    b = bias->data_ptr<float>();
-  }
+  const auto [res, ld_res] = residual_of(residual, M, N);
   auto out = torch::empty({M, N}, x.options());
-  radixlm::packed_gemm(x.data_ptr<float>(), M, K, packed.data_ptr(), packed.scalar_type() == at::kBFloat16, panels,
-                       out.data_ptr<float>(), N, res, ld_res, b);
+  radixlm::packed_gemm(x.data_ptr<float>(), M, K, packed.data_ptr<float>(), panels, out.data_ptr<float>(), N, res, ld_res,
+                       bias_of(bias, N));
   return out;
+}
+
+// x [M, K] float32 contiguous; packed bfloat16 VNNI panels [N/32, Kp/2, 32, 2] (bf16_gemm.h);
+// path: -1 the fastest this CPU runs, else a radixlm::Bf16Path. Returns [M, N] float32.
+torch::Tensor bf16_linear(const torch::Tensor& x, const torch::Tensor& packed, const c10::optional<torch::Tensor>& residual,
+                          const c10::optional<torch::Tensor>& bias, int64_t path) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be a contiguous float32 [M, K]");
+  const int64_t M = x.size(0), K = x.size(1);
+  TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == at::kBFloat16 && packed.is_contiguous() &&
+                  packed.size(1) * 2 == radixlm::vnni_k(K) && packed.size(2) == radixlm::kVnniPanel && packed.size(3) == 2,
+              "packed must be contiguous bfloat16 VNNI panels [N/32, Kp/2, 32, 2] matching x");
+  const int64_t panels = packed.size(0), N = panels * radixlm::kVnniPanel;
+  const auto [res, ld_res] = residual_of(residual, M, N);
+  auto out = torch::empty({M, N}, x.options());
+  radixlm::bf16_gemm(x.data_ptr<float>(), M, K, static_cast<const uint16_t*>(packed.data_ptr()), panels,
+                     out.data_ptr<float>(), N, res, ld_res, bias_of(bias, N), radixlm::bf16_path(static_cast<int>(path)));
+  return out;
+}
+
+pybind11::dict cpu_features() {
+  const radixlm::CpuFeatures& f = radixlm::cpu_features();
+  pybind11::dict d;
+  d["avx512bf16"] = f.avx512bf16;
+  d["amx_bf16"] = f.amx_bf16;
+  d["amx_permitted"] = f.amx_permitted;
+  d["bf16_path"] = static_cast<int>(radixlm::bf16_path());
+  return d;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("packed_linear", &packed_linear, "x @ W (+ bias) (+ residual) with W packed in 64-column panels");
+  m.def("bf16_linear", &bf16_linear, "x @ W (+ bias) (+ residual) with W bfloat16 in VNNI panels",
+        pybind11::arg("x"), pybind11::arg("packed"), pybind11::arg("residual") = pybind11::none(),
+        pybind11::arg("bias") = pybind11::none(), pybind11::arg("path") = -1);
+  m.def("cpu_features", &cpu_features, "the CPU's bf16 features and the bf16 GEMM path taken (0 emulated, 1 AVX512-BF16, 2 AMX)");
   m.def("paged_attention", &radixlm::paged_attention,
         "causal attention of new tokens over their requests' context, read in place from the KV pool");
   pybind11::class_<radixlm::DecodeStack>(m, "DecodeStack")
       .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double>())
       .def("add_layer", &radixlm::DecodeStack::add_layer)
-      .def("forward", &radixlm::DecodeStack::forward);
+      .def("forward", &radixlm::DecodeStack::forward)
+      .def_property("bf16_path", &radixlm::DecodeStack::get_bf16_path, &radixlm::DecodeStack::set_bf16_path);
 }

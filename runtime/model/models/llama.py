@@ -11,15 +11,17 @@ Layout choices made for a lean decode step (few, large ops):
   layers' input rows (norm(x) * w @ W == norm(x) @ (w * W)); the residual adds are the
   accumulators of the o_proj / down_proj GEMMs.
 - On an AVX-512 CPU with the torch attention backend (`use_cpu_kernels`), products of up to
-  PACKED_MAX_ROWS rows run in the packed C++ kernel (radixlm.kernels.cpu_linear; the weights'
-  dtype, fp32 arithmetic), and a decode step of up to PACKED_MAX_ROWS requests runs all its
-  decoder layers in one C++ call (DecodeStack: the same math, float32 residual stream), which
-  removes the per-op overhead that dominates a small model's decode step.
+  `cpu_linear.kernel_max_rows` rows (16; 64 for bf16 weights where the CPU has AMX) run in our
+  packed C++ kernels (radixlm.kernels.cpu_linear: float32 FMA, or bf16 dot products), and a
+  decode step of up to that many requests runs all its decoder layers in one C++ call
+  (DecodeStack: the same math, float32 residual stream), which removes the per-op overhead that
+  dominates a small model's decode step.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 from types import ModuleType
 
 import torch
@@ -27,15 +29,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixlm.kernels import cpu_linear
+from radixlm.runtime.envs import RADIXLM_BF16_PATH
 from radixlm.runtime.model.attention.base import BaseAttentionBackend
 from radixlm.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from radixlm.runtime.model.model_config import ModelConfig
 from radixlm.runtime.model.model_files import load_cpu_kernels
 from radixlm.runtime.model.models.rotary import RotaryEmbedding
-
-# Rows up to this many go through the packed kernel (it reads the weights once per 4 rows;
-# beyond this torch's GEMM, which reads them once, wins).
-PACKED_MAX_ROWS = 16
 
 
 class Linear(nn.Module):
@@ -48,29 +47,39 @@ class Linear(nn.Module):
         super().__init__()
         self.weight_t = nn.Parameter(torch.empty(in_features, out_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
-        # decode-sized inputs (few rows) go through the packed C++ kernel once use_packed is called
+        # inputs of up to max_rows rows go through a packed C++ kernel once use_packed is called
         self.packed: torch.Tensor | None = None
         self.packed_bias: torch.Tensor | None = None
         self.ext: ModuleType | None = None
+        self._kernel = cpu_linear.packed_linear
+        self.max_rows = 0
 
-    def use_packed(self, ext: ModuleType) -> None:
+    def use_packed(self, ext: ModuleType, bf16_path: str) -> None:
+        """Route products of up to `cpu_linear.kernel_max_rows` rows through our kernel (bf16
+        weights on GEMM path `bf16_path`)."""
+        weight_t = self.weight_t.detach()
         self.ext = ext
-        self.packed = cpu_linear.pack(self.weight_t.detach())
+        self.max_rows = cpu_linear.kernel_max_rows(weight_t.dtype, bf16_path)
+        if weight_t.dtype == torch.bfloat16:
+            self.packed = cpu_linear.pack_vnni(weight_t)
+            self._kernel = partial(cpu_linear.bf16_linear, path=bf16_path)
+        else:
+            self.packed = cpu_linear.pack(weight_t)
         if self.bias is not None:
-            padded = self.packed.shape[0] * cpu_linear.PANEL
+            padded = -(-self.bias.numel() // cpu_linear.PANEL) * cpu_linear.PANEL
             self.packed_bias = F.pad(self.bias.detach().float(), (0, padded - self.bias.numel())).contiguous()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None and x.shape[0] <= PACKED_MAX_ROWS:
-            return cpu_linear.packed_linear(self.ext, x, self.packed, self.weight_t.shape[1], None, self.packed_bias)  # type: ignore[arg-type]
+        if self.packed is not None and x.shape[0] <= self.max_rows:
+            return self._kernel(self.ext, x, self.packed, self.weight_t.shape[1], None, self.packed_bias)
         if self.bias is None:
             return torch.mm(x, self.weight_t)
         return torch.addmm(self.bias, x, self.weight_t)
 
     def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """residual + linear(x) in one GEMM (the residual is the accumulator)."""
-        if self.packed is not None and x.shape[0] <= PACKED_MAX_ROWS:
-            return cpu_linear.packed_linear(self.ext, x, self.packed, self.weight_t.shape[1], residual, self.packed_bias)  # type: ignore[arg-type]
+        if self.packed is not None and x.shape[0] <= self.max_rows:
+            return self._kernel(self.ext, x, self.packed, self.weight_t.shape[1], residual, self.packed_bias)
         out = torch.addmm(residual, x, self.weight_t)
         return out if self.bias is None else out.add_(self.bias)
 
@@ -154,7 +163,10 @@ class LlamaForCausalLM(nn.Module):
     def runs_in_decode_stack(self, batch: ForwardBatch) -> bool:
         """Whether `forward` runs this batch in DecodeStack, which reads the slot layout itself
         (the attention backend's per-forward metadata is then not needed)."""
-        return self.decode_stack is not None and batch.mode is ForwardMode.DECODE and batch.batch_size <= PACKED_MAX_ROWS
+        return (
+            self.decode_stack is not None and batch.mode is ForwardMode.DECODE
+            and batch.batch_size <= self.lm_head.max_rows
+        )
 
     def _forward_decode_stack(self, batch: ForwardBatch, attn: BaseAttentionBackend) -> torch.Tensor:
         hidden = self.embed_tokens(batch.input_ids).float()
@@ -165,16 +177,19 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head(self.norm(residual[batch.logits_indices])).float()
 
     def use_cpu_kernels(self, k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor]) -> bool:
-        """Route decode-sized products of every linear layer through the packed C++ kernel and
-        decode steps through DecodeStack over these KV pool buffers; False (nothing changed)
-        where the kernels cannot run here."""
+        """Route decode-sized products of every linear layer through the packed C++ kernels and
+        decode steps through DecodeStack over these KV pool buffers (where the paged attention
+        kernel takes the head size); False (nothing changed) where the kernels cannot run here."""
         ext = load_cpu_kernels()
         if ext is None:
             return False
+        bf16_path = cpu_linear.resolve_bf16_path(ext, RADIXLM_BF16_PATH.get())
         for module in self.modules():
             if isinstance(module, Linear):
-                module.use_packed(ext)
+                module.use_packed(ext, bf16_path)
         cfg = self.cfg
+        if cfg.head_dim not in cpu_linear.PAGED_ATTENTION_HEAD_DIMS:
+            return True  # DecodeStack attends through the paged kernel: decode steps stay torch ops
         stack = ext.DecodeStack(
             cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size,
             cfg.rms_norm_eps, cfg.head_dim**-0.5,
@@ -188,6 +203,7 @@ class LlamaForCausalLM(nn.Module):
                 None if layer.k_norm is None else layer.k_norm.weight.detach().float().contiguous(),  # type: ignore[union-attr]
                 k_buf, v_buf,
             )
+        stack.bf16_path = cpu_linear.BF16_PATHS.index(bf16_path)
         self.decode_stack = stack
         return True
 

@@ -1,0 +1,275 @@
+// bf16 GEMM over VNNI panels (see bf16_gemm.h): AMX tiles, vdpbf16ps, or vdpbf16ps emulated.
+#include "bf16_gemm.h"
+
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "simd_math.h"
+
+namespace radixlm {
+namespace {
+
+constexpr long kArchReqXcompPerm = 0x1023;  // Linux: ask for an extended state component
+constexpr long kXfeatureXtileData = 18;     // the AMX tile data component
+constexpr int64_t kMaxRows = 8;             // rows per pass of the vector paths (2 accumulators each)
+constexpr int64_t kRowChunk = 128;          // rows of one work unit (a multiple of 32)
+
+uint64_t xcr0() {
+  uint32_t lo, hi;
+  asm volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return (static_cast<uint64_t>(hi) << 32) | lo;
+}
+
+CpuFeatures detect() {
+  CpuFeatures f;
+  unsigned a, b, c, d;
+  const bool osxsave = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 27));
+  if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) {
+    const bool tile = d & (1u << 24), bf16 = d & (1u << 22);
+    const uint64_t tile_state = (1ull << 17) | (1ull << 18);  // XTILECFG, XTILEDATA
+    f.amx_bf16 = tile && bf16 && osxsave && (xcr0() & tile_state) == tile_state;
+  }
+  if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) f.avx512bf16 = a & (1u << 5);
+  if (f.amx_bf16) f.amx_permitted = syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtileData) == 0;
+  return f;
+}
+
+// 16 floats -> 16 bfloat16, nearest even (NaN stays NaN), in AVX-512F.
+inline __m256i to_bf16x16(__m512 v) {
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
+  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+  return _mm512_cvtepi32_epi16(r);
+}
+
+// xb [Mp, Kp] = bf16(x [M, K]), zero-padded.
+void round_rows(const float* x, int64_t M, int64_t K, int64_t Mp, int64_t Kp, uint16_t* xb) {
+  std::memset(xb, 0, sizeof(uint16_t) * Mp * Kp);
+  for (int64_t m = 0; m < M; ++m) {
+    const float* src = x + m * K;
+    uint16_t* dst = xb + m * Kp;
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + k), to_bf16x16(_mm512_loadu_ps(src + k)));
+    for (; k < K; ++k) dst[k] = float_to_bf16(src[k]);
+  }
+}
+
+// The output block's start: residual (+ bias), or bias, or zero.
+inline __m512 start(const float* res, const float* bias, int64_t col) {
+  __m512 a = res ? _mm512_loadu_ps(res + col) : _mm512_setzero_ps();
+  return bias ? _mm512_add_ps(a, _mm512_loadu_ps(bias + col)) : a;
+}
+
+inline void init_acc(__m512* acc, int rows, const float* res, int64_t ld_res, const float* bias) {
+  for (int r = 0; r < rows; ++r) {
+    for (int v = 0; v < 2; ++v) acc[2 * r + v] = start(res ? res + r * ld_res : nullptr, bias, v * 16);
+  }
+}
+
+inline void store_acc(const __m512* acc, int rows, float* out, int64_t ld_out) {
+  for (int r = 0; r < rows; ++r) {
+    for (int v = 0; v < 2; ++v) _mm512_storeu_ps(out + r * ld_out + v * 16, acc[2 * r + v]);
+  }
+}
+
+// One pass of the vector paths: R rows x the 32 columns of one panel, with vdpbf16ps...
+template <int R>
+__attribute__((target("avx512bf16"))) void native_pass(const uint16_t* xb, int64_t Kp, const uint16_t* panel,
+                                                       float* out, int64_t ld_out, const float* res, int64_t ld_res,
+                                                       const float* bias) {
+  __m512 acc[2 * R];
+  init_acc(acc, R, res, ld_res, bias);
+  for (int64_t p = 0; p < Kp / 2; ++p) {
+    const __m512i w0 = _mm512_loadu_si512(panel + p * 64), w1 = _mm512_loadu_si512(panel + p * 64 + 32);
+    for (int r = 0; r < R; ++r) {
+      int32_t pair;
+      std::memcpy(&pair, xb + r * Kp + 2 * p, sizeof pair);
+      const __m512i xp = _mm512_set1_epi32(pair);
+      acc[2 * r] = _mm512_dpbf16_ps(acc[2 * r], (__m512bh)xp, (__m512bh)w0);
+      acc[2 * r + 1] = _mm512_dpbf16_ps(acc[2 * r + 1], (__m512bh)xp, (__m512bh)w1);
+    }
+  }
+  store_acc(acc, R, out, ld_out);
+}
+
+// ... or with vdpbf16ps emulated in AVX-512F: per lane, acc += x_odd * w_odd, then
+// acc += x_even * w_even (bf16 products are exact in float32, so each step rounds once, as the
+// instruction does).
+template <int R>
+void emulated_pass(const uint16_t* xb, int64_t Kp, const uint16_t* panel, float* out, int64_t ld_out,
+                   const float* res, int64_t ld_res, const float* bias) {
+  __m512 acc[2 * R];
+  init_acc(acc, R, res, ld_res, bias);
+  const __m512i odd_mask = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  for (int64_t p = 0; p < Kp / 2; ++p) {
+    const __m512i w0 = _mm512_loadu_si512(panel + p * 64), w1 = _mm512_loadu_si512(panel + p * 64 + 32);
+    const __m512 e0 = _mm512_castsi512_ps(_mm512_slli_epi32(w0, 16)), o0 = _mm512_castsi512_ps(_mm512_and_si512(w0, odd_mask));
+    const __m512 e1 = _mm512_castsi512_ps(_mm512_slli_epi32(w1, 16)), o1 = _mm512_castsi512_ps(_mm512_and_si512(w1, odd_mask));
+    for (int r = 0; r < R; ++r) {
+      const __m512 xe = _mm512_set1_ps(bf16_to_float(xb[r * Kp + 2 * p]));
+      const __m512 xo = _mm512_set1_ps(bf16_to_float(xb[r * Kp + 2 * p + 1]));
+      acc[2 * r] = _mm512_fmadd_ps(xe, e0, _mm512_fmadd_ps(xo, o0, acc[2 * r]));
+      acc[2 * r + 1] = _mm512_fmadd_ps(xe, e1, _mm512_fmadd_ps(xo, o1, acc[2 * r + 1]));
+    }
+  }
+  store_acc(acc, R, out, ld_out);
+}
+
+template <int R>
+void vector_pass(bool native, const uint16_t* xb, int64_t Kp, const uint16_t* panel, float* out, int64_t ld_out,
+                 const float* res, int64_t ld_res, const float* bias) {
+  if (native) {
+    native_pass<R>(xb, Kp, panel, out, ld_out, res, ld_res, bias);
+  } else {
+    emulated_pass<R>(xb, Kp, panel, out, ld_out, res, ld_res, bias);
+  }
+}
+
+void vector_unit(bool native, const uint16_t* xb, int64_t m0, int64_t m1, int64_t Kp, const uint16_t* panel, float* out,
+                 int64_t ld_out, const float* res, int64_t ld_res, const float* bias) {
+  for (int64_t r0 = m0; r0 < m1; r0 += kMaxRows) {
+    const uint16_t* x = xb + r0 * Kp;
+    float* o = out + r0 * ld_out;
+    const float* rs = res ? res + r0 * ld_res : nullptr;
+    switch (std::min(kMaxRows, m1 - r0)) {
+      case 1: vector_pass<1>(native, x, Kp, panel, o, ld_out, rs, ld_res, bias); break;
+      case 2: vector_pass<2>(native, x, Kp, panel, o, ld_out, rs, ld_res, bias); break;
+      case 3: vector_pass<3>(native, x, Kp, panel, o, ld_out, rs, ld_res, bias); break;
+      case 4: vector_pass<4>(native, x, Kp, panel, o, ld_out, rs, ld_res, bias); break;
+      case 5: vector_pass<5>(native, x, Kp, panel, o, ld_out, rs, ld_res, bias); break;
+      case 6: vector_pass<6>(native, x, Kp, panel, o, ld_out, rs, ld_res, bias); break;
+      case 7: vector_pass<7>(native, x, Kp, panel, o, ld_out, rs, ld_res, bias); break;
+      default: vector_pass<8>(native, x, Kp, panel, o, ld_out, rs, ld_res, bias); break;
+    }
+  }
+}
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tiles 0-3: the output block (rows m..m+15 / m+16..m+31 x columns 0-15 / 16-31); 4, 5: x rows;
+// 6, 7: the panel's two column halves. Every tile is 16 rows x 64 bytes. (A namespace-scope object:
+// gcc drops stores into a local that only ldtilecfg reads.)
+TileConfig make_tile_config() {
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = 16;
+    cfg.colsb[t] = 64;
+  }
+  return cfg;
+}
+
+const TileConfig kTileConfig = make_tile_config();
+
+__attribute__((target("amx-tile,amx-bf16"))) void amx_configure() { _tile_loadconfig(&kTileConfig); }
+
+__attribute__((target("amx-tile"))) void amx_release() { _tile_release(); }
+
+// Rows [m0, m1) (m0 a multiple of 16; xb zero-padded to whole 16-row blocks) x one panel.
+__attribute__((target("amx-tile,amx-bf16"))) void amx_unit(const uint16_t* xb, int64_t m0, int64_t m1, int64_t M,
+                                                           int64_t Kp, const uint16_t* panel, float* out,
+                                                           int64_t ld_out, const float* res, int64_t ld_res,
+                                                           const float* bias) {
+  alignas(64) float block[32 * 32];
+  const int64_t steps = Kp / kVnniK, ld_x = Kp * sizeof(uint16_t);
+  for (int64_t m = m0; m < m1; m += 32) {
+    const bool two = m + 16 < m1;
+    const uint16_t* a = xb + m * Kp;
+    _tile_zero(0);
+    _tile_zero(1);
+    if (two) {
+      _tile_zero(2);
+      _tile_zero(3);
+      for (int64_t t = 0; t < steps; ++t) {
+        const uint16_t* b = panel + t * 16 * 2 * kVnniPanel;
+        _tile_loadd(4, a + t * kVnniK, ld_x);
+        _tile_loadd(5, a + 16 * Kp + t * kVnniK, ld_x);
+        _tile_loadd(6, b, 128);
+        _tile_loadd(7, b + 32, 128);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+      _tile_stored(2, block + 16 * 32, 128);
+      _tile_stored(3, block + 16 * 32 + 16, 128);
+    } else {
+      for (int64_t t = 0; t < steps; ++t) {
+        const uint16_t* b = panel + t * 16 * 2 * kVnniPanel;
+        _tile_loadd(4, a + t * kVnniK, ld_x);
+        _tile_loadd(6, b, 128);
+        _tile_loadd(7, b + 32, 128);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+      }
+    }
+    _tile_stored(0, block, 128);
+    _tile_stored(1, block + 16, 128);
+    for (int64_t r = m; r < std::min(m + 32, M); ++r) {
+      const float* s = block + (r - m) * 32;
+      const float* rs = res ? res + r * ld_res : nullptr;
+      for (int v = 0; v < 2; ++v) {
+        _mm512_storeu_ps(out + r * ld_out + v * 16, _mm512_add_ps(_mm512_loadu_ps(s + v * 16), start(rs, bias, v * 16)));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+const CpuFeatures& cpu_features() {
+  static const CpuFeatures features = detect();
+  return features;
+}
+
+Bf16Path bf16_path(int requested) {
+  const CpuFeatures& f = cpu_features();
+  const Bf16Path best = f.amx_permitted ? Bf16Path::kAmx : f.avx512bf16 ? Bf16Path::kAvx512Bf16 : Bf16Path::kEmulated;
+  if (requested < 0) return best;
+  TORCH_CHECK(requested <= static_cast<int>(Bf16Path::kAmx), "unknown bf16 GEMM path ", requested);
+  const auto path = static_cast<Bf16Path>(requested);
+  TORCH_CHECK(path != Bf16Path::kAmx || f.amx_permitted, "this CPU (or its OS) does not let this process use AMX tiles");
+  TORCH_CHECK(path != Bf16Path::kAvx512Bf16 || f.avx512bf16, "this CPU lacks AVX512-BF16 (vdpbf16ps)");
+  return path;
+}
+
+void bf16_gemm(const float* x, int64_t M, int64_t K, const uint16_t* w, int64_t panels, float* out, int64_t ld_out,
+               const float* residual, int64_t ld_res, const float* bias, Bf16Path path) {
+  if (M == 0 || panels == 0) return;
+  const int64_t Kp = vnni_k(K), Mp = (M + 15) / 16 * 16;
+  std::vector<uint16_t> xb_store(Mp * Kp + 32);
+  uint16_t* xb = reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(xb_store.data()) + 63) & ~uintptr_t{63});
+  round_rows(x, M, K, Mp, Kp, xb);
+  const int64_t chunks = (M + kRowChunk - 1) / kRowChunk, panel_elems = Kp * kVnniPanel;
+  at::parallel_for(0, panels * chunks, 1, [&](int64_t first, int64_t last) {
+    if (path == Bf16Path::kAmx) amx_configure();
+    for (int64_t u = first; u < last; ++u) {
+      const int64_t p = u / chunks, m0 = (u % chunks) * kRowChunk, m1 = std::min(M, m0 + kRowChunk);
+      const uint16_t* panel = w + p * panel_elems;
+      const int64_t col = p * kVnniPanel;
+      const float* rs = residual ? residual + col : nullptr;
+      const float* bs = bias ? bias + col : nullptr;
+      switch (path) {
+        case Bf16Path::kAmx: amx_unit(xb, m0, m1, M, Kp, panel, out + col, ld_out, rs, ld_res, bs); break;
+        default:
+          vector_unit(path == Bf16Path::kAvx512Bf16, xb, m0, m1, Kp, panel, out + col, ld_out, rs, ld_res, bs);
+          break;
+      }
+    }
+    if (path == Bf16Path::kAmx) amx_release();
+  });
+}
+
+}  // namespace radixlm

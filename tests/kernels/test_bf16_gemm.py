@@ -1,0 +1,125 @@
+"""The bf16 GEMM (kernels/csrc/bf16_gemm.cpp) on each of its paths: AMX tiles, AVX512-BF16
+vdpbf16ps, and vdpbf16ps emulated in AVX-512F. Every machine runs the emulation (the same blocking,
+packing and epilogue as the native vector path) and checks it bit for bit against a scalar model
+of the instruction; the paths this CPU runs are checked against it and against torch; the
+dispatch follows the CPU's flags. (Engine-level runs on each path: test_cpu_linear.py.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from radixlm.kernels import cpu_linear
+
+pytestmark = pytest.mark.skipif(not cpu_linear.cpu_supports_avx512(), reason="the kernels need AVX-512 (this CPU lacks it)")
+
+
+def _require(ext: Any, path: str) -> None:
+    if path not in cpu_linear.available_bf16_paths(ext):
+        pytest.skip(f"this CPU cannot run the {path} bf16 path (the emulated path, tested here too, runs its logic)")
+
+
+def _cpu_flags() -> set[str]:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def test_dispatch_follows_the_cpu_flags(ext: Any) -> None:
+    flags = _cpu_flags()
+    features = ext.cpu_features()
+    assert features["avx512bf16"] == ("avx512_bf16" in flags)
+    assert features["amx_bf16"] == ({"amx_tile", "amx_bf16"} <= flags)
+    assert not features["amx_permitted"] or features["amx_bf16"]
+    expected = "amx" if features["amx_permitted"] else "avx512bf16" if features["avx512bf16"] else "emulated"
+    assert cpu_linear.bf16_path(ext) == expected
+    assert cpu_linear.available_bf16_paths(ext)[-1] == expected
+    assert cpu_linear.resolve_bf16_path(ext, None) == expected
+    assert cpu_linear.resolve_bf16_path(ext, "emulated") == "emulated"
+    with pytest.raises(ValueError, match="known paths: emulated, avx512bf16, amx"):
+        cpu_linear.resolve_bf16_path(ext, "avx2")
+    # bf16 weights go through our kernel for up to 64 rows with AMX, 16 otherwise; float32 16
+    assert cpu_linear.kernel_max_rows(torch.bfloat16, "amx") == 64
+    assert cpu_linear.kernel_max_rows(torch.bfloat16, "avx512bf16") == 16
+    assert cpu_linear.kernel_max_rows(torch.float32, "amx") == 16
+
+
+def test_a_path_the_cpu_cannot_run_is_refused(ext: Any) -> None:
+    missing = [path for path in cpu_linear.BF16_PATHS if path not in cpu_linear.available_bf16_paths(ext)]
+    if not missing:
+        pytest.skip("this CPU runs every bf16 path")
+    w = cpu_linear.pack_vnni(torch.randn(64, 64))
+    with pytest.raises(RuntimeError, match="AMX|AVX512-BF16"):
+        cpu_linear.bf16_linear(ext, torch.randn(2, 64), w, 64, path=missing[-1])
+    with pytest.raises(ValueError, match="cannot run here"):
+        cpu_linear.resolve_bf16_path(ext, missing[-1])
+
+
+def test_vnni_packing_layout() -> None:
+    w = torch.arange(5 * 70, dtype=torch.float32).reshape(5, 70)  # K=5 -> 32 rows, N=70 -> 128 columns
+    packed = cpu_linear.pack_vnni(w)
+    assert packed.shape == (4, 16, 32, 2) and packed.dtype == torch.bfloat16
+    wb = w.bfloat16()
+    for k, n in [(0, 0), (1, 0), (4, 69), (3, 33), (2, 64)]:
+        assert packed[n // 32, k // 2, n % 32, k % 2] == wb[k, n]
+    assert packed[2, 2, 6, 1] == 0 and packed[3, 0, 0, 0] == 0  # k = 5 and n = 102: padding
+
+
+def _vdpbf16ps_model(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ w [K, N] (both bf16, K even) as vdpbf16ps sums it, in float32 scalars: per
+    k-pair, the odd product is added first, then the even one; each addition rounds once (a
+    product of two bf16 values is exact in float32)."""
+    xf, wf = x.float(), w.float()
+    acc = torch.zeros(x.shape[0], w.shape[1])
+    for p in range(x.shape[1] // 2):
+        acc = acc + xf[:, 2 * p + 1 : 2 * p + 2] * wf[2 * p + 1]
+        acc = acc + xf[:, 2 * p : 2 * p + 1] * wf[2 * p]
+    return acc
+
+
+@pytest.mark.parametrize("path", ["emulated", "avx512bf16"])
+def test_vector_paths_sum_exactly_as_vdpbf16ps(ext: Any, path: str) -> None:
+    _require(ext, path)
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(11, 96, generator=gen).bfloat16()
+    w = (torch.randn(96, 64, generator=gen) * 0.1).bfloat16()
+    out = cpu_linear.bf16_linear(ext, x.float(), cpu_linear.pack_vnni(w), 64, path=path)
+    assert torch.equal(out, _vdpbf16ps_model(x, w))
+
+
+@pytest.mark.parametrize("path", cpu_linear.BF16_PATHS)
+@pytest.mark.parametrize(("m", "k", "n"), [(1, 576, 960), (5, 64, 100), (16, 96, 64), (17, 576, 576),
+                                           (33, 1536, 64), (130, 100, 192), (300, 64, 128)])
+@pytest.mark.parametrize("extras", ["none", "both"])
+def test_paths_match_torch(ext: Any, path: str, m: int, k: int, n: int, extras: str) -> None:
+    """Row tails (not a multiple of 8, 16 or 32), K tails (not a multiple of 32), N tails, several
+    row chunks (> 128 rows), bias and residual: each path equals float32 arithmetic on the
+    bf16-rounded inputs up to the order of the float32 sums."""
+    _require(ext, path)
+    gen = torch.Generator().manual_seed(m * 1000 + k + n)
+    w = torch.randn(k, n, generator=gen) * 0.05
+    x = torch.randn(m, k, generator=gen)
+    bias = torch.randn(n, generator=gen) if extras == "both" else None
+    residual = torch.randn(m, n, generator=gen) if extras == "both" else None
+    out = cpu_linear.bf16_linear(ext, x, cpu_linear.pack_vnni(w), n, residual, bias, path=path)
+    ref = x.bfloat16().double() @ w.bfloat16().double()
+    if bias is not None:
+        ref += bias.double()
+    if residual is not None:
+        ref += residual.double()
+    assert out.shape == (m, n) and out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), ref, atol=2e-5 * (k ** 0.5), rtol=1e-5)
+
+
+def test_bf16_input_gives_bf16_output_and_residual_may_be_strided(ext: Any) -> None:
+    w = torch.randn(64, 128) * 0.1
+    x = torch.randn(3, 64).bfloat16()
+    wide = torch.randn(3, 256)
+    out = cpu_linear.bf16_linear(ext, x, cpu_linear.pack_vnni(w), 128, wide[:, :128])
+    assert out.dtype == torch.bfloat16
+    ref = x.float() @ w.bfloat16().float() + wide[:, :128]
+    torch.testing.assert_close(out.float(), ref, atol=2 ** -7 * ref.abs().max().item(), rtol=0)

@@ -27,6 +27,11 @@ class EnvStr:
 # Root of the on-disk cache of converted models (default: ~/.cache/radixlm).
 RADIXLM_CACHE = EnvStr("RADIXLM_CACHE")
 
+# What `--dtype auto` means on CPU: float32 or bfloat16; default: by the CPU (bfloat16 where it
+# has AVX512-BF16, float32 elsewhere; ServerArgs.torch_dtype). The test suite sets float32, the
+# dtype its checks against transformers' float32 logits need.
+RADIXLM_CPU_AUTO_DTYPE = EnvStr("RADIXLM_CPU_AUTO_DTYPE")
+
 # The C++ bf16 GEMM's path (kernels/cpu_linear.BF16_PATHS: emulated, avx512bf16, amx); default:
 # the fastest this CPU runs. For tests and comparisons; a path the CPU cannot run is an error.
 RADIXLM_BF16_PATH = EnvStr("RADIXLM_BF16_PATH")

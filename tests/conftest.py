@@ -7,6 +7,10 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
+# `--dtype auto` is bfloat16 on CPUs with AVX512-BF16; the suite's checks against transformers'
+# float32 logits and its greedy-equality checks need float32 (tests of bf16 ask for it by name,
+# and tests/runtime/test_device.py checks what `auto` picks without this setting)
+os.environ.setdefault("RADIXLM_CPU_AUTO_DTYPE", "float32")
 
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402

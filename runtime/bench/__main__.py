@@ -23,6 +23,8 @@ With --peers llama.cpp (after `make bench-peers`): the W workloads also run on l
 llama-cpp-python, over a sweep of its configurations (--peer-configs; see
 radixlm.runtime.bench.llamacpp_peer), and a last table gives, per metric, the best of radixlm,
 transformers and llama.cpp with radixlm's ratios.
+With --neighbour: every system runs the W workloads quiet, then beside one CPU-bound process (a
+Python busy loop); the table gives both figures and each system's slowdown.
 With --serving: N concurrent streaming HTTP clients replay W2 and W3 against a server (request
 throughput, output tok/s, TTFT and inter-token latency p50/p99); see radixlm.runtime.bench.serving.
 Each figure is the median of --repeats runs after one warm-up; the table gives our/baseline ratios.
@@ -35,6 +37,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from radixlm.runtime.bench import workloads as wl
@@ -243,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--url", default=None, help="serving mode: an already running server (default: start "
                         "one); F workloads: run radixlm through this server instead of in-process")
     parser.add_argument("--concurrency", type=int, default=32, help="serving mode: concurrent clients")
+    parser.add_argument("--neighbour", action="store_true", help="run every system quiet, then beside one "
+                        "CPU-bound process, and print both and each system's slowdown")
     parser.add_argument("--peers", default="", help="comma-separated peers beside transformers: llama.cpp "
                         "(needs `make bench-peers`)")
     parser.add_argument("--peer-configs", default="full", help="llama.cpp configurations: full (dtype bf16/q8_0/q4_1 "
@@ -271,7 +276,15 @@ def main(argv: list[str] | None = None) -> int:
     ours_by_dtype: dict[str, Result] = {}
     base_by_dtype: dict[str, Result] = {}
     for dtype in args.dtypes.split(","):
-        if engine_workloads:
+        if engine_workloads and args.neighbour:
+            from radixlm.runtime.bench.neighbour import print_neighbour_table, quiet_and_loaded
+
+            systems = {"radixlm": quiet_and_loaded(partial(run_system, Ours(dtype), engine_workloads, args.repeats))}
+            if not args.no_baseline:
+                systems["transformers"] = quiet_and_loaded(
+                    partial(run_system, Transformers(dtype), engine_workloads, base_repeats))
+            print_neighbour_table(dtype, systems)
+        elif engine_workloads:
             ours = ours_by_dtype[dtype] = run_system(Ours(dtype), engine_workloads, args.repeats)
             base = None if args.no_baseline else run_system(Transformers(dtype), engine_workloads, base_repeats)
             if base is not None:

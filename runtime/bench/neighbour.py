@@ -1,0 +1,68 @@
+"""`python -m radixlm.runtime.bench --neighbour`: each system runs its workloads on a quiet machine,
+then again while one CPU-bound process (a Python busy loop) runs beside it; the table gives both
+figures and each system's slowdown (how many times slower it became under the neighbour), so
+radixlm's slowdown compares with transformers' in the same run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+Result = dict[str, float]
+
+
+BUSY_LOOP = "print('busy', flush=True)\nwhile True: pass"
+
+
+@contextmanager
+def busy_neighbour() -> Iterator[subprocess.Popen[bytes]]:
+    """One CPU-bound process (`while True: pass`) for the duration of the block, which starts
+    once the process is in its loop."""
+    proc = subprocess.Popen([sys.executable, "-c", BUSY_LOOP], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"busy\n"
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def quiet_and_loaded(run: Callable[[], Result]) -> tuple[Result, Result]:
+    """`run()`'s figures on the quiet machine, then beside a busy neighbour."""
+    quiet = run()
+    with busy_neighbour():
+        loaded = run()
+    return quiet, loaded
+
+
+def slowdown(key: str, quiet: float, loaded: float) -> float | None:
+    """How many times slower under the neighbour (rates: quiet / loaded; times: loaded / quiet);
+    None for counts and zeros."""
+    if min(quiet, loaded) <= 0:
+        return None
+    if key.endswith(" s") or key.endswith("s/request"):
+        return loaded / quiet
+    if key.endswith("tok/s"):
+        return quiet / loaded
+    return None
+
+
+def print_neighbour_table(dtype: str, systems: dict[str, tuple[Result, Result]]) -> None:
+    print(f"\n## dtype {dtype}: quiet vs beside one busy process")
+    names = list(systems)
+    print("| metric | " + " | ".join(f"{n} quiet | {n} loaded | {n} slowdown" for n in names) + " |")
+    print("|---|" + "---|---|---|" * len(names))
+    for key in systems[names[0]][0]:
+        cells = []
+        for name in names:
+            quiet, loaded = systems[name]
+            if key not in quiet or key not in loaded:
+                cells.append("- | - | -")
+                continue
+            factor = slowdown(key, quiet[key], loaded[key])
+            cells.append(f"{quiet[key]:.2f} | {loaded[key]:.2f} | " + ("-" if factor is None else f"{factor:.2f}x"))
+        print(f"| {key} | " + " | ".join(cells) + " |")

@@ -1,8 +1,9 @@
 """C++ CPU kernels: linear layers over weights packed in panels, float32 (csrc/packed_gemm.h, read
 once per step for up to 4 rows) or bfloat16 (csrc/bf16_gemm.h: AMX tiles, AVX512-BF16 vdpbf16ps,
 or vdpbf16ps emulated in AVX-512F, whichever the CPU runs); DecodeStack (csrc/decode_stack.h),
-every decoder layer of a decode step in one call; and paged attention (csrc/paged_attention.cpp),
-causal attention of any batch's new tokens reading K/V in place from the KV pool.
+every decoder layer of a decode step in one call; paged attention (csrc/paged_attention.cpp),
+causal attention of any batch's new tokens reading K/V in place from the KV pool; and fused
+row-wise RMSNorm and SiLU x up for prefill-sized steps (csrc/rows.cpp).
 
 Built on first use with torch's C++ extension tooling (gcc, ninja from the `ninja` wheel) into
 `build_root` (the runtime passes its cache's `extensions/` folder), keyed by the source and torch version, under a file lock so concurrent
@@ -25,7 +26,8 @@ logger = logging.getLogger(__name__)
 
 PANEL = 64
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = [CSRC / "packed_linear.cpp", CSRC / "decode_stack.cpp", CSRC / "paged_attention.cpp", CSRC / "bf16_gemm.cpp"]
+SOURCES = [CSRC / "packed_linear.cpp", CSRC / "decode_stack.cpp", CSRC / "paged_attention.cpp", CSRC / "bf16_gemm.cpp",
+           CSRC / "rows.cpp"]
 HEADERS = [CSRC / "packed_gemm.h", CSRC / "decode_stack.h", CSRC / "simd_math.h", CSRC / "bf16_gemm.h"]
 _state: dict[str, ModuleType | None] = {}
 

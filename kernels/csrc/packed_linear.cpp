@@ -11,6 +11,8 @@ namespace radixlm {
 torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& k_buf, const torch::Tensor& v_buf,
                               const torch::Tensor& req_to_token, const torch::Tensor& rows, const torch::Tensor& seq_lens,
                               const torch::Tensor& extend_lens, const torch::Tensor& extend_start, double scale);
+torch::Tensor rms_norm(const torch::Tensor& x, const c10::optional<torch::Tensor>& weight, double eps);
+torch::Tensor silu_mul(const torch::Tensor& gu);
 }  // namespace radixlm
 
 namespace {
@@ -81,6 +83,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("x"), pybind11::arg("packed"), pybind11::arg("residual") = pybind11::none(),
         pybind11::arg("bias") = pybind11::none(), pybind11::arg("path") = -1);
   m.def("cpu_features", &cpu_features, "the CPU's bf16 features and the bf16 GEMM path taken (0 emulated, 1 AVX512-BF16, 2 AMX)");
+  m.def("rms_norm", &radixlm::rms_norm, "x / sqrt(mean(x^2) + eps) (* weight) per row, float32 arithmetic, x's dtype");
+  m.def("silu_mul", &radixlm::silu_mul, "silu(gate) * up of [T, 2n] gate|up rows, float32 arithmetic, one rounding");
   m.def("paged_attention", &radixlm::paged_attention,
         "causal attention of new tokens over their requests' context, read in place from the KV pool");
   pybind11::class_<radixlm::DecodeStack>(m, "DecodeStack")

@@ -15,7 +15,8 @@ Layout choices made for a lean decode step (few, large ops):
   packed C++ kernels (radixlm.kernels.cpu_linear: float32 FMA, or bf16 dot products), and a
   decode step of up to that many requests runs all its decoder layers in one C++ call
   (DecodeStack: the same math, float32 residual stream), which removes the per-op overhead that
-  dominates a small model's decode step.
+  dominates a small model's decode step. Prefill-sized steps take the kernels' fused row-wise
+  RMSNorm and SiLU x up (one pass each, float32 arithmetic) instead of torch's multi-pass ones.
 """
 
 from __future__ import annotations
@@ -93,8 +94,17 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim)) if has_weight else None
         self.shape = (dim,)
         self.eps = eps
+        self.ext: ModuleType | None = None  # the C++ kernels' fused row-wise norm, once use_kernel ran
+        self.weight_f32: torch.Tensor | None = None
+
+    def use_kernel(self, ext: ModuleType) -> None:
+        self.ext = ext
+        if self.weight is not None:
+            self.weight_f32 = self.weight.detach().float().contiguous()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.ext is not None and x.dim() == 2:
+            return self.ext.rms_norm(x, self.weight_f32, self.eps)
         return F.rms_norm(x, self.shape, self.weight, self.eps)
 
 
@@ -114,6 +124,7 @@ class DecoderLayer(nn.Module):
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.has_qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.has_qk_norm else None
+        self.ext: ModuleType | None = None  # the C++ kernels' fused SiLU x up, once use_cpu_kernels ran
 
     def forward(
         self, residual: torch.Tensor, rope: torch.Tensor, attn: BaseAttentionBackend, batch: ForwardBatch
@@ -134,7 +145,10 @@ class DecoderLayer(nn.Module):
         attn_out = attn.forward(q, k, v, self.layer_id, batch)
         residual = self.o_proj.forward_add(attn_out.reshape(n, self.q_size), residual)
         x = self.post_attention_layernorm(residual)
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if self.ext is not None:
+            return self.down_proj.forward_add(self.ext.silu_mul(gate_up), residual)
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj.forward_add(F.silu(gate).mul_(up), residual)
 
 
@@ -187,6 +201,10 @@ class LlamaForCausalLM(nn.Module):
         for module in self.modules():
             if isinstance(module, Linear):
                 module.use_packed(ext, bf16_path)
+            elif isinstance(module, RMSNorm):
+                module.use_kernel(ext)
+            elif isinstance(module, DecoderLayer):
+                module.ext = ext
         cfg = self.cfg
         if cfg.head_dim not in cpu_linear.PAGED_ATTENTION_HEAD_DIMS:
             return True  # DecodeStack attends through the paged kernel: decode steps stay torch ops

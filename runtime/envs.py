@@ -32,6 +32,11 @@ RADIXLM_CACHE = EnvStr("RADIXLM_CACHE")
 # dtype its checks against transformers' float32 logits need.
 RADIXLM_CPU_AUTO_DTYPE = EnvStr("RADIXLM_CPU_AUTO_DTYPE")
 
+# "0" keeps torch's thread count fixed (as --disable-adaptive-threads does); the test suite sets it,
+# so that no check depends on how busy the machine was (another thread count may sum in another
+# order); tests/runtime/test_cpu_threads.py turns it back on.
+RADIXLM_ADAPTIVE_THREADS = EnvStr("RADIXLM_ADAPTIVE_THREADS", "1")
+
 # The C++ bf16 GEMM's path (kernels/cpu_linear.BF16_PATHS: emulated, avx512bf16, amx); default:
 # the fastest this CPU runs. For tests and comparisons; a path the CPU cannot run is an error.
 RADIXLM_BF16_PATH = EnvStr("RADIXLM_BF16_PATH")

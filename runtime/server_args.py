@@ -45,6 +45,7 @@ class ServerArgs:
     disable_jump_forward: bool = False
     constrained_json_whitespace_pattern: str | None = None  # None: outlines-core's `[ ]?`
     disable_cpu_kernels: bool = False
+    disable_adaptive_threads: bool = False
     random_seed: int | None = None
     log_level: str = "warning"
     # the HTTP server
@@ -158,6 +159,8 @@ HELP = {
     "incremental_streaming_output": "native stream chunks carry only their new text and output_ids "
     "(default: cumulative, as SGLang streams them)",
     "disable_cpu_kernels": "run decode steps as torch ops instead of the C++ AVX-512 kernels (DecodeStack, packed linear)",
+    "disable_adaptive_threads": "on CPU, keep torch's thread count fixed instead of using only the cores other processes "
+    "leave free (runtime/model/cpu_threads.py)",
 }
 
 

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import torch
 
+from radixlm.runtime.envs import RADIXLM_ADAPTIVE_THREADS
 from radixlm.runtime.mem_cache.mem_pool import KVPool, ReqToTokenPool
 from radixlm.runtime.model.attention.base import create_attention_backend
+from radixlm.runtime.model.cpu_threads import ThreadGovernor
 from radixlm.runtime.model.forward_batch import ForwardBatch
 from radixlm.runtime.model.model_config import ModelConfig
 from radixlm.runtime.model.model_files import load_cpu_kernels
@@ -30,6 +32,7 @@ class RunnerConfig:
     context_len: int
     device: str = "cpu"
     cpu_kernels: bool = True  # the C++ decode kernels on CPU with torch attention (kernels/cpu_linear.py)
+    adaptive_threads: bool = True  # CPU: threads = the cores other processes leave free (cpu_threads.py)
 
     @classmethod
     def from_server_args(cls, args: ServerArgs, model_cfg: ModelConfig) -> RunnerConfig:
@@ -47,6 +50,7 @@ class RunnerConfig:
             context_len=min(context_len, max_total_tokens),
             device=args.device,
             cpu_kernels=not args.disable_cpu_kernels,
+            adaptive_threads=not args.disable_adaptive_threads and RADIXLM_ADAPTIVE_THREADS.get() != "0",
         )
 
 
@@ -77,6 +81,7 @@ class ModelRunner:
             runner_cfg.cpu_kernels and runner_cfg.device == "cpu" and runner_cfg.attention_backend == "torch"
             and self.model.use_cpu_kernels(self.kv_pool.k_buffer, self.kv_pool.v_buffer)
         )
+        self.threads = ThreadGovernor() if runner_cfg.adaptive_threads and runner_cfg.device == "cpu" else None
         self.attn_backend = create_attention_backend(
             runner_cfg.attention_backend, self.kv_pool, self.req_to_token_pool, model_cfg.head_dim**-0.5,
             load_cpu_kernels() if self.cpu_kernels else None,
@@ -99,6 +104,8 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """float32 logits `[len(batch.logits_indices), vocab]`."""
+        if self.threads is not None:
+            self.threads.update()
         if not self.model.runs_in_decode_stack(batch):
             self.attn_backend.init_forward_metadata(batch)
         return self.model(batch, self.attn_backend)

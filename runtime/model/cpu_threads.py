@@ -1,0 +1,84 @@
+"""How many threads a CPU forward uses: the cores other processes leave free.
+
+Why: a forward is ~150 OpenMP parallel regions, each ending at a barrier. With one CPU-bound
+neighbour on a 2-core machine, two threads of ours plus the neighbour share two cores, and every
+region waits for whichever of our threads the OS has just descheduled: single-stream decode ran
+3.85x slower beside a busy loop (transformers: 2.99x). One thread then has a core to itself and
+never waits at a barrier. So before a forward, at most every `interval` seconds, the governor reads
+the machine's CPU time (/proc/stat) and this process's (/proc/self/stat), and sets torch's thread
+count to the cores left once other processes' use over the last interval is taken off, rounded,
+at least 1. Our own threads never count against us; the server's other processes (HTTP,
+tokenizer, detokenizer) do, as they compete for the same cores.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+
+CHECK_INTERVAL_S = 0.25
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    busy: int  # ticks all CPUs spent busy
+    total: int  # ticks all CPUs spent busy or idle
+    ours: int  # ticks this process (all its threads) spent on a CPU
+
+
+def read_sample() -> CpuSample | None:
+    """The machine's and this process's CPU ticks now; None where /proc cannot be read."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:9]]
+        with open("/proc/self/stat") as f:
+            own = f.read().rsplit(")", 1)[1].split()
+    except (OSError, ValueError, IndexError):
+        return None
+    user, nice, system, idle, iowait, irq, softirq, steal = fields
+    busy = user + nice + system + irq + softirq + steal
+    return CpuSample(busy=busy, total=busy + idle + iowait, ours=int(own[11]) + int(own[12]))
+
+
+def free_cores(before: CpuSample, after: CpuSample, num_cpus: int) -> float:
+    """Cores not used by other processes between the two samples."""
+    elapsed = after.total - before.total
+    if elapsed <= 0:
+        return float(num_cpus)
+    others = max(0, (after.busy - before.busy) - (after.ours - before.ours))
+    return num_cpus - others * num_cpus / elapsed
+
+
+def threads_for(free: float, max_threads: int) -> int:
+    return max(1, min(max_threads, round(free)))
+
+
+class ThreadGovernor:
+    """Sets torch's intra-op thread count (our C++ kernels' too) to the cores others leave free."""
+
+    def __init__(self, max_threads: int | None = None, interval: float = CHECK_INTERVAL_S):
+        self.num_cpus = len(os.sched_getaffinity(0))
+        self.max_threads = max_threads or torch.get_num_threads()
+        self.interval = interval
+        self.threads = self.max_threads
+        self._last = read_sample()
+        self._last_time = time.monotonic()
+        self.num_changes = 0
+
+    def update(self) -> int:
+        """The thread count for the next forward (cheap unless `interval` has passed)."""
+        now = time.monotonic()
+        if now - self._last_time < self.interval:
+            return self.threads
+        sample = read_sample()
+        if sample is not None and self._last is not None:
+            threads = threads_for(free_cores(self._last, sample, self.num_cpus), self.max_threads)
+            if threads != self.threads:
+                torch.set_num_threads(threads)
+                self.threads = threads
+                self.num_changes += 1
+        self._last, self._last_time = sample, now
+        return self.threads

@@ -1,0 +1,77 @@
+"""The thread governor (runtime/model/cpu_threads.py): the cores other processes leave free,
+from synthetic CPU samples and from the real /proc beside a real busy process; it sets torch's
+thread count; the runner takes it unless --disable-adaptive-threads. No timing is asserted: the
+real test waits for the governor to see the neighbour, however long the machine takes."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from radixlm.runtime.bench.neighbour import busy_neighbour
+from radixlm.runtime.model import cpu_threads
+from radixlm.runtime.model.cpu_threads import CpuSample, ThreadGovernor
+
+
+def test_free_cores_leave_out_our_own_time() -> None:
+    before = CpuSample(busy=1000, total=4000, ours=500)
+    # 2 CPUs, 200 ticks elapsed on each: 400 ticks; 300 busy, 100 of them ours -> others 1 core
+    after = CpuSample(busy=1300, total=4400, ours=600)
+    assert cpu_threads.free_cores(before, after, 2) == pytest.approx(1.0)
+    # all the busy time was ours: both cores are ours to use
+    assert cpu_threads.free_cores(before, CpuSample(busy=1300, total=4400, ours=800), 2) == pytest.approx(2.0)
+    assert cpu_threads.free_cores(before, before, 2) == 2.0  # no time passed
+
+
+@pytest.mark.parametrize(("free", "threads"), [(2.0, 2), (1.6, 2), (1.4, 1), (1.0, 1), (0.1, 1), (8.0, 2)])
+def test_threads_are_the_free_cores_rounded_at_least_one(free: float, threads: int) -> None:
+    assert cpu_threads.threads_for(free, max_threads=2) == threads
+
+
+def _wait_for(governor: ThreadGovernor, condition: Callable[[int], bool], limit_s: float = 120.0) -> int:
+    """Poll the governor until `condition(threads)`; the limit only stops a broken governor."""
+    deadline = time.monotonic() + limit_s
+    threads = governor.update()
+    while not condition(threads) and time.monotonic() < deadline:
+        time.sleep(governor.interval)
+        threads = governor.update()
+    return threads
+
+
+def test_a_busy_neighbour_takes_a_thread_and_gives_it_back() -> None:
+    cpus = len(os.sched_getaffinity(0))
+    if cpus < 2:
+        pytest.skip("one CPU: there is no thread to give up")
+    original = torch.get_num_threads()
+    try:
+        governor = ThreadGovernor(max_threads=cpus, interval=0.2)
+        assert governor.threads == cpus
+        with busy_neighbour():
+            assert _wait_for(governor, lambda n: n < cpus) == cpus - 1
+            assert torch.get_num_threads() == cpus - 1
+        assert _wait_for(governor, lambda n: n == cpus) == cpus
+        assert torch.get_num_threads() == cpus
+        assert governor.num_changes >= 2
+    finally:
+        torch.set_num_threads(original)
+
+
+def test_the_runner_takes_the_governor_unless_disabled(tiny_model_dir: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    from radixlm.runtime.engine import Engine
+
+    monkeypatch.setenv("RADIXLM_ADAPTIVE_THREADS", "1")  # the suite turns it off (tests/conftest.py)
+    original = torch.get_num_threads()
+    try:
+        for disable in (False, True):
+            with Engine(str(tiny_model_dir), max_total_tokens=512, disable_adaptive_threads=disable) as engine:
+                assert (engine.runner.threads is None) == disable
+                engine.generate(prompt="hello", sampling_params={"max_new_tokens": 2})
+        monkeypatch.setenv("RADIXLM_ADAPTIVE_THREADS", "0")
+        with Engine(str(tiny_model_dir), max_total_tokens=512) as engine:
+            assert engine.runner.threads is None
+    finally:
+        torch.set_num_threads(original)

@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.serving:
         from radixlm.runtime.bench.serving import run_serving
 
-        run_serving(args.url, args.concurrency, [])
+        run_serving(args.url, args.concurrency, [], args.repeats)
         return 0
     import torch
 

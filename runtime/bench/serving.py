@@ -14,6 +14,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
@@ -105,26 +106,65 @@ def start_server(extra: list[str]) -> tuple[subprocess.Popen[bytes], str]:
     raise RuntimeError("the server did not start")
 
 
-def run_serving(url: str | None, concurrency: int, server_args: list[str]) -> None:
+def _median_run(fn: Callable[[], dict[str, float]], repeats: int) -> dict[str, float]:
+    """The run whose output tok/s is the median of `repeats`."""
+    runs = sorted((fn() for _ in range(repeats)), key=lambda r: r["output tok/s"])
+    return runs[len(runs) // 2]
+
+
+def in_process(prompts: list[str], new_tokens: int, repeats: int, dtype: str) -> dict[str, float]:
+    """The same prompts submitted together to the in-process Engine (server defaults), median wall."""
+    from radixlm.runtime.engine import Engine
+
+    params = {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True}
+    walls = []
+    with Engine(dtype=dtype) as engine:
+        engine.generate(prompt=prompts[:4], sampling_params=params)  # warm-up
+        for _ in range(repeats):
+            engine.flush_cache()
+            start = time.perf_counter()
+            engine.generate(prompt=prompts, sampling_params=params)
+            walls.append(time.perf_counter() - start)
+    wall = sorted(walls)[len(walls) // 2]
+    return {"output tok/s": len(prompts) * new_tokens / wall, "wall s": wall}
+
+
+def run_serving(url: str | None, concurrency: int, server_args: list[str], repeats: int = 1) -> None:
+    """Each workload replayed `repeats` times (the median run by output tok/s is shown). With a
+    server of its own (no `url`), the same workloads then run on the in-process Engine with the
+    server's defaults, once the server is gone, and the last column is serving / in-process."""
     proc = None
     if url is None:
         proc, url = start_server(server_args)
+    workloads = {
+        "W2": (wl.w2_prompts(), wl.W2_NEW_TOKENS),
+        "W3": (wl.w3_workload()[1], wl.W3_NEW_TOKENS),
+    }
+    served: dict[str, dict[str, float]] = {}
     try:
-        workloads = {
-            "W2": (wl.w2_prompts(), wl.W2_NEW_TOKENS),
-            "W3": (wl.w3_workload()[1], wl.W3_NEW_TOKENS),
-        }
-        print(f"\n## serving, {concurrency} concurrent streaming clients, {url}")
-        print("| workload | requests/s | output tok/s | wall s | TTFT p50 s | TTFT p99 s | ITL p50 ms | ITL p99 ms |")
-        print("|---|---|---|---|---|---|---|---|")
         for name, (prompts, new_tokens) in workloads.items():
             httpx.post(url + "/flush_cache", timeout=60)
             asyncio.run(replay(url, prompts[:4], new_tokens, min(4, concurrency)))  # warm-up
-            httpx.post(url + "/flush_cache", timeout=60)
-            r = asyncio.run(replay(url, prompts, new_tokens, concurrency))
-            print(f"| {name} | {r['requests/s']:.2f} | {r['output tok/s']:.1f} | {r['wall s']:.2f} | "
-                  f"{r['TTFT p50 s']:.2f} | {r['TTFT p99 s']:.2f} | {r['ITL p50 ms']:.0f} | {r['ITL p99 ms']:.0f} |")
+
+            def once(prompts: list[str] = prompts, new_tokens: int = new_tokens) -> dict[str, float]:
+                httpx.post(url + "/flush_cache", timeout=60)
+                return asyncio.run(replay(url, prompts, new_tokens, concurrency))
+
+            served[name] = _median_run(once, repeats)
     finally:
         if proc is not None:
             proc.terminate()
             proc.wait(timeout=60)
+    local = {}
+    if proc is not None:
+        dtype = server_args[server_args.index("--dtype") + 1] if "--dtype" in server_args else "auto"
+        local = {name: in_process(prompts, n, repeats, dtype) for name, (prompts, n) in workloads.items()}
+    print(f"\n## serving, {concurrency} concurrent streaming clients, {url}, median of {repeats}")
+    print("| workload | requests/s | output tok/s | wall s | TTFT p50 s | TTFT p99 s | ITL p50 ms | ITL p99 ms "
+          "| in-process output tok/s | serving / in-process |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for name, r in served.items():
+        ours = local.get(name)
+        extra = f"{ours['output tok/s']:.1f} | {r['output tok/s'] / ours['output tok/s']:.2f}" if ours else "- | -"
+        print(f"| {name} | {r['requests/s']:.2f} | {r['output tok/s']:.1f} | {r['wall s']:.2f} | "
+              f"{r['TTFT p50 s']:.2f} | {r['TTFT p99 s']:.2f} | {r['ITL p50 ms']:.0f} | {r['ITL p99 ms']:.0f} | {extra} |")

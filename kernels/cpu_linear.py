@@ -17,6 +17,7 @@ import fcntl
 import hashlib
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -121,16 +122,24 @@ def packed_linear(
     residual: torch.Tensor | None = None, bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x @ W (+ bias) (+ residual) in x's dtype, W from `pack`; `n` is W's true column count."""
-    xf = x.float().contiguous()
+    return _run_padded(lambda xf, res, b: ext.packed_linear(xf, packed, res, b), x, packed.shape[0] * PANEL, n,
+                       residual, bias)
+
+
+def _run_padded(
+    kernel: Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor | None], torch.Tensor], x: torch.Tensor,
+    padded: int, n: int, residual: torch.Tensor | None, bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """`kernel(x, residual, bias)` on float32 operands padded to the packed width `padded`, its
+    output cut back to `n` columns, in x's dtype."""
     res = None
-    padded = packed.shape[0] * PANEL
     if residual is not None:
         res = residual.float()
         if padded != n:
             res = torch.nn.functional.pad(res, (0, padded - n))
     if bias is not None and bias.numel() != padded:
         bias = torch.nn.functional.pad(bias.float(), (0, padded - bias.numel()))
-    out = ext.packed_linear(xf, packed, res, bias)
+    out = kernel(x.float().contiguous(), res, bias)
     if padded != n:
         out = out[:, :n]
     return out if x.dtype == torch.float32 else out.to(x.dtype)
@@ -182,18 +191,9 @@ def bf16_linear(
 ) -> torch.Tensor:
     """bf16(x) @ W (+ bias) (+ residual), W from `pack_vnni`, accumulated in float32, in x's dtype;
     `path` forces one of BF16_PATHS (an error where this CPU cannot run it)."""
-    padded = packed.shape[0] * VNNI_PANEL
-    res = None
-    if residual is not None:
-        res = residual.float()
-        if padded != n:
-            res = torch.nn.functional.pad(res, (0, padded - n))
-    if bias is not None and bias.numel() != padded:
-        bias = torch.nn.functional.pad(bias.float(), (0, padded - bias.numel()))
-    out = ext.bf16_linear(x.float().contiguous(), packed, res, bias, -1 if path is None else BF16_PATHS.index(path))
-    if padded != n:
-        out = out[:, :n]
-    return out if x.dtype == torch.float32 else out.to(x.dtype)
+    index = -1 if path is None else BF16_PATHS.index(path)
+    return _run_padded(lambda xf, res, b: ext.bf16_linear(xf, packed, res, b, index), x,
+                       packed.shape[0] * VNNI_PANEL, n, residual, bias)
 
 
 

@@ -64,6 +64,7 @@ class SamplingArgs:
     seed: int | None = None
     regex: str | None = None
     json_schema: str | None = None
+    ebnf: str | None = None
 
     def merged(self, defaults: SamplingArgs) -> SamplingArgs:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -167,21 +168,23 @@ def gen(
     choices_method: str = TOKEN_LENGTH_NORMALIZED,
     regex: str | None = None,
     json_schema: str | dict[str, Any] | None = None,
+    ebnf: str | None = None,
     tools: list[Any] | None = None,
     tool_choice: Any = "auto",
     max_new_tokens: int | None = None,
     repetition_penalty: float | None = None,
     seed: int | None = None,
 ) -> Gen | Select:
-    """Generate into variable `name`. With `choices` it is `select`; `dtype`, `regex` and
-    `json_schema` constrain the output; `tools` makes the output a tool call (see tools.py)."""
+    """Generate into variable `name`. With `choices` it is `select`; `dtype`, `regex`,
+    `json_schema` and `ebnf` (an EBNF grammar; a server with --grammar-backend xgrammar) constrain
+    the output; `tools` makes the output a tool call (see tools.py)."""
     if choices is not None:
         return select(name, choices, temperature=0.0 if temperature is None else temperature, choices_method=choices_method)
     if max_tokens is not None and max_new_tokens is not None and max_tokens != max_new_tokens:
         raise ValueError("gen: max_tokens and max_new_tokens disagree; pass one")
-    constraints = [c for c in (dtype, regex, json_schema, tools) if c is not None]
+    constraints = [c for c in (dtype, regex, json_schema, ebnf, tools) if c is not None]
     if len(constraints) > 1:
-        raise ValueError("gen: pass at most one of dtype, regex, json_schema, tools")
+        raise ValueError("gen: pass at most one of dtype, regex, json_schema, ebnf, tools")
     if dtype is not None:
         dtype = _DTYPE_NAMES.get(dtype, dtype) if isinstance(dtype, str) else dtype
         if dtype not in DTYPE_REGEX:
@@ -205,6 +208,7 @@ def gen(
         seed=seed,
         regex=regex,
         json_schema=json_schema,
+        ebnf=ebnf,
     )
     if tools is not None and not tools:
         raise ValueError("gen: tools is empty")

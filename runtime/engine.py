@@ -45,7 +45,8 @@ class Engine:
         self.scheduler = self.stack.scheduler
         self.context_len = self.stack.context_len
         self.validator = RequestValidator(
-            self.tokenizer, self.context_len, self.model_config.vocab_size, self.runner.kv_pool.size
+            self.tokenizer, self.context_len, self.model_config.vocab_size, self.runner.kv_pool.size,
+            self.server_args.grammar_backend,
         )
         self.token_texts = TokenTexts(self.tokenizer.decode)
         self._outputs: dict[str, RequestOutput] = {}  # by rid, while the request runs

@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from radixlm.runtime.constrained.backends import validate as validate_grammar
 from radixlm.runtime.constrained.grammar import GrammarError
-from radixlm.runtime.constrained.grammar import validate as validate_grammar
 from radixlm.runtime.errors import RequestError
 from radixlm.runtime.limits import MAX_BATCH, MAX_N, MAX_RID_CHARS, MAX_SEQUENCES, MAX_TOP_LOGPROBS_NUM
 from radixlm.runtime.sampling.sampling_params import InvalidSamplingParams, SamplingParams
@@ -150,8 +150,10 @@ class RequestValidator:
     """Tokenizes and checks requests against one model (its tokenizer, vocabulary, context
     length and KV pool size)."""
 
-    def __init__(self, tokenizer: Tokenizer, context_len: int, vocab_size: int, max_total_tokens: int):
+    def __init__(self, tokenizer: Tokenizer, context_len: int, vocab_size: int, max_total_tokens: int,
+                 grammar_backend: str = "outlines"):
         self.tokenizer = tokenizer
+        self.grammar_backend = grammar_backend
         self.context_len = context_len
         self.vocab_size = vocab_size
         self.max_total_tokens = max_total_tokens
@@ -180,14 +182,12 @@ class RequestValidator:
         except (InvalidSamplingParams, TypeError) as e:
             raise RequestError(str(e)) from e
         check_params_fit(params, len(ids), self.context_len, self.vocab_size)
-        for kind, spec in (("regex", params.regex), ("json_schema", params.json_schema)):
+        for kind, spec in (("regex", params.regex), ("json_schema", params.json_schema), ("ebnf", params.ebnf)):
             if spec:
                 try:
-                    validate_grammar(kind, spec)
+                    validate_grammar(self.grammar_backend, kind, spec)
                 except GrammarError as e:
                     raise RequestError(f"sampling_params.{kind}: {e}") from e
-        if params.ebnf:
-            raise RequestError("sampling_params.ebnf is not supported; use regex or json_schema")
         if params.n != 1:
             raise RequestError("sampling_params.n > 1 must be expanded before validation (parse_generate)")
         if req.top_logprobs_num < 0 or req.top_logprobs_num > MAX_TOP_LOGPROBS_NUM:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from radixlm.kernels import cpu_linear
+from radixlm.runtime.constrained.backends import GRAMMAR_BACKENDS
 from radixlm.runtime.envs import RADIXLM_CPU_AUTO_DTYPE
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -44,6 +45,7 @@ class ServerArgs:
     disable_radix_cache: bool = False
     disable_jump_forward: bool = False
     constrained_json_whitespace_pattern: str | None = None  # None: outlines-core's `[ ]?`
+    grammar_backend: str = "outlines"
     disable_cpu_kernels: bool = False
     disable_adaptive_threads: bool = False
     random_seed: int | None = None
@@ -79,6 +81,8 @@ class ServerArgs:
             raise ValueError(f"context_length must be >= 2, got {self.context_length}")
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if self.grammar_backend not in GRAMMAR_BACKENDS:
+            raise ValueError(f"grammar_backend must be one of {', '.join(GRAMMAR_BACKENDS)}, got {self.grammar_backend!r}")
         if self.tool_call_parser not in ("auto", "hermes", "json"):
             raise ValueError(f"tool_call_parser must be auto, hermes or json, got {self.tool_call_parser!r}")
         if self.constrained_json_whitespace_pattern is not None:
@@ -159,6 +163,8 @@ HELP = {
     "incremental_streaming_output": "native stream chunks carry only their new text and output_ids "
     "(default: cumulative, as SGLang streams them)",
     "disable_cpu_kernels": "run decode steps as torch ops instead of the C++ AVX-512 kernels (DecodeStack, packed linear)",
+    "grammar_backend": "compiles regex / JSON-schema / EBNF constraints: outlines (token DFA; no EBNF, no recursive "
+    "schemas) or xgrammar (context-free: EBNF via `ebnf`, recursive $ref)",
     "disable_adaptive_threads": "on CPU, keep torch's thread count fixed instead of using only the cores other processes "
     "leave free (runtime/model/cpu_threads.py)",
 }
@@ -167,7 +173,7 @@ HELP = {
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
     """One flag per ServerArgs field, SGLang's names (`--model-path`, ...); types from annotations."""
     choices = {"dtype": DTYPES, "attention_backend": ATTENTION_BACKENDS, "schedule_policy": SCHEDULE_POLICIES,
-               "tool_call_parser": ("auto", "hermes", "json")}
+               "tool_call_parser": ("auto", "hermes", "json"), "grammar_backend": GRAMMAR_BACKENDS}
     for f in dataclasses.fields(ServerArgs):
         flag = "--" + f.name.replace("_", "-")
         annotation = str(f.type)

@@ -117,7 +117,7 @@ class NativeBackend(Backend):
             text, meta = self.generate(s, gen, sampling)
             return text, (parse_call(text, tools) if mode == "auto" else None) or text, meta
         schema = json.dumps(tools.schema(mode))
-        forced = SamplingArgs(**{**vars(sampling), "regex": None, "json_schema": schema})
+        forced = SamplingArgs(**{**vars(sampling), "regex": None, "ebnf": None, "json_schema": schema})
         result = _checked(self.call(self._payload(s.text_ + TOOL_CALL_OPEN, gen, forced)))
         raw = result["text"]
         try:

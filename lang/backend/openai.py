@@ -54,7 +54,7 @@ _STANDARD_FIELDS = {
 _EXTENSION_FIELDS = {
     "min_new_tokens": "min_tokens", "top_k": "top_k", "min_p": "min_p", "repetition_penalty": "repetition_penalty",
     "ignore_eos": "ignore_eos", "stop_token_ids": "stop_token_ids", "skip_special_tokens": "skip_special_tokens",
-    "regex": "regex",
+    "regex": "regex", "ebnf": "ebnf",
 }
 _CALL_BLOCK = re.compile(re.escape(TOOL_CALL_OPEN) + ".*?" + re.escape(TOOL_CALL_CLOSE), re.DOTALL)
 _SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")

@@ -7,8 +7,6 @@ The vocabulary comes from our tokenizer's own Hugging Face tokenizer (no hub acc
 xgrammar's int32 bitmasks (bit i % 32 of word i // 32 allows token i) unpacked to our bool rows.
 xgrammar compiles in milliseconds (a recursive schema ~5 ms, an EBNF ~0.2 ms with the default
 model's vocabulary), in a worker thread so the scheduler never waits on one.
-
-Not wired to the server yet (issue 13, point 1: `--grammar-backend`).
 """
 
 from __future__ import annotations
@@ -17,6 +15,7 @@ import json
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -38,7 +37,8 @@ class XGrammarCompiled:
     """One grammar compiled for one vocabulary; `new_state()` gives a request's matcher."""
 
     def __init__(self, kind: str, compiled: xgr.CompiledGrammar, vocab_size: int, tokenizer_len: int,
-                 encode_plain: object, compile_secs: float):
+                 encode_plain: Callable[[str], list[int]] | None, compile_secs: float):
+        """`encode_plain` tokenizes jump-forward text (None: jump-forward off)."""
         self.kind = kind
         self.compiled = compiled
         self.vocab_size = vocab_size
@@ -93,13 +93,13 @@ class XGrammarState:
         """Up to `max_tokens` tokens of the text the grammar now forces, each allowed in turn (the
         text is tokenized on its own, so at most as many tokens as fit the grammar); the state
         does not change."""
-        if max_tokens <= 0 or self._matcher.is_terminated():
+        if max_tokens <= 0 or self.compiled.encode_plain is None or self._matcher.is_terminated():
             return []
         forced = self._matcher.find_jump_forward_string()
         if not forced:
             return []
         draft: list[int] = []
-        for token_id in self.compiled.encode_plain(forced)[: min(max_tokens, MAX_DRAFT_TOKENS)]:  # type: ignore[operator]
+        for token_id in self.compiled.encode_plain(forced)[: min(max_tokens, MAX_DRAFT_TOKENS)]:
             if not self._matcher.accept_token(token_id):
                 break
             draft.append(token_id)
@@ -120,9 +120,10 @@ class XGrammarBackend:
     """Compiles grammars with xgrammar in a worker thread, cached (LRU of `max_cache` entries)."""
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, max_cache: int = 64, num_workers: int = 2,
-                 any_whitespace: bool = False):
+                 any_whitespace: bool = False, enable_jump_forward: bool = True):
         """`any_whitespace=False`: JSON output is laid out as `json.dumps` does by default
         (`", "` and `": "` between items, no other whitespace)."""
+        self.enable_jump_forward = enable_jump_forward
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_cache = max_cache
@@ -136,7 +137,7 @@ class XGrammarBackend:
     def get(self, kind: str, spec: object) -> Future[XGrammarCompiled]:
         """The compiled grammar for (kind, spec), as a future; never blocks on compilation."""
         try:
-            key = (kind, _normalize(kind, spec))
+            key = (kind, normalize(kind, spec))
         except GrammarError as e:
             failed: Future[XGrammarCompiled] = Future()
             failed.set_exception(e)
@@ -164,10 +165,11 @@ class XGrammarBackend:
             else:
                 compiled = self._compiler.compile_grammar(normalized)
         except (RuntimeError, ValueError) as e:
-            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise GrammarError(f"cannot compile the {kind} grammar with xgrammar: {reason}") from None
-        return XGrammarCompiled(kind, compiled, self.vocab_size, self.tokenizer.vocab_size, self._encode_plain,
-                                time.perf_counter() - start)
+            from radixlm.runtime.constrained.backends import xgrammar_reason
+
+            raise GrammarError(f"cannot compile the {kind} grammar with xgrammar: {xgrammar_reason(e)}") from None
+        return XGrammarCompiled(kind, compiled, self.vocab_size, self.tokenizer.vocab_size,
+                                self._encode_plain if self.enable_jump_forward else None, time.perf_counter() - start)
 
     def _encode_plain(self, text: str) -> list[int]:
         special_ids = set(self.tokenizer._tok.all_special_ids)
@@ -177,7 +179,7 @@ class XGrammarBackend:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
 
-def _normalize(kind: str, spec: object) -> str:
+def normalize(kind: str, spec: object) -> str:
     """The cache key's text of a spec; GrammarError if malformed."""
     if kind not in XGRAMMAR_KINDS:
         raise GrammarError(f"unknown grammar kind {kind!r}; expected one of {', '.join(XGRAMMAR_KINDS)}")

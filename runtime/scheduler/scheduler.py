@@ -357,7 +357,7 @@ def grammar_spec(params: SamplingParams) -> tuple[str, str] | None:
     if params.regex:
         return "regex", params.regex
     if params.ebnf:
-        raise ValueError("sampling_params.ebnf is not supported; use regex or json_schema")
+        return "ebnf", params.ebnf
     return None
 
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from radixlm.runtime.constrained import backends as grammar_backends
 from radixlm.runtime.constrained.grammar import NUM_GRAMMAR_COMPILE_WORKERS, GrammarBackend
+from radixlm.runtime.constrained.xgrammar_backend import XGrammarBackend
 from radixlm.runtime.detokenizer.detokenizer import IncrementalDecoder
 from radixlm.runtime.model.model_config import ModelConfig
 from radixlm.runtime.model.model_runner import ModelRunner, RunnerConfig
@@ -24,7 +26,7 @@ class SchedulerStack:
     model_config: ModelConfig
     tokenizer: Tokenizer
     runner: ModelRunner
-    grammar_backend: GrammarBackend
+    grammar_backend: GrammarBackend | XGrammarBackend
     scheduler: Scheduler
     eos_ids: frozenset[int]
 
@@ -37,8 +39,8 @@ class SchedulerStack:
         tokenizer = Tokenizer(args.tokenizer_path or model_dir)
         runner_cfg = RunnerConfig.from_server_args(args, model_config)
         runner = ModelRunner(model_config, runner_cfg, load_state_dict(model_dir))
-        grammar_backend = GrammarBackend(
-            tokenizer, model_config.vocab_size, num_workers=NUM_GRAMMAR_COMPILE_WORKERS,
+        grammar_backend = grammar_backends.create(
+            args.grammar_backend, tokenizer, model_config.vocab_size, num_workers=NUM_GRAMMAR_COMPILE_WORKERS,
             enable_jump_forward=not args.disable_jump_forward,
             whitespace_pattern=args.constrained_json_whitespace_pattern,
         )

@@ -73,6 +73,7 @@ class _SamplingFields(_Strict):
     rid: str | None = None
     regex: str | None = None  # SGLang extension: constrain the output to a regex
     json_schema: str | dict[str, Any] | None = None  # SGLang extension: ... or a JSON schema
+    ebnf: str | None = None  # SGLang extension: ... or an EBNF grammar (--grammar-backend xgrammar)
 
 
 class CompletionRequest(_SamplingFields):
@@ -127,6 +128,7 @@ def _sampling_params(req: _SamplingFields, max_tokens: int | None) -> dict[str, 
         "skip_special_tokens": req.skip_special_tokens,
         "regex": req.regex,
         "json_schema": req.json_schema if not isinstance(req.json_schema, dict) else json.dumps(req.json_schema),
+        "ebnf": req.ebnf,
     }
     return {k: v for k, v in pairs.items() if v is not None}
 
@@ -416,9 +418,9 @@ def _tool_choice_grammar(tool_choice: str | Tool, tools: list[Tool], params: dic
     """The grammar that forces one call for `required` or a named tool; {} otherwise."""
     if tool_choice in ("none", "auto"):
         return {}
-    if "regex" in params or "json_schema" in params:
+    if "regex" in params or "json_schema" in params or "ebnf" in params:
         raise RequestError("tool_choice 'required' or a named function cannot be combined with "
-                           "response_format, regex or json_schema")
+                           "response_format, regex, json_schema or ebnf")
     forced = tools if tool_choice == "required" else [tool_choice]
     return {"json_schema": json.dumps(tool_call_schema([t for t in forced if isinstance(t, Tool)]))}
 

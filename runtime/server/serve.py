@@ -99,7 +99,8 @@ def _serve_http(args: ServerArgs, paths: Any, children: dict[str, BaseProcess], 
     async def main() -> None:
         nonlocal exit_code
         tm = TokenizerManager(paths, tokenizer, model_name, info["context_len"], vocab_size,
-                              info["max_total_tokens"], Metrics(model_name), args.incremental_streaming_output)
+                              info["max_total_tokens"], Metrics(model_name), args.incremental_streaming_output,
+                              args.grammar_backend)
         tm.start()
         app = create_app(tm, args.api_key, enable_metrics=args.enable_metrics, tool_call_parser=args.tool_call_parser)
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level.lower(),

@@ -51,12 +51,13 @@ class ServiceUnavailable(RuntimeError):
 
 class TokenizerManager:
     def __init__(self, paths: IpcPaths, tokenizer: Tokenizer, model_name: str, context_len: int,
-                 vocab_size: int, max_total_tokens: int, metrics: Metrics, incremental_streaming_output: bool = False):
+                 vocab_size: int, max_total_tokens: int, metrics: Metrics, incremental_streaming_output: bool = False,
+                 grammar_backend: str = "outlines"):
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.context_len = context_len
         self.metrics = metrics
-        self.validator = RequestValidator(tokenizer, context_len, vocab_size, max_total_tokens)
+        self.validator = RequestValidator(tokenizer, context_len, vocab_size, max_total_tokens, grammar_backend)
         self.token_texts = TokenTexts(tokenizer.decode)
         self.incremental_streaming_output = incremental_streaming_output
         ctx = zmq.asyncio.Context()

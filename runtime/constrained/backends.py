@@ -1,0 +1,75 @@
+"""The grammar backends a server can run (`--grammar-backend`), what each serves, and the front
+door's check of a request's grammar against the chosen one.
+
+- `outlines` (default): regex, JSON schema and choices compiled to a token DFA by outlines-core
+  (`grammar.GrammarBackend`); no context-free grammars, no recursive `$ref`.
+- `xgrammar`: regex, JSON schema (with recursion) and choices, plus EBNF (`ebnf`, xgrammar's
+  GBNF-style dialect: `root ::= ...`), compiled by xgrammar (`xgrammar_backend`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import TYPE_CHECKING
+
+from radixlm.runtime.constrained.errors import GrammarError
+from radixlm.runtime.constrained.spec import validate as validate_outlines
+
+if TYPE_CHECKING:
+    from radixlm.runtime.constrained.grammar import GrammarBackend
+    from radixlm.runtime.constrained.xgrammar_backend import XGrammarBackend
+    from radixlm.runtime.tokenizer import Tokenizer
+
+GRAMMAR_BACKENDS = ("outlines", "xgrammar")
+KINDS = {"outlines": ("regex", "json_schema", "choices"), "xgrammar": ("regex", "json_schema", "choices", "ebnf")}
+
+
+def create(name: str, tokenizer: Tokenizer, vocab_size: int, *, num_workers: int, enable_jump_forward: bool,
+           whitespace_pattern: str | None) -> GrammarBackend | XGrammarBackend:
+    """The compile backend `name` for this tokenizer and logits width."""
+    if name == "xgrammar":
+        from radixlm.runtime.constrained.xgrammar_backend import XGrammarBackend
+
+        return XGrammarBackend(tokenizer, vocab_size, num_workers=num_workers, enable_jump_forward=enable_jump_forward)
+    if name != "outlines":
+        raise ValueError(f"grammar backend must be one of {', '.join(GRAMMAR_BACKENDS)}, got {name!r}")
+    from radixlm.runtime.constrained.grammar import GrammarBackend
+
+    return GrammarBackend(tokenizer, vocab_size, num_workers=num_workers, enable_jump_forward=enable_jump_forward,
+                          whitespace_pattern=whitespace_pattern)
+
+
+def validate(name: str, kind: str, spec: object) -> None:
+    """GrammarError if backend `name` cannot serve this grammar (naming the backends that can
+    serve its kind) or the spec is malformed; quick, without the vocabulary."""
+    if kind not in KINDS[name]:
+        able = [b for b in GRAMMAR_BACKENDS if kind in KINDS[b]]
+        raise GrammarError(f"the {name} grammar backend cannot serve {kind} grammars; "
+                           f"start the server with --grammar-backend {' or '.join(able)}")
+    if name == "outlines":
+        validate_outlines(kind, spec)
+        return
+    import xgrammar as xgr
+
+    from radixlm.runtime.constrained.xgrammar_backend import normalize
+
+    normalized = normalize(kind, spec)
+    try:
+        if kind == "ebnf":
+            xgr.Grammar.from_ebnf(normalized)
+        elif kind == "json_schema":
+            xgr.Grammar.from_json_schema(normalized)
+        elif kind == "regex":
+            xgr.Grammar.from_regex(normalized)
+        else:
+            json.loads(normalized)
+    except (RuntimeError, ValueError) as e:
+        raise GrammarError(f"invalid {kind} grammar: {xgrammar_reason(e)}") from None
+
+
+def xgrammar_reason(error: Exception) -> str:
+    """xgrammar's error message without its log prefix (`[12:00:00] /path/file.cc:820: `)."""
+    text = str(error).strip()
+    first = text.splitlines()[0] if text else type(error).__name__
+    return re.sub(r"^\[[^\]]*\]\s*\S+:\d+:\s*", "", first)

@@ -164,7 +164,7 @@ HELP = {
     "(default: cumulative, as SGLang streams them)",
     "disable_cpu_kernels": "run decode steps as torch ops instead of the C++ AVX-512 kernels (DecodeStack, packed linear)",
     "grammar_backend": "compiles regex / JSON-schema / EBNF constraints: outlines (token DFA; no EBNF, no recursive "
-    "schemas) or xgrammar (context-free: EBNF via `ebnf`, recursive $ref)",
+    "schemas), xgrammar or llguidance (context-free: EBNF via `ebnf`, recursive $ref)",
     "disable_adaptive_threads": "on CPU, keep torch's thread count fixed instead of using only the cores other processes "
     "leave free (runtime/model/cpu_threads.py)",
 }

@@ -5,6 +5,8 @@ door's check of a request's grammar against the chosen one.
   (`grammar.GrammarBackend`); no context-free grammars, no recursive `$ref`.
 - `xgrammar`: regex, JSON schema (with recursion) and choices, plus EBNF (`ebnf`, xgrammar's
   GBNF-style dialect: `root ::= ...`), compiled by xgrammar (`xgrammar_backend`).
+- `llguidance`: the same kinds; `ebnf` is read as a Lark grammar (`start: ...`) or as llama.cpp's
+  GBNF (`root ::= ...`) (`llguidance_backend`).
 """
 
 from __future__ import annotations
@@ -18,16 +20,22 @@ from radixlm.runtime.constrained.spec import validate as validate_outlines
 
 if TYPE_CHECKING:
     from radixlm.runtime.constrained.grammar import GrammarBackend
+    from radixlm.runtime.constrained.llguidance_backend import LLGuidanceBackend
     from radixlm.runtime.constrained.xgrammar_backend import XGrammarBackend
     from radixlm.runtime.tokenizer import Tokenizer
 
-GRAMMAR_BACKENDS = ("outlines", "xgrammar")
-KINDS = {"outlines": ("regex", "json_schema", "choices"), "xgrammar": ("regex", "json_schema", "choices", "ebnf")}
+GRAMMAR_BACKENDS = ("outlines", "xgrammar", "llguidance")
+CFG = ("regex", "json_schema", "choices", "ebnf")
+KINDS = {"outlines": ("regex", "json_schema", "choices"), "xgrammar": CFG, "llguidance": CFG}
 
 
 def create(name: str, tokenizer: Tokenizer, vocab_size: int, *, num_workers: int, enable_jump_forward: bool,
-           whitespace_pattern: str | None) -> GrammarBackend | XGrammarBackend:
+           whitespace_pattern: str | None) -> GrammarBackend | XGrammarBackend | LLGuidanceBackend:
     """The compile backend `name` for this tokenizer and logits width."""
+    if name == "llguidance":
+        from radixlm.runtime.constrained.llguidance_backend import LLGuidanceBackend
+
+        return LLGuidanceBackend(tokenizer, vocab_size, num_workers=num_workers, enable_jump_forward=enable_jump_forward)
     if name == "xgrammar":
         from radixlm.runtime.constrained.xgrammar_backend import XGrammarBackend
 
@@ -50,11 +58,16 @@ def validate(name: str, kind: str, spec: object) -> None:
     if name == "outlines":
         validate_outlines(kind, spec)
         return
+    from radixlm.runtime.constrained.compile_cache import normalize_cfg
+
+    normalized = normalize_cfg(kind, spec)
+    if name == "llguidance":
+        from radixlm.runtime.constrained.llguidance_backend import check
+
+        check(kind, normalized)
+        return
     import xgrammar as xgr
 
-    from radixlm.runtime.constrained.xgrammar_backend import normalize
-
-    normalized = normalize(kind, spec)
     try:
         if kind == "ebnf":
             xgr.Grammar.from_ebnf(normalized)

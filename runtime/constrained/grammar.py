@@ -18,16 +18,14 @@ shared by many `Grammar`s; each `Grammar` must be used by one thread at a time.
 
 from __future__ import annotations
 
-import threading
 import time
-from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import numpy as np
 import outlines_core
 import torch
 
+from radixlm.runtime.constrained.compile_cache import CompileCache
 from radixlm.runtime.constrained.errors import GrammarError
 from radixlm.runtime.constrained.index_worker import IndexWorker
 from radixlm.runtime.constrained.jump_forward import JumpForward
@@ -237,8 +235,9 @@ def _build_index(kind: str, regex: str, vocab: GrammarVocabulary, worker: IndexW
     raise GrammarError(f"cannot compile the {kind} grammar (regex {shown!r}): {reason}")
 
 
-class GrammarBackend:
-    """Compiles grammars off the caller's thread and caches them (LRU of `max_cache` entries).
+class GrammarBackend(CompileCache[CompiledGrammar]):
+    """Compiles grammars off the caller's thread and caches them (LRU of `max_cache` entries;
+    `get(kind, spec)` -> Future, see `compile_cache`).
 
     `vocab_size` is the model's logits width (may exceed the tokenizer's length). With
     `enable_jump_forward`, compiled grammars also carry their `JumpForward` (a few ms more).
@@ -257,40 +256,14 @@ class GrammarBackend:
         enable_jump_forward: bool = True,
         compile_timeout_s: float | None = None,
     ):
+        super().__init__("grammar", max_cache, num_workers, normalize_spec)
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
-        self.max_cache = max_cache
         self.whitespace_pattern = whitespace_pattern
         self.enable_jump_forward = enable_jump_forward
-        self._executor = ThreadPoolExecutor(max_workers=num_workers, thread_name_prefix="grammar-compile")
         timeout_s = RADIXLM_GRAMMAR_COMPILE_TIMEOUT.get() if compile_timeout_s is None else compile_timeout_s
         # as many builders as threads: a compile never waits for another's child
         self._index_worker = IndexWorker(timeout_s, GRAMMAR_COMPILE_MAX_MEMORY_BYTES, max_builders=num_workers)
-        self._key_to_future: OrderedDict[tuple[str, str], Future[CompiledGrammar]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, kind: str, spec: object) -> Future[CompiledGrammar]:
-        """The compiled grammar for (kind, spec), as a future; never blocks on compilation.
-
-        A cached spec returns the same (usually already done) future. A malformed spec returns an
-        already-failed future; compile failures also surface as GrammarError from `.result()`.
-        """
-        try:
-            key = (kind, normalize_spec(kind, spec))
-        except GrammarError as e:
-            failed: Future[CompiledGrammar] = Future()
-            failed.set_exception(e)
-            return failed
-        with self._lock:
-            future = self._key_to_future.get(key)
-            if future is not None:
-                self._key_to_future.move_to_end(key)
-                return future
-            future = self._executor.submit(self._compile, *key)
-            self._key_to_future[key] = future
-            while len(self._key_to_future) > self.max_cache:
-                self._key_to_future.popitem(last=False)
-            return future
 
     def _compile(self, kind: str, normalized: str) -> CompiledGrammar:
         """Runs in a worker thread. The first call also builds the tokenizer's vocabulary."""
@@ -321,5 +294,5 @@ class GrammarBackend:
 
     def shutdown(self) -> None:
         """Stops the workers; queued compiles are cancelled, running ones fail (their builders are killed)."""
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        super().shutdown()
         self._index_worker.close()

@@ -12,24 +12,20 @@ model's vocabulary), in a worker thread so the scheduler never waits on one.
 from __future__ import annotations
 
 import json
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 import xgrammar as xgr
 
+from radixlm.runtime.constrained.compile_cache import CompileCache, unpack_bitmask
 from radixlm.runtime.constrained.errors import GrammarError
 from radixlm.runtime.constrained.spec import choices_regex
 
 if TYPE_CHECKING:
     from radixlm.runtime.tokenizer import Tokenizer
 
-XGRAMMAR_KINDS = ("regex", "json_schema", "choices", "ebnf")
 MAX_DRAFT_TOKENS = 16  # the longest jump-forward draft
 
 
@@ -68,13 +64,8 @@ class XGrammarState:
     def fill_vocab_mask(self, mask_row: torch.Tensor) -> None:
         """Overwrites `mask_row` (bool [vocab_size]): True = allowed (EOS once the output is complete)."""
         vocab_size = self.compiled.vocab_size
-        if mask_row.shape != (vocab_size,) or mask_row.dtype != torch.bool:
-            raise ValueError(f"mask_row must be bool of shape ({vocab_size},), got {mask_row.shape}")
         self._matcher.fill_next_token_bitmask(self._bitmask)
-        words = self._bitmask[0].numpy().view(np.uint32)
-        allowed = np.unpackbits(words.astype("<u4", copy=False).view(np.uint8), bitorder="little")[:vocab_size]
-        allowed[self.compiled.tokenizer_len :] = 0
-        np.copyto(mask_row.numpy(), allowed.view(np.bool_))
+        unpack_bitmask(self._bitmask[0], vocab_size, self.compiled.tokenizer_len, mask_row)
 
     def fill_vocab_masks(self, mask_rows: torch.Tensor, draft: list[int]) -> None:
         """Row j of `mask_rows` gets the mask after `draft[:j]`; the state does not change."""
@@ -116,42 +107,20 @@ class XGrammarState:
         return self.compiled.new_state()
 
 
-class XGrammarBackend:
+class XGrammarBackend(CompileCache[XGrammarCompiled]):
     """Compiles grammars with xgrammar in a worker thread, cached (LRU of `max_cache` entries)."""
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, max_cache: int = 64, num_workers: int = 2,
                  any_whitespace: bool = False, enable_jump_forward: bool = True):
         """`any_whitespace=False`: JSON output is laid out as `json.dumps` does by default
         (`", "` and `": "` between items, no other whitespace)."""
+        super().__init__("xgrammar", max_cache, num_workers)
         self.enable_jump_forward = enable_jump_forward
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
-        self.max_cache = max_cache
         self.any_whitespace = any_whitespace
         info = xgr.TokenizerInfo.from_huggingface(tokenizer._tok, vocab_size=vocab_size)
         self._compiler = xgr.GrammarCompiler(info, max_threads=1)
-        self._executor = ThreadPoolExecutor(max_workers=num_workers, thread_name_prefix="xgrammar-compile")
-        self._key_to_future: OrderedDict[tuple[str, str], Future[XGrammarCompiled]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, kind: str, spec: object) -> Future[XGrammarCompiled]:
-        """The compiled grammar for (kind, spec), as a future; never blocks on compilation."""
-        try:
-            key = (kind, normalize(kind, spec))
-        except GrammarError as e:
-            failed: Future[XGrammarCompiled] = Future()
-            failed.set_exception(e)
-            return failed
-        with self._lock:
-            future = self._key_to_future.get(key)
-            if future is None:
-                future = self._executor.submit(self._compile, *key)
-                self._key_to_future[key] = future
-                while len(self._key_to_future) > self.max_cache:
-                    self._key_to_future.popitem(last=False)
-            else:
-                self._key_to_future.move_to_end(key)
-            return future
 
     def _compile(self, kind: str, normalized: str) -> XGrammarCompiled:
         start = time.perf_counter()
@@ -174,27 +143,3 @@ class XGrammarBackend:
     def _encode_plain(self, text: str) -> list[int]:
         special_ids = set(self.tokenizer._tok.all_special_ids)
         return [i for i in self.tokenizer.encode(text) if i not in special_ids]
-
-    def shutdown(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
-
-
-def normalize(kind: str, spec: object) -> str:
-    """The cache key's text of a spec; GrammarError if malformed."""
-    if kind not in XGRAMMAR_KINDS:
-        raise GrammarError(f"unknown grammar kind {kind!r}; expected one of {', '.join(XGRAMMAR_KINDS)}")
-    if kind == "json_schema":
-        try:
-            schema = json.loads(spec) if isinstance(spec, str) else spec
-        except json.JSONDecodeError as e:
-            raise GrammarError(f"json_schema is not valid JSON: {e}") from None
-        if not isinstance(schema, (dict, bool)):
-            raise GrammarError("json_schema must be a JSON object")
-        return json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
-    if kind == "choices":
-        if not isinstance(spec, (list, tuple)) or not spec or not all(isinstance(c, str) for c in spec):
-            raise GrammarError("choices must be a non-empty list of strings")
-        return json.dumps(list(spec), ensure_ascii=False)
-    if not isinstance(spec, str) or not spec:
-        raise GrammarError(f"{kind} must be a non-empty string")
-    return spec

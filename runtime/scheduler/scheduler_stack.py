@@ -9,6 +9,7 @@ from typing import Any
 
 from radixlm.runtime.constrained import backends as grammar_backends
 from radixlm.runtime.constrained.grammar import NUM_GRAMMAR_COMPILE_WORKERS, GrammarBackend
+from radixlm.runtime.constrained.llguidance_backend import LLGuidanceBackend
 from radixlm.runtime.constrained.xgrammar_backend import XGrammarBackend
 from radixlm.runtime.detokenizer.detokenizer import IncrementalDecoder
 from radixlm.runtime.model.model_config import ModelConfig
@@ -26,7 +27,7 @@ class SchedulerStack:
     model_config: ModelConfig
     tokenizer: Tokenizer
     runner: ModelRunner
-    grammar_backend: GrammarBackend | XGrammarBackend
+    grammar_backend: GrammarBackend | XGrammarBackend | LLGuidanceBackend
     scheduler: Scheduler
     eos_ids: frozenset[int]
 

@@ -1,7 +1,7 @@
-"""`--grammar-backend xgrammar` end to end on the tiny model: EBNF through the native API, both
-OpenAI endpoints (the real `openai` client, `extra_body`) and the language; JSON schemas; the
-outlines backend answers 400 naming the backend that can serve EBNF; greedy output is the same
-with jump-forward on and off. (Recursive schemas, token by token: tests/runtime/test_xgrammar_backend.py.)"""
+"""`--grammar-backend xgrammar` and `llguidance` end to end on the tiny model: EBNF through the
+native API, both OpenAI endpoints (the real `openai` client, `extra_body`) and the language; JSON
+schemas; the outlines backend answers 400 naming the backends that can serve EBNF; greedy output is
+the same with jump-forward on and off. (Recursive schemas, token by token: tests/runtime/test_cfg_backends.py.)"""
 
 from __future__ import annotations
 
@@ -27,11 +27,13 @@ CHOICE_SCHEMA = {
 }
 
 
-@pytest.fixture(scope="module")
-def xgrammar_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
-    log = tmp_path_factory.mktemp("server") / "xgrammar.log"
+@pytest.fixture(scope="module", params=["xgrammar", "llguidance"])
+def cfg_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory,
+                    request: pytest.FixtureRequest) -> Iterator[ServerHandle]:
+    """A server on each context-free grammar backend."""
+    log = tmp_path_factory.mktemp("server") / f"{request.param}.log"
     server = start_server(tiny_model_dir, log, "--max-total-tokens", "4096", "--random-seed", "0",
-                          "--grammar-backend", "xgrammar")
+                          "--grammar-backend", request.param)
     yield server
     server.stop()
 
@@ -42,22 +44,22 @@ def _generate(url: str, **params: object) -> dict:
     return resp.json()
 
 
-def test_native_ebnf_output_is_in_the_language(xgrammar_server: ServerHandle) -> None:
+def test_native_ebnf_output_is_in_the_language(cfg_server: ServerHandle) -> None:
     for seed in range(6):
-        out = _generate(xgrammar_server.url, ebnf=YES_NO, temperature=1.0, seed=seed, max_new_tokens=16)
+        out = _generate(cfg_server.url, ebnf=YES_NO, temperature=1.0, seed=seed, max_new_tokens=16)
         assert out["text"] in ANSWERS, out["text"]
         assert out["meta_info"]["finish_reason"]["type"] == "stop"
 
 
-def test_native_json_schema_output_validates(xgrammar_server: ServerHandle) -> None:
+def test_native_json_schema_output_validates(cfg_server: ServerHandle) -> None:
     for seed in range(4):
-        out = _generate(xgrammar_server.url, json_schema=json.dumps(CHOICE_SCHEMA), temperature=1.0, seed=seed,
+        out = _generate(cfg_server.url, json_schema=json.dumps(CHOICE_SCHEMA), temperature=1.0, seed=seed,
                         max_new_tokens=64)
         jsonschema.validate(json.loads(out["text"]), CHOICE_SCHEMA)
 
 
-def test_openai_endpoints_take_ebnf_in_the_body(xgrammar_server: ServerHandle) -> None:
-    client = openai.OpenAI(base_url=xgrammar_server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+def test_openai_endpoints_take_ebnf_in_the_body(cfg_server: ServerHandle) -> None:
+    client = openai.OpenAI(base_url=cfg_server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
     model = client.models.list().data[0].id
     chat = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Well?"}],
                                           max_tokens=16, temperature=1.0, seed=1, extra_body={"ebnf": YES_NO})
@@ -67,20 +69,20 @@ def test_openai_endpoints_take_ebnf_in_the_body(xgrammar_server: ServerHandle) -
     assert completion.choices[0].text in ANSWERS
 
 
-def test_a_bad_grammar_is_a_400_and_the_server_keeps_serving(xgrammar_server: ServerHandle) -> None:
-    resp = httpx.post(xgrammar_server.url + "/generate",
+def test_a_bad_grammar_is_a_400_and_the_server_keeps_serving(cfg_server: ServerHandle) -> None:
+    resp = httpx.post(cfg_server.url + "/generate",
                       json={"text": "x", "sampling_params": {"ebnf": "root ::= ("}}, timeout=60)
     assert resp.status_code == 400
-    assert "sampling_params.ebnf: invalid ebnf grammar: EBNF parser error" in resp.text
-    assert _generate(xgrammar_server.url, ebnf=YES_NO, max_new_tokens=8)["text"] in ANSWERS
+    assert "sampling_params.ebnf: invalid ebnf grammar" in resp.text
+    assert _generate(cfg_server.url, ebnf=YES_NO, max_new_tokens=8)["text"] in ANSWERS
 
 
-def test_language_gen_with_ebnf(xgrammar_server: ServerHandle) -> None:
+def test_language_gen_with_ebnf(cfg_server: ServerHandle) -> None:
     @rl.function
     def answer(s: rl.ProgramState) -> None:
         s += "Is it? " + rl.gen("a", ebnf=YES_NO, max_tokens=16, temperature=1.0)
 
-    state = answer.run(backend=rl.RuntimeEndpoint(xgrammar_server.url))
+    state = answer.run(backend=rl.RuntimeEndpoint(cfg_server.url))
     assert state["a"] in ANSWERS
 
 
@@ -88,16 +90,17 @@ def test_outlines_backend_refuses_ebnf_naming_xgrammar(tiny_server: ServerHandle
     resp = httpx.post(tiny_server.url + "/generate",
                       json={"text": "x", "sampling_params": {"ebnf": YES_NO}}, timeout=60)
     assert resp.status_code == 400
-    assert "the outlines grammar backend cannot serve ebnf grammars; start the server with --grammar-backend xgrammar" \
-        in resp.text
+    assert ("the outlines grammar backend cannot serve ebnf grammars; start the server with --grammar-backend "
+            "xgrammar or llguidance") in resp.text
 
 
-def test_greedy_output_is_the_same_with_jump_forward_on_and_off(tiny_model_dir: Path) -> None:
+@pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
+def test_greedy_output_is_the_same_with_jump_forward_on_and_off(tiny_model_dir: Path, backend: str) -> None:
     from radixlm.runtime.engine import Engine
 
     outputs = []
     for disable in (False, True):
-        with Engine(str(tiny_model_dir), max_total_tokens=2048, grammar_backend="xgrammar",
+        with Engine(str(tiny_model_dir), max_total_tokens=2048, grammar_backend=backend,
                     disable_jump_forward=disable) as engine:
             params = {"json_schema": json.dumps(CHOICE_SCHEMA), "max_new_tokens": 64, "temperature": 0.0}
             out = engine.generate(prompt=["Colors:", "Pick one:"], sampling_params=params)

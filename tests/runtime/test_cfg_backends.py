@@ -1,8 +1,9 @@
-"""The xgrammar grammar backend (runtime/constrained/xgrammar_backend.py) on the default model's
-tokenizer, driven token by token as the scheduler drives a grammar: a recursive JSON schema and an
-EBNF grammar accept exactly their languages (masks, accept, EOS at completion), jump-forward drafts
-are allowed and leave the state unchanged, masks along a draft equal stepping, and bad grammars
-fail their future with a GrammarError. (Wiring into the server: issue 13, not yet.)"""
+"""The context-free grammar backends, xgrammar and llguidance (runtime/constrained/), on the
+default model's tokenizer, driven token by token as the scheduler drives a grammar: a recursive JSON
+schema and an EBNF grammar accept exactly their languages (masks, accept, EOS at completion),
+jump-forward drafts are allowed and leave the state unchanged, masks along a draft equal stepping,
+a refused token leaves the state as it was, and bad grammars fail their future with a GrammarError.
+(End to end through the server: tests/server/test_grammar_backends.py.)"""
 
 from __future__ import annotations
 
@@ -14,8 +15,11 @@ import pytest
 import torch
 
 from radixlm.runtime.constrained.errors import GrammarError
+from radixlm.runtime.constrained.llguidance_backend import LLGuidanceBackend
 from radixlm.runtime.constrained.xgrammar_backend import XGrammarBackend
 from radixlm.runtime.tokenizer import Tokenizer
+
+Backend = XGrammarBackend | LLGuidanceBackend
 
 TREE = {
     "type": "object",
@@ -24,11 +28,12 @@ TREE = {
 }
 
 
-@pytest.fixture(scope="module")
-def backend(tiny_model_dir: Path) -> XGrammarBackend:
+@pytest.fixture(scope="module", params=["xgrammar", "llguidance"])
+def backend(tiny_model_dir: Path, request: pytest.FixtureRequest) -> Backend:
     tokenizer = Tokenizer(tiny_model_dir)
     # logits wider than the tokenizer, as models pad their vocabulary
-    return XGrammarBackend(tokenizer, tokenizer.vocab_size + 64)
+    cls = XGrammarBackend if request.param == "xgrammar" else LLGuidanceBackend
+    return cls(tokenizer, tokenizer.vocab_size + 64)
 
 
 def _mask(state: object, vocab_size: int) -> torch.Tensor:
@@ -37,14 +42,20 @@ def _mask(state: object, vocab_size: int) -> torch.Tensor:
     return row
 
 
-def _feed(backend: XGrammarBackend, state: object, text: str) -> None:
+def _plain(backend: Backend, text: str) -> list[int]:
+    """Token ids of `text` without the special tokens the tokenizer may add."""
+    special = set(backend.tokenizer._tok.all_special_ids)
+    return [i for i in backend.tokenizer.encode(text) if i not in special]
+
+
+def _feed(backend: Backend, state: object, text: str) -> None:
     """Each token of `text` is allowed by the mask before it and accepted."""
-    for token in backend._encode_plain(text):
+    for token in _plain(backend, text):
         assert _mask(state, backend.vocab_size)[token], (text, token)
         state.accept_token(token)  # type: ignore[attr-defined]
 
 
-def test_a_recursive_schema_accepts_a_tree_and_ends_with_eos(backend: XGrammarBackend) -> None:
+def test_a_recursive_schema_accepts_a_tree_and_ends_with_eos(backend: Backend) -> None:
     text = json.dumps({"name": "root", "children": [{"name": "a", "children": [{"name": "b", "children": []}]}]})
     jsonschema.validate(json.loads(text), TREE)
     state = backend.get("json_schema", TREE).result(timeout=60).new_state()
@@ -53,22 +64,23 @@ def test_a_recursive_schema_accepts_a_tree_and_ends_with_eos(backend: XGrammarBa
     _feed(backend, state, text)
     mask = _mask(state, backend.vocab_size)
     assert mask[eos] and not mask[backend.tokenizer.vocab_size :].any()
-    assert not state.is_terminated()
+    # the tree is closed: only EOS may follow; a backend may already say so (llguidance)
+    assert mask.sum() == 1
     state.accept_token(eos)
     assert state.is_terminated()
 
 
-def test_the_schema_forbids_what_it_does_not_allow(backend: XGrammarBackend) -> None:
+def test_the_schema_forbids_what_it_does_not_allow(backend: Backend) -> None:
     state = backend.get("json_schema", TREE).result(timeout=60).new_state()
     _feed(backend, state, '{"name": "x"')
-    closing = backend._encode_plain("}")[0]
+    closing = _plain(backend, "}")[0]
     assert not _mask(state, backend.vocab_size)[closing]  # "children" is required
     with pytest.raises(ValueError, match="not allowed"):
         state.accept_token(closing)
     _feed(backend, state, ', "children": []}')  # the state was unchanged by the refused token
 
 
-def test_ebnf_grammar(backend: XGrammarBackend) -> None:
+def test_ebnf_grammar(backend: Backend) -> None:
     compiled = backend.get("ebnf", 'root ::= "yes" | "no" | "maybe " [0-9]+').result(timeout=60)
     eos = backend.tokenizer._tok.eos_token_id
     state = compiled.new_state()
@@ -79,10 +91,10 @@ def test_ebnf_grammar(backend: XGrammarBackend) -> None:
     other = compiled.new_state()
     _feed(backend, other, "no")
     assert _mask(other, backend.vocab_size)[eos]
-    assert not _mask(other, backend.vocab_size)[backend._encode_plain("yes")[0]]
+    assert not _mask(other, backend.vocab_size)[_plain(backend, "yes")[0]]
 
 
-def test_jump_forward_draft_is_allowed_and_leaves_the_state(backend: XGrammarBackend) -> None:
+def test_jump_forward_draft_is_allowed_and_leaves_the_state(backend: Backend) -> None:
     state = backend.get("json_schema", TREE).result(timeout=60).new_state()
     before = _mask(state, backend.vocab_size)
     draft = state.jump_forward_ids(last_token_id=0, max_tokens=16)
@@ -99,7 +111,7 @@ def test_jump_forward_draft_is_allowed_and_leaves_the_state(backend: XGrammarBac
     assert state.jump_forward_ids(0, 0) == []
 
 
-def test_choices_and_regex(backend: XGrammarBackend) -> None:
+def test_choices_and_regex(backend: Backend) -> None:
     eos = backend.tokenizer._tok.eos_token_id
     state = backend.get("choices", ["red", "green"]).result(timeout=60).new_state()
     _feed(backend, state, "green")
@@ -111,8 +123,8 @@ def test_choices_and_regex(backend: XGrammarBackend) -> None:
     assert _mask(state, backend.vocab_size)[eos]
 
 
-def test_bad_grammars_fail_their_future(backend: XGrammarBackend) -> None:
-    with pytest.raises(GrammarError, match="cannot compile the ebnf grammar with xgrammar"):
+def test_bad_grammars_fail_their_future(backend: Backend) -> None:
+    with pytest.raises(GrammarError, match="ebnf grammar"):
         backend.get("ebnf", "root ::= (").result(timeout=60)
     with pytest.raises(GrammarError, match="unknown grammar kind 'cfg'"):
         backend.get("cfg", "x").result(timeout=60)

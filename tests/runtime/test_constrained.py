@@ -541,3 +541,23 @@ def test_backend_compiles_in_background_and_caches(tokenizer: Tokenizer) -> None
         assert backend.get("json_schema", schema) is not future
     finally:
         backend.shutdown()
+
+
+def test_outlines_serves_recursive_refs_to_a_bounded_depth() -> None:
+    """The documented bound (README, `grammar_backend`): with the outlines backend a `$ref` to an
+    ancestor is unrolled so that the root's descendants may nest 3 levels; the context-free
+    backends (xgrammar, llguidance) serve any depth."""
+    from radixlm.runtime.constrained.json_schema import schema_to_regex
+
+    tree = {"type": "object", "required": ["name", "children"],
+            "properties": {"name": {"type": "string"}, "children": {"type": "array", "items": {"$ref": "#"}}}}
+
+    def nested(depth: int) -> str:
+        node: dict = {"name": "a", "children": []}
+        for _ in range(depth):
+            node = {"name": "a", "children": [node]}
+        return json.dumps(node, separators=(",", ":"))
+
+    regex = schema_to_regex(tree)
+    assert all(re.fullmatch(regex, nested(depth)) for depth in range(4))
+    assert not re.fullmatch(regex, nested(4))

@@ -173,9 +173,6 @@ TileConfig make_tile_config() {
 
 const TileConfig kTileConfig = make_tile_config();
 
-__attribute__((target("amx-tile,amx-bf16"))) void amx_configure() { _tile_loadconfig(&kTileConfig); }
-
-__attribute__((target("amx-tile"))) void amx_release() { _tile_release(); }
 
 // Rows [m0, m1) (m0 a multiple of 16; xb zero-padded to whole 16-row blocks) x one panel.
 __attribute__((target("amx-tile,amx-bf16"))) void amx_unit(const uint16_t* xb, int64_t m0, int64_t m1, int64_t M,
@@ -228,6 +225,10 @@ __attribute__((target("amx-tile,amx-bf16"))) void amx_unit(const uint16_t* xb, i
 }
 
 }  // namespace
+
+__attribute__((target("amx-tile,amx-bf16"))) void amx_configure() { _tile_loadconfig(&kTileConfig); }
+
+__attribute__((target("amx-tile"))) void amx_release() { _tile_release(); }
 
 const CpuFeatures& cpu_features() {
   static const CpuFeatures features = detect();

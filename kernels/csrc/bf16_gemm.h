@@ -41,6 +41,11 @@ Bf16Path bf16_path(int requested = -1);
 void bf16_gemm(const float* x, int64_t M, int64_t K, const uint16_t* w, int64_t panels, float* out, int64_t ld_out,
                const float* residual, int64_t ld_res, const float* bias, Bf16Path path);
 
+// This thread's tiles: all 8 configured as 16 rows x 64 bytes (a bf16 tile 16 x 32, a float32
+// accumulator 16 x 16), and given back. Needs Bf16Path::kAmx.
+void amx_configure();
+void amx_release();
+
 constexpr int64_t kVnniPanel = 32;
 constexpr int64_t kVnniK = 32;  // K is padded to a multiple of this (one AMX tile's depth)
 inline int64_t vnni_k(int64_t k) { return (k + kVnniK - 1) / kVnniK * kVnniK; }

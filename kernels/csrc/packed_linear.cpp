@@ -3,14 +3,12 @@
 // bf16 features, and DecodeStack (decode_stack.h: every decoder layer of a decode step).
 #include <torch/extension.h>
 
+#include "amx_attention.h"
 #include "bf16_gemm.h"
 #include "decode_stack.h"
 #include "packed_gemm.h"
 
 namespace radixlm {
-torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& k_buf, const torch::Tensor& v_buf,
-                              const torch::Tensor& req_to_token, const torch::Tensor& rows, const torch::Tensor& seq_lens,
-                              const torch::Tensor& extend_lens, const torch::Tensor& extend_start, double scale);
 torch::Tensor rms_norm(const torch::Tensor& x, const c10::optional<torch::Tensor>& weight, double eps);
 torch::Tensor silu_mul(const torch::Tensor& gu);
 }  // namespace radixlm
@@ -86,7 +84,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &radixlm::rms_norm, "x / sqrt(mean(x^2) + eps) (* weight) per row, float32 arithmetic, x's dtype");
   m.def("silu_mul", &radixlm::silu_mul, "silu(gate) * up of [T, 2n] gate|up rows, float32 arithmetic, one rounding");
   m.def("paged_attention", &radixlm::paged_attention,
-        "causal attention of new tokens over their requests' context, read in place from the KV pool");
+        "causal attention of new tokens over their requests' context, read in place from the KV pool",
+        pybind11::arg("q"), pybind11::arg("k_buf"), pybind11::arg("v_buf"), pybind11::arg("req_to_token"),
+        pybind11::arg("rows"), pybind11::arg("seq_lens"), pybind11::arg("extend_lens"), pybind11::arg("extend_start"),
+        pybind11::arg("scale"), pybind11::arg("amx") = false);
+  m.def("amx_attention_supported", &radixlm::amx_attention_supported,
+        "whether paged_attention(amx=True) runs long extends of this head_dim on AMX tiles here");
   pybind11::class_<radixlm::DecodeStack>(m, "DecodeStack")
       .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double>())
       .def("add_layer", &radixlm::DecodeStack::add_layer)

@@ -24,6 +24,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "amx_attention.h"
+#include "decode_stack.h"
 #include "simd_math.h"
 
 namespace radixlm {
@@ -49,30 +51,6 @@ inline __m512 load_row16(const T* p) {
     const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
   }
-}
-
-// In place: r[j][d] -> r[d][j] for a 16 x 16 float tile held in 16 vectors.
-inline void transpose16(__m512 r[16]) {
-  __m512 t[16];
-  for (int i = 0; i < 8; ++i) {  // per 128-bit lane L: [r2i[4L], r2i+1[4L], r2i[4L+1], r2i+1[4L+1]] / +2, +3
-    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  for (int i = 0; i < 4; ++i) {  // r[4i + k] lane L: column 4L + k of rows 4i..4i+3
-    r[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-    r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-    r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-    r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-  }
-  for (int k = 0; k < 4; ++k) {  // a 4 x 4 transpose of 128-bit lanes, for each k
-    const __m512 p = _mm512_shuffle_f32x4(r[k], r[4 + k], 0x44), q = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0x44);
-    const __m512 u = _mm512_shuffle_f32x4(r[k], r[4 + k], 0xEE), w = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0xEE);
-    t[k] = _mm512_shuffle_f32x4(p, q, 0x88);
-    t[4 + k] = _mm512_shuffle_f32x4(p, q, 0xDD);
-    t[8 + k] = _mm512_shuffle_f32x4(u, w, 0x88);
-    t[12 + k] = _mm512_shuffle_f32x4(u, w, 0xDD);
-  }
-  for (int i = 0; i < 16; ++i) r[i] = t[i];
 }
 
 // One work unit: every query head of up to kTokens new tokens of one request. Each key block is
@@ -211,8 +189,10 @@ void run_units(const std::vector<Unit>& units, const float* q, float* out, int64
 
 torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& k_buf, const torch::Tensor& v_buf,
                               const torch::Tensor& req_to_token, const torch::Tensor& rows, const torch::Tensor& seq_lens,
-                              const torch::Tensor& extend_lens, const torch::Tensor& extend_start, double scale) {
-  TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat && q.is_contiguous(), "q must be contiguous float32 [T, Hq, D]");
+                              const torch::Tensor& extend_lens, const torch::Tensor& extend_start, double scale,
+                              bool amx) {
+  TORCH_CHECK(q.dim() == 3 && (q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16) && q.is_contiguous(),
+              "q must be contiguous float32 or bfloat16 [T, Hq, D]");
   TORCH_CHECK(k_buf.dim() == 3 && k_buf.is_contiguous() && v_buf.sizes() == k_buf.sizes() && v_buf.is_contiguous() &&
                   v_buf.scalar_type() == k_buf.scalar_type() &&
                   (k_buf.scalar_type() == at::kFloat || k_buf.scalar_type() == at::kBFloat16),
@@ -230,6 +210,8 @@ torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& k_buf
   const int64_t *ext = extend_lens.data_ptr<int64_t>(), *start = extend_start.data_ptr<int64_t>();
   const int32_t* r2t = req_to_token.data_ptr<int32_t>();
   std::vector<Unit> units;
+  std::vector<ExtendRequest> amx_requests;
+  const bool use_amx = amx && k_buf.scalar_type() == at::kBFloat16 && amx_attention_supported(D);
   for (int64_t b = 0; b < B; ++b) {
     TORCH_CHECK(row[b] >= 0 && row[b] < req_to_token.size(0) && seq[b] >= 1 && seq[b] <= context && ext[b] >= 1 &&
                     ext[b] <= seq[b] && start[b] >= 0 && start[b] + ext[b] <= T,
@@ -238,12 +220,31 @@ torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& k_buf
     for (int64_t p = 0; p < seq[b]; ++p) {
       TORCH_CHECK(slots[p] >= 0 && slots[p] < num_slots, "request ", b, ": a KV slot is out of range");
     }
+    if (use_amx && ext[b] >= kAmxMinTokens) {
+      amx_requests.push_back(ExtendRequest{slots, seq[b], ext[b], start[b]});
+      continue;
+    }
     for (int64_t first = 0; first < ext[b]; first += kTokens) units.push_back(Unit{b, first});
   }
-  auto out = torch::empty_like(q);
+  auto out = torch::empty_like(q);  // in q's dtype
   const float sc = static_cast<float>(scale);
-  const float* qp = q.data_ptr<float>();
-  float* op = out.data_ptr<float>();
+  if (!amx_requests.empty()) {
+    const auto* kp = static_cast<const uint16_t*>(k_buf.data_ptr());
+    const auto* vp = static_cast<const uint16_t*>(v_buf.data_ptr());
+    if (q.scalar_type() == at::kFloat) {
+      amx_extend_attention(amx_requests, q.data_ptr<float>(), out.data_ptr<float>(), Hq, Hkv, D, kp, vp, sc);
+    } else {
+      amx_extend_attention(amx_requests, static_cast<const uint16_t*>(q.data_ptr()), static_cast<uint16_t*>(out.data_ptr()),
+                           Hq, Hkv, D, kp, vp, sc);
+    }
+  }
+  if (units.empty()) return out;
+  // the vector kernel works in float32: a bf16 q is widened, and its rows narrowed back after
+  const bool narrow = q.scalar_type() == at::kBFloat16;
+  const torch::Tensor qf = narrow ? q.to(at::kFloat) : q;
+  torch::Tensor outf = narrow ? torch::empty_like(qf) : out;
+  const float* qp = qf.data_ptr<float>();
+  float* op = outf.data_ptr<float>();
   switch (D / 16) {
     case 1: run_units<1>(units, qp, op, Hq, Hkv, k_buf, v_buf, r2t, context, row, seq, ext, start, sc); break;
     case 2: run_units<2>(units, qp, op, Hq, Hkv, k_buf, v_buf, r2t, context, row, seq, ext, start, sc); break;
@@ -253,6 +254,11 @@ torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& k_buf
     case 8: run_units<8>(units, qp, op, Hq, Hkv, k_buf, v_buf, r2t, context, row, seq, ext, start, sc); break;
     case 16: run_units<16>(units, qp, op, Hq, Hkv, k_buf, v_buf, r2t, context, row, seq, ext, start, sc); break;
     default: TORCH_CHECK(false, "head_dim ", D, " is not supported (16, 32, 64, 80, 96, 128 or 256)");
+  }
+  if (narrow) {
+    for (int64_t b = 0; b < B; ++b) {
+      if (!(use_amx && ext[b] >= kAmxMinTokens)) out.narrow(0, start[b], ext[b]).copy_(outf.narrow(0, start[b], ext[b]));
+    }
   }
   return out;
 }

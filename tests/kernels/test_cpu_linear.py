@@ -66,9 +66,10 @@ def test_bfloat16_engine_decodes_through_the_kernel(ext: Any, tiny_model_dir: Pa
 
 @pytest.mark.parametrize("path", cpu_linear.BF16_PATHS)
 def test_bfloat16_decode_stack_against_float32(ext: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str) -> None:
-    """Teacher-forced decode steps (batched, different lengths) of a bfloat16 model through
-    DecodeStack, on each bf16 GEMM path this CPU runs, stay as close to the float32 model as
-    bfloat16 torch ops do, or closer."""
+    """A prompt's extend (32 new tokens: the AMX attention path where it runs) and then teacher-
+    forced decode steps (batched, different lengths) of a bfloat16 model through DecodeStack, on
+    each bf16 GEMM path this CPU runs, stay as close to the float32 model as bfloat16 torch ops
+    do, or closer."""
     if path not in cpu_linear.available_bf16_paths(ext):
         pytest.skip(f"this CPU cannot run the {path} bf16 path (its emulation runs here: the same kernel logic)")
     monkeypatch.setenv("RADIXLM_BF16_PATH", path)
@@ -78,7 +79,7 @@ def test_bfloat16_decode_stack_against_float32(ext: Any, tmp_path: Path, monkeyp
     from radixlm.runtime.model.model_config import ModelConfig
     from radixlm.runtime.model.model_runner import ModelRunner, RunnerConfig
 
-    save_tiny_model(tmp_path, "qwen3", vocab_size=512)  # q/k norms, GQA 4
+    save_tiny_model(tmp_path, "qwen3", vocab_size=512, head_dim=64)  # q/k norms, GQA 4, AMX-sized heads
     cfg = ModelConfig.from_dir(tmp_path)
     seqs = [list(range(7, 47)), [5, 3, 9, 11, 2, 8, 13, 21, 34, 55]]
     start = [len(s) - 8 for s in seqs]
@@ -90,9 +91,10 @@ def test_bfloat16_decode_stack_against_float32(ext: Any, tmp_path: Path, monkeyp
         assert runner.cpu_kernels == kernels
         if kernels:
             assert runner.model.decode_stack.bf16_path == cpu_linear.BF16_PATHS.index(path)
+            assert runner.attn_backend.amx == (path == "amx")
         rows = [runner.req_to_token_pool.alloc() for _ in seqs]
-        runner_extend(runner, rows, [0, 0], [s[:n] for s, n in zip(seqs, start)], all_logits=False)
-        steps = []
+        prompt = runner_extend(runner, rows, [0, 0], [s[:n] for s, n in zip(seqs, start)], all_logits=False)
+        steps = [torch.log_softmax(prompt.float(), dim=-1)]
         for step in range(8):
             logits = runner_decode(runner, rows, seqs, [n + step for n in start])
             steps.append(torch.log_softmax(logits.float(), dim=-1))

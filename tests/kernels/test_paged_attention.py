@@ -1,7 +1,9 @@
 """The C++ paged attention kernel (kernels/csrc/paged_attention.cpp) against the plain torch
 reference (kernels/reference.py): decode, extend and mixed batches over scattered pool slots,
-float32 and bfloat16 pools, every supported head size, GQA; and the attention backend's choice
-of path (the kernel for batches, torch's SDPA for one long uncached prompt)."""
+float32 and bfloat16 pools, every supported head size, GQA; its AMX tile path for long extends
+over a bfloat16 pool (csrc/amx_attention.cpp; skipped, with the reason, where the CPU has no
+AMX); and the attention backend's choice of path (the kernel for batches; torch's SDPA for one
+long uncached prompt unless the AMX path runs)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from radixlm.kernels import cpu_linear
 from radixlm.kernels.reference import extend_attention_ref
@@ -109,3 +112,74 @@ def test_backend_picks_its_path_and_both_agree(ext: Any, prefix_lens: list[int],
         outs.append(backend.forward(q, k, v, 0, batch))
     assert fast.num_paged_forwards == int(paged) and plain.num_paged_forwards == 0
     assert torch.allclose(outs[0], outs[1], atol=1e-5)
+
+
+def amx_runs(ext: Any) -> bool:
+    return "amx" in cpu_linear.available_bf16_paths(ext)
+
+
+def test_amx_attention_dispatch_follows_the_cpu(ext: Any) -> None:
+    for dim in (16, 32, 64, 80, 128, 256):
+        assert cpu_linear.amx_attention_supported(ext, dim) == (amx_runs(ext) and dim in (64, 128, 256))
+
+
+def _reference(q: torch.Tensor, batch: ForwardBatch, args: tuple, dim: int) -> torch.Tensor:
+    return extend_attention_ref(q.float(), args[0].float(), args[1].float(), *args[2:], batch.extend_lens, dim**-0.5)
+
+
+AMX_CASES = {name: CASES[name] for name in ("prefill", "extend over a prefix", "mixed lengths")}
+AMX_CASES["long prompts beside decodes"] = ([0, 7, 0, 33], [700, 1, 129, 16])
+
+
+@pytest.mark.parametrize("case", sorted(AMX_CASES))
+@pytest.mark.parametrize("q_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (2, 1, 128), (2, 2, 256)])
+def test_amx_path_matches_reference(ext: Any, case: str, q_dtype: torch.dtype, heads: int, kv_heads: int,
+                                    dim: int) -> None:
+    if not amx_runs(ext):
+        pytest.skip("this CPU (or its OS) does not let this process use AMX tiles")
+    pool, reqs, batch, q = scattered_batch(*AMX_CASES[case], heads, kv_heads, dim, torch.bfloat16)
+    q = q.to(q_dtype)
+    args = (pool.k_buffer[0], pool.v_buffer[0], reqs.req_to_token, batch.req_pool_indices, batch.seq_lens)
+    got = cpu_linear.paged_attention(ext, q, *args, batch.extend_lens, batch.extend_start_loc, dim**-0.5, amx=True)
+    assert got.dtype == q_dtype
+    # q, K, V and the softmax weights enter the tile products as bfloat16
+    assert (got.float() - _reference(q, batch, args, dim)).abs().max().item() < 1.6e-2
+
+
+def test_amx_path_is_as_close_as_torch_bf16_sdpa(ext: Any) -> None:
+    """W5's shape (one 2,000-token prompt, the default model's heads): the AMX path's largest
+    error against float32 is no larger than torch's own bfloat16 SDPA's on the same inputs."""
+    if not amx_runs(ext):
+        pytest.skip("this CPU (or its OS) does not let this process use AMX tiles")
+    pool, reqs, batch, q = scattered_batch([0], [2000], 9, 3, 64, torch.bfloat16)
+    args = (pool.k_buffer[0], pool.v_buffer[0], reqs.req_to_token, batch.req_pool_indices, batch.seq_lens)
+    want = _reference(q, batch, args, 64)
+    got = cpu_linear.paged_attention(ext, q, *args, batch.extend_lens, batch.extend_start_loc, 64**-0.5, amx=True)
+    k_ctx, v_ctx = (buf[reqs.req_to_token[batch.req_pool_indices[0], :2000].long()].transpose(0, 1)[None]
+                    for buf in args[:2])
+    torch_bf16 = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k_ctx, v_ctx, is_causal=True,
+                                                scale=64**-0.5, enable_gqa=True)[0].transpose(0, 1)
+    ours, theirs = ((x.float() - want).abs().max().item() for x in (got, torch_bf16))
+    assert ours <= theirs, (ours, theirs)
+
+
+def test_backend_sends_long_prompts_to_the_amx_path(ext: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over a bf16 pool with AMX every batch runs the paged kernel (long extends on tiles);
+    RADIXLM_BF16_PATH naming a vector path, or a CPU without AMX, keeps torch's SDPA for them."""
+    pool, reqs, batch, q = scattered_batch([0], [DENSE_PREFILL_MIN_LEN], 9, 3, 64, torch.bfloat16)
+    k = pool.k_buffer[0][batch.out_cache_loc].clone()
+    v = pool.v_buffer[0][batch.out_cache_loc].clone()
+    plain = TorchAttentionBackend(pool, reqs, 64**-0.5)
+    plain.init_forward_metadata(batch)
+    want = plain.forward(q, k, v, 0, batch).float()
+    monkeypatch.setenv("RADIXLM_BF16_PATH", "emulated")
+    vector = TorchAttentionBackend(pool, reqs, 64**-0.5, ext)
+    monkeypatch.delenv("RADIXLM_BF16_PATH")
+    fast = TorchAttentionBackend(pool, reqs, 64**-0.5, ext)
+    assert not vector.amx and fast.amx == amx_runs(ext)
+    for backend in (vector, fast):
+        backend.init_forward_metadata(batch)
+        got = backend.forward(q, k, v, 0, batch).float()
+        assert backend.num_paged_forwards == int(backend.amx)
+        assert (got - want).abs().max().item() < 1.6e-2

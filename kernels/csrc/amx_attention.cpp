@@ -1,0 +1,285 @@
+// Causal attention of long extends on AMX tiles (see amx_attention.h), flash-style: no score
+// matrix beyond one 16 x 32 block, online softmax in float32.
+//
+// First each (request, kv head)'s context is packed once from the pool: K as rows [keys][D] (an
+// A tile is 16 keys x 32 dims) and V transposed per 32-key block as [D][32 keys] (an A tile is 16
+// dims x 32 keys), zero past the context. A work unit is (request, query head, 16 new tokens).
+// Its queries become Q^T in VNNI pairs ([D/2][16 rows][2]: a B tile per 32 dims), and for each
+// 32-key block:
+//   S^T = K Q^T   two 16 x 16 float32 tiles, keys down, query rows across;
+//   softmax       one vector per key over the 16 rows: the block's row maxima are 31 vmaxps (no
+//                 horizontal reductions), exp in float32, the causal mask on diagonal blocks only;
+//   O^T += V^T P^T  the weights P^T as bf16 VNNI pairs (a B tile), one float32 tile per 16 dims,
+//                 folded into the float32 accumulator with the rescale of the running maximum.
+// Rows and keys are interleaved so that every reduction runs across vectors, never within one.
+#include "amx_attention.h"
+
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "bf16_gemm.h"
+#include "simd_math.h"
+
+namespace radixlm {
+namespace {
+
+constexpr int64_t kBlock = 32;  // keys per block
+constexpr int64_t kRows = 16;   // new tokens (query rows) per unit
+
+struct Unit {
+  int64_t request, head, first;  // first: the unit's first new token (of the request's)
+};
+
+// Pack keys [kb*32, kb*32 + 32) of one kv head: K rows and the V^T block (zeros past seq_len).
+void pack_block(const ExtendRequest& r, int64_t g, int64_t kb, int64_t Hkv, int64_t D, const uint16_t* k_buf,
+                const uint16_t* v_buf, uint16_t* kp, uint16_t* vt) {
+  uint16_t* vtb = vt + kb * D * kBlock;
+  for (int64_t k = 0; k < kBlock; ++k) {
+    const int64_t key = kb * kBlock + k;
+    uint16_t* dst = kp + key * D;
+    if (key >= r.seq_len) {
+      std::memset(dst, 0, D * sizeof(uint16_t));
+      for (int64_t d = 0; d < D; ++d) vtb[d * kBlock + k] = 0;
+      continue;
+    }
+    const int64_t row = (static_cast<int64_t>(r.slots[key]) * Hkv + g) * D;
+    std::memcpy(dst, k_buf + row, D * sizeof(uint16_t));
+    const uint16_t* v = v_buf + row;
+    for (int64_t d = 0; d < D; ++d) vtb[d * kBlock + k] = v[d];
+  }
+}
+
+// Q^T of a unit's rows in VNNI pairs: word [j][r] = (q[r][2j], q[r][2j+1]) as bfloat16 (float32
+// rounded to nearest even).
+template <typename T>
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) void pack_queries(const T* q, int64_t stride, int64_t n,
+                                                                          int64_t D, uint32_t* qt) {
+  for (int64_t c = 0; c < D / 32; ++c) {  // 16 words (32 dims) of every row at a time
+    __m512 w[16];
+    for (int64_t r = 0; r < kRows; ++r) {
+      const T* src = q + r * stride + c * 32;
+      if (r >= n) {
+        w[r] = _mm512_setzero_ps();
+      } else if constexpr (std::is_same_v<T, float>) {
+        const __m512bh pair = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + 16), _mm512_loadu_ps(src));
+        w[r] = _mm512_castsi512_ps(reinterpret_cast<__m512i>(pair));  // word i: dims 32c + 2i, 2i + 1
+      } else {
+        w[r] = _mm512_loadu_ps(src);
+      }
+    }
+    transpose16(w);
+    for (int64_t j = 0; j < 16; ++j) _mm512_storeu_ps(reinterpret_cast<float*>(qt + (c * 16 + j) * kRows), w[j]);
+  }
+}
+
+// O^T += V^T P^T for the 64 dims [dg, dg + 64) of one key block into tiles 0-3 (P^T in tile 7).
+__attribute__((target("amx-tile,amx-bf16"))) inline void pv_tiles(const uint16_t* vblock, int64_t dg) {
+  _tile_loadd(6, vblock + dg * kBlock, 64);
+  _tile_dpbf16ps(0, 6, 7);
+  _tile_loadd(6, vblock + (dg + 16) * kBlock, 64);
+  _tile_dpbf16ps(1, 6, 7);
+  _tile_loadd(6, vblock + (dg + 32) * kBlock, 64);
+  _tile_dpbf16ps(2, 6, 7);
+  _tile_loadd(6, vblock + (dg + 48) * kBlock, 64);
+  _tile_dpbf16ps(3, 6, 7);
+}
+
+__attribute__((target("amx-tile"))) inline void store_tiles(float* dst) {  // tiles 0-3 -> [64 dims][16 rows]
+  _tile_stored(0, dst, 64);
+  _tile_stored(1, dst + 16 * kRows, 64);
+  _tile_stored(2, dst + 32 * kRows, 64);
+  _tile_stored(3, dst + 48 * kRows, 64);
+}
+
+__attribute__((target("amx-tile"))) inline void load_tiles(const float* src) {
+  _tile_loadd(0, src, 64);
+  _tile_loadd(1, src + 16 * kRows, 64);
+  _tile_loadd(2, src + 32 * kRows, 64);
+  _tile_loadd(3, src + 48 * kRows, 64);
+}
+
+// A row's reference maximum moves only when a block's maximum exceeds it by more than this
+// (e^8 ~ 3000 keeps every weight and sum far inside float32 and bfloat16 range), so the
+// accumulator is rescaled a few times per unit instead of at every block. With D = 64 it then
+// stays in tiles 0-3 for the whole unit.
+constexpr float kRescaleMargin = 8.0f;
+
+template <int D, typename T>
+__attribute__((target("avx512f,avx512bw,avx512bf16,amx-tile,amx-bf16"))) void attend_unit(
+    const ExtendRequest& r, const Unit& u, const T* q, T* out, int64_t Hq, const uint16_t* kp,
+    const uint16_t* vt, float scale) {
+  constexpr bool kResident = D == 64;  // the accumulator fits tiles 0-3
+  alignas(64) uint32_t qt[D / 2 * kRows];
+  alignas(64) float sc[kBlock * kRows];         // S^T: [key][row]
+  alignas(64) uint32_t pt[kBlock / 2 * kRows];  // P^T VNNI: [key pair][row]
+  alignas(64) float acc[D * kRows];             // O^T: [dim][row]
+  const int64_t n = std::min(kRows, r.extend_len - u.first);
+  const int64_t pos0 = r.seq_len - r.extend_len + u.first;  // the first row's position
+  const int64_t q_row = r.q_start + u.first;
+  pack_queries(q + (q_row * Hq + u.head) * D, Hq * D, n, D, qt);
+  std::fill(acc, acc + D * kRows, 0.0f);
+  if constexpr (kResident) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  const __m512i row_pos = _mm512_add_epi32(
+      _mm512_set1_epi32(static_cast<int>(pos0)),
+      _mm512_min_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                       _mm512_set1_epi32(static_cast<int>(n - 1))));
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity()), vscale = _mm512_set1_ps(scale);
+  // word 2i of a P^T row <- row i of the even key, word 2i + 1 <- row i of the odd key
+  const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
+                                              22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  __m512 m = neg_inf, l = _mm512_setzero_ps();
+  const int64_t blocks = (pos0 + n - 1) / kBlock + 1;
+  for (int64_t kb = 0; kb < blocks; ++kb) {
+    _tile_zero(4);
+    _tile_zero(5);
+    const uint16_t* kblock = kp + kb * kBlock * D;
+    for (int64_t t = 0; t < D / 32; ++t) {
+      _tile_loadd(7, qt + t * 16 * kRows, 64);
+      _tile_loadd(6, kblock + t * 32, D * 2);
+      _tile_dpbf16ps(4, 6, 7);
+      _tile_loadd(6, kblock + 16 * D + t * 32, D * 2);
+      _tile_dpbf16ps(5, 6, 7);
+    }
+    _tile_stored(4, sc, 64);
+    _tile_stored(5, sc + 16 * kRows, 64);
+    const bool diagonal = kb * kBlock + kBlock - 1 > pos0;
+    __m512 s[kBlock];
+    __mmask16 keep[kBlock];
+    __m512 mx = neg_inf;
+    for (int64_t k = 0; k < kBlock; ++k) {
+      s[k] = _mm512_load_ps(sc + k * kRows);
+      keep[k] = diagonal ? _mm512_cmple_epi32_mask(_mm512_set1_epi32(static_cast<int>(kb * kBlock + k)), row_pos)
+                         : static_cast<__mmask16>(0xFFFF);
+      mx = _mm512_mask_max_ps(mx, keep[k], mx, s[k]);
+    }
+    mx = _mm512_mul_ps(mx, vscale);
+    if (_mm512_cmp_ps_mask(mx, _mm512_add_ps(m, _mm512_set1_ps(kRescaleMargin)), _CMP_GT_OQ)) {
+      const __m512 m_new = _mm512_max_ps(m, mx);
+      const __m512 alpha = exp16(_mm512_sub_ps(m, m_new));  // 0 on the first block (m = -inf)
+      m = m_new;
+      l = _mm512_mul_ps(l, alpha);
+      if (kb > 0) {
+        if constexpr (kResident) store_tiles(acc);
+        for (int64_t d = 0; d < D; ++d) _mm512_store_ps(acc + d * kRows, _mm512_mul_ps(_mm512_load_ps(acc + d * kRows), alpha));
+        if constexpr (kResident) load_tiles(acc);
+      }
+    }
+    for (int64_t k = 0; k < kBlock; ++k) {
+      s[k] = _mm512_maskz_mov_ps(keep[k], exp16_coarse(_mm512_fmsub_ps(s[k], vscale, m)));
+      l = _mm512_add_ps(l, s[k]);
+    }
+    for (int64_t k = 0; k < kBlock / 2; ++k) {
+      const __m512bh pair = _mm512_cvtne2ps_pbh(s[2 * k + 1], s[2 * k]);
+      _mm512_store_si512(pt + k * kRows, _mm512_permutexvar_epi16(interleave, reinterpret_cast<__m512i>(pair)));
+    }
+    _tile_loadd(7, pt, 64);
+    const uint16_t* vblock = vt + kb * D * kBlock;
+    if constexpr (kResident) {
+      pv_tiles(vblock, 0);
+    } else {
+      alignas(64) float pv[64 * kRows];  // one group of 4 output tiles: [dim][row]
+      for (int64_t dg = 0; dg < D; dg += 64) {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        pv_tiles(vblock, dg);
+        store_tiles(pv);
+        for (int64_t d = 0; d < 64; ++d) {
+          float* a = acc + (dg + d) * kRows;
+          _mm512_store_ps(a, _mm512_add_ps(_mm512_load_ps(a), _mm512_load_ps(pv + d * kRows)));
+        }
+      }
+    }
+  }
+  if constexpr (kResident) store_tiles(acc);
+  const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.0f), l);  // l >= 1: a row's own key is visible
+  for (int64_t d0 = 0; d0 < D; d0 += 16) {
+    __m512 v[16];
+    for (int64_t i = 0; i < 16; ++i) v[i] = _mm512_mul_ps(_mm512_load_ps(acc + (d0 + i) * kRows), inv);
+    transpose16(v);
+    for (int64_t i = 0; i < n; ++i) {
+      T* dst = out + ((q_row + i) * Hq + u.head) * D + d0;
+      if constexpr (std::is_same_v<T, float>) {
+        _mm512_storeu_ps(dst, v[i]);
+      } else {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v[i])));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+bool amx_attention_supported(int64_t head_dim) {
+  return (head_dim == 64 || head_dim == 128 || head_dim == 256) && bf16_path() == Bf16Path::kAmx;
+}
+
+template <typename T>
+void amx_extend_attention(const std::vector<ExtendRequest>& requests, const T* q, T* out, int64_t Hq, int64_t Hkv,
+                          int64_t D, const uint16_t* k_buf, const uint16_t* v_buf, float scale) {
+  const int64_t R = static_cast<int64_t>(requests.size()), group = Hq / Hkv;
+  std::vector<int64_t> offset(R + 1, 0);  // packed K and V^T of request i's kv heads start at offset[i]
+  std::vector<std::array<int64_t, 3>> items;  // (request, kv head, key block) to pack
+  std::vector<Unit> units;
+  for (int64_t i = 0; i < R; ++i) {
+    const ExtendRequest& r = requests[i];
+    const int64_t blocks = (r.seq_len + kBlock - 1) / kBlock;
+    offset[i + 1] = offset[i] + Hkv * 2 * blocks * kBlock * D;
+    for (int64_t g = 0; g < Hkv; ++g) {
+      for (int64_t kb = 0; kb < blocks; ++kb) items.push_back({i, g, kb});
+    }
+    for (int64_t h = 0; h < Hq; ++h) {
+      for (int64_t first = 0; first < r.extend_len; first += kRows) units.push_back(Unit{i, h, first});
+    }
+  }
+  std::vector<uint16_t> packed(offset[R]);
+  auto heads_of = [&](int64_t i, int64_t g) {  // K rows, then V^T, of request i's kv head g
+    const int64_t span = (requests[i].seq_len + kBlock - 1) / kBlock * kBlock * D;
+    uint16_t* kp = packed.data() + offset[i] + g * 2 * span;
+    return std::pair<uint16_t*, uint16_t*>(kp, kp + span);
+  };
+  at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t it = lo; it < hi; ++it) {
+      const auto [i, g, kb] = items[it];
+      const auto [kp, vt] = heads_of(i, g);
+      pack_block(requests[i], g, kb, Hkv, D, k_buf, v_buf, kp, vt);
+    }
+  });
+  const int64_t n = static_cast<int64_t>(units.size());
+  // Units interleaved from both ends (0, n-1, 1, n-2, ...): under a causal mask a request's late
+  // tokens cost more, and parallel_for hands each thread one contiguous range.
+  at::parallel_for(0, n, 1, [&](int64_t lo, int64_t hi) {
+    amx_configure();
+    for (int64_t it = lo; it < hi; ++it) {
+      const Unit& u = units[it % 2 == 0 ? it / 2 : n - 1 - it / 2];
+      const auto [kp, vt] = heads_of(u.request, u.head / group);
+      switch (D) {
+        case 64: attend_unit<64>(requests[u.request], u, q, out, Hq, kp, vt, scale); break;
+        case 128: attend_unit<128>(requests[u.request], u, q, out, Hq, kp, vt, scale); break;
+        default: attend_unit<256>(requests[u.request], u, q, out, Hq, kp, vt, scale); break;
+      }
+    }
+    amx_release();
+  });
+}
+
+template void amx_extend_attention<float>(const std::vector<ExtendRequest>&, const float*, float*, int64_t, int64_t,
+                                          int64_t, const uint16_t*, const uint16_t*, float);
+template void amx_extend_attention<uint16_t>(const std::vector<ExtendRequest>&, const uint16_t*, uint16_t*, int64_t,
+                                             int64_t, int64_t, const uint16_t*, const uint16_t*, float);
+
+}  // namespace radixlm

@@ -1,0 +1,32 @@
+// Causal attention of long extends (prompts, chunks of prompts) over their requests' context in a
+// bfloat16 KV pool, on AMX tiles (see amx_attention.cpp). paged_attention.cpp hands it the
+// requests with at least kAmxMinTokens new tokens when the caller allows it and the CPU runs AMX.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace radixlm {
+
+struct ExtendRequest {
+  const int32_t* slots;  // the request's pool slots, position order
+  int64_t seq_len;       // context length, new tokens included
+  int64_t extend_len;    // new tokens: positions seq_len - extend_len .. seq_len - 1
+  int64_t q_start;       // q / out row of the first new token
+};
+
+// Requests with fewer new tokens stay on the vector kernel (packing a long context for a few
+// queries costs more than it saves); measured with the default model, see paged_attention().
+constexpr int64_t kAmxMinTokens = 16;
+
+// True when the AMX path serves this head size on this CPU (AMX permitted; D 64, 128 or 256).
+bool amx_attention_supported(int64_t head_dim);
+
+// q, out [T, Hq, D] float32 or bfloat16 (T = uint16_t); k_buf, v_buf [slots, Hkv, D] bfloat16. Scores
+// and softmax in float32; q, K, V and the softmax weights enter the tile products as bfloat16 (as
+// in torch's bf16 SDPA).
+template <typename T>
+void amx_extend_attention(const std::vector<ExtendRequest>& requests, const T* q, T* out, int64_t Hq, int64_t Hkv,
+                          int64_t D, const uint16_t* k_buf, const uint16_t* v_buf, float scale);
+
+}  // namespace radixlm

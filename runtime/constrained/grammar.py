@@ -27,7 +27,7 @@ import torch
 
 from radixlm.runtime.constrained.compile_cache import CompileCache
 from radixlm.runtime.constrained.errors import GrammarError
-from radixlm.runtime.constrained.index_worker import IndexWorker
+from radixlm.runtime.constrained.index_worker import IndexWorker, token_distances
 from radixlm.runtime.constrained.jump_forward import JumpForward
 from radixlm.runtime.constrained.regex_syntax import python_regex_error
 from radixlm.runtime.constrained.spec import normalize_spec, spec_to_regex, validate
@@ -72,6 +72,7 @@ class CompiledGrammar:
         vocab_size: int,
         compile_secs: float,
         jump_forward: JumpForward | None = None,
+        distances: dict[int, int] | None = None,
     ):
         self.kind = kind
         self.regex = regex
@@ -81,9 +82,12 @@ class CompiledGrammar:
         self.vocab_size = vocab_size
         self.compile_secs = compile_secs
         self.jump_forward = jump_forward
+        # fewest tokens from each index state to a complete one (index_worker.token_distances)
+        self.distances = distances if distances is not None else token_distances(index, END_MARKER_TOKEN_ID)
         # Words of outlines-core's LSB-first bitmask; it must cover every token id of the vocabulary.
         self.num_mask_words = (max(vocab_size, tokenizer_len) + 31) // 32
         self._state_to_is_dead_end: dict[int, bool] = {}
+        self._state_to_groups: dict[int, list[tuple[int, np.ndarray]]] = {}
 
     def new_state(self) -> Grammar:
         """A fresh per-request grammar at the initial state."""
@@ -97,6 +101,28 @@ class CompiledGrammar:
         """
         return _is_complete(self.index, state)
 
+    def min_tokens(self, state: int | None = None) -> int:
+        """The fewest tokens that complete the grammar from `state` (default: the start), an exact
+        shortest path over the token index."""
+        return self.distances.get(self.index.get_initial_state() if state is None else state, _UNREACHABLE)
+
+    def tokens_within(self, state: int, budget: int) -> np.ndarray | None:
+        """The real tokens at `state` after which the grammar can still complete within
+        `budget - 1` more tokens, or None when that is every token allowed there (memoized per
+        state: the allowed tokens grouped by their successor's distance)."""
+        groups = self._state_to_groups.get(state)
+        if groups is None:
+            by_distance: dict[int, list[int]] = {}
+            for token in _real_tokens(self.index, state, self.eos_token_id):
+                successor = self.index.get_next_state(state, token)
+                by_distance.setdefault(self.distances.get(successor, _UNREACHABLE), []).append(token)
+            groups = [(d, np.array(tokens, dtype=np.int64)) for d, tokens in sorted(by_distance.items())]
+            self._state_to_groups[state] = groups
+        if not groups or groups[-1][0] <= budget - 1:
+            return None
+        kept = [tokens for d, tokens in groups if d <= budget - 1]
+        return np.concatenate(kept) if kept else np.zeros(0, dtype=np.int64)
+
     def is_dead_end(self, state: int) -> bool:
         """Whether no real token can follow `state` (memoized; the index is immutable)."""
         is_dead_end = self._state_to_is_dead_end.get(state)
@@ -104,6 +130,9 @@ class CompiledGrammar:
             is_dead_end = not _real_tokens(self.index, state, self.eos_token_id)
             self._state_to_is_dead_end[state] = is_dead_end
         return is_dead_end
+
+
+_UNREACHABLE = 2**31 - 1  # the distance of a state that cannot complete
 
 
 def _is_complete(index: outlines_core.Index, state: int) -> bool:
@@ -152,12 +181,16 @@ class Grammar:
         if self.compiled.jump_forward is not None:
             self._byte_state = self.compiled.jump_forward.advance(self._byte_state, token_id)
 
-    def fill_vocab_mask(self, mask_row: torch.Tensor) -> None:
+    def fill_vocab_mask(self, mask_row: torch.Tensor, budget: int | None = None) -> bool:
         """Overwrites `mask_row` (bool, shape [vocab_size], any device): True = allowed.
 
         Ids at or beyond the tokenizer's length are never allowed; EOS is allowed exactly when the
         text so far matches in full (or EOS was already accepted). Costs ~0.1 ms on CPU (numpy, no
         torch kernels: torch's thread pool makes small ops slow on a busy CPU).
+
+        `budget`: the tokens this request may still generate, this one included. Tokens after
+        which the grammar could not complete within the rest are masked too (budget steering);
+        returns whether that removed any token.
         """
         compiled = self.compiled
         if mask_row.shape != (compiled.vocab_size,) or mask_row.dtype != torch.bool:
@@ -171,13 +204,21 @@ class Grammar:
             bits = np.unpackbits(words.astype("<u4", copy=False).view(np.uint8), bitorder="little")
             allowed = bits[: compiled.vocab_size].view(np.bool_)
             allowed[compiled.tokenizer_len :] = False
-        allowed[compiled.eos_token_id] = self._is_eos_accepted or compiled.is_complete(
-            self._guide.get_state()
-        )
+        state = self._guide.get_state()
+        eos_allowed = self._is_eos_accepted or compiled.is_complete(state)
+        steered = False
+        if budget is not None and not self._is_eos_accepted:
+            within = compiled.tokens_within(state, budget)
+            if within is not None:
+                allowed = np.zeros(compiled.vocab_size, dtype=np.bool_)
+                allowed[within] = True
+                steered = True
+        allowed[compiled.eos_token_id] = eos_allowed
         if mask_row.device.type == "cpu":
             np.copyto(mask_row.numpy(), allowed)
         else:
             mask_row.copy_(torch.from_numpy(allowed))
+        return steered
 
     def jump_forward_ids(self, last_token_id: int, max_tokens: int) -> list[int]:
         """Up to `max_tokens` tokens spelling the start of the text the grammar now forces (empty if
@@ -190,18 +231,24 @@ class Grammar:
         # the byte DFA and the token index accept the same bytes, so this only guards the invariant
         return draft if draft and self._guide.accepts_tokens(draft) else []
 
-    def fill_vocab_masks(self, mask_rows: torch.Tensor, draft: list[int]) -> None:
+    def fill_vocab_masks(self, mask_rows: torch.Tensor, draft: list[int], budget: int | None = None) -> bool:
         """Fills row j of `mask_rows` (bool [len(draft) + 1, vocab_size]) with the mask after
-        `draft[:j]` (row 0: the current state). `draft` must be allowed (`jump_forward_ids`);
-        the state does not change."""
+        `draft[:j]` (row 0: the current state), row j under `budget - j` (see `fill_vocab_mask`;
+        returns whether any row was steered). `draft` must be allowed (`jump_forward_ids`); the
+        state does not change."""
         if mask_rows.shape[0] != len(draft) + 1:
             raise ValueError(f"{mask_rows.shape[0]} mask rows for a draft of {len(draft)} tokens")
-        self.fill_vocab_mask(mask_rows[0])
+        steered = self.fill_vocab_mask(mask_rows[0], budget)
         for j, token_id in enumerate(draft):
             self._guide.advance(token_id, return_tokens=False)
-            self.fill_vocab_mask(mask_rows[j + 1])
+            steered |= self.fill_vocab_mask(mask_rows[j + 1], None if budget is None else budget - j - 1)
         if draft:
             self._guide.rollback_state(len(draft))
+        return steered
+
+    def min_tokens(self) -> int:
+        """The fewest tokens that complete the grammar from here (0: complete now)."""
+        return 0 if self._is_eos_accepted else self.compiled.min_tokens(self._guide.get_state())
 
     def is_terminated(self) -> bool:
         """True once EOS was accepted, or when no token but EOS can follow (the output is complete).
@@ -215,15 +262,18 @@ class Grammar:
         return self.compiled.new_state()
 
 
-def _build_index(kind: str, regex: str, vocab: GrammarVocabulary, worker: IndexWorker) -> outlines_core.Index:
-    """outlines-core's index for `regex` + end marker, built by `worker` (killed past its deadline);
-    GrammarError with a readable reason if the regex is invalid, unsupported, too complex, or no
-    token of this vocabulary can start a match."""
+def _build_index(
+    kind: str, regex: str, vocab: GrammarVocabulary, worker: IndexWorker
+) -> tuple[outlines_core.Index, dict[int, int]]:
+    """outlines-core's index for `regex` + end marker and its states' token distances to a
+    complete match, built by `worker` (killed past its deadline); GrammarError with a readable
+    reason if the regex is invalid, unsupported, too complex, or no output of this vocabulary can
+    match it."""
     try:
-        index = worker.build(f"(?:{regex}){END_MARKER}", vocab.vocabulary)
-        initial = index.get_initial_state()
-        if _is_complete(index, initial) or _real_tokens(index, initial, vocab.eos_token_id):
-            return index
+        index, distances = worker.build_with_distances(f"(?:{regex}){END_MARKER}", vocab.vocabulary,
+                                                       END_MARKER_TOKEN_ID)
+        if index.get_initial_state() in distances:
+            return index, distances
         reason = "no output of this tokenizer can match it"
     except ValueError as e:
         reason = str(e).splitlines()[0]
@@ -270,7 +320,7 @@ class GrammarBackend(CompileCache[CompiledGrammar]):
         vocab = get_grammar_vocabulary(self.tokenizer)
         start = time.perf_counter()
         regex = spec_to_regex(kind, normalized, self.whitespace_pattern)
-        index = _build_index(kind, regex, vocab, self._index_worker)
+        index, distances = _build_index(kind, regex, vocab, self._index_worker)
         jump_forward = None
         if self.enable_jump_forward:
             # in-process, and only after the bounded token index: the same regex's DFA, walked
@@ -285,6 +335,7 @@ class GrammarBackend(CompileCache[CompiledGrammar]):
             self.vocab_size,
             time.perf_counter() - start,
             jump_forward,
+            distances,
         )
 
     def _encode_plain(self, text: str) -> list[int]:

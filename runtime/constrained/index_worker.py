@@ -12,7 +12,8 @@ fails instead of pushing the machine into the OOM killer), and it dies with the 
 started it.
 
 Protocol on a child's stdin / stdout: length-prefixed pickles. First the Vocabulary, then one
-regex per build; each answer is ("ok", Index) or ("error", message). Indexes pickle compactly: the
+(regex, end-marker token id or None) per build; each answer is ("ok", (Index, distances or None))
+or ("error", message), distances being `token_distances` (for output budgets). Indexes pickle compactly: the
 free-form JSON index (1,600 states) is ~20 MB and ~0.4 s each way; typical ones are far smaller.
 
 This module must stay importable without the rest of radixlm (the child runs it as a script).
@@ -75,11 +76,22 @@ class IndexWorker:
         Raises ValueError with outlines-core's message if it rejects the regex, or with a message
         saying so if the build ran past the deadline or the child died (out of memory, crashed).
         """
+        index, _ = self._run((regex, None), vocabulary)
+        return index
+
+    def build_with_distances(
+        self, regex: str, vocabulary: outlines_core.Vocabulary, end_token_id: int
+    ) -> tuple[outlines_core.Index, dict[int, int]]:
+        """As `build`, plus `token_distances(index, end_token_id)`, computed in the child too
+        (under the same deadline and memory cap)."""
+        return self._run((regex, end_token_id), vocabulary)
+
+    def _run(self, request: tuple[str, int | None], vocabulary: outlines_core.Vocabulary) -> Any:
         with self._free_slots:
             builder = self._acquire(vocabulary)
             deadline = time.monotonic() + self.timeout_s
             try:
-                _send(builder.proc.stdin, regex)
+                _send(builder.proc.stdin, request)
                 status, payload = _receive(builder.proc.stdout, deadline)
             except TimeoutError:
                 self._discard(builder)
@@ -220,6 +232,33 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(0)
 
 
+def token_distances(index: outlines_core.Index, end_token_id: int) -> dict[int, int]:
+    """The fewest tokens from each state of `index` to a state where the end-marker token
+    `end_token_id` leads to a final state (the regex is complete there: distance 0). States that
+    can never complete are absent. A breadth-first search backwards over the distinct successor
+    states: what a state's tokens spell does not matter, only where they lead."""
+    predecessors: dict[int, list[int]] = {}
+    complete = []
+    for state, edges in index.get_transitions().items():
+        end = edges.get(end_token_id)
+        if end is not None and index.is_final_state(end):
+            complete.append(state)
+        for successor in set(edges.values()):
+            predecessors.setdefault(successor, []).append(state)
+    distances = dict.fromkeys(complete, 0)
+    frontier, depth = complete, 0
+    while frontier:
+        depth += 1
+        reached = []
+        for state in frontier:
+            for before in predecessors.get(state, ()):
+                if before not in distances:
+                    distances[before] = depth
+                    reached.append(before)
+        frontier = reached
+    return distances
+
+
 def _child_main(max_memory_bytes: int, parent_pid: int) -> None:
     import resource
 
@@ -230,11 +269,13 @@ def _child_main(max_memory_bytes: int, parent_pid: int) -> None:
     vocabulary = _receive(stdin, None)
     while True:
         try:
-            regex = _receive(stdin, None)
+            regex, end_token_id = _receive(stdin, None)
         except EOFError:
             return
         try:
-            answer: tuple[str, object] = ("ok", outlines_core.Index(regex, vocabulary))
+            index = outlines_core.Index(regex, vocabulary)
+            distances = None if end_token_id is None else token_distances(index, end_token_id)
+            answer: tuple[str, object] = ("ok", (index, distances))
         except ValueError as e:
             answer = ("error", str(e))
         except MemoryError:

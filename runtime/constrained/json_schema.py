@@ -113,7 +113,11 @@ def schema_to_regex(schema: dict[str, Any], whitespace_pattern: str | None = Non
     """
     placeholders: dict[str, str] = {}
     try:
-        lowered = _lower(schema, "#", placeholders, f"radixlm_bound_{secrets.token_hex(6)}_")
+        unrolled = _unroll_refs(schema, schema, {}, "#")
+        if unrolled is _IMPOSSIBLE:
+            raise GrammarError(f"no output of this recursive schema nests at most {MAX_REF_EXPANSIONS} "
+                               "levels (the outlines backend's bound; xgrammar and llguidance serve any depth)")
+        lowered = _lower(unrolled, "#", placeholders, f"radixlm_bound_{secrets.token_hex(6)}_")
     except RecursionError:
         raise GrammarError("json_schema is nested too deeply") from None
     if estimate_regex_chars(lowered, MAX_SCHEMA_REGEX_CHARS, placeholders) > MAX_SCHEMA_REGEX_CHARS:
@@ -131,6 +135,97 @@ def schema_to_regex(schema: dict[str, Any], whitespace_pattern: str | None = Non
         regex = regex.replace(json.dumps(name), f"(?:{sub_regex})")
     check_regex_size(regex, "the regex of this json_schema", max_chars=MAX_SCHEMA_REGEX_CHARS)
     return rewrite_regex(regex, in_json_string=False)
+
+
+# Local references are inlined before outlines-core sees the schema (its own unrolling leaves a
+# dangling `,` where it stops). A schema reached through the same reference MAX_REF_EXPANSIONS
+# times on one path is not expanded again: what needs it is pruned (an optional property is
+# dropped, an array of it stays empty, an anyOf / oneOf branch goes), so every output parses
+# and a recursive structure nests at most that many levels below where it starts.
+MAX_REF_EXPANSIONS = 3
+_IMPOSSIBLE: Any = object()  # a subschema no output may take (a reference past the bound)
+
+
+def _resolve(root: dict[str, Any], ref: str) -> object:
+    """The subschema a local `$ref` ("#", "#/$defs/x", any JSON pointer) names; GrammarError if none."""
+    node: object = root
+    for part in ref[1:].lstrip("/").split("/") if ref != "#" else []:
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            raise GrammarError(f"$ref {ref!r} does not name a part of the schema")
+    return node
+
+
+def _unroll_refs(root: dict[str, Any], schema: object, expanded: dict[str, int], path: str) -> object:
+    """`schema` with local references inlined (see MAX_REF_EXPANSIONS; `expanded` counts the
+    references taken on the way here), or _IMPOSSIBLE when no output may take it."""
+    if not isinstance(schema, dict):
+        return schema
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#"):
+        if expanded.get(ref, 0) >= MAX_REF_EXPANSIONS:
+            return _IMPOSSIBLE
+        target = _unroll_refs(root, _resolve(root, ref), {**expanded, ref: expanded.get(ref, 0) + 1}, ref)
+        rest = _unroll_refs(root, {k: v for k, v in schema.items() if k != "$ref"}, expanded, path)
+        if target is _IMPOSSIBLE or rest is _IMPOSSIBLE:
+            return _IMPOSSIBLE
+        return {**target, **rest} if isinstance(target, dict) else target
+    out = {k: v for k, v in schema.items() if k not in ("$defs", "definitions")}
+
+    def sub(value: object, where: str) -> object:
+        return _unroll_refs(root, value, expanded, f"{path}/{where}")
+
+    if isinstance(out.get("properties"), dict):
+        required = out.get("required", [])
+        kept = {}
+        for name, value in out["properties"].items():
+            lowered = sub(value, f"properties/{name}")
+            if lowered is not _IMPOSSIBLE:
+                kept[name] = lowered
+            elif isinstance(required, list) and name in required:
+                return _IMPOSSIBLE
+        out["properties"] = kept
+    if isinstance(out.get("items"), dict):
+        items = sub(out["items"], "items")
+        if items is _IMPOSSIBLE:
+            if out.get("minItems", 0) > 0:
+                return _IMPOSSIBLE
+            del out["items"]
+            out["maxItems"] = 0
+        else:
+            out["items"] = items
+    if isinstance(out.get("prefixItems"), list):
+        prefix = [sub(value, f"prefixItems/{i}") for i, value in enumerate(out["prefixItems"])]
+        if _IMPOSSIBLE in prefix:
+            first = prefix.index(_IMPOSSIBLE)
+            if out.get("minItems", 0) > first:
+                return _IMPOSSIBLE
+            prefix, out["maxItems"] = prefix[:first], first
+        out["prefixItems"] = prefix
+    if isinstance(out.get("additionalProperties"), dict):
+        extra = sub(out["additionalProperties"], "additionalProperties")
+        out["additionalProperties"] = False if extra is _IMPOSSIBLE else extra
+    for key in ("anyOf", "oneOf"):
+        if isinstance(out.get(key), list):
+            branches = [sub(value, f"{key}/{i}") for i, value in enumerate(out[key])]
+            out[key] = [branch for branch in branches if branch is not _IMPOSSIBLE]
+            if not out[key]:
+                return _IMPOSSIBLE
+    if isinstance(out.get("allOf"), list):
+        out["allOf"] = [sub(value, f"allOf/{i}") for i, value in enumerate(out["allOf"])]
+        if _IMPOSSIBLE in out["allOf"]:
+            return _IMPOSSIBLE
+    for key in ("not", "if", "then", "else", "additionalItems"):
+        if isinstance(out.get(key), dict):
+            out[key] = sub(out[key], key)
+            if out[key] is _IMPOSSIBLE:
+                raise GrammarError(f"the recursion under {key!r} at {path} is deeper than "
+                                   f"{MAX_REF_EXPANSIONS} levels (the outlines backend's bound)")
+    return out
 
 
 def _lower(schema: object, path: str, placeholders: dict[str, str], prefix: str) -> object:

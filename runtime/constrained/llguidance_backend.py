@@ -98,8 +98,9 @@ class LLGuidanceState:
         llguidance.torch.fill_next_token_bitmask(self._matcher, self._bitmask, 0)
         unpack_bitmask(self._bitmask[0], self.compiled.vocab_size, self.compiled.tokenizer_len, mask_row)
 
-    def fill_vocab_masks(self, mask_rows: torch.Tensor, draft: list[int]) -> None:
-        """Row j of `mask_rows` gets the mask after `draft[:j]`; the state does not change."""
+    def fill_vocab_masks(self, mask_rows: torch.Tensor, draft: list[int], budget: int | None = None) -> bool:
+        """Row j of `mask_rows` gets the mask after `draft[:j]`; the state does not change.
+        `budget` is not applied (no budget steering with this engine yet): returns False."""
         if mask_rows.shape[0] != len(draft) + 1:
             raise ValueError(f"{mask_rows.shape[0]} mask rows for a draft of {len(draft)} tokens")
         self.fill_vocab_mask(mask_rows[0])
@@ -112,6 +113,11 @@ class LLGuidanceState:
             self.fill_vocab_mask(mask_rows[j + 1])
         if draft:
             self._matcher.rollback(len(draft))
+        return False
+
+    def min_tokens(self) -> int | None:
+        """The fewest tokens that complete the grammar from here: not known with this engine (None)."""
+        return None
 
     def jump_forward_ids(self, last_token_id: int, max_tokens: int) -> list[int]:
         """llguidance's fast-forward tokens (forced, already tokenized as the tokenizer would),

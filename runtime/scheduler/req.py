@@ -22,11 +22,15 @@ class FinishReason:
     type: str  # "stop" | "length" | "abort"
     matched: int | str | None = None  # the EOS / stop token id or stop string that matched
     message: str | None = None  # for "abort"
+    # "length" of a constrained request whose budget steered its last tokens to complete the grammar
+    closed_by_budget: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": self.type, "matched": self.matched}
         if self.message is not None:
             out["message"] = self.message
+        if self.closed_by_budget:
+            out["closed_by_budget"] = True
         return out
 
 
@@ -67,6 +71,7 @@ class Req:
     # constrained decoding: the compile in flight, then the request's own FSM state
     grammar_future: Future[CompiledGrammar] | None = None
     grammar: Grammar | None = None
+    budget_steered: bool = False  # the output budget has narrowed the grammar's mask (see grammar_mask)
     # jump-forward draft: tokens the grammar forces after output_ids[-1], computed with it next
     # step and kept as far as sampling agrees (only running requests have one)
     jump_forward_ids: list[int] = field(default_factory=list)
@@ -94,6 +99,12 @@ class Req:
     @property
     def seq_len(self) -> int:
         return len(self.input_ids) + len(self.output_ids)
+
+    @property
+    def budget(self) -> int | None:
+        """Tokens this request may still generate (None: no max_new_tokens)."""
+        max_new = self.params.max_new_tokens
+        return None if max_new is None else max_new - len(self.output_ids)
 
     @property
     def is_finished(self) -> bool:

@@ -23,7 +23,7 @@ what token-by-token decoding gives. The K/V of the rejected draft tokens is free
 from __future__ import annotations
 
 from concurrent import futures
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -188,8 +188,16 @@ class Scheduler:
                 req.finish_reason = FinishReason("abort", message=f"invalid grammar: {error}")
                 self._aborted.append(req)
             else:
-                req.grammar = future.result().new_state()
-                self.waiting.append(req)
+                grammar = future.result().new_state()
+                shortest = grammar.min_tokens()
+                if req.budget is not None and shortest is not None and shortest > req.budget:
+                    req.finish_reason = FinishReason("abort", message=(
+                        f"invalid grammar: max_new_tokens={req.params.max_new_tokens} cannot hold the shortest "
+                        f"output this grammar allows ({shortest} tokens)"))
+                    self._aborted.append(req)
+                else:
+                    req.grammar = grammar
+                    self.waiting.append(req)
             req.grammar_future = None
         self.grammar_waiting = still
 
@@ -324,10 +332,15 @@ class Scheduler:
 
     def _accept_token(self, req: Req, token: int) -> None:
         req.append_token(token, self.cfg.context_len)
-        if req.grammar is not None and not req.is_finished:
+        if req.grammar is None:
+            return
+        reason = req.finish_reason
+        if reason is None:
             req.grammar.accept_token(token)
             if req.grammar.is_terminated():  # nothing but EOS could follow: done
                 req.finish_reason = FinishReason("stop", None)
+        elif reason.type == "length" and req.budget == 0 and req.budget_steered:
+            req.finish_reason = replace(reason, closed_by_budget=True)
 
     def _max_draft_len(self, req: Req) -> int:
         """Draft tokens the next step may add: all of them plus one sample stay within the
@@ -405,6 +418,8 @@ def grammar_mask(reqs: list[Req], vocab_size: int) -> torch.Tensor | None:
         num_rows = 1 + len(req.jump_forward_ids)
         if req.grammar is not None:
             mask[row : row + num_rows].fill_(False)
-            req.grammar.fill_vocab_masks(mask[row : row + num_rows], req.jump_forward_ids)
+            # budget steering: the last tokens complete the grammar within max_new_tokens
+            if req.grammar.fill_vocab_masks(mask[row : row + num_rows], req.jump_forward_ids, req.budget):
+                req.budget_steered = True
         row += num_rows
     return mask

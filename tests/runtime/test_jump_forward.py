@@ -202,7 +202,7 @@ def _params() -> list[dict[str, Any]]:
         {**base, "regex": REGEX},
         {**base, "json_schema": json.dumps(W4_SCHEMA), "max_new_tokens": 120},
         {**base, "json_schema": json.dumps(SCHEMA), "frequency_penalty": 0.5, "repetition_penalty": 1.3},
-        {**base, "json_schema": json.dumps(SCHEMA), "max_new_tokens": 6},  # cut inside a draft
+        {**base, "json_schema": json.dumps(SCHEMA), "max_new_tokens": 22},  # closed by the budget (its minimum: 20)
         {**base, "max_new_tokens": 12},  # free, in the same batch
         {**base, "regex": REGEX, "temperature": 1.0, "seed": 7},  # seeded: same draw per position
         {**base, "json_schema": json.dumps(SCHEMA), "temperature": 1.0, "seed": 11},
@@ -252,9 +252,9 @@ def test_outputs_equal_with_jump_forward_on_and_off(engine_on: Engine, engine_of
         assert len(got) == a["meta_info"]["completion_tokens"] == len(a["meta_info"]["output_top_logprobs"])
         assert [t for _, t, _ in got] == [t for _, t, _ in want]
         np.testing.assert_allclose([v for v, _, _ in got], [v for v, _, _ in want], atol=1e-4)
-    for out in (on[0], on[3], on[7]):
+    for out in (on[0], on[3], on[4], on[7]):
         jsonschema.validate(json.loads(out["text"]), SCHEMA)
-    assert on[4]["meta_info"]["completion_tokens"] == 6
+    assert on[4]["meta_info"]["completion_tokens"] <= 22
     assert "beta" not in on[8]["text"]
 
 

@@ -1,0 +1,187 @@
+"""Constrained output that always parses: when the tokens left are just enough for the shortest way
+to finish, the grammar mask steers decoding to finish (outlines backend: exact token distances over
+the token index, computed with the index). `meta_info.finish_reason` then says
+`closed_by_budget`; a budget below the shortest output is refused with its minimum."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from radixlm_testing import assert_engine_clean
+from test_constrained import SCHEMAS
+from test_engine_constrained import near_uniform_model_dir  # noqa: F401 (a fixture)
+
+from radixlm.runtime.bench import workloads as wl
+from radixlm.runtime.constrained.grammar import GrammarBackend
+from radixlm.runtime.constrained.vocabulary import END_MARKER_TOKEN_ID
+from radixlm.runtime.engine import Engine
+from radixlm.runtime.errors import RequestError
+from radixlm.runtime.tokenizer import Tokenizer
+
+VALIDATOR = jsonschema.Draft202012Validator
+
+
+def validate(schema: dict, text: str) -> None:
+    VALIDATOR(schema, format_checker=jsonschema.FormatChecker()).validate(json.loads(text))
+
+
+def brute_force_min_tokens(compiled: Any) -> int:
+    """Breadth-first over the token index from the start, every allowed token tried: the fewest
+    tokens after which the end marker is allowed into a final state."""
+    index = compiled.index
+    start = index.get_initial_state()
+    seen, queue = {start: 0}, deque([start])
+    while queue:
+        state = queue.popleft()
+        if compiled.is_complete(state):
+            return seen[state]
+        for token in index.get_allowed_tokens(state) or []:
+            if token in (END_MARKER_TOKEN_ID, compiled.eos_token_id):
+                continue
+            successor = index.get_next_state(state, token)
+            if successor not in seen:
+                seen[successor] = seen[state] + 1
+                queue.append(successor)
+    raise AssertionError("the grammar cannot complete")
+
+
+@pytest.fixture(scope="module")
+def backend(default_model_dir: Path) -> Any:
+    grammars = GrammarBackend(Tokenizer(str(default_model_dir)), 49152)
+    yield grammars
+    grammars.shutdown()
+
+
+GRAMMARS = {
+    "w4 schema": ("json_schema", json.dumps(wl.W4_SCHEMA)),
+    "tree schema": ("json_schema", json.dumps(
+        {"type": "object", "properties": {"name": {"type": "string", "minLength": 3},
+                                          "tags": {"type": "array", "items": {"type": "string"}, "minItems": 2}},
+         "required": ["name", "tags"]})),
+    "regex": ("regex", r"(ab|cd){3}[0-9]{2,4}-(yes|no)"),
+    "choices": ("choices", ["a considerably longer choice", "short one", "middle choice"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GRAMMARS))
+def test_min_tokens_is_the_exact_shortest_path(backend: GrammarBackend, name: str) -> None:
+    compiled = backend.get(*GRAMMARS[name]).result()
+    assert compiled.min_tokens() == brute_force_min_tokens(compiled) > 0
+
+
+def test_budget_of_exactly_the_minimum_succeeds_and_one_less_is_refused(tiny_engine: Engine) -> None:
+    schema = json.loads(GRAMMARS["tree schema"][1])
+    minimum = tiny_engine.grammar_backend.get(*GRAMMARS["tree schema"]).result().min_tokens()
+    params = {"temperature": 1.0, "json_schema": json.dumps(schema), "seed": 3}
+    ok = tiny_engine.generate(prompt="tree:", sampling_params={**params, "max_new_tokens": minimum})
+    assert ok["meta_info"]["completion_tokens"] == minimum
+    assert ok["meta_info"]["finish_reason"] == {"type": "length", "matched": minimum, "closed_by_budget": True}
+    validate(schema, ok["text"])
+    refused = tiny_engine.generate(prompt="tree:", sampling_params={**params, "max_new_tokens": minimum - 1})
+    reason = refused["meta_info"]["finish_reason"]
+    assert reason["type"] == "abort" and refused["text"] == ""
+    assert reason["message"] == (f"invalid grammar: max_new_tokens={minimum - 1} cannot hold the shortest output "
+                                 f"this grammar allows ({minimum} tokens)")
+    assert_engine_clean(tiny_engine)
+
+
+def test_regex_and_choices_close_within_their_budget(tiny_engine: Engine) -> None:
+    kind, pattern = GRAMMARS["regex"]
+    choices = GRAMMARS["choices"][1]
+    regex_min = tiny_engine.grammar_backend.get(kind, pattern).result().min_tokens()
+    params = [{"temperature": 1.0, "seed": seed, "max_new_tokens": regex_min + extra, "regex": pattern}
+              for seed, extra in enumerate([0, 1, 2, 5, 9])]
+    params += [{"temperature": 1.0, "seed": seed, "max_new_tokens": 2 + extra, "regex": "|".join(map(re.escape, choices))}
+               for seed, extra in enumerate([0, 1, 3])]
+    outs = tiny_engine.generate(prompt=["go:"] * len(params), sampling_params=params)
+    for p, out in zip(params, outs):
+        assert out["meta_info"]["completion_tokens"] <= p["max_new_tokens"]
+        assert re.fullmatch(p["regex"], out["text"]), (p, out)
+    assert_engine_clean(tiny_engine)
+
+
+def test_every_schema_closes_within_small_budgets_at_temperature_one(near_uniform_model_dir: Path) -> None:  # noqa: F811
+    """SCHEMAS (>= 50) at temperature 1.0 on the near-uniform model (a random walk through each
+    grammar: unbounded strings and arrays run long), each with a budget of its minimum plus 0-24
+    tokens: every output validates (formats checked), and the ones cut by the budget say so."""
+    assert len(SCHEMAS) >= 50
+    engine = Engine(str(near_uniform_model_dir), max_total_tokens=len(SCHEMAS) * 256, random_seed=0)
+    rng = random.Random(0)
+    try:
+        specs = [json.dumps(schema) for schema in SCHEMAS]
+        minima = [engine.grammar_backend.get("json_schema", spec).result().min_tokens() for spec in specs]
+        budgets = [m + rng.choice([0, 1, 3, 8, 24]) for m in minima]
+        params = [{"temperature": 1.0, "seed": i, "json_schema": spec, "max_new_tokens": budget}
+                  for i, (spec, budget) in enumerate(zip(specs, budgets))]
+        outs = engine.generate(prompt=[f"object {i}:" for i in range(len(SCHEMAS))], sampling_params=params)
+        assert_engine_clean(engine)
+    finally:
+        engine.shutdown()
+    failures, closed = [], 0
+    for i, (out, schema, budget) in enumerate(zip(outs, SCHEMAS, budgets)):
+        reason = out["meta_info"]["finish_reason"]
+        closed += reason.get("closed_by_budget", False)
+        if reason["type"] not in ("stop", "length") or out["meta_info"]["completion_tokens"] > budget:
+            failures.append(f"schema {i}: {reason} after {out['meta_info']['completion_tokens']} of {budget} tokens")
+            continue
+        try:
+            validate(schema, out["text"])
+        except (ValueError, jsonschema.ValidationError) as e:
+            failures.append(f"schema {i} (budget {budget}): {out['text']!r} is not valid: {str(e).splitlines()[0]}")
+    assert not failures, "\n".join(failures)
+    assert closed >= len(SCHEMAS) // 2, f"only {closed} outputs were closed by their budget"
+
+
+def test_w4_on_the_default_model_parses_with_48_tokens(default_model_dir: Path) -> None:
+    """W4's 16 extractions with max_new_tokens cut to 48 (W4 itself allows 160): every output is
+    complete JSON under W4's schema."""
+    engine = Engine(None, max_total_tokens=8192, random_seed=0)
+    try:
+        cases = wl.w4_cases()
+        params = {"temperature": 0.0, "max_new_tokens": 48, "json_schema": json.dumps(wl.W4_SCHEMA)}
+        outs = engine.generate(prompt=[case["prompt"] for case in cases], sampling_params=params)
+    finally:
+        engine.shutdown()
+    for out in outs:
+        assert out["meta_info"]["completion_tokens"] <= 48
+        validate(wl.W4_SCHEMA, out["text"])
+    assert any(out["meta_info"]["finish_reason"].get("closed_by_budget") for out in outs)
+
+
+RECURSIVE = {
+    "tree": {"type": "object", "required": ["name", "children"],
+             "properties": {"name": {"type": "string"}, "children": {"type": "array", "items": {"$ref": "#"}}}},
+    "mutual": {"$defs": {"dept": {"type": "object", "required": ["title", "staff"], "properties": {
+                   "title": {"type": "string"}, "staff": {"type": "array", "items": {"$ref": "#/$defs/person"}}}},
+               "person": {"type": "object", "required": ["name"], "properties": {
+                   "name": {"type": "string"}, "manages": {"$ref": "#/$defs/dept"},
+                   "kind": {"anyOf": [{"enum": ["staff", "lead"]}, {"$ref": "#/$defs/dept"}]}}}},
+               "$ref": "#/$defs/dept"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(RECURSIVE))
+def test_recursive_schemas_give_valid_json_at_the_outlines_depth_bound(tiny_engine: Engine, name: str) -> None:
+    """The outlines backend unrolls references to a bounded depth; where it stops, what needs the
+    reference is pruned (an empty array, an absent optional property, one branch fewer), so random
+    walks deep into the recursion still give valid JSON."""
+    schema = RECURSIVE[name]
+    params = [{"temperature": 1.0, "seed": seed, "max_new_tokens": 200, "json_schema": json.dumps(schema)}
+              for seed in range(12)]
+    outs = tiny_engine.generate(prompt=["json:"] * len(params), sampling_params=params)
+    for out in outs:
+        validate(schema, out["text"])
+    assert_engine_clean(tiny_engine)
+
+
+def test_a_recursion_that_cannot_bottom_out_is_refused(tiny_engine: Engine) -> None:
+    endless = {"type": "object", "required": ["next"], "properties": {"next": {"$ref": "#"}}}
+    with pytest.raises(RequestError, match="no output of this recursive schema nests at most 3 levels"):
+        tiny_engine.generate(prompt="x", sampling_params={"json_schema": json.dumps(endless), "max_new_tokens": 50})

@@ -115,7 +115,7 @@ class NaiveTransformersBackend(Backend):
             eos_token_id=self.eos_token_ids + list(sampling.stop_token_ids or []),
             pad_token_id=self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_token_ids[0],
         )
-        processors = LogitsProcessorList([_GrammarMask(grammar)] if grammar is not None else [])
+        processors = LogitsProcessorList([_GrammarMask(grammar, len(ids), config.max_new_tokens)] if grammar else [])
         criteria = StoppingCriteriaList([_StopCheck(self.tokenizer, len(ids), stops, grammar)] if stops or grammar else [])
         with torch.inference_mode():
             out = self.model.generate(
@@ -161,14 +161,17 @@ class NaiveTransformersBackend(Backend):
 
 
 class _GrammarMask(LogitsProcessor):
-    """Logits processor: tokens the grammar forbids get -inf (its state advanced by _StopCheck)."""
+    """Logits processor: tokens the grammar forbids get -inf (its state advanced by _StopCheck),
+    with the same budget steering as the Engine (the output completes within max_new_tokens)."""
 
-    def __init__(self, grammar: Grammar):
+    def __init__(self, grammar: Grammar, prompt_len: int, max_new_tokens: int):
         self.grammar = grammar
+        self.prompt_len = prompt_len
+        self.max_new_tokens = max_new_tokens
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         allowed = torch.zeros(self.grammar.compiled.vocab_size, dtype=torch.bool)
-        self.grammar.fill_vocab_mask(allowed)
+        self.grammar.fill_vocab_mask(allowed, self.max_new_tokens - (input_ids.shape[1] - self.prompt_len))
         return scores.masked_fill(~allowed[: scores.shape[-1]], float("-inf"))
 
 

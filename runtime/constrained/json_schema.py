@@ -113,11 +113,7 @@ def schema_to_regex(schema: dict[str, Any], whitespace_pattern: str | None = Non
     """
     placeholders: dict[str, str] = {}
     try:
-        unrolled = _unroll_refs(schema, schema, {}, "#")
-        if unrolled is _IMPOSSIBLE:
-            raise GrammarError(f"no output of this recursive schema nests at most {MAX_REF_EXPANSIONS} "
-                               "levels (the outlines backend's bound; xgrammar and llguidance serve any depth)")
-        lowered = _lower(unrolled, "#", placeholders, f"radixlm_bound_{secrets.token_hex(6)}_")
+        lowered = _lower(schema, "#", placeholders, f"radixlm_bound_{secrets.token_hex(6)}_")
     except RecursionError:
         raise GrammarError("json_schema is nested too deeply") from None
     if estimate_regex_chars(lowered, MAX_SCHEMA_REGEX_CHARS, placeholders) > MAX_SCHEMA_REGEX_CHARS:
@@ -125,8 +121,13 @@ def schema_to_regex(schema: dict[str, Any], whitespace_pattern: str | None = Non
             f"json_schema is too complex: its regex would exceed {MAX_SCHEMA_REGEX_CHARS} characters "
             "(nested arrays and objects with many optional properties multiply its size)"
         )
+    assert isinstance(lowered, dict)
+    unrolled = _unroll_refs(lowered, lowered, {}, "#", [MAX_UNROLLED_SUBSCHEMAS])
+    if unrolled is _IMPOSSIBLE:
+        raise GrammarError(f"no output of this recursive schema nests at most {MAX_REF_EXPANSIONS} "
+                           "levels (the outlines backend's bound; xgrammar and llguidance serve any depth)")
     try:
-        regex = build_regex_from_schema(json.dumps(lowered), whitespace_pattern)
+        regex = build_regex_from_schema(json.dumps(unrolled), whitespace_pattern)
     except (ValueError, TypeError) as e:
         raise GrammarError(f"unsupported JSON schema: {str(e).splitlines()[0]}") from None
     regex = regex.replace(_TIME_FRACTION_AS_OUTLINES_SPELLS_IT, _TIME_FRACTION)
@@ -143,6 +144,7 @@ def schema_to_regex(schema: dict[str, Any], whitespace_pattern: str | None = Non
 # dropped, an array of it stays empty, an anyOf / oneOf branch goes), so every output parses
 # and a recursive structure nests at most that many levels below where it starts.
 MAX_REF_EXPANSIONS = 3
+MAX_UNROLLED_SUBSCHEMAS = 20_000  # references fanning out could otherwise multiply without end
 _IMPOSSIBLE: Any = object()  # a subschema no output may take (a reference past the bound)
 
 
@@ -160,24 +162,30 @@ def _resolve(root: dict[str, Any], ref: str) -> object:
     return node
 
 
-def _unroll_refs(root: dict[str, Any], schema: object, expanded: dict[str, int], path: str) -> object:
+def _unroll_refs(root: dict[str, Any], schema: object, expanded: dict[str, int], path: str,
+                 left: list[int]) -> object:
     """`schema` with local references inlined (see MAX_REF_EXPANSIONS; `expanded` counts the
-    references taken on the way here), or _IMPOSSIBLE when no output may take it."""
+    references taken on the way here), or _IMPOSSIBLE when no output may take it. `left[0]`
+    counts down the subschemas it may still produce (GrammarError at 0)."""
     if not isinstance(schema, dict):
         return schema
+    left[0] -= 1
+    if left[0] < 0:
+        raise GrammarError(f"json_schema is too complex: its references expand to more than "
+                           f"{MAX_UNROLLED_SUBSCHEMAS} subschemas")
     ref = schema.get("$ref")
     if isinstance(ref, str) and ref.startswith("#"):
         if expanded.get(ref, 0) >= MAX_REF_EXPANSIONS:
             return _IMPOSSIBLE
-        target = _unroll_refs(root, _resolve(root, ref), {**expanded, ref: expanded.get(ref, 0) + 1}, ref)
-        rest = _unroll_refs(root, {k: v for k, v in schema.items() if k != "$ref"}, expanded, path)
+        target = _unroll_refs(root, _resolve(root, ref), {**expanded, ref: expanded.get(ref, 0) + 1}, ref, left)
+        rest = _unroll_refs(root, {k: v for k, v in schema.items() if k != "$ref"}, expanded, path, left)
         if target is _IMPOSSIBLE or rest is _IMPOSSIBLE:
             return _IMPOSSIBLE
         return {**target, **rest} if isinstance(target, dict) else target
     out = {k: v for k, v in schema.items() if k not in ("$defs", "definitions")}
 
     def sub(value: object, where: str) -> object:
-        return _unroll_refs(root, value, expanded, f"{path}/{where}")
+        return _unroll_refs(root, value, expanded, f"{path}/{where}", left)
 
     if isinstance(out.get("properties"), dict):
         required = out.get("required", [])

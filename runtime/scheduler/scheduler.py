@@ -190,7 +190,7 @@ class Scheduler:
             else:
                 grammar = future.result().new_state()
                 shortest = grammar.min_tokens()
-                if req.budget is not None and shortest is not None and shortest > req.budget:
+                if req.budget and shortest is not None and shortest > req.budget:  # max_new_tokens=0: no output
                     req.finish_reason = FinishReason("abort", message=(
                         f"invalid grammar: max_new_tokens={req.params.max_new_tokens} cannot hold the shortest "
                         f"output this grammar allows ({shortest} tokens)"))

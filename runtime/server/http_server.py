@@ -229,6 +229,8 @@ async def run_all(tm: TokenizerManager, reqs: list[PreparedRequest], request: Re
         for task in tasks:
             if not task.done():
                 task.cancel()  # tm.generate's cleanup aborts the request in the scheduler
+            elif not task.cancelled():
+                task.exception()  # retrieved: copies refused alike are reported once, not logged as lost
 
 
 async def merged_outputs(

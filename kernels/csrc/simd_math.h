@@ -11,40 +11,25 @@
 
 namespace radixlm {
 
-// e^x for 16 floats: x = n ln2 + r with |r| <= ln2/2, e^r by its Taylor series to degree 7
-// (truncation error below 6e-9 relative, under float32 rounding), times 2^n.
-inline __m512 exp16(__m512 x) {
+// e^x for 16 floats: x = n ln2 + r with |r| <= ln2/2, e^r by its Taylor series to `Degree`, times
+// 2^n. Degree 7: truncation error below 6e-9 relative (under float32 rounding); degree 5: ~3e-6,
+// for softmax weights rounded to bfloat16 (8 bits) before they are used.
+template <int Degree>
+inline __m512 exp16_series(__m512 x) {
+  constexpr float kFactorial[] = {1, 1, 2, 6, 24, 120, 720, 5040};
+  static_assert(Degree >= 1 && Degree <= 7);
   x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-103.0f)), _mm512_set1_ps(88.7f));
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);  // ln2, high bits
   r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);     // ln2, the rest
-  __m512 p = _mm512_set1_ps(1.0f / 5040);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  __m512 p = _mm512_set1_ps(1.0f / kFactorial[Degree]);
+  for (int k = Degree - 1; k >= 0; --k) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / kFactorial[k]));
   return _mm512_scalef_ps(p, n);
 }
 
-// e^x for 16 floats to ~3e-6 relative (degree-5 series): for softmax weights that are rounded to
-// bfloat16 (8 bits) before they are used.
-inline __m512 exp16_coarse(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-103.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693147180559945f), x);
-  __m512 p = _mm512_set1_ps(1.0f / 120);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
-}
+inline __m512 exp16(__m512 x) { return exp16_series<7>(x); }
+inline __m512 exp16_coarse(__m512 x) { return exp16_series<5>(x); }
 
 inline float bf16_to_float(uint16_t v) {
   uint32_t bits = static_cast<uint32_t>(v) << 16;

@@ -72,7 +72,9 @@ def validate(name: str, kind: str, spec: object) -> None:
         if kind == "ebnf":
             xgr.Grammar.from_ebnf(normalized)
         elif kind == "json_schema":
-            xgr.Grammar.from_json_schema(normalized)
+            from radixlm.runtime.constrained.xgrammar_backend import xgrammar_schema
+
+            xgr.Grammar.from_json_schema(xgrammar_schema(normalized))
         elif kind == "regex":
             xgr.Grammar.from_regex(normalized)
         else:

@@ -246,6 +246,11 @@ class Grammar:
             self._guide.rollback_state(len(draft))
         return steered
 
+    def budget_token(self, token_id: int, budget: int) -> int:
+        """The token to take for a sampled one: itself (the mask already kept every token within
+        the budget, see `fill_vocab_mask`)."""
+        return token_id
+
     def min_tokens(self) -> int:
         """The fewest tokens that complete the grammar from here (0: complete now)."""
         return 0 if self._is_eos_accepted else self.compiled.min_tokens(self._guide.get_state())

@@ -19,6 +19,7 @@ import llguidance.hf
 import llguidance.torch
 import torch
 
+from radixlm.runtime.constrained.closing import ClosingSearch, Steering
 from radixlm.runtime.constrained.compile_cache import CompileCache, unpack_bitmask
 from radixlm.runtime.constrained.errors import GrammarError
 
@@ -55,8 +56,9 @@ def check(kind: str, normalized: str, tokenizer: llguidance.LLTokenizer | None =
 
 class LLGuidanceCompiled:
     def __init__(self, kind: str, grammar: str, tokenizer: llguidance.LLTokenizer, vocab_size: int,
-                 tokenizer_len: int, jump_forward: bool, compile_secs: float):
+                 tokenizer_len: int, jump_forward: bool, steering: Steering, compile_secs: float):
         self.kind = kind
+        self.steering = steering
         self.grammar = grammar
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
@@ -68,8 +70,9 @@ class LLGuidanceCompiled:
         return LLGuidanceState(self)
 
 
-class LLGuidanceState:
-    """One request's llguidance matcher (used by one thread at a time)."""
+class LLGuidanceState(ClosingSearch):
+    """One request's llguidance matcher (used by one thread at a time); budget steering by
+    `closing.ClosingSearch` over it."""
 
     def __init__(self, compiled: LLGuidanceCompiled):
         self.compiled = compiled
@@ -88,10 +91,19 @@ class LLGuidanceState:
                 raise ValueError("EOS is not allowed before the grammar is complete")
             self._matcher.consume_token(token_id)
             self._eos_accepted = True
+            self._took(token_id)
             return
         if self._matcher.validate_tokens([token_id]) != 1:
             raise ValueError(f"token {token_id} is not allowed by the grammar")
         self._matcher.consume_token(token_id)
+        self._took(token_id)
+
+    # the matcher primitives of the closing search
+    def _try(self, token_id: int) -> bool:
+        return self._matcher.try_consume_tokens([token_id]) == 1
+
+    def _can_end(self) -> bool:
+        return self._matcher.is_accepting()
 
     def fill_vocab_mask(self, mask_row: torch.Tensor) -> None:
         """Overwrites `mask_row` (bool [vocab_size]): True = allowed (EOS once the output is complete)."""
@@ -100,24 +112,26 @@ class LLGuidanceState:
 
     def fill_vocab_masks(self, mask_rows: torch.Tensor, draft: list[int], budget: int | None = None) -> bool:
         """Row j of `mask_rows` gets the mask after `draft[:j]`; the state does not change.
-        `budget` is not applied (no budget steering with this engine yet): returns False."""
+        The budget steers after sampling here (`budget_token`), not in the mask: returns False."""
         if mask_rows.shape[0] != len(draft) + 1:
             raise ValueError(f"{mask_rows.shape[0]} mask rows for a draft of {len(draft)} tokens")
         self.fill_vocab_mask(mask_rows[0])
         for j, token_id in enumerate(draft):
-            try:
-                self.accept_token(token_id)
-            except ValueError:
-                self._matcher.rollback(j)
-                raise
+            if not self._try(token_id):
+                self._undo(j)
+                raise ValueError(f"draft token {token_id} is not allowed by the grammar")
             self.fill_vocab_mask(mask_rows[j + 1])
         if draft:
             self._matcher.rollback(len(draft))
         return False
 
     def min_tokens(self) -> int | None:
-        """The fewest tokens that complete the grammar from here: not known with this engine (None)."""
-        return None
+        """The tokens of the closing plan from here (`closing`: a short completion, not always the
+        shortest; 0 once terminated), or None when the search finds none."""
+        if self.is_terminated():
+            return 0
+        plan = self.closing_ids()
+        return None if plan is None else len(plan)
 
     def jump_forward_ids(self, last_token_id: int, max_tokens: int) -> list[int]:
         """llguidance's fast-forward tokens (forced, already tokenized as the tokenizer would),
@@ -145,12 +159,18 @@ class LLGuidanceBackend(CompileCache[LLGuidanceCompiled]):
         self.vocab_size = vocab_size
         self.enable_jump_forward = enable_jump_forward
         self._lltokenizer = llguidance.hf.from_tokenizer(tokenizer._tok, n_vocab=vocab_size)
+        from radixlm.runtime.constrained.vocabulary import get_grammar_vocabulary
+
+        special_ids = frozenset(tokenizer._tok.all_special_ids)
+        self._steering = Steering.build(get_grammar_vocabulary(tokenizer).id_to_bytes, vocab_size,
+                                        lambda text: [i for i in tokenizer.encode(text) if i not in special_ids],
+                                        tokenizer.eos_token_id)
 
     def _compile(self, kind: str, normalized: str) -> LLGuidanceCompiled:
         start = time.perf_counter()
         text = check(kind, normalized, self._lltokenizer)
         compiled = LLGuidanceCompiled(kind, text, self._lltokenizer, self.vocab_size, self.tokenizer.vocab_size,
-                                      self.enable_jump_forward, 0.0)
+                                      self.enable_jump_forward, self._steering, 0.0)
         compiled.new_state()  # builds the parser once: grammar errors surface here, not per request
         compiled.compile_secs = time.perf_counter() - start
         return compiled

@@ -3,7 +3,12 @@ the same per-request interface as the outlines backend (`grammar.Grammar`): `acc
 `fill_vocab_masks` along a jump-forward draft, `jump_forward_ids`, `is_terminated`, `copy`; and
 the same `get(kind, spec) -> Future` compile API with a cache as `grammar.GrammarBackend`.
 
-The vocabulary comes from our tokenizer's own Hugging Face tokenizer (no hub access); masks are
+The vocabulary is ours (`vocabulary.get_grammar_vocabulary`: each token's exact bytes, built from
+the local tokenizer, no hub): special tokens are given to xgrammar as empty strings, which it never
+allows inside text (its own reading of a Hugging Face tokenizer treats SmolLM2's `<|endoftext|>`
+as the 13 characters it prints). JSON schemas compile against a second copy of the vocabulary
+without the tokens that hold a control character (U+0000-U+001F): xgrammar's JSON strings take
+them raw, which JSON forbids, and the layout we ask for (`json.dumps`'s) needs none. Masks are
 xgrammar's int32 bitmasks (bit i % 32 of word i // 32 allows token i) unpacked to our bool rows.
 xgrammar compiles in milliseconds (a recursive schema ~5 ms, an EBNF ~0.2 ms with the default
 model's vocabulary), in a worker thread so the scheduler never waits on one.
@@ -13,12 +18,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 import torch
 import xgrammar as xgr
 
+from radixlm.runtime.constrained.closing import ClosingSearch, Steering
 from radixlm.runtime.constrained.compile_cache import CompileCache, unpack_bitmask
 from radixlm.runtime.constrained.errors import GrammarError
 from radixlm.runtime.constrained.spec import choices_regex
@@ -33,9 +39,10 @@ class XGrammarCompiled:
     """One grammar compiled for one vocabulary; `new_state()` gives a request's matcher."""
 
     def __init__(self, kind: str, compiled: xgr.CompiledGrammar, vocab_size: int, tokenizer_len: int,
-                 encode_plain: Callable[[str], list[int]] | None, compile_secs: float):
+                 encode_plain: Callable[[str], list[int]] | None, steering: Steering, compile_secs: float):
         """`encode_plain` tokenizes jump-forward text (None: jump-forward off)."""
         self.kind = kind
+        self.steering = steering
         self.compiled = compiled
         self.vocab_size = vocab_size
         self.tokenizer_len = tokenizer_len
@@ -46,8 +53,9 @@ class XGrammarCompiled:
         return XGrammarState(self)
 
 
-class XGrammarState:
-    """One request's position in an xgrammar grammar (used by one thread at a time)."""
+class XGrammarState(ClosingSearch):
+    """One request's position in an xgrammar grammar (used by one thread at a time); budget
+    steering by `closing.ClosingSearch` over its matcher."""
 
     def __init__(self, compiled: XGrammarCompiled):
         self.compiled = compiled
@@ -60,6 +68,14 @@ class XGrammarState:
             raise ValueError(f"token {token_id} after the grammar accepted EOS")
         if not self._matcher.accept_token(token_id):
             raise ValueError(f"token {token_id} is not allowed by the grammar")
+        self._took(token_id)
+
+    # the matcher primitives of the closing search
+    def _try(self, token_id: int) -> bool:
+        return bool(self._matcher.accept_token(token_id))
+
+    def _can_end(self) -> bool:
+        return bool(self._matcher.is_completed())
 
     def fill_vocab_mask(self, mask_row: torch.Tensor) -> None:
         """Overwrites `mask_row` (bool [vocab_size]): True = allowed (EOS once the output is complete)."""
@@ -69,7 +85,7 @@ class XGrammarState:
 
     def fill_vocab_masks(self, mask_rows: torch.Tensor, draft: list[int], budget: int | None = None) -> bool:
         """Row j of `mask_rows` gets the mask after `draft[:j]`; the state does not change.
-        `budget` is not applied (no budget steering with this engine yet): returns False."""
+        The budget steers after sampling here (`budget_token`), not in the mask: returns False."""
         if mask_rows.shape[0] != len(draft) + 1:
             raise ValueError(f"{mask_rows.shape[0]} mask rows for a draft of {len(draft)} tokens")
         self.fill_vocab_mask(mask_rows[0])
@@ -83,8 +99,12 @@ class XGrammarState:
         return False
 
     def min_tokens(self) -> int | None:
-        """The fewest tokens that complete the grammar from here: not known with this engine (None)."""
-        return None
+        """The tokens of the closing plan from here (`closing`: a short completion, not always the
+        shortest; 0 once terminated), or None when the search finds none."""
+        if self._matcher.is_terminated():
+            return 0
+        plan = self.closing_ids()
+        return None if plan is None else len(plan)
 
     def jump_forward_ids(self, last_token_id: int, max_tokens: int) -> list[int]:
         """Up to `max_tokens` tokens of the text the grammar now forces, each allowed in turn (the
@@ -92,7 +112,12 @@ class XGrammarState:
         does not change."""
         if max_tokens <= 0 or self.compiled.encode_plain is None or self._matcher.is_terminated():
             return []
-        forced = self._matcher.find_jump_forward_string()
+        if self.closing_ids() is None:  # maybe no end from here: the forced text could be endless
+            return []
+        try:
+            forced = self._matcher.find_jump_forward_string()
+        except UnicodeDecodeError:  # the forced bytes end inside a UTF-8 character: no draft
+            return []
         if not forced:
             return []
         draft: list[int] = []
@@ -125,8 +150,15 @@ class XGrammarBackend(CompileCache[XGrammarCompiled]):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.any_whitespace = any_whitespace
-        info = xgr.TokenizerInfo.from_huggingface(tokenizer._tok, vocab_size=vocab_size)
-        self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+        from radixlm.runtime.constrained.vocabulary import get_grammar_vocabulary
+
+        id_to_bytes = get_grammar_vocabulary(tokenizer).id_to_bytes
+        self._special_ids = frozenset(tokenizer._tok.all_special_ids)
+        eos = [tokenizer.eos_token_id]
+        self._compiler = xgr.GrammarCompiler(tokenizer_info(id_to_bytes, vocab_size, eos, json=False), max_threads=1)
+        self._json_compiler = xgr.GrammarCompiler(tokenizer_info(id_to_bytes, vocab_size, eos, json=True),
+                                                  max_threads=1)
+        self._steering = Steering.build(id_to_bytes, vocab_size, self._encode_plain, tokenizer.eos_token_id)
 
     def _compile(self, kind: str, normalized: str) -> XGrammarCompiled:
         start = time.perf_counter()
@@ -134,7 +166,8 @@ class XGrammarBackend(CompileCache[XGrammarCompiled]):
             if kind == "regex":
                 compiled = self._compiler.compile_regex(normalized)
             elif kind == "json_schema":
-                compiled = self._compiler.compile_json_schema(normalized, any_whitespace=self.any_whitespace)
+                compiled = self._json_compiler.compile_json_schema(xgrammar_schema(normalized),
+                                                                   any_whitespace=self.any_whitespace)
             elif kind == "choices":
                 compiled = self._compiler.compile_regex(choices_regex(json.loads(normalized)))
             else:
@@ -144,8 +177,67 @@ class XGrammarBackend(CompileCache[XGrammarCompiled]):
 
             raise GrammarError(f"cannot compile the {kind} grammar with xgrammar: {xgrammar_reason(e)}") from None
         return XGrammarCompiled(kind, compiled, self.vocab_size, self.tokenizer.vocab_size,
-                                self._encode_plain if self.enable_jump_forward else None, time.perf_counter() - start)
+                                self._encode_plain if self.enable_jump_forward else None, self._steering,
+                                time.perf_counter() - start)
 
     def _encode_plain(self, text: str) -> list[int]:
-        special_ids = set(self.tokenizer._tok.all_special_ids)
-        return [i for i in self.tokenizer.encode(text) if i not in special_ids]
+        return [i for i in self.tokenizer.encode(text) if i not in self._special_ids]
+
+
+def tokenizer_info(id_to_bytes: Mapping[int, bytes], vocab_size: int, stop_token_ids: list[int],
+                   json: bool) -> xgr.TokenizerInfo:
+    """xgrammar's vocabulary of `vocab_size` ids: each token's bytes; special tokens and ids
+    beyond the tokenizer as b"" (never allowed in text); with `json`, tokens holding a control
+    character too."""
+    def spelled(data: bytes | None) -> bytes:
+        if data is None or (json and any(b < 0x20 for b in data)):
+            return b""
+        return data
+
+    encoded = [spelled(id_to_bytes.get(i)) for i in range(vocab_size)]
+    return xgr.TokenizerInfo(encoded, xgr.VocabType.RAW, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
+
+
+# keys whose value maps names to subschemas, and keys whose value is data, not a schema
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_DATA_KEYS = ("enum", "const", "default", "examples", "required")
+
+
+def xgrammar_schema(normalized: str) -> str:
+    """The schema as xgrammar should read it, or GrammarError where xgrammar would silently serve
+    a different language: `not` (ignored by xgrammar) and `required` names that `properties`
+    does not declare (xgrammar drops them) are refused; draft-04's boolean `exclusiveMinimum` /
+    `exclusiveMaximum` become the numeric form of later drafts (xgrammar reads only that one)."""
+    schema = json.loads(normalized)
+    changed = [False]
+
+    def visit(node: object, path: str) -> None:
+        if isinstance(node, list):
+            for i, item in enumerate(node):
+                visit(item, f"{path}/{i}")
+            return
+        if not isinstance(node, dict):
+            return
+        if "not" in node:
+            raise GrammarError(f"unsupported JSON schema keyword 'not' at {path}: xgrammar cannot serve it")
+        declared, required = node.get("properties"), node.get("required")
+        if isinstance(required, list) and (isinstance(declared, dict) or "properties" not in node and required):
+            missing = [name for name in required if not isinstance(declared, dict) or name not in declared]
+            if missing:
+                raise GrammarError(f"required property {missing[0]!r} at {path} is not declared in 'properties'")
+        for key, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+            if isinstance(node.get(key), bool):
+                changed[0] = True
+                if node.pop(key) and bound in node:
+                    node[key] = node.pop(bound)
+        for key, value in node.items():
+            if key in _DATA_KEYS:
+                continue
+            if key in _SCHEMA_MAPS and isinstance(value, dict):
+                for name, sub in value.items():
+                    visit(sub, f"{path}/{key}/{name}")
+            else:
+                visit(value, f"{path}/{key}")
+
+    visit(schema, "#")
+    return json.dumps(schema, separators=(",", ":"), ensure_ascii=False) if changed[0] else normalized

@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from radixlm.runtime.constrained.closing import MAX_PLAN_BYTES
 from radixlm.runtime.constrained.grammar import GrammarBackend
 from radixlm.runtime.mem_cache.radix_cache import BasePrefixCache, NoopRadixCache, RadixCache
 from radixlm.runtime.messages import ReqOutput
@@ -190,7 +191,12 @@ class Scheduler:
             else:
                 grammar = future.result().new_state()
                 shortest = grammar.min_tokens()
-                if req.budget and shortest is not None and shortest > req.budget:  # max_new_tokens=0: no output
+                if shortest is None:  # a context-free grammar with no end our search finds
+                    req.finish_reason = FinishReason("abort", message=(
+                        f"invalid grammar: no output of this grammar ends within {MAX_PLAN_BYTES} bytes "
+                        "(a recursion with no way out?)"))
+                    self._aborted.append(req)
+                elif req.budget and shortest > req.budget:  # max_new_tokens=0: no output
                     req.finish_reason = FinishReason("abort", message=(
                         f"invalid grammar: max_new_tokens={req.params.max_new_tokens} cannot hold the shortest "
                         f"output this grammar allows ({shortest} tokens)"))
@@ -310,7 +316,7 @@ class Scheduler:
             first_draft_pos = req.num_cached - len(draft)  # the draft's K/V starts here
             new_ids: list[int] = []
             for j in range(len(draft) + 1):
-                token = next_ids[row + j]
+                token = self._steer_by_budget(req, next_ids[row + j], result, row + j)
                 kept_rows.append(row + j)
                 new_ids.append(token)
                 self._accept_token(req, token)
@@ -329,6 +335,22 @@ class Scheduler:
             kept_result = SampleOutput(result.next_ids[kept], result.logprobs[kept], result.vocab_logprobs[kept])
             record_logprobs([row_reqs[i] for i in kept_rows], kept_result)
         return outputs
+
+    def _steer_by_budget(self, req: Req, token: int, result: SampleOutput, row: int) -> int:
+        """The token to take for a sampled `token`: itself, unless the request's grammar steers by
+        its budget after sampling (the context-free backends, `closing.ClosingSearch`) and could not
+        complete within max_new_tokens after it; then the first token of the grammar's closing plan
+        (its logprob recorded in `result` in place of the sampled one's)."""
+        grammar, budget = req.grammar, req.budget
+        if grammar is None or budget is None or req.is_finished:
+            return token
+        steered = grammar.budget_token(token, budget)
+        if steered != token:
+            req.budget_steered = True
+            result.next_ids[row] = steered
+            if result.logprobs is not None and result.vocab_logprobs is not None:
+                result.logprobs[row] = result.vocab_logprobs[row, steered]
+        return steered
 
     def _accept_token(self, req: Req, token: int) -> None:
         req.append_token(token, self.cfg.context_len)

@@ -1,10 +1,15 @@
-"""Grammar backend: vocabulary, regex helpers, random walks through compiled grammars, errors, cache.
+"""Grammar backends: vocabulary, regex helpers, random walks through compiled grammars, errors, cache.
+
+The grammar-level tests run on every backend (`backend`: outlines, xgrammar, llguidance, through
+the per-request interface the scheduler uses); the vocabulary, the regex helpers and the outlines
+schema-to-regex translation are the outlines backend's own.
 
 A random walk simulates sampling at temperature 1.0 without a model: from a fresh state, pick a
 random allowed token from the mask (seeded; EOS with probability 1/2 when allowed, and half of
 the other steps an allowed token that follows the shortest completion, so walks finish), decode
-with the real tokenizer, and check the text against the grammar. Each grammar is compiled once
-per module.
+with the real tokenizer, and check the text against the grammar. The shortest completion comes
+from the spec's regex (outlines' translation), whatever backend is walked. Each grammar is
+compiled once per module and backend.
 """
 
 from __future__ import annotations
@@ -13,17 +18,20 @@ import functools
 import json
 import random
 import re
+from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import numpy as np
 import outlines_core
 import pytest
 import torch
+from grammar_backends_testing import ENDS_BEFORE_EOS, GRAMMAR_BACKENDS, Backend, grammar_backend
 
 from radixlm.runtime.bench.workloads import W4_SCHEMA
-from radixlm.runtime.constrained import CompiledGrammar, GrammarBackend, GrammarError, validate
+from radixlm.runtime.constrained import GrammarError, backends
 from radixlm.runtime.constrained.numeric_regex import bounded_number_regex, integer_range_regex
 from radixlm.runtime.constrained.regex_syntax import rewrite_regex
 from radixlm.runtime.constrained.spec import normalize_spec, spec_to_regex
@@ -174,15 +182,19 @@ def tokenizer(default_model_dir: Path) -> Tokenizer:
     return Tokenizer(default_model_dir)
 
 
-@pytest.fixture(scope="module")
-def backend(tokenizer: Tokenizer):
-    backend = GrammarBackend(tokenizer, tokenizer.vocab_size + EXTRA_IDS, max_cache=256, num_workers=2)
-    yield backend
-    backend.shutdown()
+@pytest.fixture(scope="module", params=GRAMMAR_BACKENDS)
+def backend_name(request: pytest.FixtureRequest) -> str:
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def schema_futures(backend: GrammarBackend) -> list[Future[CompiledGrammar]]:
+def backend(backend_name: str, tokenizer: Tokenizer) -> Iterator[Backend]:
+    with grammar_backend(backend_name, tokenizer, tokenizer.vocab_size + EXTRA_IDS, max_cache=256) as backend:
+        yield backend
+
+
+@pytest.fixture(scope="module")
+def schema_futures(backend: Backend) -> list[Future[Any]]:
     """Every schema submitted at once, so compiles overlap with the walks of earlier ones."""
     return [backend.get("json_schema", schema) for schema in SCHEMAS]
 
@@ -193,6 +205,11 @@ class ShortestCompletion:
     Walks use it to bias toward finishing: half the non-EOS steps take an allowed token that is a
     prefix of the shortest completion of the text so far. Like the backend, it compiles the regex
     followed by a NUL end marker (token 256), so accepting states keep all their transitions.
+
+    A walk is tracked as a set of DFA states. The regex is outlines' translation of the spec; a
+    context-free backend may allow text outside its language (an escape, a format written
+    differently). Such text is a gap: tracking goes on from every state reachable from where the
+    language was left, and the text after the gap narrows the set down again (a JSON key does).
     """
 
     _BYTE_VOCABULARY = outlines_core.Vocabulary(
@@ -200,7 +217,9 @@ class ShortestCompletion:
     )
 
     def __init__(self, regex: str):
+        self.regex = regex
         self.index = outlines_core.Index(f"(?:{regex})\\x00", self._BYTE_VOCABULARY)
+        self.initial = frozenset([self.index.get_initial_state()])
         transitions = self.index.get_transitions()
         self.transitions = {s: {t: n for t, n in ts.items() if t < 256} for s, ts in transitions.items()}
         finals = self.index.get_final_states()
@@ -217,13 +236,27 @@ class ShortestCompletion:
                     self.distance[previous] = self.distance[state] + 1
                     frontier.append(previous)
 
-    def advance(self, state: int, data: bytes) -> int:
+    def advance(self, states: frozenset[int], data: bytes) -> frozenset[int]:
         for byte in data:
-            state = self.transitions[state][byte]
-        return state
+            after = frozenset(n for s in states if self.distance.get(n := self.transitions[s].get(byte, -1)) is not None)
+            if not after:  # a gap: the rest of `data` is in it
+                return self._reachable(states)
+            states = after
+        return states
 
-    def shortest(self, state: int) -> bytes:
+    def _reachable(self, states: frozenset[int]) -> frozenset[int]:
+        seen, frontier = set(states), list(states)
+        while frontier:
+            for n in self.transitions[frontier.pop()].values():
+                if n in self.distance and n not in seen:
+                    seen.add(n)
+                    frontier.append(n)
+        return frozenset(seen)
+
+    def shortest(self, states: frozenset[int]) -> bytes:
+        """The shortest completion from the nearest-to-complete of `states`."""
         out = bytearray()
+        state = min(states, key=self.distance.__getitem__)
         while self.distance[state]:
             byte, state = min(
                 (
@@ -237,35 +270,40 @@ class ShortestCompletion:
 
 
 def random_walk(
-    compiled: CompiledGrammar,
+    compiled: Any,
     rng: random.Random,
     completion: ShortestCompletion,
+    eos: int,
     id_to_bytes: dict[int, bytes],
     bytes_to_ids: dict[bytes, list[int]],
 ) -> list[int]:
-    """Token ids of one completed walk (EOS excluded); restarts walks that hit MAX_WALK_LEN."""
+    """Token ids of one completed walk (EOS excluded) through any backend's grammar, by its
+    generic per-request interface; restarts walks that hit MAX_WALK_LEN."""
     mask = torch.zeros(compiled.vocab_size, dtype=torch.bool)
     for _ in range(10):
-        grammar, ids, state = compiled.new_state(), [], completion.index.get_initial_state()
+        grammar, ids, states = compiled.new_state(), [], completion.initial
         while not grammar.is_terminated() and len(ids) < MAX_WALK_LEN:
             grammar.fill_vocab_mask(mask)
             allowed = np.flatnonzero(mask.numpy())
             assert allowed.size > 0, "a live grammar state allows no token"
-            rest = completion.shortest(state)
+            rest = completion.shortest(states)
             closing = [i for k in range(len(rest)) for i in bytes_to_ids.get(rest[: k + 1], []) if mask[i]]
-            if mask[compiled.eos_token_id] and rng.random() < 0.5:
-                token_id = compiled.eos_token_id
+            if not closing and hasattr(grammar, "closing_ids"):  # a CFG backend's layout: its own plan
+                closing = (grammar.closing_ids() or [])[:1]
+            if mask[eos] and rng.random() < 0.5:
+                token_id = eos
             elif closing and rng.random() < 0.5:
                 token_id = rng.choice(closing)
             else:
                 token_id = int(allowed[rng.randrange(allowed.size)])
             grammar.accept_token(token_id)
-            if token_id != compiled.eos_token_id:
+            if token_id != eos:
+                assert token_id in id_to_bytes, f"the mask allows the special token {token_id}"
                 ids.append(token_id)
-                state = completion.advance(state, id_to_bytes[token_id])
+                states = completion.advance(states, id_to_bytes[token_id])
         if grammar.is_terminated():
             return ids
-    raise AssertionError(f"no walk finished within {MAX_WALK_LEN} tokens for {compiled.regex[:80]!r}")
+    raise AssertionError(f"no walk finished within {MAX_WALK_LEN} tokens for {completion.regex[:80]!r}")
 
 
 @functools.cache
@@ -276,18 +314,32 @@ def _bytes_to_ids(tokenizer: Tokenizer) -> dict[bytes, list[int]]:
     return bytes_to_ids
 
 
-def walk_texts(compiled: CompiledGrammar, tokenizer: Tokenizer, seed: int, n: int) -> list[str]:
-    """Texts of `n` seeded random walks, each decoded by the real tokenizer (checked byte-exact)."""
+def walk_texts(compiled: Any, kind: str, spec: object, tokenizer: Tokenizer, seed: int, n: int) -> list[str]:
+    """Texts of `n` seeded random walks through `compiled` (the grammar of (kind, spec) on any
+    backend), each decoded by the real tokenizer (checked byte-exact)."""
     rng = random.Random(seed)
     id_to_bytes = dict(get_grammar_vocabulary(tokenizer).id_to_bytes)
-    completion = ShortestCompletion(compiled.regex)
+    completion = ShortestCompletion(spec_to_regex(kind, normalize_spec(kind, spec)))
     texts = []
     for _ in range(n):
-        ids = random_walk(compiled, rng, completion, id_to_bytes, _bytes_to_ids(tokenizer))
+        ids = random_walk(compiled, rng, completion, tokenizer.eos_token_id, id_to_bytes, _bytes_to_ids(tokenizer))
         text = tokenizer.decode(ids)
         assert text == b"".join(id_to_bytes[i] for i in ids).decode("utf-8")
         texts.append(text)
     return texts
+
+
+def assert_only_eos_follows(grammar: Any, backend_name: str, eos: int) -> None:
+    """The text so far is complete and cannot go on: the mask allows EOS alone; the grammar is
+    terminated once EOS is accepted (before, where the backend says so: ENDS_BEFORE_EOS)."""
+    mask = torch.zeros(grammar.compiled.vocab_size, dtype=torch.bool)
+    grammar.fill_vocab_mask(mask)
+    assert mask.nonzero().flatten().tolist() == [eos]
+    assert grammar.is_terminated() == (backend_name in ENDS_BEFORE_EOS)
+    grammar.accept_token(eos)
+    assert grammar.is_terminated()
+    with pytest.raises(ValueError):
+        grammar.accept_token(eos)
 
 
 # ---------------------------------------------------------------- vocabulary
@@ -305,7 +357,7 @@ def test_vocabulary_maps_ids_to_decoded_strings(tokenizer: Tokenizer) -> None:
     assert vocab.id_to_bytes[tokenizer.encode(" the")[0]] == b" the"
 
 
-def test_partial_utf8_tokens_are_raw_bytes(tokenizer: Tokenizer, backend: GrammarBackend) -> None:
+def test_partial_utf8_tokens_are_raw_bytes(tokenizer: Tokenizer, backend_name: str, backend: Backend) -> None:
     id_to_bytes = get_grammar_vocabulary(tokenizer).id_to_bytes
     text = '"héllo 🙂 日本語 ✓"'
     ids = tokenizer.encode(text)
@@ -315,7 +367,7 @@ def test_partial_utf8_tokens_are_raw_bytes(tokenizer: Tokenizer, backend: Gramma
     grammar = backend.get("regex", r'"[^"]*"').result().new_state()
     for token_id in ids:
         grammar.accept_token(token_id)
-    assert grammar.is_terminated()
+    assert_only_eos_follows(grammar, backend_name, tokenizer.eos_token_id)
 
 
 def _is_utf8(data: bytes) -> bool:
@@ -417,36 +469,38 @@ def test_at_least_fifty_varied_schemas() -> None:
 
 
 @pytest.mark.parametrize("schema_index", range(len(SCHEMAS)))
-def test_json_schema_walks_validate(schema_index, schema_futures, tokenizer) -> None:
+def test_json_schema_walks_validate(schema_index: int, backend_name: str, schema_futures: list[Future[Any]],
+                                    tokenizer: Tokenizer) -> None:
     schema = SCHEMAS[schema_index]
     compiled = schema_futures[schema_index].result(timeout=120)
-    for text in walk_texts(compiled, tokenizer, seed=schema_index, n=3):
+    for text in walk_texts(compiled, "json_schema", schema, tokenizer, seed=schema_index, n=3):
         jsonschema.validate(json.loads(text), schema)
 
 
-def test_format_dates_use_ascii_digits(backend, tokenizer) -> None:
-    compiled = backend.get("json_schema", {"type": "string", "format": "date"}).result()
-    for text in walk_texts(compiled, tokenizer, seed=7, n=5):
+def test_format_dates_use_ascii_digits(backend: Backend, tokenizer: Tokenizer) -> None:
+    schema = {"type": "string", "format": "date"}
+    compiled = backend.get("json_schema", schema).result()
+    for text in walk_texts(compiled, "json_schema", schema, tokenizer, seed=7, n=5):
         assert re.fullmatch(r'"[0-9]{4}-[0-9]{2}-[0-9]{2}"', text), text
 
 
 @pytest.mark.parametrize("name", sorted(REGEXES))
-def test_regex_walks_fullmatch(name, backend, tokenizer) -> None:
+def test_regex_walks_fullmatch(name: str, backend: Backend, tokenizer: Tokenizer) -> None:
     compiled = backend.get("regex", REGEXES[name]).result()
-    for text in walk_texts(compiled, tokenizer, seed=len(name), n=8):
+    for text in walk_texts(compiled, "regex", REGEXES[name], tokenizer, seed=len(name), n=8):
         assert re.fullmatch(REGEXES[name], text), text
 
 
-def test_choice_walks_pick_a_choice(backend, tokenizer) -> None:
+def test_choice_walks_pick_a_choice(backend: Backend, tokenizer: Tokenizer) -> None:
     compiled = backend.get("choices", CHOICES).result()
-    texts = walk_texts(compiled, tokenizer, seed=3, n=20)
+    texts = walk_texts(compiled, "choices", CHOICES, tokenizer, seed=3, n=20)
     assert set(texts) <= set(CHOICES) and len(set(texts)) >= 3
 
 
 # ---------------------------------------------------------------- grammar state and mask
 
 
-def test_mask_eos_and_termination(backend: GrammarBackend, tokenizer: Tokenizer) -> None:
+def test_mask_eos_and_termination(backend_name: str, backend: Backend, tokenizer: Tokenizer) -> None:
     compiled = backend.get("regex", "[0-9]{1,2}").result()
     grammar, eos = compiled.new_state(), tokenizer.eos_token_id
     mask = torch.ones(compiled.vocab_size, dtype=torch.bool)
@@ -460,15 +514,12 @@ def test_mask_eos_and_termination(backend: GrammarBackend, tokenizer: Tokenizer)
     grammar.fill_vocab_mask(mask)
     assert mask[eos] and mask.sum() == 11 and not grammar.is_terminated()
     grammar.accept_token(tokenizer.encode("2")[0])
-    grammar.fill_vocab_mask(mask)
-    assert mask.nonzero().flatten().tolist() == [eos] and grammar.is_terminated()
-    grammar.accept_token(eos)
-    assert grammar.is_terminated()
+    assert_only_eos_follows(grammar, backend_name, eos)
     fresh = grammar.copy()
     assert not fresh.is_terminated() and fresh.compiled is compiled
 
 
-def test_accepting_states_keep_extensions(backend: GrammarBackend, tokenizer: Tokenizer) -> None:
+def test_accepting_states_keep_extensions(backend: Backend, tokenizer: Tokenizer) -> None:
     """outlines-core alone drops "." after "1" here (its DFA flags matches one byte late)."""
     grammar = backend.get("regex", r"[0-9]+(\.[0-9]+)?").result().new_state()
     grammar.accept_token(tokenizer.encode("1")[0])
@@ -483,10 +534,10 @@ def test_accepting_states_keep_extensions(backend: GrammarBackend, tokenizer: To
     )
     assert mask[e_acute_first_byte]
     choices = backend.get("choices", ["no", "no."]).result()
-    assert set(walk_texts(choices, tokenizer, seed=1, n=12)) == {"no", "no."}
+    assert set(walk_texts(choices, "choices", ["no", "no."], tokenizer, seed=1, n=12)) == {"no", "no."}
 
 
-def test_mask_excludes_ids_beyond_tokenizer(backend: GrammarBackend, tokenizer: Tokenizer) -> None:
+def test_mask_excludes_ids_beyond_tokenizer(backend_name: str, backend: Backend, tokenizer: Tokenizer) -> None:
     grammar = backend.get("regex", '"[^"]*"').result().new_state()
     grammar.accept_token(tokenizer.encode('"')[0])
     rows = torch.zeros(3, tokenizer.vocab_size + EXTRA_IDS, dtype=torch.bool)
@@ -498,49 +549,104 @@ def test_mask_excludes_ids_beyond_tokenizer(backend: GrammarBackend, tokenizer: 
 
 # ---------------------------------------------------------------- errors and the backend
 
-BAD_SPECS = [
-    ("regex", "(", "unterminated subpattern"),
-    ("regex", 5, "must be a string"),
-    ("json_schema", "{not json", "not valid JSON"),
-    ("json_schema", "[1, 2]", "must be a JSON object"),
-    ("json_schema", {"type": "string", "format": "ipv4"}, "ipv4"),
-    ("json_schema", {"not": {"type": "string"}}, "unsupported JSON schema"),
-    ("json_schema", {"type": "integer", "multipleOf": 3}, "multipleOf"),
-    ("json_schema", {"type": "object", "properties": {}, "required": ["x"]}, "'x'"),
-    ("json_schema", {"type": "integer", "minimum": 5, "maximum": 3}, "admit no value"),
-    ("json_schema", {"type": "string", "pattern": "[a-"}, "pattern at #"),
-    ("choices", [], "non-empty"),
-    ("grammar", "x", "unknown grammar kind"),
+CFG_BACKENDS = [name for name in GRAMMAR_BACKENDS if name != "outlines"]
+
+
+def _everywhere(message: str) -> dict[str, str]:
+    return dict.fromkeys(GRAMMAR_BACKENDS, message)
+
+
+def _on_cfg(message: str) -> dict[str, str]:
+    return dict.fromkeys(CFG_BACKENDS, message)
+
+
+# (kind, spec, the reason in each refusing backend's GrammarError, and for the backends that serve
+# the spec (those missing from the refusals) an output it forbids and one it allows)
+BAD_SPECS: list[tuple[str, object, dict[str, str], tuple[str, str] | None]] = [
+    ("regex", "(", {"outlines": "unterminated subpattern", "xgrammar": "parenthesis is not closed",
+                    "llguidance": 'invalid regex "("'}, None),
+    ("regex", 5, {"outlines": "must be a string"} | _on_cfg("must be a non-empty string"), None),
+    ("json_schema", "{not json", _everywhere("not valid JSON"), None),
+    ("json_schema", "[1, 2]", _everywhere("must be a JSON object"), None),
+    ("json_schema", {"type": "string", "format": "ipv4"}, {"outlines": "ipv4"}, ('"abc"', '"1.2.3.4"')),
+    ("json_schema", {"not": {"type": "string"}}, {"outlines": "unsupported JSON schema",
+                                                   "xgrammar": "unsupported JSON schema keyword 'not'",
+                                                   "llguidance": 'Unimplemented keys: ["not"]'}, None),
+    ("json_schema", {"type": "integer", "multipleOf": 3}, {"outlines": "multipleOf"}, ("4", "9")),
+    ("json_schema", {"type": "object", "properties": {}, "required": ["x"]}, {"outlines": "'x'", "xgrammar": "'x'"},
+     ("{}", '{"x": 1}')),
+    ("json_schema", {"type": "integer", "minimum": 5, "maximum": 3}, {
+        "outlines": "admit no value", "xgrammar": "minimum greater than maximum",
+        "llguidance": "minimum (5) is greater than maximum (3)"}, None),
+    ("json_schema", {"type": "string", "pattern": "[a-"}, {
+        "outlines": "pattern at #", "xgrammar": "Unclosed '['", "llguidance": "regex parse error"}, None),
+    ("choices", [], _everywhere("non-empty"), None),
 ]
+def _accepts(compiled: Any, tokenizer: Tokenizer, text: str) -> bool:
+    """Whether a fresh state of `compiled` takes `text` (tokenized as the tokenizer does) then EOS."""
+    grammar = compiled.new_state()
+    try:
+        for token_id in tokenizer.encode(text):
+            grammar.accept_token(token_id)
+        grammar.accept_token(tokenizer.eos_token_id)
+    except ValueError:
+        return False
+    return True
 
 
-@pytest.mark.parametrize(("kind", "spec", "message"), BAD_SPECS)
-def test_bad_specs_raise_at_validation(kind, spec, message, backend: GrammarBackend) -> None:
-    with pytest.raises(GrammarError, match=re.escape(message)):
-        validate(kind, spec)  # the cheap check at the door: no index is built
-    with pytest.raises(GrammarError, match=re.escape(message)):
-        backend.get(kind, spec).result(timeout=30)
+@pytest.mark.parametrize("row", range(len(BAD_SPECS)), ids=[f"{kind}-{json.dumps(spec)}" for kind, spec, *_ in BAD_SPECS])
+def test_bad_specs_raise_at_validation(row: int, backend_name: str, backend: Backend, tokenizer: Tokenizer) -> None:
+    """A spec a backend cannot serve is refused with its reason at the door (`backends.validate`,
+    quick, no compile) and by the compile; one it serves, it honours."""
+    kind, spec, refusals, outputs = BAD_SPECS[row]
+    message = refusals.get(backend_name)
+    if message is not None:
+        with pytest.raises(GrammarError, match=re.escape(message)):
+            backends.validate(backend_name, kind, spec)
+        with pytest.raises(GrammarError, match=re.escape(message)):
+            backend.get(kind, spec).result(timeout=30)
+        return
+    assert outputs is not None
+    backends.validate(backend_name, kind, spec)
+    compiled = backend.get(kind, spec).result(timeout=30)
+    forbidden, allowed = outputs
+    assert (_accepts(compiled, tokenizer, forbidden), _accepts(compiled, tokenizer, allowed)) == (False, True)
 
 
-def test_unsupported_regex_fails_at_compile(backend: GrammarBackend) -> None:
-    validate("regex", "(?<=a)b")  # Python syntax: passes the cheap check
-    with pytest.raises(GrammarError, match="unsupported regex syntax"):
+def test_unknown_kinds_are_refused(backend_name: str, backend: Backend) -> None:
+    with pytest.raises(GrammarError, match=f"the {backend_name} grammar backend cannot serve grammar grammars"):
+        backends.validate(backend_name, "grammar", "x")
+    with pytest.raises(GrammarError, match="unknown grammar kind 'grammar'"):
+        backend.get("grammar", "x").result(timeout=30)
+
+
+LOOKBEHIND_REFUSALS = {"outlines": "unsupported regex syntax", "xgrammar": "Lookbehind is not supported",
+                       "llguidance": "invalid regex"}
+
+
+def test_unsupported_regex_is_refused(backend_name: str, backend: Backend) -> None:
+    """outlines' quick check takes Python's regex syntax, so lookbehind fails at compile only; the
+    context-free backends refuse it at the door already."""
+    if backend_name == "outlines":
+        backends.validate(backend_name, "regex", "(?<=a)b")
+    else:
+        with pytest.raises(GrammarError, match=LOOKBEHIND_REFUSALS[backend_name]):
+            backends.validate(backend_name, "regex", "(?<=a)b")
+    with pytest.raises(GrammarError, match=LOOKBEHIND_REFUSALS[backend_name]):
         backend.get("regex", "(?<=a)b").result(timeout=30)
 
 
-def test_backend_compiles_in_background_and_caches(tokenizer: Tokenizer) -> None:
-    backend = GrammarBackend(tokenizer, tokenizer.vocab_size, max_cache=2)
-    try:
+@pytest.mark.parametrize("name", GRAMMAR_BACKENDS)
+def test_backend_compiles_in_background_and_caches(name: str, tokenizer: Tokenizer) -> None:
+    with grammar_backend(name, tokenizer, tokenizer.vocab_size, max_cache=2) as backend:
         schema = W4_SCHEMA
-        future = backend.get("json_schema", schema)  # a future at once; the index builds in a worker
+        future = backend.get("json_schema", schema)  # a future at once; compiled in a worker
         assert future.result(timeout=60).compile_secs > 0
         again = backend.get("json_schema", json.dumps(schema))  # same spec, as a JSON string
         assert again is future and again.done()
         backend.get("regex", "a").result(timeout=60)
         backend.get("regex", "b").result(timeout=60)  # evicts the schema (LRU of 2)
         assert backend.get("json_schema", schema) is not future
-    finally:
-        backend.shutdown()
 
 
 def test_outlines_serves_recursive_refs_to_a_bounded_depth() -> None:

@@ -1,32 +1,43 @@
-"""Constrained decoding through the engine: the FSM mask is applied in the batched sampler, so
-constrained and free requests share a batch, and every output obeys its grammar."""
+"""Constrained decoding through the engine, on every grammar backend: the grammar mask is applied
+in the batched sampler, so constrained and free requests share a batch, and every output obeys its
+grammar."""
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
+from grammar_backends_testing import GRAMMAR_BACKENDS, backend_engine
 from radixlm_testing import assert_engine_clean, save_tiny_model
 from test_constrained import SCHEMAS
 
 from radixlm.runtime.engine import Engine
 from radixlm.runtime.errors import RequestError
 
+# bounded, so that it finishes within max_new_tokens on the backends that do not steer by the budget
 SCHEMA = {
     "type": "object",
-    "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}, "ok": {"type": "boolean"}},
+    "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0, "maximum": 150},
+                   "ok": {"type": "boolean"}},
     "required": ["name", "age", "ok"],
     "additionalProperties": False,
 }
 
 
+@pytest.fixture(scope="module", params=GRAMMAR_BACKENDS)
+def backend_name(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def engine(tiny_engine: Engine) -> Engine:
-    return tiny_engine
+def engine(backend_name: str, tiny_engine: Engine, tiny_model_dir: Path) -> Iterator[Engine]:
+    with backend_engine(backend_name, tiny_engine, tiny_model_dir) as engine:
+        yield engine
 
 
 @pytest.fixture(autouse=True)
@@ -55,9 +66,17 @@ def test_regex_and_schema_outputs_are_valid_in_a_mixed_batch(engine: Engine, tem
         assert out["meta_info"]["finish_reason"]["type"] == "stop"
 
 
-def test_bad_grammar_is_refused_at_the_door(engine: Engine) -> None:
+# each backend's reason for refusing the regex "(unclosed"
+UNCLOSED_REGEX_ERRORS = {
+    "outlines": r"sampling_params.regex: invalid regex '\(unclosed'",
+    "xgrammar": r"sampling_params.regex: invalid regex grammar: Regex parsing error at position 10: The parenthesis is not closed",
+    "llguidance": r'sampling_params.regex: invalid regex grammar: .*invalid regex "\(unclosed"',
+}
+
+
+def test_bad_grammar_is_refused_at_the_door(backend_name: str, engine: Engine) -> None:
     """The Engine checks grammars at the door as the server does (the same error text)."""
-    with pytest.raises(RequestError, match=r"sampling_params.regex: invalid regex '\(unclosed'"):
+    with pytest.raises(RequestError, match=UNCLOSED_REGEX_ERRORS[backend_name]):
         engine.generate(prompt="x", sampling_params={"regex": "(unclosed"})
     ok = engine.generate(prompt="x", sampling_params={"regex": "[ab]{3}", "temperature": 0})
     assert re.fullmatch("[ab]{3}", ok["text"])
@@ -110,7 +129,7 @@ def near_uniform_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "model"
 
 
-def test_every_schema_finishes_valid_at_temperature_one(near_uniform_model_dir: Path) -> None:
+def test_every_schema_finishes_valid_at_temperature_one(backend_name: str, near_uniform_model_dir: Path) -> None:
     """All SCHEMAS (>= 50: nested objects, arrays, enums, bounded numbers, optional fields, string
     patterns and formats) in one batch at temperature 1.0, each request with its own seed (so the
     draws do not depend on the batch): every output finishes with EOS and validates.
@@ -130,20 +149,20 @@ def test_every_schema_finishes_valid_at_temperature_one(near_uniform_model_dir: 
     a tail P becomes at most about P^0.85: below 1e-13 per schema, 1e-11 for the whole batch.
     """
     assert len(SCHEMAS) >= 50
+    indices = range(len(SCHEMAS))
     # admission reserves up to 4,096 future tokens per request: with this pool all start at once
-    engine = Engine(str(near_uniform_model_dir), max_total_tokens=len(SCHEMAS) * 4096, random_seed=0)
+    engine = Engine(str(near_uniform_model_dir), max_total_tokens=len(SCHEMAS) * 4096, random_seed=0,
+                    grammar_backend=backend_name)
     try:
         base = {"temperature": 1.0, "max_new_tokens": SCHEMAS_MAX_NEW_TOKENS}
-        params = [
-            {**base, "seed": SCHEMAS_SEED_OFFSET + i, "json_schema": json.dumps(schema)}
-            for i, schema in enumerate(SCHEMAS)
-        ]
-        outs = engine.generate(prompt=[f"object {i}:" for i in range(len(SCHEMAS))], sampling_params=params)
+        params = [{**base, "seed": SCHEMAS_SEED_OFFSET + i, "json_schema": json.dumps(SCHEMAS[i])} for i in indices]
+        outs = engine.generate(prompt=[f"object {i}:" for i in indices], sampling_params=params)
         assert_engine_clean(engine)
     finally:
         engine.shutdown()
     failures: list[str] = []
-    for i, (out, schema) in enumerate(zip(outs, SCHEMAS)):
+    for i, out in zip(indices, outs):
+        schema = SCHEMAS[i]
         reason, text = out["meta_info"]["finish_reason"]["type"], out["text"]
         if reason != "stop":
             failures.append(f"schema {i}: finish_reason {reason!r} after "

@@ -9,9 +9,9 @@ first: null, true), separators, any other printable ASCII), trying each in that 
 matcher takes one, until the grammar can end. Both engines only ever accept
 prefixes that can still complete, so the search cannot dead-end, but it can go round in circles
 in free text (an email's local part takes `a` forever): after a byte taken 3 times in a row, it
-takes the first byte that changes which of a dozen probe bytes may follow (and that has not
-broken a run before at the same place, i.e. same signature and as many quotes taken:
-`.` then `@` in an email). Where no ASCII byte fits (an enum of
+takes the first byte that changes which of a dozen probe bytes may follow (`\n`, `\t`, `\r`
+included: `[^\n]+ "\n"` ends a line) and has not broken a run before at the same place (same
+signature, as many quotes taken): `.` then `@` in an email. Where no ASCII byte fits (an enum of
 non-ASCII words), the shortest token the mask allows is taken. The bytes found are then tokenized
 as the tokenizer would (usually far fewer tokens), and that plan is checked against the matcher.
 
@@ -46,7 +46,8 @@ _OPENERS = {ord("["): ord("]"), ord("{"): ord("}")}
 _PROBES = [ord(c) for c in '"}],:0aA@.- ']
 _STRUCTURAL = frozenset(b'"')  # quotes: a new key or string value
 MAX_RUN = 3  # a byte taken this many times in a row: free text, which the search must leave
-_ORDER += [b for b in range(0x20, 0x7F) if b not in _ORDER]  # no control bytes: the fallback finds them
+_ORDER += [b for b in range(0x20, 0x7F) if b not in _ORDER]
+_CONTROLS = [ord("\n"), ord("\t"), ord("\r")]  # tried only to leave free text
 
 
 class ClosingSearch:
@@ -142,6 +143,7 @@ class ClosingSearch:
         spelled = bytearray()
         order = [b for b in _ORDER if b in byte_ids]
         probes = [byte_ids[b] for b in _PROBES if b in byte_ids]
+        controls = [b for b in _CONTROLS if b in byte_ids]  # only to leave free text (a line's end)
         # bytes that broke a run, by where: (probe signature, structural bytes taken so far)
         breakers: dict[tuple[int, bool, int], set[int]] = {}
         last, run, structure = -1, 0, 0
@@ -156,9 +158,9 @@ class ClosingSearch:
                 if run >= MAX_RUN:  # free text: leave it by a byte that changes what may follow
                     now = self._signature(probes)
                     used = breakers.setdefault((*now, structure), set())
-                    token_id, byte = self._breaker(byte_ids, candidates, probes, now, used | {last})
+                    token_id, byte = self._breaker(byte_ids, candidates + controls, probes, now, used | {last})
                     if token_id is None:  # every breaker was used here before: one of them again
-                        token_id, byte = self._breaker(byte_ids, candidates, probes, now, {last})
+                        token_id, byte = self._breaker(byte_ids, candidates + controls, probes, now, {last})
                     if token_id is not None:
                         used.add(byte)
                 if token_id is None:
@@ -239,13 +241,14 @@ class Steering:
 
     @classmethod
     def build(cls, id_to_bytes: Mapping[int, bytes], vocab_size: int, encode: Callable[[str], list[int]],
-              eos_token_id: int) -> Steering:
+              eos_token_id: int, control_bytes: bool = True) -> Steering:
+        """`control_bytes=False`: the single-byte tokens of U+0000-U+001F are not tried."""
         byte_ids: dict[int, int] = {}
         lengths = np.zeros(vocab_size, dtype=np.int32)
         for token_id, data in id_to_bytes.items():
             if token_id < vocab_size:
                 lengths[token_id] = len(data)
-            if len(data) == 1 and data[0] not in byte_ids:
+            if len(data) == 1 and data[0] not in byte_ids and (control_bytes or data[0] >= 0x20):
                 byte_ids[data[0]] = token_id
         return cls(byte_ids, encode, eos_token_id, lengths)
 

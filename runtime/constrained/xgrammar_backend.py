@@ -159,6 +159,9 @@ class XGrammarBackend(CompileCache[XGrammarCompiled]):
         self._json_compiler = xgr.GrammarCompiler(tokenizer_info(id_to_bytes, vocab_size, eos, json=True),
                                                   max_threads=1)
         self._steering = Steering.build(id_to_bytes, vocab_size, self._encode_plain, tokenizer.eos_token_id)
+        # JSON's vocabulary has no control-character tokens: never tried (xgrammar logs each refusal)
+        self._json_steering = Steering.build(id_to_bytes, vocab_size, self._encode_plain, tokenizer.eos_token_id,
+                                             control_bytes=False)
 
     def _compile(self, kind: str, normalized: str) -> XGrammarCompiled:
         start = time.perf_counter()
@@ -177,7 +180,8 @@ class XGrammarBackend(CompileCache[XGrammarCompiled]):
 
             raise GrammarError(f"cannot compile the {kind} grammar with xgrammar: {xgrammar_reason(e)}") from None
         return XGrammarCompiled(kind, compiled, self.vocab_size, self.tokenizer.vocab_size,
-                                self._encode_plain if self.enable_jump_forward else None, self._steering,
+                                self._encode_plain if self.enable_jump_forward else None,
+                                self._json_steering if kind == "json_schema" else self._steering,
                                 time.perf_counter() - start)
 
     def _encode_plain(self, text: str) -> list[int]:

@@ -6,6 +6,7 @@ the same with jump-forward on and off. (Recursive schemas, token by token: tests
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -49,6 +50,36 @@ def test_native_ebnf_output_is_in_the_language(cfg_server: ServerHandle) -> None
         out = _generate(cfg_server.url, ebnf=YES_NO, temperature=1.0, seed=seed, max_new_tokens=16)
         assert out["text"] in ANSWERS, out["text"]
         assert out["meta_info"]["finish_reason"]["type"] == "stop"
+
+
+# llama.cpp's GBNF as its grammars/*.gbnf files write it: comments, dashed rule names, escapes in
+# character classes, bounded repetition; the second is llama.cpp's list grammar (free text per line)
+GBNF = {
+    "answers": (r'''# answers, one per line
+root        ::= answer-line+
+answer-line ::= "- " answer ws "\n"
+answer      ::= "yes" | "no" | number
+number      ::= "-"? [1-9] [0-9]{0,2}
+ws          ::= [ \t]?
+''', r"(- (yes|no|-?[1-9][0-9]{0,2})[ \t]?\n)+"),
+    "list": (r'''root ::= item+
+
+# Excludes various line break characters
+item ::= "- " [^\r\n\x0b\x0c\x85\u2028\u2029]+ "\n"
+''', "(- [^\r\n\x0b\x0c\x85\u2028\u2029]+\n)+"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GBNF))
+def test_gbnf_as_llama_cpp_writes_it(cfg_server: ServerHandle, name: str) -> None:
+    """Served by both context-free backends; the list grammar's free-text lines run until the
+    budget closes them (a last "\n"), still in the language."""
+    grammar, pattern = GBNF[name]
+    for seed in range(3):
+        out = _generate(cfg_server.url, ebnf=grammar, temperature=1.0, seed=seed, max_new_tokens=24)
+        assert re.fullmatch(pattern, out["text"]), out["text"]
+        if name == "list":
+            assert out["meta_info"]["finish_reason"] == {"type": "length", "matched": 24, "closed_by_budget": True}
 
 
 def test_native_json_schema_output_validates(cfg_server: ServerHandle) -> None:

@@ -164,8 +164,8 @@ HELP = {
     "(default: cumulative, as SGLang streams them)",
     "disable_cpu_kernels": "run decode steps as torch ops instead of the C++ AVX-512 kernels (DecodeStack, packed linear)",
     "grammar_backend": "compiles regex / JSON-schema / EBNF constraints: outlines (token DFA; no EBNF, recursive $ref "
-    "expanded 3 times per path, output closed within max_new_tokens), xgrammar or llguidance (context-free: EBNF via "
-    "`ebnf`, recursive $ref to any depth)",
+    "expanded 3 times per path), xgrammar or llguidance (context-free: EBNF via `ebnf`, recursive $ref to any depth); "
+    "all close output within max_new_tokens",
     "disable_adaptive_threads": "on CPU, keep torch's thread count fixed instead of using only the cores other processes "
     "leave free (runtime/model/cpu_threads.py)",
 }

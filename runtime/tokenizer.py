@@ -23,6 +23,11 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text))
 
+    def encode_plain(self, text: str) -> list[int]:
+        """Token ids of `text` without the special tokens (BOS) the tokenizer may add: text to
+        append to an output (jump-forward drafts, budget plans)."""
+        return [i for i in self._tok.encode(text) if i not in self.all_special_ids]
+
     def decode(
         self,
         ids: Sequence[int],

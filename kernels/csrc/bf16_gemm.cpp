@@ -173,7 +173,6 @@ TileConfig make_tile_config() {
 
 const TileConfig kTileConfig = make_tile_config();
 
-
 // Rows [m0, m1) (m0 a multiple of 16; xb zero-padded to whole 16-row blocks) x one panel.
 __attribute__((target("amx-tile,amx-bf16"))) void amx_unit(const uint16_t* xb, int64_t m0, int64_t m1, int64_t M,
                                                            int64_t Kp, const uint16_t* panel, float* out,

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import string
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -40,21 +40,22 @@ import torch
 MAX_PLAN_BYTES = 2048  # a plan longer than this is not searched for (None: no steering)
 NEAR_END = 4  # within this many tokens of the budget, plans are searched afresh (they may be shorter)
 
+MAX_RUN = 3  # a byte taken this many times in a row: free text, which the search must leave
+
 _LOWER = "ntaeiou" + "".join(c for c in string.ascii_lowercase if c not in "ntaeiou")  # null / true first
 _ORDER = [ord(c) for c in '"}]),' + string.digits + _LOWER + string.ascii_uppercase + " -._:@/+[{("]
+_ORDER += [b for b in range(0x20, 0x7F) if b not in _ORDER]  # then any other printable ASCII
+_CONTROLS = [ord("\n"), ord("\t"), ord("\r")]  # tried only to leave free text
 _OPENERS = {ord("["): ord("]"), ord("{"): ord("}")}
 _PROBES = [ord(c) for c in '"}],:0aA@.- ']
-_STRUCTURAL = frozenset(b'"')  # quotes: a new key or string value
-MAX_RUN = 3  # a byte taken this many times in a row: free text, which the search must leave
-_ORDER += [b for b in range(0x20, 0x7F) if b not in _ORDER]
-_CONTROLS = [ord("\n"), ord("\t"), ord("\r")]  # tried only to leave free text
+_QUOTE = ord('"')
 
 
 class ClosingSearch:
     """A CFG state's plan to complete, cached until the state changes. Subclasses supply the
     matcher primitives `_try` (consume a token if allowed: bool) and `_can_end` (the text so far
-    is complete); `_undo(n)`, `_steering` and `_shortest_allowed` default to a `_matcher` with
-    `rollback` and a `compiled` with `steering` and `vocab_size`."""
+    is complete); `_undo(n)` and `_shortest_allowed` default to a `_matcher` with `rollback`, and
+    the vocabulary facts come from `compiled.steering`."""
 
     _plan_cache: tuple[int, list[int] | None] | None = None
     _pending: tuple[int, int, list[int] | None] | None = None
@@ -71,18 +72,15 @@ class ClosingSearch:
         if num_tokens:
             self._matcher.rollback(num_tokens)  # type: ignore[attr-defined]
 
-    def _steering(self) -> Steering | None:
-        """The vocabulary facts the search needs, or None when not steering."""
+    @property
+    def _steering(self) -> Steering:
         return self.compiled.steering  # type: ignore[attr-defined, no-any-return]
 
     def _shortest_allowed(self) -> int | None:
         """The allowed token with the fewest bytes (the search's fallback), or None."""
-        steering = self._steering()
-        if steering is None:
-            return None
-        row = torch.zeros(steering.token_lengths.size, dtype=torch.bool)
+        row = torch.zeros(self._steering.token_lengths.size, dtype=torch.bool)
         self.fill_vocab_mask(row)  # type: ignore[attr-defined]
-        return steering.shortest(row.numpy())
+        return self._steering.shortest(row.numpy())
 
     def _state_changed(self) -> None:
         self._version += 1
@@ -106,8 +104,8 @@ class ClosingSearch:
         follows it; else, away from the end, the plan from here is tried behind the token (inside
         a string, or between fields, it still completes); only near the end, or when that fails,
         is a new plan searched for."""
-        steering = self._steering()
-        if steering is None or token_id == steering.eos_token_id:
+        eos = self._steering.eos_token_id
+        if token_id == eos:
             return token_id
         plan = self.closing_ids()
         if plan is None:
@@ -119,11 +117,11 @@ class ClosingSearch:
             return token_id  # not ours to judge: accept_token refuses it
         after = plan if len(plan) + NEAR_END < budget and self._takes(plan) else self._search()
         self._undo(1)
-        self._pending = (self._version, token_id, after)
         if after is not None and len(after) <= budget - 1:
+            self._pending = (self._version, token_id, after)
             return token_id
         if not plan:
-            return steering.eos_token_id
+            return eos
         self._pending = (self._version, plan[0], plan[1:])  # the plan's rest, not a new search: it fits
         return plan[0]
 
@@ -135,18 +133,15 @@ class ClosingSearch:
             self._plan_cache = (self._version, pending[2])
 
     def _search(self) -> list[int] | None:
-        steering = self._steering()
-        if steering is None:
-            return None
-        byte_ids, encode = steering.byte_ids, steering.encode
+        byte_ids = self._steering.byte_ids
         path: list[int] = []
         spelled = bytearray()
         order = [b for b in _ORDER if b in byte_ids]
         probes = [byte_ids[b] for b in _PROBES if b in byte_ids]
         controls = [b for b in _CONTROLS if b in byte_ids]  # only to leave free text (a line's end)
-        # bytes that broke a run, by where: (probe signature, structural bytes taken so far)
+        # bytes that broke a run, by where: (probe signature, quotes taken so far)
         breakers: dict[tuple[int, bool, int], set[int]] = {}
-        last, run, structure = -1, 0, 0
+        last, run, quotes = -1, 0, 0
         try:
             while not self._can_end():
                 if len(spelled) >= MAX_PLAN_BYTES:
@@ -157,7 +152,7 @@ class ClosingSearch:
                 token_id, byte = None, -1
                 if run >= MAX_RUN:  # free text: leave it by a byte that changes what may follow
                     now = self._signature(probes)
-                    used = breakers.setdefault((*now, structure), set())
+                    used = breakers.setdefault((*now, quotes), set())
                     token_id, byte = self._breaker(byte_ids, candidates + controls, probes, now, used | {last})
                     if token_id is None:  # every breaker was used here before: one of them again
                         token_id, byte = self._breaker(byte_ids, candidates + controls, probes, now, {last})
@@ -173,12 +168,12 @@ class ClosingSearch:
                 if byte >= 0:
                     spelled.append(byte)
                 run = run + 1 if byte == last else 1
-                structure += byte in _STRUCTURAL
+                quotes += byte == _QUOTE
                 last = byte
         finally:
             self._undo(len(path))
         if len(path) > 1 and len(spelled) == len(path):  # all ASCII: the tokenizer's own encoding
-            encoded = encode(spelled.decode("ascii"))
+            encoded = self._steering.encode(spelled.decode("ascii"))
             if len(encoded) < len(path) and self._takes(encoded):
                 return encoded
         return path
@@ -241,16 +236,19 @@ class Steering:
 
     @classmethod
     def build(cls, id_to_bytes: Mapping[int, bytes], vocab_size: int, encode: Callable[[str], list[int]],
-              eos_token_id: int, control_bytes: bool = True) -> Steering:
-        """`control_bytes=False`: the single-byte tokens of U+0000-U+001F are not tried."""
+              eos_token_id: int) -> Steering:
         byte_ids: dict[int, int] = {}
         lengths = np.zeros(vocab_size, dtype=np.int32)
         for token_id, data in id_to_bytes.items():
             if token_id < vocab_size:
                 lengths[token_id] = len(data)
-            if len(data) == 1 and data[0] not in byte_ids and (control_bytes or data[0] >= 0x20):
+            if len(data) == 1 and data[0] not in byte_ids:
                 byte_ids[data[0]] = token_id
         return cls(byte_ids, encode, eos_token_id, lengths)
+
+    def without_control_bytes(self) -> Steering:
+        """The same, never trying the single-byte tokens of U+0000-U+001F."""
+        return replace(self, byte_ids={b: i for b, i in self.byte_ids.items() if b >= 0x20})
 
     def shortest(self, allowed: np.ndarray) -> int | None:
         """The allowed (bool [vocab_size]) token with the fewest bytes, EOS and specials aside."""

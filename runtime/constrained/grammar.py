@@ -109,7 +109,8 @@ class CompiledGrammar:
     def tokens_within(self, state: int, budget: int) -> np.ndarray | None:
         """The real tokens at `state` after which the grammar can still complete within
         `budget - 1` more tokens, or None when that is every token allowed there (memoized per
-        state: the allowed tokens grouped by their successor's distance)."""
+        state: the allowed tokens grouped by their successor's distance). When none can (a context
+        too short for the grammar), those nearest to completing."""
         groups = self._state_to_groups.get(state)
         if groups is None:
             by_distance: dict[int, list[int]] = {}
@@ -120,8 +121,8 @@ class CompiledGrammar:
             self._state_to_groups[state] = groups
         if not groups or groups[-1][0] <= budget - 1:
             return None
-        kept = [tokens for d, tokens in groups if d <= budget - 1]
-        return np.concatenate(kept) if kept else np.zeros(0, dtype=np.int64)
+        kept = [tokens for d, tokens in groups if d <= budget - 1] or [groups[0][1]]
+        return np.concatenate(kept)
 
     def is_dead_end(self, state: int) -> bool:
         """Whether no real token can follow `state` (memoized; the index is immutable)."""
@@ -330,7 +331,7 @@ class GrammarBackend(CompileCache[CompiledGrammar]):
         if self.enable_jump_forward:
             # in-process, and only after the bounded token index: the same regex's DFA, walked
             # with 256 one-byte tokens instead of the whole vocabulary, so it costs less
-            jump_forward = JumpForward(regex, self._encode_plain, vocab.id_to_bytes)
+            jump_forward = JumpForward(regex, self.tokenizer.encode_plain, vocab.id_to_bytes)
         return CompiledGrammar(
             kind,
             regex,
@@ -342,11 +343,6 @@ class GrammarBackend(CompileCache[CompiledGrammar]):
             jump_forward,
             distances,
         )
-
-    def _encode_plain(self, text: str) -> list[int]:
-        """Token ids of `text` without the special tokens (BOS) the tokenizer may add."""
-        special_ids = self.tokenizer.all_special_ids
-        return [i for i in self.tokenizer.encode(text) if i not in special_ids]
 
     def shutdown(self) -> None:
         """Stops the workers; queued compiles are cancelled, running ones fail (their builders are killed)."""

@@ -161,10 +161,8 @@ class LLGuidanceBackend(CompileCache[LLGuidanceCompiled]):
         self._lltokenizer = llguidance.hf.from_tokenizer(tokenizer._tok, n_vocab=vocab_size)
         from radixlm.runtime.constrained.vocabulary import get_grammar_vocabulary
 
-        special_ids = frozenset(tokenizer._tok.all_special_ids)
         self._steering = Steering.build(get_grammar_vocabulary(tokenizer).id_to_bytes, vocab_size,
-                                        lambda text: [i for i in tokenizer.encode(text) if i not in special_ids],
-                                        tokenizer.eos_token_id)
+                                        tokenizer.encode_plain, tokenizer.eos_token_id)
 
     def _compile(self, kind: str, normalized: str) -> LLGuidanceCompiled:
         start = time.perf_counter()

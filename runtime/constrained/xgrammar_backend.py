@@ -153,15 +153,13 @@ class XGrammarBackend(CompileCache[XGrammarCompiled]):
         from radixlm.runtime.constrained.vocabulary import get_grammar_vocabulary
 
         id_to_bytes = get_grammar_vocabulary(tokenizer).id_to_bytes
-        self._special_ids = frozenset(tokenizer._tok.all_special_ids)
         eos = [tokenizer.eos_token_id]
         self._compiler = xgr.GrammarCompiler(tokenizer_info(id_to_bytes, vocab_size, eos, json=False), max_threads=1)
         self._json_compiler = xgr.GrammarCompiler(tokenizer_info(id_to_bytes, vocab_size, eos, json=True),
                                                   max_threads=1)
-        self._steering = Steering.build(id_to_bytes, vocab_size, self._encode_plain, tokenizer.eos_token_id)
+        self._steering = Steering.build(id_to_bytes, vocab_size, tokenizer.encode_plain, tokenizer.eos_token_id)
         # JSON's vocabulary has no control-character tokens: never tried (xgrammar logs each refusal)
-        self._json_steering = Steering.build(id_to_bytes, vocab_size, self._encode_plain, tokenizer.eos_token_id,
-                                             control_bytes=False)
+        self._json_steering = self._steering.without_control_bytes()
 
     def _compile(self, kind: str, normalized: str) -> XGrammarCompiled:
         start = time.perf_counter()
@@ -180,12 +178,9 @@ class XGrammarBackend(CompileCache[XGrammarCompiled]):
 
             raise GrammarError(f"cannot compile the {kind} grammar with xgrammar: {xgrammar_reason(e)}") from None
         return XGrammarCompiled(kind, compiled, self.vocab_size, self.tokenizer.vocab_size,
-                                self._encode_plain if self.enable_jump_forward else None,
+                                self.tokenizer.encode_plain if self.enable_jump_forward else None,
                                 self._json_steering if kind == "json_schema" else self._steering,
                                 time.perf_counter() - start)
-
-    def _encode_plain(self, text: str) -> list[int]:
-        return [i for i in self.tokenizer.encode(text) if i not in self._special_ids]
 
 
 def tokenizer_info(id_to_bytes: Mapping[int, bytes], vocab_size: int, stop_token_ids: list[int],
@@ -213,7 +208,6 @@ def xgrammar_schema(normalized: str) -> str:
     does not declare (xgrammar drops them) are refused; draft-04's boolean `exclusiveMinimum` /
     `exclusiveMaximum` become the numeric form of later drafts (xgrammar reads only that one)."""
     schema = json.loads(normalized)
-    changed = [False]
 
     def visit(node: object, path: str) -> None:
         if isinstance(node, list):
@@ -224,14 +218,12 @@ def xgrammar_schema(normalized: str) -> str:
             return
         if "not" in node:
             raise GrammarError(f"unsupported JSON schema keyword 'not' at {path}: xgrammar cannot serve it")
-        declared, required = node.get("properties"), node.get("required")
-        if isinstance(required, list) and (isinstance(declared, dict) or "properties" not in node and required):
-            missing = [name for name in required if not isinstance(declared, dict) or name not in declared]
-            if missing:
-                raise GrammarError(f"required property {missing[0]!r} at {path} is not declared in 'properties'")
+        declared, required = node.get("properties") or {}, node.get("required")
+        missing = [name for name in required if name not in declared] if isinstance(required, list) else []
+        if missing:
+            raise GrammarError(f"required property {missing[0]!r} at {path} is not declared in 'properties'")
         for key, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
             if isinstance(node.get(key), bool):
-                changed[0] = True
                 if node.pop(key) and bound in node:
                     node[key] = node.pop(bound)
         for key, value in node.items():
@@ -244,4 +236,4 @@ def xgrammar_schema(normalized: str) -> str:
                 visit(value, f"{path}/{key}")
 
     visit(schema, "#")
-    return json.dumps(schema, separators=(",", ":"), ensure_ascii=False) if changed[0] else normalized
+    return json.dumps(schema, separators=(",", ":"), ensure_ascii=False)

@@ -71,7 +71,7 @@ class Req:
     # constrained decoding: the compile in flight, then the request's own FSM state
     grammar_future: Future[CompiledGrammar] | None = None
     grammar: Grammar | None = None
-    budget_steered: bool = False  # the output budget has narrowed the grammar's mask (see grammar_mask)
+    budget_steered: bool = False  # the output budget narrowed the mask or replaced a token (closed_by_budget)
     # jump-forward draft: tokens the grammar forces after output_ids[-1], computed with it next
     # step and kept as far as sampling agrees (only running requests have one)
     jump_forward_ids: list[int] = field(default_factory=list)

@@ -306,7 +306,7 @@ class Scheduler:
         result = sample(
             logits,
             sampling_batch(reqs, logits.shape[-1], logits.device),
-            vocab_mask=grammar_mask(reqs, logits.shape[-1]),
+            vocab_mask=grammar_mask(reqs, logits.shape[-1], self.cfg.context_len),
             generator=self.generator,
             return_logprob=want_logprob,
         )
@@ -339,12 +339,13 @@ class Scheduler:
     def _steer_by_budget(self, req: Req, token: int, result: SampleOutput, row: int) -> int:
         """The token to take for a sampled `token`: itself, unless the request's grammar steers by
         its budget after sampling (the context-free backends, `closing.ClosingSearch`) and could not
-        complete within max_new_tokens after it; then the first token of the grammar's closing plan
-        (its logprob recorded in `result` in place of the sampled one's)."""
-        grammar, budget = req.grammar, req.budget
-        if grammar is None or budget is None or req.is_finished:
+        complete within the tokens left after it (max_new_tokens, or without one the context
+        length); then the first token of the grammar's closing plan (its logprob recorded in
+        `result` in place of the sampled one's)."""
+        grammar = req.grammar
+        if grammar is None or req.is_finished:
             return token
-        steered = grammar.budget_token(token, budget)
+        steered = grammar.budget_token(token, tokens_left(req, self.cfg.context_len))
         if steered != token:
             req.budget_steered = True
             result.next_ids[row] = steered
@@ -428,7 +429,14 @@ def sampling_batch(reqs: list[Req], vocab_size: int, device: torch.device) -> Sa
     )
 
 
-def grammar_mask(reqs: list[Req], vocab_size: int) -> torch.Tensor | None:
+def tokens_left(req: Req, context_len: int) -> int:
+    """Tokens the request may still generate, the next one included: its max_new_tokens left, and
+    at most what the context holds. Grammars are closed within it (budget steering)."""
+    room = context_len - req.seq_len
+    return room if req.budget is None else min(req.budget, room)
+
+
+def grammar_mask(reqs: list[Req], vocab_size: int, context_len: int) -> torch.Tensor | None:
     """The allowed-token mask of a batch's sampled rows (True = allowed): each request has one row
     plus one per draft token, filled by its FSM along the draft; free requests allow everything.
     None when no request is constrained."""
@@ -441,7 +449,8 @@ def grammar_mask(reqs: list[Req], vocab_size: int) -> torch.Tensor | None:
         if req.grammar is not None:
             mask[row : row + num_rows].fill_(False)
             # budget steering: the last tokens complete the grammar within max_new_tokens
-            if req.grammar.fill_vocab_masks(mask[row : row + num_rows], req.jump_forward_ids, req.budget):
+            if req.grammar.fill_vocab_masks(mask[row : row + num_rows], req.jump_forward_ids,
+                                            tokens_left(req, context_len)):
                 req.budget_steered = True
         row += num_rows
     return mask

@@ -270,3 +270,19 @@ def test_cfg_backends_serve_recursion_exactly_and_close_it_within_the_budget(tin
         assert out["meta_info"]["finish_reason"]["message"] == (
             "invalid grammar: no output of this grammar ends within 2048 bytes (a recursion with no way out?)")
         assert_engine_clean(engine)
+
+
+@pytest.mark.parametrize("backend_name", GRAMMAR_BACKENDS)
+def test_output_closes_at_the_context_limit_without_max_new_tokens(tiny_model_dir: Path, backend_name: str) -> None:
+    """With `max_new_tokens=None` the context length is the budget: the output still parses,
+    closed in the last tokens the context holds."""
+    schema = json.loads(GRAMMARS["tree schema"][1])
+    with Engine(str(tiny_model_dir), max_total_tokens=4096, random_seed=0, grammar_backend=backend_name,
+                context_length=64) as engine:
+        outs = engine.generate(prompt=["tree:"] * 4, sampling_params=[
+            {"temperature": 1.0, "seed": seed, "max_new_tokens": None, "json_schema": json.dumps(schema)}
+            for seed in range(4)])
+        for out in outs:
+            validate(schema, out["text"])
+        assert any(out["meta_info"]["finish_reason"]["type"] == "length" for out in outs)
+        assert_engine_clean(engine)

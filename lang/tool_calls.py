@@ -10,7 +10,9 @@ content is wrapped in `<tool_response>...</tool_response>`.
 
 `tool_choice`:
 - `"none"`: the tools are not offered; plain generation, nothing parsed;
-- `"auto"` (the default when tools are given): unconstrained generation, then `parse_tool_calls`;
+- `"auto"` (the default when tools are given): free text, then `parse_tool_calls`; on the
+  context-free grammar backends each `<tool_call>` block the model opens is constrained to one
+  well-formed call (`tool_call_structures`, a structural tag); the outlines backend only parses;
 - `"required"`: the output is constrained by `tool_call_schema(tools)`, an anyOf over
   `{"name": <const>, "arguments": <the tool's parameters>}` objects, so it parses as exactly one call;
 - `{"type": "function", "function": {"name": X}}`: the same with tool X alone.
@@ -122,6 +124,20 @@ def tool_call_schema(tools: list[Tool]) -> dict[str, Any]:
         "additionalProperties": False,
     } for t in tools]
     return options[0] if len(options) == 1 else {"anyOf": options}
+
+
+def tool_call_structures(tools: list[Tool]) -> dict[str, Any]:
+    """The structural tag (`runtime.constrained.structural_tag`) under which each `<tool_call>`
+    block the model opens is one well-formed call of `tools`: `{"name": ..., "arguments": ...}`
+    as the prompt convention writes it, then `</tool_call>`."""
+    return {
+        "structures": [{
+            "begin": f'<tool_call>{{"name": {json.dumps(t.name)}, "arguments": ',
+            "schema": t.parameters,
+            "end": "}</tool_call>",
+        } for t in tools],
+        "triggers": ["<tool_call>"],
+    }
 
 
 def tools_system_prompt(tools: list[Tool]) -> str:

@@ -182,7 +182,8 @@ class RequestValidator:
         except (InvalidSamplingParams, TypeError) as e:
             raise RequestError(str(e)) from e
         check_params_fit(params, len(ids), self.context_len, self.vocab_size)
-        for kind, spec in (("regex", params.regex), ("json_schema", params.json_schema), ("ebnf", params.ebnf)):
+        for kind, spec in (("regex", params.regex), ("json_schema", params.json_schema), ("ebnf", params.ebnf),
+                           ("structural_tag", params.structural_tag)):
             if spec:
                 try:
                     validate_grammar(self.grammar_backend, kind, spec)

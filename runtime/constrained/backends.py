@@ -4,7 +4,8 @@ door's check of a request's grammar against the chosen one.
 - `outlines` (default): regex, JSON schema and choices compiled to a token DFA by outlines-core
   (`grammar.GrammarBackend`); no context-free grammars, no recursive `$ref`.
 - `xgrammar`: regex, JSON schema (with recursion) and choices, plus EBNF (`ebnf`, xgrammar's
-  GBNF-style dialect: `root ::= ...`), compiled by xgrammar (`xgrammar_backend`).
+  GBNF-style dialect: `root ::= ...`) and structural tags (`structural_tag`: free text with
+  triggered JSON structures, e.g. tool calls), compiled by xgrammar (`xgrammar_backend`).
 - `llguidance`: the same kinds; `ebnf` is read as a Lark grammar (`start: ...`) or as llama.cpp's
   GBNF (`root ::= ...`) (`llguidance_backend`).
 """
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from radixlm.runtime.tokenizer import Tokenizer
 
 GRAMMAR_BACKENDS = ("outlines", "xgrammar", "llguidance")
-CFG = ("regex", "json_schema", "choices", "ebnf")
+CFG = ("regex", "json_schema", "choices", "ebnf", "structural_tag")
 KINDS = {"outlines": ("regex", "json_schema", "choices"), "xgrammar": CFG, "llguidance": CFG}
 
 
@@ -77,6 +78,11 @@ def validate(name: str, kind: str, spec: object) -> None:
             xgr.Grammar.from_json_schema(xgrammar_schema(normalized))
         elif kind == "regex":
             xgr.Grammar.from_regex(normalized)
+        elif kind == "structural_tag":
+            from radixlm.runtime.constrained.structural_tag import xgrammar_format
+            from radixlm.runtime.constrained.xgrammar_backend import xgrammar_schema
+
+            xgr.Grammar.from_structural_tag(xgrammar_format(normalized, xgrammar_schema))
         else:
             json.loads(normalized)
     except (RuntimeError, ValueError) as e:

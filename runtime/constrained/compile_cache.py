@@ -14,7 +14,7 @@ from typing import Generic, TypeVar
 
 from radixlm.runtime.constrained.errors import GrammarError
 
-CFG_KINDS = ("regex", "json_schema", "choices", "ebnf")
+CFG_KINDS = ("regex", "json_schema", "choices", "ebnf", "structural_tag")
 Compiled = TypeVar("Compiled")
 
 
@@ -69,6 +69,10 @@ def normalize_cfg(kind: str, spec: object) -> str:
         if not isinstance(schema, (dict, bool)):
             raise GrammarError("json_schema must be a JSON object")
         return json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
+    if kind == "structural_tag":
+        from radixlm.runtime.constrained.structural_tag import normalize_structural_tag
+
+        return normalize_structural_tag(spec)
     if kind == "choices":
         if not isinstance(spec, (list, tuple)) or not spec or not all(isinstance(c, str) for c in spec):
             raise GrammarError("choices must be a non-empty list of strings")

@@ -22,6 +22,7 @@ import torch
 from radixlm.runtime.constrained.closing import ClosingSearch, Steering
 from radixlm.runtime.constrained.compile_cache import CompileCache, unpack_bitmask
 from radixlm.runtime.constrained.errors import GrammarError
+from radixlm.runtime.constrained.structural_tag import lark_grammar
 
 if TYPE_CHECKING:
     from radixlm.runtime.tokenizer import Tokenizer
@@ -39,6 +40,8 @@ def grammar_text(kind: str, normalized: str) -> str:
         return llguidance.LLMatcher.grammar_from_regex(normalized)
     if kind == "choices":
         return llguidance.grammar_from("choice", normalized)
+    if kind == "structural_tag":
+        return llguidance.grammar_from("lark", lark_grammar(normalized))
     return llguidance.grammar_from("grammar", normalized)
 
 

@@ -28,6 +28,7 @@ from radixlm.runtime.constrained.closing import ClosingSearch, Steering
 from radixlm.runtime.constrained.compile_cache import CompileCache, unpack_bitmask
 from radixlm.runtime.constrained.errors import GrammarError
 from radixlm.runtime.constrained.spec import choices_regex
+from radixlm.runtime.constrained.structural_tag import xgrammar_format
 
 if TYPE_CHECKING:
     from radixlm.runtime.tokenizer import Tokenizer
@@ -171,6 +172,8 @@ class XGrammarBackend(CompileCache[XGrammarCompiled]):
                                                                    any_whitespace=self.any_whitespace)
             elif kind == "choices":
                 compiled = self._compiler.compile_regex(choices_regex(json.loads(normalized)))
+            elif kind == "structural_tag":
+                compiled = self._compiler.compile_structural_tag(xgrammar_format(normalized, xgrammar_schema))
             else:
                 compiled = self._compiler.compile_grammar(normalized)
         except (RuntimeError, ValueError) as e:

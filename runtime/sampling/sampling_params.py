@@ -20,7 +20,7 @@ SAMPLING_EPS = 1e-6
 _SEED_MIN, _SEED_MAX = -(2**63), 2**63 - 1
 # SGLang's native API spells the seed `sampling_seed`; `from_dict` accepts it as an alias.
 _FIELD_ALIASES = {"sampling_seed": "seed"}
-_GRAMMAR_FIELDS = ("regex", "json_schema", "ebnf")
+_GRAMMAR_FIELDS = ("regex", "json_schema", "ebnf", "structural_tag")
 
 
 class InvalidSamplingParams(ValueError):
@@ -35,7 +35,8 @@ class SamplingParams:
     `temperature` below 1e-6 (typically 0) or `top_k == 1` means greedy (`is_greedy`).
     `stop` may be given as a str or a list and is stored as `tuple[str, ...]`; `stop_token_ids`
     is stored as a duplicate-free `tuple[int, ...]`. At most one of `regex`, `json_schema`,
-    `ebnf` may be set; an empty string counts as unset.
+    `ebnf`, `structural_tag` (a JSON string, `constrained.structural_tag`) may be set; an empty
+    string counts as unset.
     """
 
     max_new_tokens: int | None = 128
@@ -57,6 +58,7 @@ class SamplingParams:
     regex: str | None = None
     json_schema: str | None = None
     ebnf: str | None = None
+    structural_tag: str | None = None
     no_stop_trim: bool = False
     # SGLang's regex stop patterns: accepted when empty (the sglang frontend always sends the
     # field); non-empty patterns are refused until regex support lands with constrained decoding
@@ -212,5 +214,5 @@ def _check_grammars(p: SamplingParams) -> None:
     given = [name for name in _GRAMMAR_FIELDS if getattr(p, name) is not None]
     if len(given) > 1:
         raise InvalidSamplingParams(
-            f"sampling_params: only one of regex, json_schema, ebnf may be set, got {', '.join(given)}"
+            f"sampling_params: only one of {', '.join(_GRAMMAR_FIELDS)} may be set, got {', '.join(given)}"
         )

@@ -72,6 +72,7 @@ class Req:
     grammar_future: Future[CompiledGrammar] | None = None
     grammar: Grammar | None = None
     budget_steered: bool = False  # the output budget narrowed the mask or replaced a token (closed_by_budget)
+    budget_ended: bool = False  # ... and the token it took last was EOS: the budget ended the output
     # jump-forward draft: tokens the grammar forces after output_ids[-1], computed with it next
     # step and kept as far as sampling agrees (only running requests have one)
     jump_forward_ids: list[int] = field(default_factory=list)

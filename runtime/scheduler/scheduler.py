@@ -348,6 +348,7 @@ class Scheduler:
         steered = grammar.budget_token(token, tokens_left(req, self.cfg.context_len))
         if steered != token:
             req.budget_steered = True
+            req.budget_ended = steered in req.eos_token_ids
             result.next_ids[row] = steered
             if result.logprobs is not None and result.vocab_logprobs is not None:
                 result.logprobs[row] = result.vocab_logprobs[row, steered]
@@ -364,6 +365,8 @@ class Scheduler:
                 req.finish_reason = FinishReason("stop", None)
         elif reason.type == "length" and req.budget == 0 and req.budget_steered:
             req.finish_reason = replace(reason, closed_by_budget=True)
+        elif reason.type == "stop" and req.budget_ended:  # the budget ended it, not the model
+            req.finish_reason = FinishReason("length", len(req.output_ids), closed_by_budget=True)
 
     def _max_draft_len(self, req: Req) -> int:
         """Draft tokens the next step may add: all of them plus one sample stay within the
@@ -394,6 +397,8 @@ def grammar_spec(params: SamplingParams) -> tuple[str, str] | None:
         return "regex", params.regex
     if params.ebnf:
         return "ebnf", params.ebnf
+    if params.structural_tag:
+        return "structural_tag", params.structural_tag
     return None
 
 

@@ -5,8 +5,10 @@ mapped onto our sampling parameters (plus SGLang's extensions: top_k, min_p,
 repetition_penalty, min_tokens, ignore_eos, stop_token_ids, skip_special_tokens), run through
 the tokenizer manager, and shaped as OpenAI responses; `stream` gives SSE chunks with text
 deltas and, with `stream_options.include_usage`, a final usage chunk. `response_format`
-(`json_schema`, `json_object`, and a `regex` extension) constrains the output. `tools` and
-`tool_choice` follow `tool_calls` (prompt convention, constraint, parsers): calls come back as
+(`json_schema`, `json_object`, and SGLang's `regex` and `structural_tag` extensions) constrains
+the output. `tools` and `tool_choice` follow `tool_calls` (prompt convention, constraint, parsers;
+under `auto` on a context-free grammar backend each opened call is constrained by a structural
+tag, `tool_call_structures`): calls come back as
 `message.tool_calls` with `finish_reason: "tool_calls"`; when streaming with tools, each choice's
 text is buffered and sent at its end as content and/or one `delta.tool_calls` chunk.
 """
@@ -38,6 +40,7 @@ from radixlm.tool_calls import (
     render_history_calls,
     render_tool_response,
     tool_call_schema,
+    tool_call_structures,
 )
 
 
@@ -74,6 +77,7 @@ class _SamplingFields(_Strict):
     regex: str | None = None  # SGLang extension: constrain the output to a regex
     json_schema: str | dict[str, Any] | None = None  # SGLang extension: ... or a JSON schema
     ebnf: str | None = None  # SGLang extension: ... or an EBNF grammar (--grammar-backend xgrammar)
+    structural_tag: str | dict[str, Any] | None = None  # SGLang extension: ... or triggered structures
 
 
 class CompletionRequest(_SamplingFields):
@@ -129,12 +133,15 @@ def _sampling_params(req: _SamplingFields, max_tokens: int | None) -> dict[str, 
         "regex": req.regex,
         "json_schema": req.json_schema if not isinstance(req.json_schema, dict) else json.dumps(req.json_schema),
         "ebnf": req.ebnf,
+        "structural_tag": req.structural_tag if not isinstance(req.structural_tag, dict)
+        else json.dumps(req.structural_tag),
     }
     return {k: v for k, v in pairs.items() if v is not None}
 
 
 def response_format_grammar(response_format: dict[str, Any] | None) -> dict[str, str]:
-    """OpenAI `response_format` -> our grammar sampling params (`json_schema` or `regex`)."""
+    """OpenAI `response_format` -> our grammar sampling params (`json_schema`, `regex` or
+    `structural_tag`)."""
     if response_format is None:
         return {}
     kind = response_format.get("type")
@@ -151,7 +158,10 @@ def response_format_grammar(response_format: dict[str, Any] | None) -> dict[str,
         if not isinstance(response_format.get("regex"), str):
             raise RequestError("response_format of type 'regex' needs a 'regex' string")
         return {"regex": response_format["regex"]}
-    raise RequestError(f"response_format.type must be text, json_object, json_schema or regex, got {kind!r}")
+    if kind == "structural_tag":  # SGLang's: {"type", "structures": [{begin, schema, end}], "triggers"}
+        return {"structural_tag": json.dumps(response_format)}
+    raise RequestError("response_format.type must be text, json_object, json_schema, regex or structural_tag, "
+                       f"got {kind!r}")
 
 
 def _finish(meta: dict[str, Any]) -> str | None:
@@ -289,7 +299,9 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         base_id = f"chatcmpl-{uuid.uuid4().hex}"
         params = {**_sampling_params(req, max_tokens), **response_format_grammar(req.response_format)}
-        params.update(_tool_choice_grammar(tool_choice, tools, params))
+        # `auto` on a context-free backend: each <tool_call> block the model opens is one well-formed call
+        triggers = tm.validator.grammar_backend != "outlines" and parser in ("auto", "hermes")
+        params.update(_tool_choice_grammar(tool_choice, tools, params, triggers))
         base = GenerateRequest(
             text=prompt, sampling_params=params, return_logprob=req.logprobs,
             top_logprobs_num=(req.top_logprobs or 0) if req.logprobs else 0, return_text_in_logprobs=True, stream=req.stream,
@@ -414,13 +426,19 @@ def _prompt_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
     return out
 
 
-def _tool_choice_grammar(tool_choice: str | Tool, tools: list[Tool], params: dict[str, Any]) -> dict[str, str]:
-    """The grammar that forces one call for `required` or a named tool; {} otherwise."""
+def _tool_choice_grammar(tool_choice: str | Tool, tools: list[Tool], params: dict[str, Any],
+                         triggers: bool) -> dict[str, str]:
+    """The grammar that forces one call for `required` or a named tool; for `auto` with
+    `triggers` and no other grammar, the structural tag that keeps each opened call well formed;
+    {} otherwise (the output is only parsed)."""
+    constrained = any(k in params for k in ("regex", "json_schema", "ebnf", "structural_tag"))
+    if tool_choice == "auto" and triggers and not constrained:
+        return {"structural_tag": json.dumps(tool_call_structures(tools))}
     if tool_choice in ("none", "auto"):
         return {}
-    if "regex" in params or "json_schema" in params or "ebnf" in params:
+    if constrained:
         raise RequestError("tool_choice 'required' or a named function cannot be combined with "
-                           "response_format, regex, json_schema or ebnf")
+                           "response_format, regex, json_schema, ebnf or structural_tag")
     forced = tools if tool_choice == "required" else [tool_choice]
     return {"json_schema": json.dumps(tool_call_schema([t for t in forced if isinstance(t, Tool)]))}
 

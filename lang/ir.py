@@ -65,6 +65,7 @@ class SamplingArgs:
     regex: str | None = None
     json_schema: str | None = None
     ebnf: str | None = None
+    structural_tag: str | None = None  # set by a backend for tool_choice="auto", not by gen()
 
     def merged(self, defaults: SamplingArgs) -> SamplingArgs:
         values = {f.name: getattr(self, f.name) for f in fields(self)}

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from radixlm.chat_template import CHATML, ChatTemplate
 from radixlm.choices import ChoiceScores, choice_token_span, decide
 from radixlm.ir import UNCONDITIONAL_LIKELIHOOD_NORMALIZED, Gen, SamplingArgs, Select
+from radixlm.tool_calls import tool_call_structures
 from radixlm.tools import ToolCall, ToolSet
 
 if TYPE_CHECKING:
@@ -49,6 +51,12 @@ class Backend:
         """(text appended to the state, the variable's value: a ToolCall or the text, meta)."""
         raise NotImplementedError
 
+    def _serves_structural_tags(self) -> bool:
+        """True when the server's grammar backend constrains structural tags (xgrammar, llguidance)."""
+        if self._structural_tags is None:
+            self._structural_tags = self.get_server_info().get("grammar_backend") in ("xgrammar", "llguidance")
+        return self._structural_tags
+
     def cache_prefix(self, prompt: str) -> None:
         """Make `prompt`'s KV cached (no-op where the backend has no prefix cache)."""
 
@@ -70,6 +78,8 @@ INPUT_LOGPROB_KEYS = ("input_token_logprobs", "input_top_logprobs")
 
 class NativeBackend(Backend):
     """Everything over SGLang's /generate request and result shapes."""
+
+    _structural_tags: bool | None = None  # the server's grammar backend serves them (asked once)
 
     def call(self, payload: dict[str, Any]) -> Any:
         """One /generate request (non-streaming) -> its result or list of results."""
@@ -114,6 +124,9 @@ class NativeBackend(Backend):
     def tool_call(self, s: StreamExecutor, gen: Gen, sampling: SamplingArgs, tools: ToolSet) -> tuple[str, Any, dict[str, Any]]:
         mode = tools.choose(gen.tool_choice)
         if isinstance(mode, str):  # "auto" / "none": free text, parsed for a call under "auto"
+            if mode == "auto" and sampling.regex is None and sampling.json_schema is None and sampling.ebnf is None \
+                    and self._serves_structural_tags():  # each <tool_call> the model opens is well formed
+                sampling = replace(sampling, structural_tag=json.dumps(tool_call_structures(tools.tools)))
             text, meta = self.generate(s, gen, sampling)
             return text, (parse_call(text, tools) if mode == "auto" else None) or text, meta
         schema = json.dumps(tools.schema(mode))
@@ -130,6 +143,12 @@ class NativeBackend(Backend):
         if problem is not None:
             raise BackendError(f"the generated tool call does not validate: {problem}")
         return f"{TOOL_CALL_OPEN}{raw}{TOOL_CALL_CLOSE}", call, result["meta_info"]
+
+    def _serves_structural_tags(self) -> bool:
+        """True when the server's grammar backend constrains structural tags (xgrammar, llguidance)."""
+        if self._structural_tags is None:
+            self._structural_tags = self.get_server_info().get("grammar_backend") in ("xgrammar", "llguidance")
+        return self._structural_tags
 
     def cache_prefix(self, prompt: str) -> None:
         if prompt:

@@ -141,3 +141,61 @@ def test_greedy_output_is_the_same_with_jump_forward_on_and_off(tiny_model_dir: 
     assert outputs[0] == outputs[1]
     for text in outputs[0]:
         jsonschema.validate(json.loads(text), CHOICE_SCHEMA)
+
+
+# Structural tags on the random model: triggers that end many of its tokens ("s", "e"), so calls
+# open often; every opened structure is complete and valid, the budget closing the last one
+SMALL = {"type": "object", "properties": {"v": {"type": "integer", "minimum": 0, "maximum": 99},
+                                          "w": {"type": "string", "maxLength": 5}},
+         "required": ["v", "w"], "additionalProperties": False}
+PAIR = {"type": "array", "items": {"type": "boolean"}, "minItems": 1, "maxItems": 2}
+STRUCTURES = {"structures": [{"begin": 's{"n": ', "schema": SMALL, "end": "}!"},
+                             {"begin": "e<", "schema": PAIR, "end": ">"}],
+              "triggers": ["s", "e"]}
+
+
+def _structures(text: str, tag: dict) -> list[object]:
+    """The values of the structures in `text`, each checked: begin, a valid JSON value, end."""
+    values, pos, decoder = [], 0, json.JSONDecoder()
+    while True:
+        hits = [(i, t) for t in tag["triggers"] if (i := text.find(t, pos)) >= 0]
+        if not hits:
+            return values
+        start = min(hits)[0]
+        (structure,) = [s for s in tag["structures"] if text.startswith(s["begin"], start)]
+        value, end = decoder.raw_decode(text, start + len(structure["begin"]))
+        jsonschema.validate(value, structure["schema"])
+        assert text.startswith(structure["end"], end), text
+        values.append(value)
+        pos = end + len(structure["end"])
+
+
+def test_native_structural_tag_opens_only_complete_structures(cfg_server: ServerHandle) -> None:
+    found = 0
+    for seed in range(16):
+        out = _generate(cfg_server.url, structural_tag=json.dumps(STRUCTURES), temperature=1.0, seed=seed,
+                        max_new_tokens=32)
+        found += len(_structures(out["text"], STRUCTURES))
+    assert found >= 3  # the random model writes "s" and "e" often: the triggers fire
+
+
+def test_openai_response_format_structural_tag(cfg_server: ServerHandle) -> None:
+    client = openai.OpenAI(base_url=cfg_server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    model = client.models.list().data[0].id
+    found = 0
+    for seed in range(8):
+        chat = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "Go"}], max_tokens=24, temperature=1.0, seed=seed,
+            response_format={"type": "structural_tag", **STRUCTURES})  # type: ignore[arg-type,misc]
+        found += len(_structures(chat.choices[0].message.content or "", STRUCTURES))
+        completion = client.completions.create(model=model, prompt="Go", max_tokens=24, temperature=1.0,
+                                               seed=seed, extra_body={"structural_tag": STRUCTURES})
+        found += len(_structures(completion.choices[0].text, STRUCTURES))
+    assert found >= 2
+
+
+def test_outlines_backend_refuses_structural_tags(tiny_server: ServerHandle) -> None:
+    resp = httpx.post(tiny_server.url + "/generate",
+                      json={"text": "x", "sampling_params": {"structural_tag": json.dumps(STRUCTURES)}}, timeout=60)
+    assert resp.status_code == 400
+    assert "cannot serve structural_tag grammars; start the server with --grammar-backend xgrammar" in resp.text

@@ -4,13 +4,14 @@ through the official `openai` client against the real server (tiny random model)
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, Literal
 
 import httpx
 import jsonschema
 import openai
 import pytest
-from conftest import ServerHandle
+from conftest import ServerHandle, start_server
 
 from radixlm.runtime.constrained.json_schema import schema_to_regex
 from radixlm.tool_calls import (
@@ -245,3 +246,115 @@ def test_tool_call_parser_option_selects_the_format() -> None:
     assert [c.name for c in parse_tool_calls(bare, {"f"}, "json")[1]] == ["f"]
     assert parse_tool_calls(bare, {"f"}, "hermes")[1] == []
     assert len(parse_tool_calls(bare, {"f"}, "auto")[1]) == len(parse_tool_calls(hermes, {"f"}, "auto")[1]) == 1
+
+
+# --- tool_choice auto on the default model: each opened call is well formed --------------------
+
+FORECAST = {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["city", "unit"], "additionalProperties": False}
+FORECAST_TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
+                                                    "parameters": FORECAST}}]
+
+
+def _asked(city: str) -> dict[str, Any]:
+    return {"role": "user", "content": f"What is the weather in {city}?"}
+
+
+def _called(city: str) -> dict[str, Any]:
+    arguments = json.dumps({"city": city, "unit": "celsius"})
+    return {"role": "assistant", "content": None,
+            "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}]}
+
+
+# two solved turns: the default model then opens a <tool_call> block for the third city
+TWO_SHOT = [_asked("Berlin"), _called("Berlin"), _asked("Rome"), _called("Rome"), _asked("Paris")]
+
+
+@pytest.fixture(scope="module")
+def cfg_default_server(default_model_dir: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
+    """The default model on the xgrammar backend (the structural tag's path under `auto`)."""
+    log = tmp_path_factory.mktemp("server") / "default-xgrammar.log"
+    server = start_server(None, log, "--max-total-tokens", "8192", "--grammar-backend", "xgrammar")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def cfg_default_client(cfg_default_server: ServerHandle) -> openai.OpenAI:
+    return openai.OpenAI(base_url=cfg_default_server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def _reply(client: openai.OpenAI, max_tokens: int | None, stream: bool) -> tuple[str, list[tuple[str, str]], str]:
+    """(content, [(name, arguments)], finish_reason) of a greedy `auto` reply to TWO_SHOT."""
+    model = client.models.list().data[0].id
+    kwargs: dict[str, Any] = {"model": model, "messages": TWO_SHOT, "tools": FORECAST_TOOLS, "tool_choice": "auto",
+                              "temperature": 0, "max_tokens": max_tokens}
+    if not stream:
+        choice = client.chat.completions.create(**kwargs).choices[0]
+        calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
+        return choice.message.content or "", calls, str(choice.finish_reason)
+    content, names, arguments, finish = "", {}, {}, ""
+    for chunk in client.chat.completions.create(**kwargs, stream=True):
+        for choice in chunk.choices:
+            content += choice.delta.content or ""
+            for delta in choice.delta.tool_calls or []:
+                names[delta.index] = names.get(delta.index, "") + (delta.function.name or "")
+                arguments[delta.index] = arguments.get(delta.index, "") + (delta.function.arguments or "")
+            finish = choice.finish_reason or finish
+    return content, [(names[i], arguments[i]) for i in sorted(names)], finish
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_auto_keeps_every_opened_call_well_formed(cfg_default_client: openai.OpenAI, stream: bool) -> None:
+    """Whatever the budget, a <tool_call> the model opened is a complete, valid call: never left as
+    broken text in the content (the budget closes the call, or ends the text before it opens)."""
+    content, calls, finish = _reply(cfg_default_client, None, stream)
+    assert finish == "tool_calls" and [name for name, _ in calls] == ["get_weather"]
+    jsonschema.validate(json.loads(calls[0][1]), FORECAST)
+    for max_tokens in (12, 24, 34, 36, 40):
+        content, calls, finish = _reply(cfg_default_client, max_tokens, stream)
+        assert "<tool_call>" not in content, (max_tokens, content)
+        for name, arguments in calls:
+            assert name == "get_weather"
+            jsonschema.validate(json.loads(arguments), FORECAST)
+        assert finish == ("tool_calls" if calls else "length"), (max_tokens, content, finish)
+
+
+def test_outlines_auto_only_parses(default_server: ServerHandle) -> None:
+    """The outlines backend has no triggers: under a tight budget the same reply is cut inside the
+    call and stays content (README: tool_choice auto is parse-only there)."""
+    client = openai.OpenAI(base_url=default_server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    content, calls, finish = _reply(client, 20, False)
+    assert calls == [] and content.startswith("<tool_call>{") and finish == "length"
+
+
+def test_language_auto_tool_choice_is_well_formed(cfg_default_server: ServerHandle) -> None:
+    """`gen(tools=..., tool_choice="auto")` over RuntimeEndpoint sends the structural tag to a
+    context-free backend: the call is a valid ToolCall, or (budget too small) text without one."""
+    import radixlm as rl
+
+    def get_weather(city: str, unit: Literal["celsius", "fahrenheit"]) -> str:
+        """Current weather in a city."""
+        return f"12 degrees {unit} in {city}"
+
+    def solved(city: str) -> str:
+        call = json.dumps({"name": "get_weather", "arguments": {"city": city, "unit": "celsius"}})
+        return f"<tool_call>{call}</tool_call>"
+
+    @rl.function
+    def ask(s: Any, budget: int) -> None:
+        s += rl.system(rl.tools_prompt([get_weather]))
+        for city in ("Berlin", "Rome"):
+            s += rl.user(f"What is the weather in {city}?")
+            s += rl.assistant(solved(city))
+        s += rl.user("What is the weather in Paris?")
+        s += rl.assistant(rl.gen("call", tools=[get_weather], tool_choice="auto", max_tokens=budget,
+                                 temperature=0))
+
+    endpoint = rl.RuntimeEndpoint(cfg_default_server.url)
+    call = ask.run(budget=64, backend=endpoint)["call"]
+    assert isinstance(call, rl.ToolCall) and call.name == "get_weather"
+    jsonschema.validate(call.arguments, FORECAST)
+    for max_tokens in (12, 24, 34):
+        reply = ask.run(budget=max_tokens, backend=endpoint)["call"]
+        assert isinstance(reply, rl.ToolCall) or "<tool_call>" not in reply, (max_tokens, reply)

@@ -56,8 +56,11 @@ class ToolCall:
     arguments: str  # a JSON object, serialized (as OpenAI sends it)
 
 
-def parse_tools(tools: Any) -> list[Tool]:
-    """The request's `tools` list, checked; ToolSpecError naming the offending field."""
+def parse_tools(tools: Any, allow_empty: bool = False) -> list[Tool]:
+    """The request's `tools` list, checked; ToolSpecError naming the offending field. With
+    `allow_empty` (the OpenAI API, which reads `tools: []` as no tools), `[]` gives `[]`."""
+    if isinstance(tools, list) and not tools and allow_empty:
+        return []
     if not isinstance(tools, list) or not tools:
         raise ToolSpecError("tools must be a non-empty list of {\"type\": \"function\", \"function\": {...}}")
     parsed: list[Tool] = []
@@ -100,7 +103,7 @@ def parse_tool_choice(tool_choice: Any, tools: list[Tool]) -> str | Tool:
     if tool_choice in ("none", "auto", "required"):
         if tool_choice == "required" and not tools:
             raise ToolSpecError("tool_choice 'required' needs a non-empty tools list")
-        return str(tool_choice)
+        return str(tool_choice) if tools else "none"  # "auto" with no tools offers none
     if isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
         function = tool_choice.get("function")
         name = function.get("name") if isinstance(function, dict) else None

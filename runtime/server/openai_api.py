@@ -279,7 +279,7 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
     async def chat_completions(request: Request) -> Response:
         req: ChatRequest = _parse(ChatRequest, await read_json(request))
         check_model(req.model)
-        tools = parse_tools(req.tools) if req.tools is not None else []
+        tools = parse_tools(req.tools, allow_empty=True) if req.tools is not None else []  # []: no tools
         tool_choice = parse_tool_choice(req.tool_choice, tools)
         offered = tools if tool_choice != "none" else []
         tool_names = {t.name for t in offered}

@@ -358,3 +358,24 @@ def test_language_auto_tool_choice_is_well_formed(cfg_default_server: ServerHand
     for max_tokens in (12, 24, 34):
         reply = ask.run(budget=max_tokens, backend=endpoint)["call"]
         assert isinstance(reply, rl.ToolCall) or "<tool_call>" not in reply, (max_tokens, reply)
+
+
+@pytest.mark.parametrize("tool_choice", [None, "none", "auto"])
+def test_an_empty_tools_list_is_no_tools(tiny_server: ServerHandle, tool_choice: str | None) -> None:
+    """OpenAI reads `tools: []` as no tools; only a choice that needs a tool is refused."""
+    body: dict[str, Any] = {"messages": MESSAGES, "tools": [], "max_tokens": 4, "temperature": 0}
+    if tool_choice is not None:
+        body["tool_choice"] = tool_choice
+    resp = httpx.post(tiny_server.url + "/v1/chat/completions", json=body, timeout=60)
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["choices"][0]["message"].get("tool_calls") is None
+
+
+@pytest.mark.parametrize(("tool_choice", "match"), [
+    ("required", "tool_choice 'required' needs a non-empty tools list"),
+    ({"type": "function", "function": {"name": "add"}}, "tool_choice names function 'add', which is not among"),
+])
+def test_an_empty_tools_list_refuses_a_forced_call(tiny_server: ServerHandle, tool_choice: Any, match: str) -> None:
+    resp = httpx.post(tiny_server.url + "/v1/chat/completions",
+                      json={"messages": MESSAGES, "tools": [], "tool_choice": tool_choice}, timeout=60)
+    assert resp.status_code == 400 and match in resp.json()["error"]["message"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
 import math
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -18,6 +19,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.requests import ClientDisconnect
 
 from radixlm.chat_template import derive_chat_template
 from radixlm.runtime.limits import MAX_BODY_BYTES, MAX_JSON_DEPTH, json_depth
@@ -27,6 +29,7 @@ from radixlm.runtime.server.tokenizer_manager import ServiceUnavailable, Tokeniz
 from radixlm.tool_calls import ToolSpecError
 
 OPEN_PATHS = {"/health"}  # reachable without the API key
+logger = logging.getLogger(__name__)
 
 
 def error_response(message: str, status_code: int = 400) -> JSONResponse:
@@ -45,11 +48,16 @@ async def read_json(request: Request) -> Any:
     if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise RequestError(f"the request body is larger than {MAX_BODY_BYTES} bytes", 413)
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise RequestError(f"the request body is larger than {MAX_BODY_BYTES} bytes", 413)
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                raise RequestError(f"the request body is larger than {MAX_BODY_BYTES} bytes", 413)
+            chunks.append(chunk)
+    except ClientDisconnect:  # nobody reads the answer: one line, not a traceback
+        logger.info("client disconnected before sending the whole request body (%s %s)",
+                    request.method, request.url.path)
+        raise RequestError("the client disconnected before sending the whole request body") from None
     body = b"".join(chunks)
     try:
         value = json.loads(body, parse_constant=_reject_constant, parse_float=_finite_float)

@@ -1,6 +1,12 @@
 """Server metrics in the Prometheus text format (no client library: counters and histograms are
 a few numbers each). Updated by the tokenizer manager; gauges are read from the scheduler's info
-when /metrics is scraped."""
+when /metrics is scraped.
+
+Contract of the output (tests/server/test_metrics_format.py parses it with prometheus_client):
+every sample carries the same label set, `model_name` (escaped: any served name parses back
+exactly), and no two families share a name once a parser folds a counter's `_total` and a
+histogram's `_bucket` / `_sum` / `_count` into their family (so no gauge may be called `X` next to
+a counter `X_total`)."""
 
 from __future__ import annotations
 
@@ -16,6 +22,16 @@ class _Counts(Protocol):
 
     completion_tokens: int
     cached_tokens: int
+
+
+def escape_label_value(value: str) -> str:
+    """A label value as the text exposition format writes it between double quotes."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def escape_help(text: str) -> str:
+    """HELP text as the text exposition format writes it (backslash and newline escaped)."""
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
 
 
 @dataclass
@@ -35,10 +51,12 @@ class Histogram:
             if value <= bound:
                 self.counts[i] += 1
 
-    def render(self, name: str, help_text: str) -> list[str]:
-        lines = [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
-        lines += [f'{name}_bucket{{le="{b}"}} {c}' for b, c in zip(self.buckets, self.counts)]
-        lines += [f'{name}_bucket{{le="+Inf"}} {self.count}', f"{name}_sum {self.total}", f"{name}_count {self.count}"]
+    def render(self, name: str, help_text: str, labels: str) -> list[str]:
+        """`labels`: the rendered common labels (`model_name="..."`), escaped already."""
+        lines = [f"# HELP {name} {escape_help(help_text)}", f"# TYPE {name} histogram"]
+        lines += [f'{name}_bucket{{{labels},le="{b}"}} {c}' for b, c in zip(self.buckets, self.counts)]
+        lines += [f'{name}_bucket{{{labels},le="+Inf"}} {self.count}', f"{name}_sum{{{labels}}} {self.total}",
+                  f"{name}_count{{{labels}}} {self.count}"]
         return lines
 
 
@@ -73,11 +91,12 @@ class Metrics:
         self.cached_tokens += counts.cached_tokens
 
     def render(self, info: dict[str, Any] | None) -> str:
-        label = f'{{model_name="{self.model_name}"}}'
+        labels = f'model_name="{escape_label_value(self.model_name)}"'
         lines: list[str] = []
 
         def metric(name: str, kind: str, help_text: str, value: float) -> None:
-            lines.extend([f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name}{label} {value}"])
+            lines.extend([f"# HELP {name} {escape_help(help_text)}", f"# TYPE {name} {kind}",
+                          f"{name}{{{labels}}} {value}"])
 
         metric("radixlm_requests_total", "counter", "Generation requests received", self.requests_started)
         metric("radixlm_requests_finished_total", "counter", "Requests that finished", self.requests_finished)
@@ -94,9 +113,9 @@ class Metrics:
             metric("radixlm_kv_pool_used_tokens", "gauge", "KV pool slots in use (cache + running)", used)
             metric("radixlm_kv_pool_usage", "gauge", "Share of the KV pool in use", used / max(1, pool["total_tokens"]))
             metric("radixlm_cache_hit_rate", "gauge", "Prefix cache hit rate (tokens)", cache["hit_rate"])
-            metric("radixlm_cached_tokens", "gauge", "Tokens held by the prefix cache", cache["cached_tokens"])
+            metric("radixlm_radix_cache_tokens", "gauge", "Tokens held by the radix cache", cache["cached_tokens"])
             metric("radixlm_evicted_tokens_total", "counter", "Cached tokens evicted to make room", cache["evicted_tokens"])
             metric("radixlm_retractions_total", "counter", "Decoding requests retracted (KV pool full)", info["num_retractions"])
-        lines += self.ttft.render("radixlm_time_to_first_token_seconds", "Time to first token")
-        lines += self.itl.render("radixlm_inter_token_latency_seconds", "Time between output tokens")
+        lines += self.ttft.render("radixlm_time_to_first_token_seconds", "Time to first token", labels)
+        lines += self.itl.render("radixlm_inter_token_latency_seconds", "Time between output tokens", labels)
         return "\n".join(lines) + "\n"

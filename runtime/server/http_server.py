@@ -41,9 +41,11 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 
 async def read_json(request: Request) -> Any:
-    """The body as JSON: at most MAX_BODY_BYTES (413; read no further), valid UTF-8 JSON without
-    NaN / Infinity, nested at most MAX_JSON_DEPTH deep, and no string holding a lone surrogate
-    (`"\\ud800"` parses in Python but is not Unicode: it breaks tokenizers and encoders)."""
+    """The body as JSON: at most MAX_BODY_BYTES (413; read no further), UTF-8 without a byte order
+    mark, JSON without NaN / Infinity, nested at most MAX_JSON_DEPTH deep, and no string that is
+    not Unicode: invalid UTF-8 bytes (e.g. an encoded surrogate, ED A0 80) or a lone surrogate
+    escape (`"\\ud800"` parses in Python but breaks tokenizers and encoders) is a 400 naming the
+    field that holds it."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise RequestError(f"the request body is larger than {MAX_BODY_BYTES} bytes", 413)
@@ -58,37 +60,56 @@ async def read_json(request: Request) -> Any:
         logger.info("client disconnected before sending the whole request body (%s %s)",
                     request.method, request.url.path)
         raise RequestError("the client disconnected before sending the whole request body") from None
-    body = b"".join(chunks)
+    return parse_json_body(b"".join(chunks))
+
+
+def parse_json_body(body: bytes) -> Any:
+    """`read_json`'s checks of a whole body (RequestError naming what is wrong)."""
+    if body.startswith(b"\xef\xbb\xbf"):
+        raise RequestError("the request body starts with a byte order mark; send UTF-8 without one")
+    invalid_at = None
     try:
-        value = json.loads(body, parse_constant=_reject_constant, parse_float=_finite_float)
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as e:  # decoded anyway, to name the field that holds the bad bytes
+        text, invalid_at = body.decode("utf-8", errors="surrogateescape"), e.start
+    try:
+        value = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
     except RecursionError:
         raise RequestError(f"the request body is nested too deeply (the limit is {MAX_JSON_DEPTH} levels)") from None
-    except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as e:
+    except ValueError as e:  # json.JSONDecodeError included
+        if invalid_at is not None:
+            raise RequestError(f"the request body is not valid UTF-8 (byte {invalid_at})") from None
         raise RequestError(f"the request body is not valid JSON: {e}") from e
     if json_depth(value, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
         raise RequestError(f"the request body is nested too deeply (the limit is {MAX_JSON_DEPTH} levels)")
-    if _SURROGATE_ESCAPE.search(body) and _has_lone_surrogate(value):
-        raise RequestError("the request body holds a string with a lone UTF-16 surrogate (e.g. \"\\ud800\"), "
-                           "which is not valid Unicode")
+    if invalid_at is not None or _SURROGATE_ESCAPE.search(body):
+        where = _non_unicode_field(value)
+        if where is not None:
+            raise RequestError(f"{where}: not valid Unicode (invalid UTF-8 bytes, or a lone UTF-16 surrogate "
+                               "such as \"\\ud800\")")
     return value
 
 
-def _has_lone_surrogate(value: Any) -> bool:
-    """Whether any string (key or value) in a parsed JSON value holds an unpaired surrogate."""
-    stack = [value]
+def _non_unicode_field(value: Any) -> str | None:
+    """The path (`messages[0].content`, `sampling_params.stop[1]`) of the first string, key or
+    value, in a parsed JSON value that holds an unpaired surrogate; None if there is none."""
+    stack: list[tuple[str, Any]] = [("", value)]
     while stack:
-        node = stack.pop()
+        path, node = stack.pop()
         if isinstance(node, str):
             try:
                 node.encode("utf-8")
             except UnicodeEncodeError:
-                return True
+                return path or "the request body"
         elif isinstance(node, dict):
-            stack.extend(node.keys())
-            stack.extend(node.values())
+            for key, item in node.items():
+                shown = key.encode("utf-8", "backslashreplace").decode()  # a bad key still prints
+                here = f"{path}.{shown}" if path else shown
+                stack.append((here, item))
+                stack.append((f"{here} (a key)", key))
         elif isinstance(node, list):
-            stack.extend(node)
-    return False
+            stack.extend((f"{path}[{i}]", item) for i, item in enumerate(node))
+    return None
 
 
 def _reject_constant(name: str) -> float:
@@ -122,8 +143,9 @@ def create_app(
     @app.middleware("http")
     async def check_api_key(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         if api_key is not None and request.url.path not in OPEN_PATHS:
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+            scheme, _, token = request.headers.get("authorization", "").partition(" ")
+            # the scheme is case-insensitive (RFC 9110); the key is compared in constant time
+            if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), api_key.encode()):
                 return error_response("missing or wrong API key (Authorization: Bearer <key>)", 401)
         return await call_next(request)
 

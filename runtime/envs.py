@@ -62,6 +62,10 @@ class EnvFloat:
 # Seconds a grammar's token index may take to build before the build is killed.
 RADIXLM_GRAMMAR_COMPILE_TIMEOUT = EnvFloat("RADIXLM_GRAMMAR_COMPILE_TIMEOUT", GRAMMAR_COMPILE_TIMEOUT_S)
 
+# Seconds a grammar's token index may build in the fast lane; a build still running then moves to
+# the slow lane (constrained/grammar.py), so that it holds up no new grammar.
+RADIXLM_GRAMMAR_FAST_LANE_DEADLINE = EnvFloat("RADIXLM_GRAMMAR_FAST_LANE_DEADLINE", 2.0)
+
 
 def set_omp_defaults() -> None:
     """OpenMP threads spin only briefly before they sleep, unless the user chose a policy.

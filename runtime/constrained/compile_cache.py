@@ -42,13 +42,18 @@ class CompileCache(Generic[Compiled]):
         with self._lock:
             future = self._key_to_future.get(key)
             if future is None:
-                future = self._executor.submit(self._compile, *key)
+                future = self._submit(*key)
                 self._key_to_future[key] = future
                 while len(self._key_to_future) > self.max_cache:
                     self._key_to_future.popitem(last=False)
             else:
                 self._key_to_future.move_to_end(key)
             return future
+
+    def _submit(self, kind: str, normalized: str) -> Future[Compiled]:
+        """Starts compiling (kind, normalized); the future of the result. By default `_compile` in
+        a worker thread; a subclass may schedule its compiles its own way."""
+        return self._executor.submit(self._compile, kind, normalized)
 
     def _compile(self, kind: str, normalized: str) -> Compiled:
         raise NotImplementedError

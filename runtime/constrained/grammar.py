@@ -8,8 +8,9 @@ forces next, and `fill_vocab_masks` the masks of the positions along them.
 
 Bounded compiles: the token index is built in a child process (`index_worker`) that is killed
 past RADIXLM_GRAMMAR_COMPILE_TIMEOUT, so a pathological grammar fails with a GrammarError instead
-of holding a core and memory indefinitely. Up to `num_workers` grammars compile at once, each in
-its own thread and child, so a slow compile delays no other grammar while a worker is free.
+of holding a core and memory indefinitely. Fair compiles: every compile starts in a fast lane and
+one still building past RADIXLM_GRAMMAR_FAST_LANE_DEADLINE moves to a slow lane, so slow grammars
+never hold up a new one for longer than that deadline (see `GrammarBackend`).
 
 Thread-safety: a compile thread waits on its child's pipe (no GIL held), so a slow compile never
 stalls the scheduler thread. A `CompiledGrammar` is immutable apart from a memo dict and may be
@@ -18,7 +19,13 @@ shared by many `Grammar`s; each `Grammar` must be used by one thread at a time.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -27,7 +34,7 @@ import torch
 
 from radixlm.runtime.constrained.compile_cache import CompileCache
 from radixlm.runtime.constrained.errors import GrammarError
-from radixlm.runtime.constrained.index_worker import IndexWorker, token_distances
+from radixlm.runtime.constrained.index_worker import Build, IndexWorker, token_distances
 from radixlm.runtime.constrained.jump_forward import JumpForward
 from radixlm.runtime.constrained.regex_syntax import python_regex_error
 from radixlm.runtime.constrained.spec import normalize_spec, spec_to_regex, validate
@@ -37,7 +44,7 @@ from radixlm.runtime.constrained.vocabulary import (
     GrammarVocabulary,
     get_grammar_vocabulary,
 )
-from radixlm.runtime.envs import RADIXLM_GRAMMAR_COMPILE_TIMEOUT
+from radixlm.runtime.envs import RADIXLM_GRAMMAR_COMPILE_TIMEOUT, RADIXLM_GRAMMAR_FAST_LANE_DEADLINE
 from radixlm.runtime.limits import GRAMMAR_COMPILE_MAX_MEMORY_BYTES
 
 if TYPE_CHECKING:
@@ -46,11 +53,12 @@ if TYPE_CHECKING:
 __all__ = ["CompiledGrammar", "Grammar", "GrammarBackend", "GrammarError", "validate"]
 
 MAX_JUMP_FORWARD_TOKENS = 16  # longest draft per step; also the guide's rollback depth
-# Grammars compiled at once (worker threads = index-building children): with 2, one slow grammar
-# (a big schema, up to the compile deadline) leaves a worker for everyone else's new grammars.
-# Not more: each child holds its own copy of the vocabulary and may use up to
-# GRAMMAR_COMPILE_MAX_MEMORY_BYTES, and each build keeps a core busy.
+# Grammars compiled at once in each lane (worker threads = index-building children; see
+# GrammarBackend): the fast lane, where every compile starts, and the slow lane, where those past
+# the fast lane's deadline go on. Not more: each child holds its own copy of the vocabulary and may
+# use up to GRAMMAR_COMPILE_MAX_MEMORY_BYTES, and each build keeps a core busy.
 NUM_GRAMMAR_COMPILE_WORKERS = 2
+NUM_SLOW_GRAMMAR_COMPILE_WORKERS = 2
 
 
 class CompiledGrammar:
@@ -268,16 +276,14 @@ class Grammar:
         return self.compiled.new_state()
 
 
-def _build_index(
-    kind: str, regex: str, vocab: GrammarVocabulary, worker: IndexWorker
+def _checked_index(
+    kind: str, regex: str, answer: Callable[[], tuple[outlines_core.Index, dict[int, int]]]
 ) -> tuple[outlines_core.Index, dict[int, int]]:
-    """outlines-core's index for `regex` + end marker and its states' token distances to a
-    complete match, built by `worker` (killed past its deadline); GrammarError with a readable
-    reason if the regex is invalid, unsupported, too complex, or no output of this vocabulary can
-    match it."""
+    """The index and token distances `answer()` gives (an index worker's `result`), checked: some
+    output of the vocabulary must complete the regex. GrammarError with a readable reason if the
+    regex is invalid, unsupported, too complex, or cannot be matched."""
     try:
-        index, distances = worker.build_with_distances(f"(?:{regex}){END_MARKER}", vocab.vocabulary,
-                                                       END_MARKER_TOKEN_ID)
+        index, distances = answer()
         if index.get_initial_state() in distances:
             return index, distances
         reason = "no output of this tokenizer can match it"
@@ -287,8 +293,29 @@ def _build_index(
         reason = python_regex_error(regex) or (
             "unsupported regex syntax (lookaround, backreferences and other non-regular constructs)"
         )
+    raise _compile_error(kind, regex, reason)
+
+
+def _compile_error(kind: str, regex: str, reason: str) -> GrammarError:
     shown = regex if len(regex) <= 80 else regex[:80] + "..."
-    raise GrammarError(f"cannot compile the {kind} grammar (regex {shown!r}): {reason}")
+    return GrammarError(f"cannot compile the {kind} grammar (regex {shown!r}): {reason}")
+
+
+@dataclass(eq=False)
+class _Compile:
+    """One grammar being compiled: its regex, the vocabulary its index is built over, when it
+    began (`compile_secs` counts from there) and the future it resolves."""
+
+    kind: str
+    regex: str
+    vocab: GrammarVocabulary
+    start: float  # time.perf_counter()
+    future: Future[CompiledGrammar]
+
+    @property
+    def index_request(self) -> tuple[str, int]:
+        """What the index worker builds: the regex + end marker, with the token distances to it."""
+        return f"(?:{self.regex}){END_MARKER}", END_MARKER_TOKEN_ID
 
 
 class GrammarBackend(CompileCache[CompiledGrammar]):
@@ -297,9 +324,17 @@ class GrammarBackend(CompileCache[CompiledGrammar]):
 
     `vocab_size` is the model's logits width (may exceed the tokenizer's length). With
     `enable_jump_forward`, compiled grammars also carry their `JumpForward` (a few ms more).
-    Token indexes are built in child processes (`IndexWorker`, one per worker thread) and a build
-    that runs past `compile_timeout_s` (default: RADIXLM_GRAMMAR_COMPILE_TIMEOUT, see `limits`)
-    is killed; `num_workers` grammars compile at once.
+
+    Fair compiles, in two lanes, each a thread pool over an `IndexWorker` (one child per thread):
+    every compile starts in the fast lane (`num_workers` at once, FIFO). A token index still
+    building after `fast_lane_deadline_s` (default RADIXLM_GRAMMAR_FAST_LANE_DEADLINE) moves to the
+    slow lane (`num_slow_workers` at once, FIFO): its running child is handed over when the slow
+    lane has room (no work lost), else it is killed and queued there to build again. Either way its
+    fast builder is free at once, so a new grammar waits behind no slow one, only behind the fast
+    lane's queue (each compile ahead of it builds there for at most that deadline, then reads its
+    answer and makes its jump-forward DFA, both quick next to the index). Every build is killed
+    past `compile_timeout_s` (default RADIXLM_GRAMMAR_COMPILE_TIMEOUT, see `limits`), counted from
+    its start (a build queued and started again gets the whole timeout anew).
     """
 
     def __init__(
@@ -311,40 +346,148 @@ class GrammarBackend(CompileCache[CompiledGrammar]):
         whitespace_pattern: str | None = None,
         enable_jump_forward: bool = True,
         compile_timeout_s: float | None = None,
+        num_slow_workers: int = NUM_SLOW_GRAMMAR_COMPILE_WORKERS,
+        fast_lane_deadline_s: float | None = None,
     ):
-        super().__init__("grammar", max_cache, num_workers, normalize_spec)
+        super().__init__("grammar", max_cache, num_workers, normalize_spec)  # the fast lane's threads
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.whitespace_pattern = whitespace_pattern
         self.enable_jump_forward = enable_jump_forward
         timeout_s = RADIXLM_GRAMMAR_COMPILE_TIMEOUT.get() if compile_timeout_s is None else compile_timeout_s
-        # as many builders as threads: a compile never waits for another's child
-        self._index_worker = IndexWorker(timeout_s, GRAMMAR_COMPILE_MAX_MEMORY_BYTES, max_builders=num_workers)
+        self.fast_lane_deadline_s = (
+            RADIXLM_GRAMMAR_FAST_LANE_DEADLINE.get() if fast_lane_deadline_s is None else fast_lane_deadline_s
+        )
+        if self.fast_lane_deadline_s <= 0:
+            raise ValueError(f"the fast lane's deadline must be > 0 s, got {self.fast_lane_deadline_s}")
+        self.num_slow_workers = num_slow_workers
+        self._slow_executor = ThreadPoolExecutor(num_slow_workers, thread_name_prefix="grammar-slow-compile")
+        # as many builders as threads in each lane: a compile never waits for another's child
+        self._fast_builders = IndexWorker(timeout_s, GRAMMAR_COMPILE_MAX_MEMORY_BYTES, max_builders=num_workers)
+        self._slow_builders = IndexWorker(timeout_s, GRAMMAR_COMPILE_MAX_MEMORY_BYTES, max_builders=num_slow_workers)
+        # Compiles running in the fast lane, and those in the slow lane (building or queued).
+        # _num_slow < num_slow_workers means a slow thread and a slow builder are free now.
+        self._num_fast = 0
+        self._num_slow = 0
+        self._count_lock = threading.Lock()  # guards the counts and the moves between lanes
 
-    def _compile(self, kind: str, normalized: str) -> CompiledGrammar:
-        """Runs in a worker thread. The first call also builds the tokenizer's vocabulary."""
-        vocab = get_grammar_vocabulary(self.tokenizer)
-        start = time.perf_counter()
-        regex = spec_to_regex(kind, normalized, self.whitespace_pattern)
-        index, distances = _build_index(kind, regex, vocab, self._index_worker)
+    def num_compiles_in_flight(self) -> int:
+        """Compiles started and not yet ended, in both lanes (one queued in the slow lane counts:
+        it started in the fast lane). Compiles waiting for a fast-lane thread do not."""
+        with self._count_lock:
+            return self._num_fast + self._num_slow
+
+    def num_slow_compiles(self) -> int:
+        """Compiles in the slow lane, building or queued there."""
+        with self._count_lock:
+            return self._num_slow
+
+    def builder_pids(self) -> list[int]:
+        """The pids of the index-building children alive now, both lanes (for tests)."""
+        return sorted(self._fast_builders.pids + self._slow_builders.pids)
+
+    def _submit(self, kind: str, normalized: str) -> Future[CompiledGrammar]:
+        future: Future[CompiledGrammar] = Future()
+        job = self._executor.submit(self._compile_in_fast_lane, kind, normalized, future)
+        job.add_done_callback(lambda job: job.cancelled() and future.cancel())  # queued at shutdown
+        return future
+
+    def _compile_in_fast_lane(self, kind: str, normalized: str, future: Future[CompiledGrammar]) -> None:
+        """Runs in a fast-lane thread. The first call also builds the tokenizer's vocabulary."""
+        if not future.set_running_or_notify_cancel():
+            return
+        with self._count_lock:
+            self._num_fast += 1
+        is_moved = False
+        try:
+            vocab = get_grammar_vocabulary(self.tokenizer)
+            start = time.perf_counter()
+            job = _Compile(kind, spec_to_regex(kind, normalized, self.whitespace_pattern), vocab, start, future)
+            build = self._start(job, self._fast_builders)
+            if self._fast_builders.is_answering(build, build.started + self.fast_lane_deadline_s):
+                self._finish(job, self._fast_builders, build)
+            else:
+                is_moved = True
+                self._move_to_slow_lane(job, build)
+        except BaseException as e:
+            _fail(future, e)
+        finally:
+            if not is_moved:
+                with self._count_lock:
+                    self._num_fast -= 1
+
+    def _move_to_slow_lane(self, job: _Compile, build: Build) -> None:
+        """Frees the fast builder of a build past the fast lane's deadline: hands its child over to
+        the slow lane if it has room, else kills it and queues the compile there (FIFO)."""
+        with self._count_lock:
+            is_handed_over = self._num_slow < self.num_slow_workers and self._fast_builders.hand_over(
+                build, self._slow_builders)
+            self._num_fast -= 1
+            self._num_slow += 1
+        moved = build if is_handed_over else None
+        if moved is None:
+            self._fast_builders.cancel(build)
+        try:
+            slow_job = self._slow_executor.submit(self._compile_in_slow_lane, job, moved)
+        except RuntimeError:  # shut down meanwhile
+            self._end_slow_compile(job, moved, None)
+            return
+        slow_job.add_done_callback(functools.partial(self._end_slow_compile, job, moved))
+
+    def _compile_in_slow_lane(self, job: _Compile, build: Build | None) -> None:
+        """Runs in a slow-lane thread: finishes a handed-over build, or builds again (None)."""
+        try:
+            self._finish(job, self._slow_builders, build or self._start(job, self._slow_builders))
+        except BaseException as e:
+            _fail(job.future, e)
+
+    def _end_slow_compile(self, job: _Compile, moved: Build | None, slow_job: Future[None] | None) -> None:
+        with self._count_lock:
+            self._num_slow -= 1
+        if slow_job is None or slow_job.cancelled():  # the backend shut down before it ran
+            if moved is not None:
+                self._slow_builders.cancel(moved)
+            _fail(job.future, GrammarError("the grammar backend shut down before the grammar compiled"))
+
+    @staticmethod
+    def _start(job: _Compile, builders: IndexWorker) -> Build:
+        try:
+            return builders.start(job.index_request, job.vocab.vocabulary)
+        except ValueError as e:
+            raise _compile_error(job.kind, job.regex, str(e)) from None
+
+    def _finish(self, job: _Compile, builders: IndexWorker, build: Build) -> None:
+        """Waits for `build`'s index (up to its deadline) and resolves the job's future with the
+        compiled grammar (or raises GrammarError)."""
+        index, distances = _checked_index(job.kind, job.regex, lambda: builders.result(build))
         jump_forward = None
         if self.enable_jump_forward:
             # in-process, and only after the bounded token index: the same regex's DFA, walked
             # with 256 one-byte tokens instead of the whole vocabulary, so it costs less
-            jump_forward = JumpForward(regex, self.tokenizer.encode_plain, vocab.id_to_bytes)
-        return CompiledGrammar(
-            kind,
-            regex,
+            jump_forward = JumpForward(job.regex, self.tokenizer.encode_plain, job.vocab.id_to_bytes)
+        compiled = CompiledGrammar(
+            job.kind,
+            job.regex,
             index,
-            vocab.eos_token_id,
+            job.vocab.eos_token_id,
             self.tokenizer.vocab_size,
             self.vocab_size,
-            time.perf_counter() - start,
+            time.perf_counter() - job.start,
             jump_forward,
             distances,
         )
+        with contextlib.suppress(InvalidStateError):  # failed at shutdown meanwhile
+            job.future.set_result(compiled)
 
     def shutdown(self) -> None:
-        """Stops the workers; queued compiles are cancelled, running ones fail (their builders are killed)."""
+        """Stops both lanes; queued compiles are cancelled (or fail, if they had started), running
+        ones fail (their builders are killed)."""
         super().shutdown()
-        self._index_worker.close()
+        self._slow_executor.shutdown(wait=False, cancel_futures=True)
+        self._fast_builders.close()
+        self._slow_builders.close()
+
+
+def _fail(future: Future[CompiledGrammar], error: BaseException) -> None:
+    with contextlib.suppress(InvalidStateError):  # already failed (at shutdown)
+        future.set_exception(error)

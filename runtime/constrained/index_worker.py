@@ -11,6 +11,10 @@ by the next build that needs it. Each child's address space is capped (a build t
 fails instead of pushing the machine into the OOM killer), and it dies with the thread that
 started it.
 
+A build can also run in steps (`start`, `is_answering`, then `result` or `cancel`), and a running
+build can move to another worker with a free slot (`hand_over`: its child, its start time and so
+its deadline go along, no work is lost). The grammar backend's fast and slow lanes are two workers.
+
 Protocol on a child's stdin / stdout: length-prefixed pickles. First the Vocabulary, then one
 (regex, end-marker token id or None) per build; each answer is ("ok", (Index, distances or None))
 or ("error", message), distances being `token_distances` (for output budgets). Indexes pickle compactly: the
@@ -46,6 +50,15 @@ class _Builder:
     vocabulary: outlines_core.Vocabulary
 
 
+@dataclass(eq=False)
+class Build:
+    """One build running in a child. From `IndexWorker.start` until `result`, `cancel` or
+    `hand_over` it holds one of its worker's slots, and that worker owns the child."""
+
+    builder: _Builder
+    started: float  # time.monotonic() when the child was sent the build; the deadline counts from here
+
+
 class IndexWorker:
     """Builds outlines-core indexes in child processes, each build with a deadline and a memory cap.
 
@@ -63,6 +76,7 @@ class IndexWorker:
         self.timeout_s = timeout_s
         self.max_memory_bytes = max_memory_bytes
         self.max_builders = max_builders
+        # one slot per Build in progress (held from `start` to `result`, `cancel` or `hand_over`)
         self._free_slots = threading.BoundedSemaphore(max_builders)
         # Each child we own is idle or busy (held by one build), never both; every build holds a
         # slot, so len(_idle) + len(_busy) <= max_builders. close() empties both.
@@ -76,7 +90,7 @@ class IndexWorker:
         Raises ValueError with outlines-core's message if it rejects the regex, or with a message
         saying so if the build ran past the deadline or the child died (out of memory, crashed).
         """
-        index, _ = self._run((regex, None), vocabulary)
+        index, _ = self.result(self.start((regex, None), vocabulary))
         return index
 
     def build_with_distances(
@@ -84,31 +98,79 @@ class IndexWorker:
     ) -> tuple[outlines_core.Index, dict[int, int]]:
         """As `build`, plus `token_distances(index, end_token_id)`, computed in the child too
         (under the same deadline and memory cap)."""
-        return self._run((regex, end_token_id), vocabulary)
+        return self.result(self.start((regex, end_token_id), vocabulary))
 
-    def _run(self, request: tuple[str, int | None], vocabulary: outlines_core.Vocabulary) -> Any:
-        with self._free_slots:
+    def start(self, request: tuple[str, int | None], vocabulary: outlines_core.Vocabulary) -> Build:
+        """Sends (regex, end-marker token id or None) to a child, once a slot is free; the caller
+        must then end the build with `result`, `cancel` or `hand_over`. ValueError if no child
+        could be started."""
+        self._free_slots.acquire()
+        try:
             builder = self._acquire(vocabulary)
-            deadline = time.monotonic() + self.timeout_s
-            try:
-                _send(builder.proc.stdin, request)
-                status, payload = _receive(builder.proc.stdout, deadline)
-            except TimeoutError:
-                self._discard(builder)
-                raise ValueError(
-                    f"building its token index took longer than {self.timeout_s:g} s, the limit "
-                    "(the regex is too complex: too many states)"
-                ) from None
-            except (EOFError, OSError, pickle.UnpicklingError):
-                code = self._discard(builder)
-                raise ValueError(
-                    f"the process building its token index died ({_describe_exit(code)}); "
-                    "the regex is likely too large"
-                ) from None
-            self._release(builder)
+        except BaseException:
+            self._free_slots.release()
+            raise
+        build = Build(builder, time.monotonic())
+        try:
+            _send(builder.proc.stdin, request)
+        except OSError:
+            pass  # the child died: `result` reads EOF and says so
+        return build
+
+    def is_answering(self, build: Build, until: float) -> bool:
+        """Whether the child has begun to answer (or died) by `until` (time.monotonic()), waiting
+        until then at most. A build that has not may go on: nothing changes."""
+        fd = build.builder.proc.stdout.fileno()
+        return bool(select.select([fd], [], [], max(0.0, until - time.monotonic()))[0])
+
+    def result(self, build: Build) -> Any:
+        """The answer of a `start`ed build, waited for until its deadline (`started + timeout_s`);
+        frees its slot. Raises ValueError as `build` does."""
+        builder = build.builder
+        try:
+            status, payload = _receive(builder.proc.stdout, build.started + self.timeout_s)
+        except TimeoutError:
+            self.cancel(build)
+            raise ValueError(
+                f"building its token index took longer than {self.timeout_s:g} s, the limit "
+                "(the regex is too complex: too many states)"
+            ) from None
+        except (EOFError, OSError, pickle.UnpicklingError):
+            code = self.cancel(build)
+            raise ValueError(
+                f"the process building its token index died ({_describe_exit(code)}); "
+                "the regex is likely too large"
+            ) from None
+        self._release(builder)
+        self._free_slots.release()
         if status != "ok":
             raise ValueError(str(payload))
         return payload
+
+    def cancel(self, build: Build) -> int | None:
+        """Kills the child of a `start`ed build and frees its slot; the child's exit code."""
+        code = self._discard(build.builder)
+        self._free_slots.release()
+        return code
+
+    def hand_over(self, build: Build, to: IndexWorker) -> bool:
+        """Moves a running build (its child, its slot, its start time) to `to` if `to` has a free
+        slot now; `to` then ends it (under `to.timeout_s`) and owns the child. False (nothing
+        moved) if `to` has no free slot or this worker was closed meanwhile; this worker then still
+        holds the build."""
+        if not to._free_slots.acquire(blocking=False):
+            return False
+        builder = build.builder
+        with self._lock:
+            is_mine = builder in self._busy
+            self._busy.discard(builder)
+        if not is_mine:
+            to._free_slots.release()
+            return False
+        with to._lock:
+            to._busy.add(builder)
+        self._free_slots.release()
+        return True
 
     def close(self) -> None:
         """Kills the children (builds in progress then fail). The worker can be used again."""

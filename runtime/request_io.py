@@ -10,7 +10,6 @@ Flow: body (JSON object or Engine keywords) -> parse_generate -> GenerateRequest
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -19,13 +18,9 @@ from radixlm.runtime.constrained.backends import validate as validate_grammar
 from radixlm.runtime.constrained.grammar import GrammarError
 from radixlm.runtime.errors import RequestError
 from radixlm.runtime.limits import MAX_BATCH, MAX_N, MAX_RID_CHARS, MAX_SEQUENCES, MAX_TOP_LOGPROBS_NUM
+from radixlm.runtime.protocol import GenerateReqInput, parse_body
 from radixlm.runtime.sampling.sampling_params import InvalidSamplingParams, SamplingParams
 from radixlm.runtime.tokenizer import Tokenizer
-
-GENERATE_FIELDS = {
-    "text", "input_ids", "sampling_params", "rid", "return_logprob", "logprob_start_len",
-    "top_logprobs_num", "return_text_in_logprobs", "stream",
-}
 
 
 @dataclass(frozen=True)
@@ -54,43 +49,35 @@ class PreparedRequest:
 
 
 def parse_generate(body: Any) -> tuple[list[GenerateRequest], bool]:
-    """The /generate body -> one GenerateRequest per prompt and copy (`n`), prompt-major."""
-    if not isinstance(body, dict):
-        raise RequestError("the request body must be a JSON object")
-    unknown = sorted(set(body) - GENERATE_FIELDS)
-    if unknown:
-        raise RequestError(f"unknown field(s) in /generate: {unknown}")
-    text, input_ids = body.get("text"), body.get("input_ids")
-    if (text is None) == (input_ids is None):
+    """The /generate body -> one GenerateRequest per prompt and copy (`n`), prompt-major. Shape
+    and types are the contract's (`protocol.GenerateReqInput`); the rest is checked here."""
+    req: GenerateReqInput = parse_body(GenerateReqInput, body)
+    if (req.text is None) == (req.input_ids is None):
         raise RequestError("exactly one of 'text' and 'input_ids' is required")
-    if text is not None:
-        is_batch = isinstance(text, list)
-        prompts: list[Any] = text if is_batch else [text]
-        if not prompts or not all(isinstance(t, str) for t in prompts):
+    if req.text is not None:
+        is_batch = isinstance(req.text, list)
+        prompts: list[Any] = req.text if is_batch else [req.text]
+        if not prompts:
             raise RequestError("'text' must be a string or a non-empty list of strings")
     else:
-        is_batch = isinstance(input_ids, list) and bool(input_ids) and isinstance(input_ids[0], list)
-        prompts = input_ids if is_batch else [input_ids]
-        if not isinstance(input_ids, list) or not all(isinstance(p, list) for p in prompts):
-            raise RequestError("'input_ids' must be a list of token ids or a list of such lists")
+        ids = req.input_ids or []
+        is_batch = bool(ids) and isinstance(ids[0], list)
+        prompts = ids if is_batch else [ids]
     if len(prompts) > MAX_BATCH:
         raise RequestError(f"a batch holds at most {MAX_BATCH} prompts, got {len(prompts)}")
-    params_list = _per_prompt(body.get("sampling_params"), len(prompts), "sampling_params", dict)
-    rids = _per_prompt(body.get("rid"), len(prompts), "rid", str)
+    params_list = _per_prompt(req.sampling_params, len(prompts), "sampling_params")
+    rids = _per_prompt(req.rid, len(prompts), "rid")
+    if is_batch and isinstance(req.rid, str):
+        raise RequestError("a batch needs 'rid' as a list with one id per prompt")
     if any(rid is not None and len(rid) > MAX_RID_CHARS for rid in rids):
         raise RequestError(f"'rid' is longer than {MAX_RID_CHARS} characters")
-    copies = [_num_copies(params) for params in params_list]
+    params_dicts = [None if p is None else p.model_dump(exclude_unset=True) for p in params_list]
+    copies = [_num_copies(params) for params in params_dicts]
     if sum(copies) > MAX_SEQUENCES:
         raise RequestError(f"a request generates at most {MAX_SEQUENCES} sequences (prompts x n), got {sum(copies)}")
-    opts = {
-        "return_logprob": _typed(body, "return_logprob", bool, False),
-        "logprob_start_len": _typed(body, "logprob_start_len", int, -1),
-        "top_logprobs_num": _typed(body, "top_logprobs_num", int, 0),
-        "return_text_in_logprobs": _typed(body, "return_text_in_logprobs", bool, False),
-        "stream": _typed(body, "stream", bool, False),
-    }
+    opts = {name: value for name in _OPTIONS if (value := getattr(req, name)) is not None}
     reqs = []
-    for prompt, params, rid, n in zip(prompts, params_list, rids, copies):
+    for prompt, params, rid, n in zip(prompts, params_dicts, rids, copies):
         params = {k: v for k, v in (params or {}).items() if k != "n"}
         key = "text" if isinstance(prompt, str) else "input_ids"
         value = prompt if isinstance(prompt, str) else tuple(prompt)
@@ -98,35 +85,23 @@ def parse_generate(body: Any) -> tuple[list[GenerateRequest], bool]:
     return reqs, is_batch or len(reqs) > 1
 
 
+_OPTIONS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs", "stream")
+
+
 def _num_copies(params: dict[str, Any] | None) -> int:
-    n = (params or {}).get("n", 1)
-    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_N:
+    n = (params or {}).get("n")
+    n = 1 if n is None else n
+    if not 1 <= n <= MAX_N:
         raise RequestError(f"sampling_params.n must be an integer in [1, {MAX_N}], got {n!r}")
-    return n
+    return int(n)
 
 
-def _per_prompt(value: Any, count: int, name: str, kind: type) -> list[Any]:
-    if value is None or isinstance(value, kind):
-        return [value] * count if name != "rid" or count == 1 or value is None else _rid_batch_error(name)
-    if isinstance(value, list) and len(value) == count and all(v is None or isinstance(v, kind) for v in value):
-        return value
-    raise RequestError(f"'{name}' must be a {kind.__name__} or a list of {count} of them")
-
-
-def _rid_batch_error(name: str) -> list[Any]:
-    raise RequestError(f"a batch needs '{name}' as a list with one id per prompt")
-
-
-def _typed(body: dict[str, Any], name: str, kind: type, default: Any) -> Any:
-    value = body.get(name, default)
-    if value is None:
-        return default
-    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise RequestError(f"'{name}' must be an integer, got {value!r}")
-    if kind is bool and not isinstance(value, bool):
-        raise RequestError(f"'{name}' must be true or false, got {value!r}")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise RequestError(f"'{name}' must be finite")
+def _per_prompt(value: Any, count: int, name: str) -> list[Any]:
+    """One value for all prompts, or a list with one per prompt."""
+    if not isinstance(value, list):
+        return [value] * count
+    if len(value) != count:
+        raise RequestError(f"'{name}' must be one value or a list of {count} (one per prompt), got {len(value)}")
     return value
 
 

@@ -29,6 +29,7 @@ LAYERS: list[set[str]] = [
     {"mem_cache", "sampling", "constrained"},
     {"server_args"},  # checks a JSON whitespace pattern with constrained/ when built
     {"messages"},  # carry the frozen SamplingParams
+    {"protocol"},  # the HTTP contract's typed bodies, publishing SamplingParams' ranges
     {"model", "detokenizer"},
     {"scheduler"},
     {"request_io", "request_output", "engine"},

@@ -138,7 +138,7 @@ def _check_ints(p: SamplingParams) -> None:
 
 
 # name -> (low, low_inclusive, high, high_inclusive, text); high None = unbounded.
-_FLOAT_RANGES: dict[str, tuple[float, bool, float | None, bool, str]] = {
+FLOAT_RANGES: dict[str, tuple[float, bool, float | None, bool, str]] = {
     "temperature": (0.0, True, None, False, "must be >= 0"),
     "top_p": (0.0, False, 1.0, True, "must be in (0, 1]"),
     "min_p": (0.0, True, 1.0, True, "must be in [0, 1]"),
@@ -150,7 +150,7 @@ _FLOAT_RANGES: dict[str, tuple[float, bool, float | None, bool, str]] = {
 
 def _check_floats(p: SamplingParams) -> None:
     """Ints are accepted and stored as floats; bools, NaN and infinities are rejected."""
-    for name, (low, low_incl, high, high_incl, text) in _FLOAT_RANGES.items():
+    for name, (low, low_incl, high, high_incl, text) in FLOAT_RANGES.items():
         value = getattr(p, name)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise _fail(name, "must be a number", value)

@@ -18,11 +18,28 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.requests import ClientDisconnect
 
 from radixlm.chat_template import derive_chat_template
 from radixlm.runtime.limits import MAX_BODY_BYTES, MAX_JSON_DEPTH, json_depth
+from radixlm.runtime.protocol import (
+    JSON,
+    SSE,
+    TEXT,
+    AbortReqInput,
+    GenerateOutput,
+    GenerateReqInput,
+    ModelInfo,
+    OpenAPIDocs,
+    Operation,
+    ServerInfo,
+    error_responses,
+    parse_body,
+    sse_events,
+)
 from radixlm.runtime.request_io import GenerateRequest, PreparedRequest, RequestError, parse_generate
 from radixlm.runtime.request_output import OutputChunk
 from radixlm.runtime.server.tokenizer_manager import ServiceUnavailable, TokenizerManager
@@ -153,6 +170,11 @@ def create_app(
     async def on_request_error(_: Request, exc: RequestError) -> JSONResponse:
         return error_response(str(exc), exc.status_code)
 
+    @app.exception_handler(RequestValidationError)  # no route takes typed parameters; kept as a 400 anyway
+    async def on_validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        return error_response(f"invalid request: {'.'.join(map(str, first['loc']))}: {first['msg']}", 400)
+
     @app.exception_handler(ToolSpecError)
     async def on_tool_spec_error(_: Request, exc: ToolSpecError) -> JSONResponse:
         return error_response(str(exc), 400)
@@ -196,10 +218,8 @@ def create_app(
 
     @app.post("/abort_request")
     async def abort_request(request: Request) -> Response:
-        body = await read_json(request)
-        if not isinstance(body, dict) or not isinstance(body.get("rid"), str):
-            raise RequestError("abort_request needs {\"rid\": \"<request id>\"}")
-        await tm.abort(body["rid"])
+        body: AbortReqInput = parse_body(AbortReqInput, await read_json(request))
+        await tm.abort(body.rid)
         return Response(status_code=200)
 
     @app.get("/metrics")
@@ -221,8 +241,42 @@ def create_app(
 
     from radixlm.runtime.server.openai_api import register_openai_routes
 
-    register_openai_routes(app, tm, tool_call_parser)
+    docs = OpenAPIDocs()
+    document_native_routes(docs, secured=api_key is not None)
+    register_openai_routes(app, tm, tool_call_parser, docs, secured=api_key is not None)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = docs.apply(get_openapi(title=app.title, version=app.version, routes=app.routes,
+                                                        description="SGLang's native API and the OpenAI API"))
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     return app
+
+
+def document_native_routes(docs: OpenAPIDocs, secured: bool) -> None:
+    """The native routes' bodies in /openapi.json (`protocol.OpenAPIDocs`)."""
+    auth = (401,) if secured else ()
+    unavailable = error_responses(503, *auth)
+    docs.add("/health", "get", Operation(responses={200: ("healthy", {}), **error_responses(503)}))
+    docs.add("/health_generate", "get", Operation(responses={200: ("generated one token", {}), **unavailable}))
+    docs.add("/get_model_info", "get", Operation(responses={200: ("the model", {JSON: ModelInfo}),
+                                                            **error_responses(*auth)}))
+    for path in ("/get_server_info", "/server_info"):
+        docs.add(path, "get", Operation(responses={200: ("settings and state", {JSON: ServerInfo}), **unavailable}))
+    docs.add("/flush_cache", "post", Operation(responses={
+        200: ("flushed", {TEXT: {"type": "string"}}), 400: ("not flushed: requests are running", {TEXT: {"type": "string"}}),
+        **unavailable}))
+    docs.add("/abort_request", "post", Operation(AbortReqInput, {200: ("aborted (if it was running)", {}),
+                                                                 **error_responses(400, 413, 503, *auth)}))
+    docs.add("/metrics", "get", Operation(responses={
+        200: ("Prometheus text format", {TEXT: {"type": "string"}}),
+        404: ("metrics are disabled", {TEXT: {"type": "string"}}), **error_responses(*auth)}))
+    docs.add("/generate", "post", Operation(GenerateReqInput, {
+        200: ("the result (a list for a batch or n > 1); with stream, server-sent events",
+              {JSON: GenerateOutput | list[GenerateOutput], SSE: sse_events(GenerateOutput)}),
+        **error_responses(400, 413, 503, *auth)}))
 
 
 async def prepare_all(tm: TokenizerManager, reqs: list[GenerateRequest]) -> list[PreparedRequest]:

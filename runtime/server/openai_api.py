@@ -20,13 +20,31 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from radixlm.runtime.limits import MAX_BATCH, MAX_N, MAX_OPENAI_TOP_LOGPROBS, MAX_SEQUENCES
+from radixlm.runtime.limits import MAX_BATCH, MAX_SEQUENCES
+from radixlm.runtime.protocol import (
+    JSON,
+    SSE,
+    ChatCompletionChunk,
+    ChatCompletionResponse,
+    ChatMessage,
+    ChatRequest,
+    CompletionChunk,
+    CompletionRequest,
+    CompletionResponse,
+    ContentPart,
+    ModelList,
+    OpenAPIDocs,
+    Operation,
+    SamplingFields,
+    error_responses,
+    parse_body,
+    sse_events,
+)
 from radixlm.runtime.request_io import GenerateRequest, PreparedRequest, RequestError, expand_copies
 from radixlm.runtime.server.tokenizer_manager import TokenizerManager
 from radixlm.tool_calls import (
@@ -44,77 +62,7 @@ from radixlm.tool_calls import (
 )
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)  # JSON types as sent: no "2" -> 2, no 2.0 -> 2
-
-
-class StreamOptions(_Strict):
-    include_usage: bool = False
-
-
-class _SamplingFields(_Strict):
-    model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=0)
-    temperature: float | None = None
-    top_p: float | None = None
-    n: int = Field(default=1, ge=1, le=MAX_N)
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    user: str | None = None
-    # SGLang extensions
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    min_tokens: int | None = None
-    ignore_eos: bool | None = None
-    stop_token_ids: list[int] | None = None
-    skip_special_tokens: bool | None = None
-    rid: str | None = None
-    regex: str | None = None  # SGLang extension: constrain the output to a regex
-    json_schema: str | dict[str, Any] | None = None  # SGLang extension: ... or a JSON schema
-    ebnf: str | None = None  # SGLang extension: ... or an EBNF grammar (--grammar-backend xgrammar)
-    structural_tag: str | dict[str, Any] | None = None  # SGLang extension: ... or triggered structures
-
-
-class CompletionRequest(_SamplingFields):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(default=16, ge=0)
-    logprobs: int | None = Field(default=None, ge=0, le=MAX_OPENAI_TOP_LOGPROBS)
-    echo: bool = False
-
-
-class ChatMessage(_Strict):
-    role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str | list[dict[str, Any]] | None = None
-    name: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None  # assistant messages
-    tool_call_id: str | None = None  # tool messages
-
-
-class ChatRequest(_SamplingFields):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=0)
-    logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_OPENAI_TOP_LOGPROBS)
-    response_format: dict[str, Any] | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = None
-
-
-def _parse(model: type[BaseModel], body: Any) -> Any:
-    try:
-        return model.model_validate(body)
-    except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "body"
-        raise RequestError(f"invalid request: {where}: {first['msg']}") from e
-
-
-def _sampling_params(req: _SamplingFields, max_tokens: int | None) -> dict[str, Any]:
+def _sampling_params(req: SamplingFields, max_tokens: int | None) -> dict[str, Any]:
     pairs = {
         "max_new_tokens": max_tokens,
         "temperature": req.temperature,
@@ -144,6 +92,8 @@ def response_format_grammar(response_format: dict[str, Any] | None) -> dict[str,
     `structural_tag`)."""
     if response_format is None:
         return {}
+    if not isinstance(response_format, dict):
+        raise RequestError(f"response_format must be an object with a 'type', got {response_format!r:.80}")
     kind = response_format.get("type")
     if kind == "text":
         return {}
@@ -212,7 +162,8 @@ def _chat_logprobs(meta: dict[str, Any]) -> dict[str, Any]:
     return {"content": content}
 
 
-def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser: str = "auto") -> None:
+def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser: str, docs: OpenAPIDocs,
+                           secured: bool) -> None:
     from radixlm.runtime.server.http_server import (
         merged_outputs,
         prepare_all,
@@ -221,6 +172,16 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
         sse,
         sse_error,
     )
+
+    auth = (401,) if secured else ()
+    docs.add("/v1/models", "get", Operation(responses={200: ("the served model", {JSON: ModelList}),
+                                                       **error_responses(*auth)}))
+    for path, request_model, response_model, chunk in (
+            ("/v1/completions", CompletionRequest, CompletionResponse, CompletionChunk),
+            ("/v1/chat/completions", ChatRequest, ChatCompletionResponse, ChatCompletionChunk)):
+        docs.add(path, "post", Operation(request_model, {
+            200: ("the completion; with stream, server-sent events", {JSON: response_model, SSE: sse_events(chunk)}),
+            **error_responses(400, 404, 413, 503, *auth)}))
 
     def check_model(name: str | None) -> None:
         if name is not None and name not in (tm.model_name, "default"):
@@ -232,7 +193,7 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        req: CompletionRequest = _parse(CompletionRequest, await read_json(request))
+        req: CompletionRequest = parse_body(CompletionRequest, await read_json(request))
         check_model(req.model)
         prompts = req.prompt if isinstance(req.prompt, list) and req.prompt and not isinstance(req.prompt[0], int) else [req.prompt]
         if len(prompts) > MAX_BATCH:
@@ -277,7 +238,7 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        req: ChatRequest = _parse(ChatRequest, await read_json(request))
+        req: ChatRequest = parse_body(ChatRequest, await read_json(request))
         check_model(req.model)
         tools = parse_tools(req.tools, allow_empty=True) if req.tools is not None else []  # []: no tools
         tool_choice = parse_tool_choice(req.tool_choice, tools)
@@ -364,7 +325,7 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
                        "choices": [], "usage": _usage(finals, 1)})
         yield b"data: [DONE]\n\n"
 
-    async def _stream(tm: TokenizerManager, reqs: list[PreparedRequest], req: _SamplingFields, base_id: str,
+    async def _stream(tm: TokenizerManager, reqs: list[PreparedRequest], req: SamplingFields, base_id: str,
                       kind: str, num_prompts: int, choice_text: Any) -> AsyncIterator[bytes]:
         """OpenAI SSE chunks: text deltas per choice, a finish chunk each, an optional usage chunk."""
         created = int(time.time())
@@ -418,6 +379,8 @@ def _prompt_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
     out = []
     for m in messages:
         content = _content_text(m.content)
+        if m.tool_calls is not None and not isinstance(m.tool_calls, list):
+            raise RequestError(f"messages: tool_calls must be a list of calls, got {m.tool_calls!r:.80}")
         if m.role == "assistant" and m.tool_calls:
             content = render_history_calls(content, m.tool_calls)
         elif m.role == "tool":
@@ -448,14 +411,8 @@ def _split_calls(text: str, tool_names: set[str], parser: str) -> tuple[str | No
     return parse_tool_calls(text, tool_names, parser) if tool_names else (text, [])
 
 
-def _content_text(content: str | list[dict[str, Any]] | None) -> str:
+def _content_text(content: str | list[ContentPart] | None) -> str:
+    """A message's text (its parts joined; the contract admits text parts only)."""
     if content is None:
         return ""
-    if isinstance(content, str):
-        return content
-    parts = []
-    for part in content:
-        if part.get("type") != "text" or not isinstance(part.get("text"), str):
-            raise RequestError("messages: only text content parts are supported")
-        parts.append(part["text"])
-    return "".join(parts)
+    return content if isinstance(content, str) else "".join(part.text for part in content)

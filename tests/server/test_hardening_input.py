@@ -125,7 +125,7 @@ CATALOGUE: list[tuple[str, str, Any, int, str]] = [
     ("truncated-json", "/v1/completions", b'{"prompt": "hi", "max_tokens": ', 400, "not valid JSON"),
     ("empty-body", "/v1/chat/completions", b"", 400, "not valid JSON"),
     ("body-null", "/generate", b"null", 400, "JSON object"),
-    ("body-list", "/v1/completions", b"[1, 2]", 400, "invalid request"),
+    ("body-list", "/v1/completions", b"[1, 2]", 400, "must be a JSON object"),
     ("nan", "/v1/completions", b'{"prompt": "hi", "max_tokens": 1, "temperature": NaN}', 400, "NaN"),
     ("infinity", "/generate", b'{"text": "hi", "sampling_params": {"top_p": -Infinity}}', 400, "Infinity"),
     ("1e400", "/generate", b'{"text": "hi", "sampling_params": {"temperature": 1e400}}', 400, "out of range"),
@@ -610,35 +610,70 @@ def test_no_request_field_reads_a_file_or_fetches_a_url(client: httpx.Client) ->
             listener.accept()
 
 
-# Every string field, as raw bytes that are not UTF-8 (an encoded surrogate, ED A0 80; a stray
-# continuation byte) and as a lone surrogate escape: a 400 naming the field.
-# TODO(issue 19 point 1): build this list from /openapi.json once every body is typed there.
-STRING_FIELDS: list[tuple[str, dict[str, Any], str]] = [
-    ("/generate", {"text": "@"}, "text"),
-    ("/generate", {"text": ["ok", "@"]}, "text[1]"),
-    ("/generate", {"text": "hi", "rid": "@"}, "rid"),
-    ("/generate", gen(stop=["@"]), "sampling_params.stop[0]"),
-    ("/generate", gen(regex="@"), "sampling_params.regex"),
-    ("/generate", gen(json_schema='{"const": "@"}'), "sampling_params.json_schema"),
-    ("/generate", gen(ebnf="root ::= \"@\""), "sampling_params.ebnf"),
-    ("/v1/completions", {"prompt": "@", "max_tokens": 1}, "prompt"),
-    ("/v1/completions", {"prompt": "hi", "max_tokens": 1, "stop": "@"}, "stop"),
-    ("/v1/completions", {"prompt": "hi", "max_tokens": 1, "user": "@"}, "user"),
-    ("/v1/chat/completions", chat(messages=[{"role": "user", "content": "@"}]), "messages[0].content"),
-    ("/v1/chat/completions", chat(messages=[{"role": "user", "content": [{"type": "text", "text": "@"}]}]),
-     "messages[0].content[0].text"),
-    ("/v1/chat/completions", chat(tools=[{"type": "function", "function": {"name": "@"}}]), "tools[0].function.name"),
-    ("/v1/chat/completions", chat(response_format={"type": "regex", "regex": "@"}), "response_format.regex"),
-    ("/abort_request", {"rid": "@"}, "rid"),
-]
+# Every string field of every request body /openapi.json documents (reached through objects,
+# lists and unions; a list's first item stands for all), as raw bytes that are not UTF-8 (an
+# encoded surrogate, ED A0 80; a stray continuation byte) and as a lone surrogate escape: a 400
+# naming the field. The body around it need not be valid: text is checked before anything else.
+def openapi_document() -> dict[str, Any]:
+    """/openapi.json as the server builds it (the same factory; the test below compares)."""
+    from radixlm.runtime.server.http_server import create_app
+
+    app = create_app(SimpleNamespace(tokenizer=SimpleNamespace(chat_template=None)))  # type: ignore[arg-type]
+    return app.openapi()
+
+
+def string_fields(document: dict[str, Any]) -> list[tuple[str, str]]:
+    """(path, field) of every string a request body may hold, e.g. ("/generate", "sampling_params.stop[0]")."""
+    components = document["components"]["schemas"]
+
+    def walk(schema: dict[str, Any], where: str, seen: frozenset[str]) -> Iterator[str]:
+        if "$ref" in schema:
+            name = schema["$ref"].rsplit("/", 1)[-1]
+            if name not in seen:  # a recursive model is walked once
+                yield from walk(components[name], where, seen | {name})
+            return
+        for option in schema.get("anyOf", []) + schema.get("oneOf", []):
+            yield from walk(option, where, seen)
+        kind = schema.get("type")
+        if kind == "string" or "const" in schema and isinstance(schema["const"], str):
+            yield where
+        elif kind == "array" and isinstance(schema.get("items"), dict):
+            yield from walk(schema["items"], f"{where}[0]", seen)
+        for name, sub in schema.get("properties", {}).items():
+            yield from walk(sub, f"{where}.{name}" if where else name, seen)
+
+    fields = []
+    for path, methods in document["paths"].items():
+        body = methods.get("post", {}).get("requestBody")
+        if body is not None:
+            fields += [(path, f) for f in dict.fromkeys(walk(body["content"]["application/json"]["schema"], "", frozenset()))]
+    return fields
+
+
+def body_with(field: str, value: str) -> dict[str, Any]:
+    """A JSON body that holds `value` at `field` (`messages[0].content[0].text`), nothing else."""
+    steps = [int(s) if s.isdigit() else s for s in field.replace("[", ".").replace("]", "").split(".")]
+    root: dict[str, Any] = {}
+    node: Any = root
+    for step, after in zip(steps, steps[1:] + [None]):
+        child = value if after is None else [] if isinstance(after, int) else {}
+        if isinstance(node, list):
+            node.append(child)
+        else:
+            node[step] = child
+        node = child
+    return root
+
+
+STRING_FIELDS = string_fields(openapi_document())
 NOT_UNICODE = {"raw-surrogate": b"a\xed\xa0\x80b", "stray-byte": b"a\x80b", "escape": b"a\\ud800b"}
 
 
 @pytest.mark.parametrize("how", sorted(NOT_UNICODE))
-@pytest.mark.parametrize(("path", "body", "field"), STRING_FIELDS, ids=[f"{p}:{f}" for p, _, f in STRING_FIELDS])
-def test_a_string_that_is_not_unicode_is_a_400_naming_its_field(client: httpx.Client, path: str, body: dict[str, Any],
-                                                                 field: str, how: str) -> None:
-    raw = json.dumps(body).encode().replace(b"@", NOT_UNICODE[how])
+@pytest.mark.parametrize(("path", "field"), STRING_FIELDS, ids=[f"{p}:{f}" for p, f in STRING_FIELDS])
+def test_a_string_that_is_not_unicode_is_a_400_naming_its_field(client: httpx.Client, path: str, field: str,
+                                                                 how: str) -> None:
+    raw = json.dumps(body_with(field, "@")).encode().replace(b"@", NOT_UNICODE[how])
     resp, _ = send(client, path, raw=raw, body=None)
     assert resp.status_code == 400, resp.text[:500]
     assert error_message(resp).startswith(f"{field}: not valid Unicode"), error_message(resp)

@@ -1,0 +1,677 @@
+"""The HTTP contract: typed pydantic models of every request and response body, native (SGLang's
+/generate) and OpenAI, from which `/openapi.json` is built (`OpenAPIDocs`).
+
+Requests are validated by these models and nowhere else for shape and types: strict JSON types
+(no `"5"` for an integer, no `1` for a boolean), unknown fields refused, integral floats (`5.0`)
+taken as integers. What a type cannot say is checked after them, each rule once: ranges of
+sampling parameters and the grammar rules by `SamplingParams` (the ranges are published here from
+its own table), rules that need the model (context length, vocabulary) by
+`request_io.RequestValidator`, tools and `tool_choice` by `tool_calls.parse_tools` /
+`parse_tool_choice` (shared with the language; their fields are typed here as documentation,
+`SkipValidation`). A `ValidationError` becomes a `RequestError` (HTTP 400) through
+`validation_message`, which names the field (`sampling_params.top_k`, `messages[0].content`).
+
+Responses are documented by the response models; the server builds them as plain dicts (the
+suite's schemathesis run checks every response against its model).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SkipValidation,
+    TypeAdapter,
+    ValidationError,
+    WrapValidator,
+)
+from pydantic_core import PydanticCustomError
+
+from radixlm.runtime.errors import RequestError
+from radixlm.runtime.limits import (
+    MAX_N,
+    MAX_OPENAI_TOP_LOGPROBS,
+    MAX_RID_CHARS,
+    MAX_STOP_STRING_CHARS,
+    MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
+    MAX_TOP_LOGPROBS_NUM,
+)
+from radixlm.runtime.sampling.sampling_params import FLOAT_RANGES
+
+
+def _integral(value: Any) -> Any:
+    """`5.0` -> 5 (JSON has one number type; JSON Schema counts 5.0 as an integer)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+Int = Annotated[int, BeforeValidator(_integral)]
+TokenId = Annotated[Int, Field(json_schema_extra={"minimum": 0})]  # the range is checked against the vocabulary
+
+
+def either(kind: Any, expected: str) -> Any:
+    """`kind` (a union) validated as one: a value that fits no member gets one error, "must be
+    `expected`", at the field itself rather than one per member."""
+
+    def check(value: Any, handler: Callable[[Any], Any]) -> Any:
+        try:
+            return handler(value)
+        except ValidationError:
+            raise PydanticCustomError("either", "must be {expected}", {"expected": expected}) from None
+
+    return Annotated[kind, WrapValidator(check)]
+
+
+def _float_range(name: str) -> dict[str, Any]:
+    """The JSON-schema bounds of a float sampling parameter, from SamplingParams' own table."""
+    low, low_inclusive, high, high_inclusive, text = FLOAT_RANGES[name]
+    bounds: dict[str, Any] = {"minimum" if low_inclusive else "exclusiveMinimum": low}
+    if high is not None:
+        bounds["maximum" if high_inclusive else "exclusiveMaximum"] = high
+    return {"description": text, "json_schema_extra": bounds}
+
+
+def _ranged(name: str) -> Any:
+    return Field(default=None, **_float_range(name))
+
+
+def bounds(description: str | None = None, **schema: Any) -> Any:
+    """An optional field whose bounds `schema` are published here but checked after the types
+    (by SamplingParams or the request's own checks, with their messages)."""
+    return Field(default=None, description=description, json_schema_extra=schema)
+
+
+class Strict(BaseModel):
+    """A request body: JSON types as sent, unknown fields refused."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class Out(BaseModel):
+    """A response body: exactly these fields."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---------------------------------------------------------------- native API: requests
+StopStrings = either(str | list[str] | None, "a string or a list of strings")
+STOP_BOUNDS = {"maxItems": MAX_STOP_STRINGS, "items": {"minLength": 1, "maxLength": MAX_STOP_STRING_CHARS}}
+
+
+class SamplingParamsInput(Strict):
+    """`sampling_params` of /generate (SGLang's names). A null value means the default."""
+
+    max_new_tokens: Int | None = bounds("null: until the context length", minimum=0)
+    min_new_tokens: Int | None = bounds(minimum=0)
+    temperature: float | None = _ranged("temperature")
+    top_p: float | None = _ranged("top_p")
+    top_k: Int | None = Field(default=None, description="-1 (disabled) or >= 1")
+    min_p: float | None = _ranged("min_p")
+    frequency_penalty: float | None = _ranged("frequency_penalty")
+    presence_penalty: float | None = _ranged("presence_penalty")
+    repetition_penalty: float | None = _ranged("repetition_penalty")
+    stop: StopStrings = bounds(**STOP_BOUNDS)
+    stop_token_ids: list[TokenId] | None = bounds(maxItems=MAX_STOP_TOKEN_IDS)
+    ignore_eos: bool | None = None
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
+    n: Int | None = bounds("copies of the prompt", minimum=1, maximum=MAX_N)
+    seed: Int | None = None
+    sampling_seed: Int | None = Field(default=None, description="SGLang's name of `seed`")
+    regex: str | None = None
+    json_schema: str | None = Field(default=None, description="a JSON schema, as JSON text")
+    ebnf: str | None = Field(default=None, description="a grammar (--grammar-backend xgrammar or llguidance)")
+    structural_tag: str | None = Field(default=None, description="triggered structures, as JSON text")
+    no_stop_trim: bool | None = None
+    stop_regex: either(str | list[str] | None, "a string or a list of strings") = Field(
+        default=None, description="accepted when empty only")
+
+
+class GenerateReqInput(Strict):
+    """POST /generate: one prompt (`text` or `input_ids`) or a batch (a list of them); exactly
+    one of the two. `sampling_params` and `rid` are one for all, or a list with one per prompt."""
+
+    text: either(str | list[str] | None, "a string or a non-empty list of strings") = None
+    input_ids: either(list[TokenId] | list[list[TokenId]] | None,
+                      "a list of token ids or a list of such lists") = None
+    sampling_params: SamplingParamsInput | list[SamplingParamsInput | None] | None = None
+    rid: either(str | list[str | None] | None, "a string or a list with one per prompt") = bounds(
+        f"a request id of at most {MAX_RID_CHARS} characters", maxLength=MAX_RID_CHARS)
+    return_logprob: bool | None = None
+    logprob_start_len: Int | None = bounds("-1: no prompt log-probabilities", minimum=-1)
+    top_logprobs_num: Int | None = bounds(minimum=0, maximum=MAX_TOP_LOGPROBS_NUM)
+    return_text_in_logprobs: bool | None = None
+    stream: bool | None = None
+
+
+class AbortReqInput(Strict):
+    """POST /abort_request."""
+
+    rid: str
+
+
+# ---------------------------------------------------------------- native API: responses
+LogprobEntry = tuple[float | None, int, str | None]  # [logprob, token id, token text or null]
+
+
+class FinishReasonOut(Out):
+    type: Literal["stop", "length", "abort"]
+    matched: int | str | None = Field(description="the EOS / stop token id or stop string that matched")
+    message: str | None = None
+    closed_by_budget: bool | None = Field(default=None, description="a grammar's budget steered the last tokens")
+
+
+class MetaInfo(Out):
+    id: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    finish_reason: FinishReasonOut | None
+    e2e_latency: float
+    input_token_logprobs: list[LogprobEntry | None] | None = None
+    output_token_logprobs: list[LogprobEntry] | None = None
+    input_top_logprobs: list[list[LogprobEntry] | None] | None = None
+    output_top_logprobs: list[list[LogprobEntry]] | None = None
+    output_token_logprobs_length: int | None = Field(default=None, description="streaming: entries so far")
+
+
+class GenerateOutput(Out):
+    text: str
+    output_ids: list[int]
+    meta_info: MetaInfo
+    index: int | None = Field(default=None, description="streamed batches: the sequence this chunk is of")
+
+
+class ModelInfo(Out):
+    model_path: str
+    tokenizer_path: str
+    is_generation: bool
+    chat_template: dict[str, Any] | None = Field(description="the text around each role's content")
+
+
+class KvPoolInfo(Out):
+    total_tokens: int
+    free_tokens: int
+
+
+class RadixCacheInfo(Out):
+    cached_tokens: int
+    evictable_tokens: int
+    hit_rate: float
+    evicted_tokens: int
+
+
+class ServerInfo(BaseModel):
+    """The server's settings (every `radixlm serve` flag by its field name, e.g. `grammar_backend`;
+    null where the flag was left to its default) and the scheduler's state."""
+
+    model_config = ConfigDict(extra="allow")
+    model_path: str | None
+    context_length: int | None
+    max_total_tokens: int | None
+    grammar_backend: str
+    has_api_key: bool
+    kv_pool: KvPoolInfo
+    radix_cache: RadixCacheInfo
+    num_running_reqs: int
+    num_waiting_reqs: int
+    num_grammar_queue_reqs: int
+    num_retractions: int
+    scheduler_pid: int
+
+
+class ErrorDetail(Out):
+    message: str
+    code: int
+
+
+class ErrorResponse(Out):
+    error: ErrorDetail
+
+
+# ---------------------------------------------------------------- OpenAI API: requests
+class StreamOptions(Strict):
+    include_usage: bool = False
+
+
+class FunctionSpec(Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = Field(default=None, description="a JSON schema of the arguments")
+    strict: bool | None = None
+
+
+class ToolSpec(Strict):
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+class NamedFunction(Strict):
+    name: str
+
+
+class NamedToolChoice(Strict):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaSpec(Strict):
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class TextFormat(Strict):
+    type: Literal["text"]
+
+
+class JsonObjectFormat(Strict):
+    type: Literal["json_object"]
+
+
+class JsonSchemaFormat(Strict):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaSpec
+
+
+class RegexFormat(Strict):
+    type: Literal["regex"]
+    regex: str
+
+
+class StructureSpec(Strict):
+    begin: str
+    schema_: dict[str, Any] = Field(alias="schema")
+    end: str
+
+
+class StructuralTagFormat(Strict):
+    type: Literal["structural_tag"]
+    structures: list[StructureSpec]
+    triggers: list[str]
+
+
+ResponseFormat = TextFormat | JsonObjectFormat | JsonSchemaFormat | RegexFormat | StructuralTagFormat
+
+
+class SamplingFields(Strict):
+    model: str | None = None
+    max_tokens: Int | None = Field(default=None, ge=0)
+    temperature: float | None = _ranged("temperature")
+    top_p: float | None = _ranged("top_p")
+    n: Int = Field(default=1, ge=1, le=MAX_N)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: StopStrings = bounds(**STOP_BOUNDS)
+    seed: Int | None = None
+    presence_penalty: float | None = _ranged("presence_penalty")
+    frequency_penalty: float | None = _ranged("frequency_penalty")
+    user: str | None = None
+    # SGLang extensions
+    top_k: Int | None = None
+    min_p: float | None = _ranged("min_p")
+    repetition_penalty: float | None = _ranged("repetition_penalty")
+    min_tokens: Int | None = Field(default=None, ge=0)
+    ignore_eos: bool | None = None
+    stop_token_ids: list[TokenId] | None = bounds(maxItems=MAX_STOP_TOKEN_IDS)
+    skip_special_tokens: bool | None = None
+    rid: str | None = None
+    regex: str | None = Field(default=None, description="SGLang extension: constrain the output to a regex")
+    json_schema: either(str | dict[str, Any] | None, "a JSON schema (object or JSON text)") = None
+    ebnf: str | None = Field(default=None, description="SGLang extension: a grammar (xgrammar or llguidance)")
+    structural_tag: either(str | dict[str, Any] | None, "a structural tag (object or JSON text)") = None
+
+
+class CompletionRequest(SamplingFields):
+    """POST /v1/completions."""
+
+    prompt: either(str | list[str] | list[TokenId] | list[list[TokenId]],
+                   "a string, a list of strings, a list of token ids or a list of such lists")
+    max_tokens: Int | None = Field(default=16, ge=0)
+    logprobs: Int | None = Field(default=None, ge=0, le=MAX_OPENAI_TOP_LOGPROBS)
+    echo: bool = False
+
+
+class ContentPart(Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ToolCallFunction(Strict):
+    name: str
+    arguments: str = Field(description="a JSON object, serialized")
+
+
+class CalledFunction(Strict):
+    name: str
+    arguments: str | dict[str, Any] = Field(description="a JSON object, serialized or as is")
+
+
+class ToolCallInput(Strict):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
+class ChatMessage(Strict):
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: either(str | list[ContentPart] | None, "a string or a list of text content parts") = None
+    name: str | None = None
+    tool_calls: Annotated[list[ToolCallInput] | None, SkipValidation] = Field(
+        default=None, description="assistant messages: the calls it made (checked when rendered)")
+    tool_call_id: str | None = Field(default=None, description="tool messages")
+
+
+class ChatRequest(SamplingFields):
+    """POST /v1/chat/completions. `tools`, `tool_choice` and `response_format` are checked by
+    the tool-call and grammar code (messages naming the field), so their types here document."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: Int | None = Field(default=None, ge=0)
+    logprobs: bool = False
+    top_logprobs: Int | None = Field(default=None, ge=0, le=MAX_OPENAI_TOP_LOGPROBS)
+    response_format: Annotated[ResponseFormat | None, SkipValidation] = None
+    tools: Annotated[list[ToolSpec] | None, SkipValidation] = None
+    tool_choice: Annotated[Literal["none", "auto", "required"] | NamedToolChoice | None, SkipValidation] = None
+
+
+# ---------------------------------------------------------------- OpenAI API: responses
+class CachedTokens(Out):
+    cached_tokens: int
+
+
+class Usage(Out):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: CachedTokens
+
+
+class CompletionLogprobs(Out):
+    tokens: list[str | None]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float | None] | None] | None
+    text_offset: list[int]
+
+
+FinishReasonName = Literal["stop", "length", "abort", "tool_calls"] | None
+
+
+class CompletionChoice(Out):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: FinishReasonName
+
+
+class CompletionResponse(Out):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class TopLogprob(Out):
+    token: str
+    logprob: float | None
+    bytes: list[int]
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(Out):
+    content: list[TokenLogprob]
+
+
+class ToolCallOutput(Out):
+    index: int | None = Field(default=None, description="streamed calls only")
+    id: str
+    type: Literal["function"]
+    function: ToolCallFunction
+
+
+class AssistantMessage(Out):
+    role: Literal["assistant"]
+    content: str | None
+    tool_calls: list[ToolCallOutput] | None = None
+
+
+class ChatChoice(Out):
+    index: int
+    message: AssistantMessage
+    logprobs: ChatLogprobs | None
+    finish_reason: FinishReasonName
+
+
+class ChatCompletionResponse(Out):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class CompletionChunk(Out):
+    """One event of a streamed /v1/completions (the last may carry only `usage`)."""
+
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class ChatDelta(Out):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    tool_calls: list[ToolCallOutput] | None = None
+
+
+class ChatChunkChoice(Out):
+    index: int
+    delta: ChatDelta
+    logprobs: ChatLogprobs | None
+    finish_reason: FinishReasonName
+
+
+class ChatCompletionChunk(Out):
+    """One event of a streamed /v1/chat/completions (the last may carry only `usage`)."""
+
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(Out):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+
+
+class ModelList(Out):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+# ---------------------------------------------------------------- validation
+def parse_body(model: type[Strict], body: Any, prefix: str = "") -> Any:
+    """`body` validated by `model`; a RequestError naming the first bad field otherwise."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as e:
+        raise RequestError(validation_message(e, prefix)) from None
+
+
+def validation_message(error: ValidationError, prefix: str = "") -> str:
+    """One line saying what is wrong and where. Unknown fields are listed together; of a union's
+    per-member errors, the deepest (the member the value came closest to) is told."""
+    errors = [{**e, "loc": _field_path(e)} for e in error.errors(include_url=False)]
+    extra = [e for e in errors if e["type"] == "extra_forbidden"]
+    if extra:
+        parent = extra[0]["loc"][:-1]
+        names = sorted({str(e["loc"][-1]) for e in extra if e["loc"][:-1] == parent})
+        if parent == ("sampling_params",) and not prefix:
+            return "unknown sampling parameter" + ("s " if len(names) > 1 else " ") + ", ".join(map(repr, names))
+        return f"unknown field(s) in {_path(parent, prefix) or 'the request body'}: {names}"
+    first = max(errors, key=lambda e: len(e["loc"]))  # max keeps the first of equals
+    where = _path(first["loc"], prefix) or "the request body"
+    kind, value = first["type"], first.get("input")
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        return f"{where} must be a JSON object, got {_shown(value)}"
+    if kind == "missing":
+        return f"{where} is required"
+    text = _MESSAGES.get(kind, first["msg"][0].lower() + first["msg"][1:])
+    return f"{where} {text.format(**first.get('ctx', {}))}, got {_shown(value)}"
+
+
+def _field_path(error: Any) -> tuple[int | str, ...]:
+    """An error's location without union tags (an unknown key, last, is kept whatever it is)."""
+    loc = tuple(error["loc"])
+    keep = loc[-1:] if error["type"] == "extra_forbidden" else ()
+    return tuple(p for p in loc[: len(loc) - len(keep)] if not _is_union_tag(p)) + keep
+
+
+def _is_union_tag(part: int | str) -> bool:
+    """pydantic names a union member in an error's location (`str`, `list[int]`, a model's
+    name); our field names are lower-case identifiers."""
+    return isinstance(part, str) and (not part.isidentifier() or not part.islower() or part in _TYPE_TAGS)
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
+
+
+_MESSAGES = {
+    "int_type": "must be an integer", "int_from_float": "must be an integer", "int_parsing": "must be an integer",
+    "float_type": "must be a number", "bool_type": "must be true or false", "string_type": "must be a string",
+    "list_type": "must be a list", "literal_error": "must be {expected}",
+    "greater_than_equal": "must be >= {ge}", "greater_than": "must be > {gt}",
+    "less_than_equal": "must be <= {le}", "less_than": "must be < {lt}",
+    "too_long": "must hold at most {max_length} items", "too_short": "must hold at least {min_length} items",
+    "string_too_long": "must be at most {max_length} characters", "string_too_short": "must not be empty",
+    "string_pattern_mismatch": "must match {pattern}", "either": "must be {expected}",
+}
+
+
+def _path(loc: Sequence[int | str], prefix: str) -> str:
+    out = prefix
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}" if out else str(part)
+    return out
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+# ---------------------------------------------------------------- /openapi.json
+JSON, SSE, TEXT = "application/json", "text/event-stream", "text/plain"
+REF = "#/components/schemas/{model}"
+
+
+@dataclass
+class Operation:
+    """The documented request body (a type) and responses of one route: status -> (description,
+    {media type: a type, or a JSON schema dict, or None for no body})."""
+
+    request: Any = None
+    responses: dict[int, tuple[str, dict[str, Any]]] = field(default_factory=dict)
+
+
+ERRORS: dict[int, str] = {
+    400: "the request is invalid: the message names the field",
+    401: "missing or wrong API key (when the server has one)",
+    404: "the model named is not served here",
+    413: "the body is larger than the limit",
+    503: "the server is shutting down or a child process died",
+}
+
+
+def error_responses(*codes: int) -> dict[int, tuple[str, dict[str, Any]]]:
+    return {code: (ERRORS[code], {JSON: ErrorResponse}) for code in codes}
+
+
+def sse_events(chunk: type[BaseModel]) -> Callable[[OpenAPIDocs], dict[str, Any]]:
+    """The schema of one event of an SSE stream (OpenAPI 3.1: a text/event-stream `schema`
+    describes each event): `data` is `[DONE]` (the last event), a JSON `chunk`, or a JSON error
+    (a request of a batch that failed after the stream began)."""
+
+    def schema(docs: OpenAPIDocs) -> dict[str, Any]:
+        def json_data(kind: type[BaseModel]) -> dict[str, Any]:
+            return {"type": "string", "contentMediaType": JSON, "contentSchema": docs.schema(kind)}
+
+        return {"type": "object", "required": ["data"], "properties": {
+            "event": {"type": "string"}, "id": {"type": "string"}, "retry": {"type": "integer"},
+            "data": {"anyOf": [{"const": "[DONE]"}, json_data(chunk), json_data(ErrorResponse)]}}}
+
+    return schema
+
+
+class OpenAPIDocs:
+    """Builds the operations' request and response documentation from the models above and puts
+    it into FastAPI's generated document (which knows paths, not bodies: the routes read and
+    validate their bodies themselves)."""
+
+    def __init__(self) -> None:
+        self.operations: dict[tuple[str, str], Operation] = {}
+        self._defs: dict[str, Any] = {}
+
+    def add(self, path: str, method: str, operation: Operation) -> None:
+        self.operations[(path, method.lower())] = operation
+
+    def schema(self, kind: Any) -> dict[str, Any]:
+        """A JSON schema of `kind`: a type (its models become named components), a schema as
+        is (a dict), or a function of these docs that makes one."""
+        if isinstance(kind, dict):
+            return kind
+        if callable(kind) and not isinstance(kind, type) and getattr(kind, "__origin__", None) is None \
+                and not hasattr(kind, "__args__"):
+            return kind(self)
+        schema = TypeAdapter(kind).json_schema(ref_template=REF, by_alias=True)
+        self._defs.update(schema.pop("$defs", {}))
+        if isinstance(kind, type) and issubclass(kind, BaseModel):  # a named component, not inlined
+            self._defs[kind.__name__] = schema
+            return {"$ref": REF.format(model=kind.__name__)}
+        return schema
+
+    def apply(self, document: dict[str, Any]) -> dict[str, Any]:
+        """`document` (FastAPI's) with every operation's bodies; an undocumented route is an error."""
+        for path, methods in document.get("paths", {}).items():
+            for method, op in methods.items():
+                doc = self.operations.get((path, method))
+                if doc is None:
+                    raise KeyError(f"{method.upper()} {path} has no documented bodies (protocol.Operation)")
+                op.pop("requestBody", None)
+                if doc.request is not None:
+                    op["requestBody"] = {"required": True, "content": {JSON: {"schema": self.schema(doc.request)}}}
+                op["responses"] = {
+                    str(code): {"description": description,
+                                **({"content": {media: {"schema": self.schema(kind)} for media, kind in
+                                                content.items() if kind is not None}}
+                                   if any(kind is not None for kind in content.values()) else {})}
+                    for code, (description, content) in sorted(doc.responses.items())
+                }
+        schemas = document.setdefault("components", {}).setdefault("schemas", {})
+        for name in ("HTTPValidationError", "ValidationError"):  # FastAPI's, unused: no route takes a body param
+            schemas.pop(name, None)
+        schemas.update(self._defs)
+        if not schemas:
+            document["components"].pop("schemas")
+        return document

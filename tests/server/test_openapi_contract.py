@@ -1,0 +1,94 @@
+"""The typed contract (issue 19, points 1 and 2): /openapi.json documents every operation's
+request body, parameters and responses with typed schemas and the right media types, and
+schemathesis, driven by that document against the tiny-model server, finds no server error and no
+response that breaks it (status code, content type, body schema; SSE events included).
+
+The long run (>= 10,000 requests) is `python -m radixlm.runtime.bench.fuzz`; this one is bounded:
+EXAMPLES per operation and generation mode, seed pinned."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+from conftest import ServerHandle
+
+from radixlm.runtime.bench.fuzz import format_runs, fuzz
+
+EXAMPLES = 25
+
+
+@pytest.fixture(scope="module")
+def document(tiny_server: ServerHandle) -> dict[str, Any]:
+    resp = httpx.get(f"{tiny_server.url}/openapi.json", timeout=60)
+    assert resp.status_code == 200
+    return resp.json()
+
+
+def resolve(document: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
+    while "$ref" in schema:
+        schema = document["components"]["schemas"][schema["$ref"].rsplit("/", 1)[-1]]
+    return schema
+
+
+def body_schemas(document: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    """(operation, where, schema) of every documented request and response body."""
+    out = []
+    for path, methods in document["paths"].items():
+        for method, op in methods.items():
+            label = f"{method.upper()} {path}"
+            for media, content in op.get("requestBody", {}).get("content", {}).items():
+                out.append((label, f"request {media}", content.get("schema", {})))
+            for status, response in op["responses"].items():
+                for media, content in response.get("content", {}).items():
+                    out.append((label, f"{status} {media}", content.get("schema", {})))
+    return out
+
+
+def test_no_body_is_untyped(document: dict[str, Any]) -> None:
+    untyped = [(label, where) for label, where, schema in body_schemas(document)
+               if not {k: v for k, v in resolve(document, schema).items() if k not in ("title", "description")}]
+    assert untyped == []
+
+
+def test_every_operation_documents_its_bodies_and_errors(document: dict[str, Any]) -> None:
+    ops = {f"{m.upper()} {p}": op for p, methods in document["paths"].items() for m, op in methods.items()}
+    assert set(ops) >= {"POST /generate", "POST /v1/completions", "POST /v1/chat/completions", "POST /abort_request",
+                        "GET /v1/models", "GET /get_model_info", "GET /get_server_info", "GET /health", "GET /metrics"}
+    for label in ("POST /generate", "POST /v1/completions", "POST /v1/chat/completions", "POST /abort_request"):
+        op = ops[label]
+        assert op["requestBody"]["required"] is True
+        assert set(op["requestBody"]["content"]) == {"application/json"}
+        error = op["responses"]["400"]["content"]["application/json"]["schema"]
+        assert error == {"$ref": "#/components/schemas/ErrorResponse"}
+        assert "422" not in op["responses"]  # FastAPI's validation error is our 400
+    for label in ("POST /generate", "POST /v1/completions", "POST /v1/chat/completions"):
+        assert set(ops[label]["responses"]["200"]["content"]) == {"application/json", "text/event-stream"}
+        event = ops[label]["responses"]["200"]["content"]["text/event-stream"]["schema"]
+        assert event["properties"]["data"]["anyOf"][0] == {"const": "[DONE]"}
+    assert set(ops["GET /metrics"]["responses"]["200"]["content"]) == {"text/plain"}
+    assert "content" not in ops["GET /health"]["responses"]["200"]  # no body, not JSON
+    schemas = document["components"]["schemas"]
+    assert schemas["GenerateReqInput"]["additionalProperties"] is False  # unknown fields: documented as refused
+    assert schemas["SamplingParamsInput"]["properties"]["top_p"]["exclusiveMinimum"] == 0.0
+    assert {"HTTPValidationError", "ValidationError"}.isdisjoint(schemas)
+
+
+def test_the_served_document_is_the_one_the_factory_builds(document: dict[str, Any]) -> None:
+    from test_hardening_input import openapi_document
+
+    assert document == openapi_document()
+
+
+def test_schemathesis_finds_no_server_error_and_no_broken_response(tiny_server: ServerHandle) -> None:
+    runs = fuzz(tiny_server.url, EXAMPLES, seed=0)
+    table = "\n".join(format_runs(runs))
+    failures = [f"{run.label} [{run.mode}]: {failure}" for run in runs for failure in run.failures]
+    assert failures == [], table + "\n\n" + "\n\n".join(failures[:5])
+    positive = {run.label: run for run in runs if run.mode == "positive"}
+    assert len(positive) == len({run.label for run in runs}) >= 12
+    assert all(run.num_requests >= 1 for run in positive.values()), table
+    bodies = [run for run in runs if run.label.startswith("POST /") and run.label != "POST /flush_cache"]
+    assert all(run.num_requests >= EXAMPLES // 2 for run in bodies), table  # both modes really sent bodies
+    assert any(200 in run.statuses for run in positive.values() if run.label == "POST /v1/chat/completions"), table

@@ -59,6 +59,9 @@ class ServerArgs:
     tool_call_parser: str = "auto"
     enable_metrics: bool = True
     incremental_streaming_output: bool = False  # stream chunks carry new text / ids only
+    timeout_header: float = 10.0  # seconds to receive a request line and headers
+    timeout_body: float = 30.0  # seconds a request body may go without a byte
+    max_connections: int = 512  # open HTTP connections; one more gets 503
 
     def __post_init__(self) -> None:
         if self.device != "cpu":
@@ -81,6 +84,11 @@ class ServerArgs:
             raise ValueError(f"context_length must be >= 2, got {self.context_length}")
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        for name in ("timeout_header", "timeout_body"):
+            if not 0 < getattr(self, name) < float("inf"):
+                raise ValueError(f"{name} must be a positive number of seconds, got {getattr(self, name)}")
+        if self.max_connections < 1:
+            raise ValueError(f"max_connections must be >= 1, got {self.max_connections}")
         if self.grammar_backend not in GRAMMAR_BACKENDS:
             raise ValueError(f"grammar_backend must be one of {', '.join(GRAMMAR_BACKENDS)}, got {self.grammar_backend!r}")
         if self.tool_call_parser not in ("auto", "hermes", "json"):
@@ -162,6 +170,14 @@ HELP = {
     "enable_metrics": "serve Prometheus metrics at /metrics",
     "incremental_streaming_output": "native stream chunks carry only their new text and output_ids "
     "(default: cumulative, as SGLang streams them)",
+    "timeout_header": "seconds a client has to send a request's line and headers, counted from the connection's "
+    "opening (or, on a keep-alive connection, from the request's first byte); then the connection is closed, "
+    "with a 408 if part of them arrived (default 10)",
+    "timeout_body": "seconds a request body may go without receiving a byte (an idle time, so a slow but steady "
+    "upload still works); then 408 and the connection is closed (default 30)",
+    "max_connections": "HTTP connections open at once, idle and half-sent ones included; a connection opened while "
+    "this many are open gets 503 at once and is closed (default 512; uvicorn's limit_concurrency is not used: it counts "
+    "open connections and running requests only when a request arrives, and refuses whichever request asks)",
     "disable_cpu_kernels": "run decode steps as torch ops instead of the C++ AVX-512 kernels (DecodeStack, packed linear)",
     "grammar_backend": "compiles regex / JSON-schema / EBNF constraints: outlines (token DFA; no EBNF, recursive $ref "
     "expanded 3 times per path), xgrammar or llguidance (context-free: EBNF via `ebnf`, recursive $ref to any depth); "

@@ -1,6 +1,6 @@
 """`radixlm serve` / `python -m radixlm.runtime.server.serve`: start the three processes and the HTTP server.
 
-  main process   FastAPI on uvicorn (uvloop) + TokenizerManager
+  main process   FastAPI on uvicorn (uvloop, h11 with the timeouts and cap of http_protocol.py) + TokenizerManager
   scheduler      model, KV pool, radix cache, scheduler loop      (run_scheduler_process)
   detokenizer    incremental detokenization                       (run_detokenizer_process)
 joined by zmq over ipc:// sockets in a private temp directory. A watchdog fails every request
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 import multiprocessing as mp
 import signal
@@ -85,6 +86,7 @@ def _serve_http(args: ServerArgs, paths: Any, children: dict[str, BaseProcess], 
 
     from radixlm.runtime.model.model_config import ModelConfig
     from radixlm.runtime.model.model_files import resolve_model_path
+    from radixlm.runtime.server.http_protocol import TimedH11Protocol
     from radixlm.runtime.server.http_server import create_app
     from radixlm.runtime.server.metrics import Metrics
     from radixlm.runtime.server.tokenizer_manager import TokenizerManager
@@ -103,9 +105,11 @@ def _serve_http(args: ServerArgs, paths: Any, children: dict[str, BaseProcess], 
                               args.grammar_backend)
         tm.start()
         app = create_app(tm, args.api_key, enable_metrics=args.enable_metrics, tool_call_parser=args.tool_call_parser)
+        protocol = functools.partial(TimedH11Protocol, timeout_header=args.timeout_header,
+                                     timeout_body=args.timeout_body, max_connections=args.max_connections)
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level.lower(),
                                 access_log=args.log_level.lower() == "debug", lifespan="off",
-                                timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
+                                timeout_graceful_shutdown=SHUTDOWN_GRACE_S, http=protocol)  # type: ignore[arg-type]
         server = uvicorn.Server(config)
 
         async def watchdog() -> None:

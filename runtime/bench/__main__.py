@@ -27,6 +27,9 @@ With --neighbour: every system runs the W workloads quiet, then beside one CPU-b
 Python busy loop); the table gives both figures and each system's slowdown.
 With --serving: N concurrent streaming HTTP clients replay W2 and W3 against a server (request
 throughput, output tok/s, TTFT and inter-token latency p50/p99); see radixlm.runtime.bench.serving.
+With --grammar: after the other tables, the grammar table of radixlm.runtime.bench.grammar (per
+grammar backend: compile times, mask time, W4 on the first of --dtypes with --repeats, and schema
+coverage; --grammar-quick for a smoke run; --workloads '' for that table alone).
 Each figure is the median of --repeats runs after one warm-up; the table gives our/baseline ratios.
 """
 
@@ -40,6 +43,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from radixlm.runtime.bench import grammar as grammar_bench
 from radixlm.runtime.bench import workloads as wl
 from radixlm.runtime.bench.llamacpp_peer import (
     LlamaCppPeer,
@@ -79,11 +83,13 @@ _W4_ENGINE_FLAGS: dict[str, dict[str, Any]] = {
 class Ours:
     name = "radixlm"
 
-    def __init__(self, dtype: str):
+    def __init__(self, dtype: str, **engine_flags: Any):
+        """`engine_flags`: more Engine arguments (e.g. grammar_backend) for every engine of this system."""
         from radixlm.runtime.engine import Engine
 
         self.dtype = dtype
-        self.engine = Engine(dtype=dtype)
+        self.engine_flags: dict[str, Any] = {"dtype": dtype, **engine_flags}
+        self.engine = Engine(**self.engine_flags)
         self.encode = self.engine.tokenizer.encode
         self._mode_engines: dict[str, Engine] = {}  # W4 modes with flags of their own (made when needed)
 
@@ -110,7 +116,7 @@ class Ours:
         if mode not in self._mode_engines:
             from radixlm.runtime.engine import Engine
 
-            self._mode_engines[mode] = Engine(dtype=self.dtype, **_W4_ENGINE_FLAGS[mode])
+            self._mode_engines[mode] = Engine(**self.engine_flags, **_W4_ENGINE_FLAGS[mode])
         return self._mode_engines[mode]
 
     def jump_forward_tokens(self, mode: str) -> int:
@@ -121,6 +127,10 @@ class Ours:
         for engine in self._mode_engines.values():
             engine.shutdown()
         self._mode_engines.clear()
+
+    def shutdown(self) -> None:
+        self.close_extra_engines()
+        self.engine.shutdown()
 
 
 class Transformers:
@@ -186,7 +196,7 @@ def run_system(system: Ours | Transformers | LlamaCppPeer, workloads: list[str],
         modes = W4_MODES if isinstance(system, Ours) else system.w4_modes if isinstance(
             system, LlamaCppPeer) else ("unconstrained",)
         for mode in modes:
-            out.update(_run_w4(system, mode))
+            out.update(run_w4(system, mode))
         if isinstance(system, Ours):
             system.close_extra_engines()
     if "W5" in workloads:
@@ -196,7 +206,7 @@ def run_system(system: Ours | Transformers | LlamaCppPeer, workloads: list[str],
     return out
 
 
-def _run_w4(system: Ours | Transformers | LlamaCppPeer, mode: str) -> Result:
+def run_w4(system: Ours | Transformers | LlamaCppPeer, mode: str) -> Result:
     """W4: the 16 extractions one after another; seconds per request and how many are valid
     (strict: the whole output parses and matches the schema; unconstrained output is also
     checked leniently, from its first '{')."""
@@ -248,12 +258,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=32, help="serving mode: concurrent clients")
     parser.add_argument("--neighbour", action="store_true", help="run every system quiet, then beside one "
                         "CPU-bound process, and print both and each system's slowdown")
+    parser.add_argument("--grammar", action="store_true", help="after the other tables, the grammar table "
+                        "(radixlm.runtime.bench.grammar; its flags below as --grammar-*)")
+    grammar_bench.add_cli_args(parser.add_argument_group("grammar table"), prefix="grammar-")
     parser.add_argument("--peers", default="", help="comma-separated peers beside transformers: llama.cpp "
                         "(needs `make bench-peers`)")
     parser.add_argument("--peer-configs", default="full", help="llama.cpp configurations: full (dtype bf16/q8_0/q4_1 "
                         "x batch 16/32 x flash attention on/off x n_ubatch 512/2048), quick (bf16, q8_0, q4_1 at "
                         "32:on:512) or DTYPE:BATCH:FA:UBATCH,... with * for all (dtypes also f32, f16)")
     args = parser.parse_args(argv)
+    try:
+        grammar_config = grammar_bench.config_from_args(args, prefix="grammar-", repeats=args.repeats,
+                                                        dtype=args.dtypes.split(",")[0])
+    except ValueError as e:
+        parser.error(str(e))
     if args.serving:
         from radixlm.runtime.bench.serving import run_serving
 
@@ -262,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(2)
-    workloads = args.workloads.split(",")
+    workloads = [w for w in args.workloads.split(",") if w]
     unknown = [w for w in workloads if w not in ("W1", "W2", "W3", "W4", "W5", "F1", "F2", "F3", "F4")]
     if unknown:
         parser.error(f"unknown workloads: {', '.join(unknown)}")
@@ -297,6 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     if peer_configs and engine_workloads:
         peer = run_llamacpp(engine_workloads, peer_configs, args.repeats, run_system)
         print_peer_summary(ours_by_dtype, base_by_dtype, peer)
+    if args.grammar:
+        grammar_bench.print_table(grammar_config)
     return 0
 
 

@@ -92,3 +92,23 @@ def test_schemathesis_finds_no_server_error_and_no_broken_response(tiny_server: 
     bodies = [run for run in runs if run.label.startswith("POST /") and run.label != "POST /flush_cache"]
     assert all(run.num_requests >= EXAMPLES // 2 for run in bodies), table  # both modes really sent bodies
     assert any(200 in run.statuses for run in positive.values() if run.label == "POST /v1/chat/completions"), table
+
+
+def test_an_integral_float_is_an_integer_and_a_string_is_not(tiny_server: ServerHandle) -> None:
+    """JSON has one number type: 2.0 is taken as 2 for an integer field (JSON Schema agrees); 2.5,
+    "2" and true are refused, naming the field."""
+    url = tiny_server.url
+    ok = httpx.post(f"{url}/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 2.0, "ignore_eos": True}},
+                    timeout=60)
+    assert ok.status_code == 200, ok.text
+    assert ok.json()["meta_info"]["completion_tokens"] == 2
+    chat = httpx.post(f"{url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                            "max_tokens": 3.0, "ignore_eos": True, "n": 1.0}, timeout=60)
+    assert chat.status_code == 200, chat.text
+    assert chat.json()["usage"]["completion_tokens"] == 3
+    for value, says in ((2.5, "must be an integer"), ("2", "must be an integer"), (True, "must be an integer")):
+        bad = httpx.post(f"{url}/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": value}}, timeout=60)
+        assert bad.status_code == 400
+        assert bad.json()["error"]["message"].startswith(f"sampling_params.max_new_tokens {says}"), bad.text
+    bad = httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": "3"}, timeout=60)
+    assert bad.status_code == 400 and bad.json()["error"]["message"].startswith("max_tokens must be an integer")

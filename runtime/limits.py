@@ -41,9 +41,7 @@ MAX_SCHEMA_REGEX_CHARS = 1_000_000
 # A token index still building after this long is killed and its request refused (400).
 # Override with RADIXLM_GRAMMAR_COMPILE_TIMEOUT (seconds).
 GRAMMAR_COMPILE_TIMEOUT_S = 60.0
-# Address space of one index-building process. Up to four run at once (two in the fast lane, two
-# in the slow one), so hostile regexes can hold at most 8 GiB between them.
-GRAMMAR_COMPILE_MAX_MEMORY_BYTES = 2 * 1024**3
+GRAMMAR_COMPILE_MAX_MEMORY_BYTES = 4 * 1024**3  # address space of the index-building process
 
 
 def json_depth(value: object, limit: int) -> int:

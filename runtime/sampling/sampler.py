@@ -3,8 +3,9 @@
 Flow of one decode step (the sampler's part):
   SamplingBatch.build(params, num_output_tokens, ..., output_token_counts=...)   once per step
   sample(logits[B, V], batch, vocab_mask=...)       after the model's forward
-    1. vocab_mask (constrained decoding)       masked-out tokens -> -inf
-    2. penalties: frequency, presence (additive), then repetition (scaling), output tokens only
+    1. penalties: frequency, presence (additive), then repetition (scaling), output tokens only;
+       the results clamped finite (a repetition penalty that is 0 in float32 divides by 0)
+    2. vocab_mask (constrained decoding)       masked-out tokens -> -inf
     3. min_new_tokens: EOS and stop_token_ids -> -inf while too few tokens were generated
     4. all-greedy batch: argmax, done
     5. temperature; softmax; top-k / top-p / min-p filtering (only if some row uses them)
@@ -314,6 +315,9 @@ def _exponential_noise(
     return noise.clamp_(min=torch.finfo(noise.dtype).tiny)
 
 
+MAX_LOGIT = 1e30  # divided by the smallest non-greedy temperature (1e-6), still finite in float32
+
+
 def _adjusted_logits(
     logits: torch.Tensor, batch: SamplingBatch, vocab_mask: torch.Tensor | None
 ) -> torch.Tensor:
@@ -321,8 +325,6 @@ def _adjusted_logits(
     if vocab_mask is None and not batch.need_penalties and batch.banned_rows is None:
         return logits.float()
     logits = logits.to(torch.float32, copy=True)
-    if vocab_mask is not None:
-        logits.masked_fill_(~vocab_mask, float("-inf"))
     if batch.output_token_counts is not None:
         assert batch.frequency_penalties is not None and batch.presence_penalties is not None
         assert batch.repetition_penalties is not None
@@ -333,6 +335,11 @@ def _adjusted_logits(
             batch.presence_penalties,
             batch.repetition_penalties,
         )
+        # A repetition penalty near 0 (valid: (0, 2]) is 0 in float32: logit / 0 = inf, and
+        # inf / temperature or inf - inf in the softmax would be NaN. Keep every logit finite.
+        logits.nan_to_num_(nan=float("-inf"), posinf=MAX_LOGIT).clamp_(max=MAX_LOGIT)
+    if vocab_mask is not None:  # after the penalties, which must not turn a masked -inf into NaN
+        logits.masked_fill_(~vocab_mask, float("-inf"))
     if batch.banned_rows is not None and batch.banned_ids is not None:
         logits[batch.banned_rows, batch.banned_ids] = float("-inf")
     return logits

@@ -22,6 +22,7 @@ what token-by-token decoding gives. The K/V of the rejected draft tokens is free
 
 from __future__ import annotations
 
+import logging
 from concurrent import futures
 from dataclasses import dataclass, replace
 
@@ -51,6 +52,8 @@ GRAMMAR_POLL_S = 0.005
 INIT_NEW_TOKEN_RATIO = 0.7
 MIN_NEW_TOKEN_RATIO = 0.1
 NEW_TOKEN_RATIO_DECAY = 0.002
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -360,7 +363,12 @@ class Scheduler:
             return
         reason = req.finish_reason
         if reason is None:
-            req.grammar.accept_token(token)
+            try:
+                req.grammar.accept_token(token)
+            except ValueError as e:  # a sampler bug must cost this request, not the server
+                logger.error("request %s: the grammar refused the sampled token %d: %s", req.rid, token, e)
+                req.finish_reason = FinishReason("abort", message=f"internal error: the grammar refused token {token}")
+                return
             if req.grammar.is_terminated():  # nothing but EOS could follow: done
                 req.finish_reason = FinishReason("stop", None)
         elif reason.type == "length" and req.budget == 0 and req.budget_steered:

@@ -112,3 +112,15 @@ def test_an_integral_float_is_an_integer_and_a_string_is_not(tiny_server: Server
         assert bad.json()["error"]["message"].startswith(f"sampling_params.max_new_tokens {says}"), bad.text
     bad = httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": "3"}, timeout=60)
     assert bad.status_code == 400 and bad.json()["error"]["message"].startswith("max_tokens must be an integer")
+
+
+def test_a_vanishing_repetition_penalty_under_a_grammar_is_served(tiny_server: ServerHandle) -> None:
+    """Found by the long fuzz run: repetition_penalty 5e-324 (valid, in (0, 2]) is 0 in float32;
+    penalized logits became inf and masked ones NaN, the sampler picked a token the grammar
+    refuses, and the scheduler process died. Now the logits stay finite and the output valid."""
+    for extra in ({"json_schema": {"type": "array", "items": {"type": "integer"}}}, {"temperature": 0.5}):
+        resp = httpx.post(f"{tiny_server.url}/v1/chat/completions", timeout=120, json={
+            "messages": [{"role": "user", "content": "hi"}], "repetition_penalty": 5e-324, "max_tokens": 24,
+            "min_tokens": 8, **extra})
+        assert resp.status_code == 200, resp.text
+    assert httpx.get(f"{tiny_server.url}/health", timeout=60).status_code == 200

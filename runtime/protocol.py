@@ -608,20 +608,13 @@ def error_responses(*codes: int) -> dict[int, tuple[str, dict[str, Any]]]:
     return {code: (ERRORS[code], {JSON: ErrorResponse}) for code in codes}
 
 
-def sse_events(chunk: type[BaseModel]) -> Callable[[OpenAPIDocs], dict[str, Any]]:
-    """The schema of one event of an SSE stream (OpenAPI 3.1: a text/event-stream `schema`
-    describes each event): `data` is `[DONE]` (the last event), a JSON `chunk`, or a JSON error
-    (a request of a batch that failed after the stream began)."""
+@dataclass(frozen=True)
+class SseEvents:
+    """An SSE body: each event's `data` is `[DONE]` (the last event), a JSON `chunk`, or a JSON
+    error (a request of a batch that failed after the stream began). In OpenAPI 3.1 a
+    text/event-stream `schema` describes one event."""
 
-    def schema(docs: OpenAPIDocs) -> dict[str, Any]:
-        def json_data(kind: type[BaseModel]) -> dict[str, Any]:
-            return {"type": "string", "contentMediaType": JSON, "contentSchema": docs.schema(kind)}
-
-        return {"type": "object", "required": ["data"], "properties": {
-            "event": {"type": "string"}, "id": {"type": "string"}, "retry": {"type": "integer"},
-            "data": {"anyOf": [{"const": "[DONE]"}, json_data(chunk), json_data(ErrorResponse)]}}}
-
-    return schema
+    chunk: type[BaseModel]
 
 
 class OpenAPIDocs:
@@ -638,18 +631,22 @@ class OpenAPIDocs:
 
     def schema(self, kind: Any) -> dict[str, Any]:
         """A JSON schema of `kind`: a type (its models become named components), a schema as
-        is (a dict), or a function of these docs that makes one."""
+        is (a dict), or SSE events."""
         if isinstance(kind, dict):
             return kind
-        if callable(kind) and not isinstance(kind, type) and getattr(kind, "__origin__", None) is None \
-                and not hasattr(kind, "__args__"):
-            return kind(self)
+        if isinstance(kind, SseEvents):
+            return {"type": "object", "required": ["data"], "properties": {
+                "event": {"type": "string"}, "id": {"type": "string"}, "retry": {"type": "integer"},
+                "data": {"anyOf": [{"const": "[DONE]"}, self._json_text(kind.chunk), self._json_text(ErrorResponse)]}}}
         schema = TypeAdapter(kind).json_schema(ref_template=REF, by_alias=True)
         self._defs.update(schema.pop("$defs", {}))
         if isinstance(kind, type) and issubclass(kind, BaseModel):  # a named component, not inlined
             self._defs[kind.__name__] = schema
             return {"$ref": REF.format(model=kind.__name__)}
         return schema
+
+    def _json_text(self, kind: type[BaseModel]) -> dict[str, Any]:
+        return {"type": "string", "contentMediaType": JSON, "contentSchema": self.schema(kind)}
 
     def apply(self, document: dict[str, Any]) -> dict[str, Any]:
         """`document` (FastAPI's) with every operation's bodies; an undocumented route is an error."""

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -120,3 +122,24 @@ def runner_decode(runner: Any, rows: list[int], seqs: list[list[int]], positions
     for row, pos, slot in zip(rows, positions, slots):
         runner.req_to_token_pool.write(row, pos, slot.view(1))
     return runner.forward(ForwardBatch.decode(rows, [p + 1 for p in positions], [s[p] for s, p in zip(seqs, positions)], slots))
+
+
+def wait_until(condition: Callable[[], bool], what: str, limit_s: float = 120.0) -> None:
+    """Poll until `condition()` holds: the test waits for the event itself; `limit_s` only turns a
+    hang into a failure naming `what`, it bounds no speed."""
+    deadline = time.monotonic() + limit_s
+    while not condition():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.01)
+
+
+def accepts_text(compiled: Any, tokenizer: Any, text: str) -> bool:
+    """Whether a fresh state of a compiled grammar takes `text` (as the tokenizer encodes it), then EOS."""
+    state = compiled.new_state()
+    try:
+        for token_id in tokenizer.encode(text):
+            state.accept_token(token_id)
+        state.accept_token(tokenizer.eos_token_id)
+    except ValueError:
+        return False
+    return True

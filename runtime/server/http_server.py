@@ -36,9 +36,9 @@ from radixlm.runtime.protocol import (
     OpenAPIDocs,
     Operation,
     ServerInfo,
+    SseEvents,
     error_responses,
     parse_body,
-    sse_events,
 )
 from radixlm.runtime.request_io import GenerateRequest, PreparedRequest, RequestError, parse_generate
 from radixlm.runtime.request_output import OutputChunk
@@ -275,7 +275,7 @@ def document_native_routes(docs: OpenAPIDocs, secured: bool) -> None:
         404: ("metrics are disabled", {TEXT: {"type": "string"}}), **error_responses(*auth)}))
     docs.add("/generate", "post", Operation(GenerateReqInput, {
         200: ("the result (a list for a batch or n > 1); with stream, server-sent events",
-              {JSON: GenerateOutput | list[GenerateOutput], SSE: sse_events(GenerateOutput)}),
+              {JSON: GenerateOutput | list[GenerateOutput], SSE: SseEvents(GenerateOutput)}),
         **error_responses(400, 413, 503, *auth)}))
 
 

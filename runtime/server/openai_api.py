@@ -41,9 +41,9 @@ from radixlm.runtime.protocol import (
     OpenAPIDocs,
     Operation,
     SamplingFields,
+    SseEvents,
     error_responses,
     parse_body,
-    sse_events,
 )
 from radixlm.runtime.request_io import GenerateRequest, PreparedRequest, RequestError, expand_copies
 from radixlm.runtime.server.tokenizer_manager import TokenizerManager
@@ -180,7 +180,7 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
             ("/v1/completions", CompletionRequest, CompletionResponse, CompletionChunk),
             ("/v1/chat/completions", ChatRequest, ChatCompletionResponse, ChatCompletionChunk)):
         docs.add(path, "post", Operation(request_model, {
-            200: ("the completion; with stream, server-sent events", {JSON: response_model, SSE: sse_events(chunk)}),
+            200: ("the completion; with stream, server-sent events", {JSON: response_model, SSE: SseEvents(chunk)}),
             **error_responses(400, 404, 413, 503, *auth)}))
 
     def check_model(name: str | None) -> None:

@@ -29,6 +29,7 @@ import outlines_core
 import pytest
 import torch
 from grammar_backends_testing import ENDS_BEFORE_EOS, GRAMMAR_BACKENDS, Backend, grammar_backend
+from radixlm_testing import accepts_text
 
 from radixlm.runtime.bench.workloads import W4_SCHEMA
 from radixlm.runtime.constrained import GrammarError, backends
@@ -582,18 +583,6 @@ BAD_SPECS: list[tuple[str, object, dict[str, str], tuple[str, str] | None]] = [
         "outlines": "pattern at #", "xgrammar": "Unclosed '['", "llguidance": "regex parse error"}, None),
     ("choices", [], _everywhere("non-empty"), None),
 ]
-def _accepts(compiled: Any, tokenizer: Tokenizer, text: str) -> bool:
-    """Whether a fresh state of `compiled` takes `text` (tokenized as the tokenizer does) then EOS."""
-    grammar = compiled.new_state()
-    try:
-        for token_id in tokenizer.encode(text):
-            grammar.accept_token(token_id)
-        grammar.accept_token(tokenizer.eos_token_id)
-    except ValueError:
-        return False
-    return True
-
-
 @pytest.mark.parametrize("row", range(len(BAD_SPECS)), ids=[f"{kind}-{json.dumps(spec)}" for kind, spec, *_ in BAD_SPECS])
 def test_bad_specs_raise_at_validation(row: int, backend_name: str, backend: Backend, tokenizer: Tokenizer) -> None:
     """A spec a backend cannot serve is refused with its reason at the door (`backends.validate`,
@@ -610,7 +599,7 @@ def test_bad_specs_raise_at_validation(row: int, backend_name: str, backend: Bac
     backends.validate(backend_name, kind, spec)
     compiled = backend.get(kind, spec).result(timeout=30)
     forbidden, allowed = outputs
-    assert (_accepts(compiled, tokenizer, forbidden), _accepts(compiled, tokenizer, allowed)) == (False, True)
+    assert (accepts_text(compiled, tokenizer, forbidden), accepts_text(compiled, tokenizer, allowed)) == (False, True)
 
 
 def test_unknown_kinds_are_refused(backend_name: str, backend: Backend) -> None:

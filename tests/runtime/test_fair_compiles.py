@@ -10,12 +10,11 @@ until the 4 GB cap), so only a timeout or a shutdown ends it within a test.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
+from radixlm_testing import accepts_text, wait_until
 
 from radixlm.runtime.constrained import GrammarBackend, GrammarError
 from radixlm.runtime.tokenizer import Tokenizer
@@ -33,27 +32,13 @@ def tokenizer(default_model_dir: Path) -> Tokenizer:
     return Tokenizer(default_model_dir)
 
 
-def wait_until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        time.sleep(0.01)  # polling, not ordering: each check waits for the event itself
-
-
 def assert_reaped(pids: list[int]) -> None:
     """Every pid gone: killed and reaped (a zombie would still have its /proc entry)."""
     wait_until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in pids), f"children {pids} reaped")
 
 
 def accepts(future: Future, tokenizer: Tokenizer, text: str) -> bool:
-    grammar = future.result(timeout=WAIT_S).new_state()
-    try:
-        for token_id in tokenizer.encode(text):
-            grammar.accept_token(token_id)
-        grammar.accept_token(tokenizer.eos_token_id)
-    except ValueError:
-        return False
-    return True
+    return accepts_text(future.result(timeout=WAIT_S), tokenizer, text)
 
 
 def test_a_cheap_grammar_overtakes_two_slow_ones(tokenizer: Tokenizer) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import socket
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -20,6 +19,7 @@ import h11
 import httpx
 import pytest
 from conftest import ServerHandle, start_server
+from radixlm_testing import wait_until
 
 from radixlm.runtime.server.http_protocol import error_response
 from radixlm.runtime.server_args import ServerArgs, add_cli_args, from_cli_args
@@ -126,11 +126,7 @@ def server_connection_count(server: ServerHandle) -> int:
 
 def wait_connection_count(server: ServerHandle, expected: int) -> None:
     """Poll until the server holds `expected` connections (an event, not a delay: fails only if it never happens)."""
-    for _ in range(600):
-        if server_connection_count(server) == expected:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"the server holds {server_connection_count(server)} connections, expected {expected}")
+    wait_until(lambda: server_connection_count(server) == expected, f"the server holding {expected} connections")
 
 
 def test_flags_parse_with_defaults() -> None:

@@ -34,6 +34,7 @@ MAX_REGEX_CHARS = 64 * 1024  # a regex as the client sends it
 MAX_REGEX_POSITIONS = 20_000
 MAX_SCHEMA_CHARS = 256 * 1024  # a JSON schema as JSON text
 MAX_SCHEMA_DEPTH = 64  # nesting of a JSON schema document
+MAX_EBNF_CHARS = 256 * 1024  # an `ebnf` grammar's text (xgrammar / llguidance)
 MAX_SCHEMA_BOUND = 10**30  # |minimum|, |maximum| (their range regexes grow with the digits)
 # The regex a JSON schema turns into (estimated before it is built: optional properties and array
 # items are repeated in it, so nesting multiplies its size).

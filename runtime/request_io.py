@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from radixlm.runtime.constrained.backends import DEFAULT_GRAMMAR_BACKEND
 from radixlm.runtime.constrained.backends import validate as validate_grammar
 from radixlm.runtime.constrained.grammar import GrammarError
 from radixlm.runtime.errors import RequestError
@@ -126,7 +127,7 @@ class RequestValidator:
     length and KV pool size)."""
 
     def __init__(self, tokenizer: Tokenizer, context_len: int, vocab_size: int, max_total_tokens: int,
-                 grammar_backend: str = "outlines"):
+                 grammar_backend: str = DEFAULT_GRAMMAR_BACKEND):
         self.tokenizer = tokenizer
         self.grammar_backend = grammar_backend
         self.context_len = context_len

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from radixlm.kernels import cpu_linear
-from radixlm.runtime.constrained.backends import GRAMMAR_BACKENDS
+from radixlm.runtime.constrained.backends import DEFAULT_GRAMMAR_BACKEND, GRAMMAR_BACKENDS
 from radixlm.runtime.envs import RADIXLM_CPU_AUTO_DTYPE
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -44,8 +44,8 @@ class ServerArgs:
     schedule_policy: str = "lpm"
     disable_radix_cache: bool = False
     disable_jump_forward: bool = False
-    constrained_json_whitespace_pattern: str | None = None  # None: outlines-core's `[ ]?`
-    grammar_backend: str = "outlines"
+    constrained_json_whitespace_pattern: str | None = None  # outlines only; None: outlines-core's `[ ]?`
+    grammar_backend: str = DEFAULT_GRAMMAR_BACKEND
     disable_cpu_kernels: bool = False
     disable_adaptive_threads: bool = False
     random_seed: int | None = None
@@ -91,6 +91,9 @@ class ServerArgs:
             raise ValueError(f"max_connections must be >= 1, got {self.max_connections}")
         if self.grammar_backend not in GRAMMAR_BACKENDS:
             raise ValueError(f"grammar_backend must be one of {', '.join(GRAMMAR_BACKENDS)}, got {self.grammar_backend!r}")
+        if self.constrained_json_whitespace_pattern is not None and self.grammar_backend != "outlines":
+            raise ValueError("constrained_json_whitespace_pattern applies to the outlines grammar backend only "
+                             f"(grammar_backend is {self.grammar_backend}); add --grammar-backend outlines")
         if self.tool_call_parser not in ("auto", "hermes", "json"):
             raise ValueError(f"tool_call_parser must be auto, hermes or json, got {self.tool_call_parser!r}")
         if self.constrained_json_whitespace_pattern is not None:
@@ -180,7 +183,7 @@ HELP = {
     "open connections and running requests only when a request arrives, and refuses whichever request asks)",
     "disable_cpu_kernels": "run decode steps as torch ops instead of the C++ AVX-512 kernels (DecodeStack, packed linear)",
     "grammar_backend": "compiles regex / JSON-schema / EBNF constraints: outlines (token DFA; no EBNF, recursive $ref "
-    "expanded 3 times per path), xgrammar or llguidance (context-free: EBNF via `ebnf`, recursive $ref to any depth); "
+    "expanded 3 times per path), xgrammar (the default) or llguidance (context-free: EBNF via `ebnf`, recursive $ref to any depth); "
     "all close output within max_new_tokens",
     "disable_adaptive_threads": "on CPU, keep torch's thread count fixed instead of using only the cores other processes "
     "leave free (runtime/model/cpu_threads.py)",

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from radixlm.runtime.constrained.backends import GRAMMAR_BACKENDS
+from radixlm.runtime.constrained.backends import DEFAULT_GRAMMAR_BACKEND, GRAMMAR_BACKENDS
 from radixlm.runtime.constrained.grammar import GrammarBackend
 from radixlm.runtime.constrained.llguidance_backend import LLGuidanceBackend
 from radixlm.runtime.constrained.xgrammar_backend import XGrammarBackend
@@ -39,10 +39,10 @@ def grammar_backend(name: str, tokenizer: Any, vocab_size: int, **kwargs: Any) -
 
 @contextmanager
 def backend_engine(name: str, tiny_engine: Any, tiny_model_dir: Path, **kwargs: Any) -> Iterator[Any]:
-    """The suite's tiny engine for outlines (the default backend) without `kwargs`, else an Engine
-    on the same tiny model with `--grammar-backend name` and `kwargs`, shut down afterwards."""
-    if name == "outlines" and not kwargs:
-        assert tiny_engine.server_args.grammar_backend == "outlines"
+    """The suite's tiny engine for the default backend without `kwargs`, else an Engine on the
+    same tiny model with `--grammar-backend name` and `kwargs`, shut down afterwards."""
+    if name == DEFAULT_GRAMMAR_BACKEND and not kwargs:
+        assert tiny_engine.server_args.grammar_backend == name
         yield tiny_engine
         return
     from radixlm.runtime.engine import Engine

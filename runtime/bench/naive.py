@@ -6,7 +6,7 @@ batching: each `gen` is one `model.generate` call (greedy) over the state's whol
 `select` runs one forward per choice over prompt + choice, `cache_prefix` (fork, run_batch) does
 nothing, and a lock lets one call at a time use the model, so concurrent program instances never
 share a batch. `json_schema` / `regex` gens are masked token by token with the same compiled
-grammar (outlines-core) radixlm uses, built without jump-forward, as outlines does over
+grammar engine radixlm uses by default, built without jump-forward, as outlines does over
 transformers. Only greedy decoding is supported (pass temperature=0): the baseline exists to be
 compared with radixlm output for output.
 
@@ -116,7 +116,7 @@ class NaiveTransformersBackend(Backend):
             pad_token_id=self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_token_ids[0],
         )
         processors = LogitsProcessorList([_GrammarMask(grammar, len(ids), config.max_new_tokens)] if grammar else [])
-        criteria = StoppingCriteriaList([_StopCheck(self.tokenizer, len(ids), stops, grammar)] if stops or grammar else [])
+        criteria = StoppingCriteriaList([_StopCheck(self.tokenizer, len(ids), stops, grammar, self.eos_token_ids)] if stops or grammar else [])
         with torch.inference_mode():
             out = self.model.generate(
                 input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config,
@@ -140,12 +140,13 @@ class NaiveTransformersBackend(Backend):
         if not sampling.json_schema and not sampling.regex:
             return None
         if self._grammar_backend is None:
-            from radixlm.runtime.constrained.grammar import GrammarBackend
+            from radixlm.runtime.constrained import backends
             from radixlm.runtime.tokenizer import Tokenizer
 
-            self._grammar_backend = GrammarBackend(
-                Tokenizer(self.model_path), self.model.config.vocab_size, enable_jump_forward=False
-            )
+            # the server's default engine, so both systems produce the same outputs
+            self._grammar_backend = backends.create(
+                backends.DEFAULT_GRAMMAR_BACKEND, Tokenizer(self.model_path), self.model.config.vocab_size,
+                num_workers=1, enable_jump_forward=False, whitespace_pattern=None)
         kind, spec = ("json_schema", sampling.json_schema) if sampling.json_schema else ("regex", sampling.regex)
         return self._grammar_backend.get(kind, spec).result().new_state()  # type: ignore[no-any-return]
 
@@ -170,17 +171,28 @@ class _GrammarMask(LogitsProcessor):
         self.max_new_tokens = max_new_tokens
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        allowed = torch.zeros(self.grammar.compiled.vocab_size, dtype=torch.bool)
-        self.grammar.fill_vocab_mask(allowed, self.max_new_tokens - (input_ids.shape[1] - self.prompt_len))
-        return scores.masked_fill(~allowed[: scores.shape[-1]], float("-inf"))
+        budget = self.max_new_tokens - (input_ids.shape[1] - self.prompt_len)
+        allowed = torch.zeros((1, self.grammar.compiled.vocab_size), dtype=torch.bool)
+        self.grammar.fill_vocab_masks(allowed, [], budget)
+        scores = scores.masked_fill(~allowed[0, : scores.shape[-1]], float("-inf"))
+        # an engine that steers after sampling (as the scheduler's `_steer_by_budget`): the greedy
+        # token, replaced by the grammar's closing token when it could not finish after it
+        greedy = int(scores[0].argmax())
+        steered = self.grammar.budget_token(greedy, budget)
+        if steered != greedy:
+            scores = torch.full_like(scores, float("-inf"))
+            scores[:, steered] = 0.0
+        return scores
 
 
 class _StopCheck(StoppingCriteria):
     """Stopping criterion: advances the grammar by each new token; stops when the grammar admits
     nothing more or a stop string appears in the decoded output."""
 
-    def __init__(self, tokenizer: Any, prompt_len: int, stops: list[str], grammar: Grammar | None):
+    def __init__(self, tokenizer: Any, prompt_len: int, stops: list[str], grammar: Grammar | None,
+                 eos_token_ids: list[int]):
         self.tokenizer = tokenizer
+        self.eos_token_ids = eos_token_ids
         self.prompt_len = prompt_len
         self.stops = stops
         self.grammar = grammar
@@ -190,7 +202,7 @@ class _StopCheck(StoppingCriteria):
         done = False
         if self.grammar is not None and new:
             token = int(new[-1])
-            if token != self.grammar.compiled.eos_token_id:  # EOS ends generation anyway
+            if token not in self.eos_token_ids:  # EOS ends generation anyway
                 self.grammar.accept_token(token)
                 done = self.grammar.is_terminated()
         if self.stops and not done:

@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from radixlm.runtime.tokenizer import Tokenizer
 
 GRAMMAR_BACKENDS = ("outlines", "xgrammar", "llguidance")
+# The default: most schemas of the corpus compiled and served (runtime/bench/grammar.py), then mask p99.
+DEFAULT_GRAMMAR_BACKEND = "xgrammar"
 CFG = ("regex", "json_schema", "choices", "ebnf", "structural_tag")
 KINDS = {"outlines": ("regex", "json_schema", "choices"), "xgrammar": CFG, "llguidance": CFG}
 

@@ -6,13 +6,17 @@ compile once."""
 from __future__ import annotations
 
 import json
+import math
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from radixlm.runtime.constrained.errors import GrammarError
+from radixlm.runtime.constrained.json_schema import parse_schema
+from radixlm.runtime.constrained.regex_syntax import check_regex_size
+from radixlm.runtime.limits import MAX_EBNF_CHARS, MAX_SCHEMA_BOUND
 
 CFG_KINDS = ("regex", "json_schema", "choices", "ebnf", "structural_tag")
 Compiled = TypeVar("Compiled")
@@ -67,12 +71,10 @@ def normalize_cfg(kind: str, spec: object) -> str:
     if kind not in CFG_KINDS:
         raise GrammarError(f"unknown grammar kind {kind!r}; expected one of {', '.join(CFG_KINDS)}")
     if kind == "json_schema":
-        try:
-            schema = json.loads(spec) if isinstance(spec, str) else spec
-        except json.JSONDecodeError as e:
-            raise GrammarError(f"json_schema is not valid JSON: {e}") from None
-        if not isinstance(schema, (dict, bool)):
-            raise GrammarError("json_schema must be a JSON object")
+        if isinstance(spec, bool) or spec in ("true", "false"):
+            return json.dumps(spec if isinstance(spec, bool) else spec == "true")
+        schema = parse_schema(spec)
+        check_cfg_schema(schema)
         return json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
     if kind == "structural_tag":
         from radixlm.runtime.constrained.structural_tag import normalize_structural_tag
@@ -84,7 +86,48 @@ def normalize_cfg(kind: str, spec: object) -> str:
         return json.dumps(list(spec), ensure_ascii=False)
     if not isinstance(spec, str) or not spec:
         raise GrammarError(f"{kind} must be a non-empty string")
+    if kind == "regex":
+        check_regex_size(spec)
+    elif len(spec) > MAX_EBNF_CHARS:
+        raise GrammarError(f"ebnf is too long: {len(spec)} characters, the limit is {MAX_EBNF_CHARS}")
     return spec
+
+
+# keys whose value maps names to subschemas, and keys whose value is data, not a schema
+SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+DATA_KEYS = ("enum", "const", "default", "examples", "required")
+_BOUND_KEYS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
+
+
+def check_cfg_schema(schema: dict[str, Any]) -> None:
+    """GrammarError for what the context-free backends must not be handed: a `$ref` outside the
+    document (never fetched: a file or URL), or a numeric bound that is not finite or beyond
+    +-MAX_SCHEMA_BOUND (xgrammar's parser fails on it without a reason). Iterative (the depth is
+    bounded by `parse_schema` already, but no recursion is needed)."""
+    stack: list[tuple[object, str]] = [(schema, "#")]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, list):
+            stack.extend((item, f"{path}/{i}") for i, item in enumerate(node))
+            continue
+        if not isinstance(node, dict):
+            continue
+        ref = node.get("$ref")
+        if ref is not None and (not isinstance(ref, str) or not ref.startswith("#")):
+            raise GrammarError(f"'$ref' at {path} must point inside the schema (start with '#'); "
+                               f"references to files or URLs are not followed, got {str(ref)[:80]!r}")
+        for key in _BOUND_KEYS:
+            value = node.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and (
+                    isinstance(value, float) and not math.isfinite(value) or abs(value) > MAX_SCHEMA_BOUND):
+                raise GrammarError(f"{key!r} at {path} must be a finite number within +-1e30")
+        for key, value in node.items():
+            if key in DATA_KEYS:
+                continue
+            if key in SCHEMA_MAPS and isinstance(value, dict):
+                stack.extend((sub, f"{path}/{key}/{name}") for name, sub in value.items())
+            elif isinstance(value, (dict, list)):
+                stack.append((value, f"{path}/{key}"))
 
 
 def unpack_bitmask(words: object, vocab_size: int, tokenizer_len: int, mask_row: object) -> None:

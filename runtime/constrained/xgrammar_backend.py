@@ -25,7 +25,7 @@ import torch
 import xgrammar as xgr
 
 from radixlm.runtime.constrained.closing import ClosingSearch, Steering
-from radixlm.runtime.constrained.compile_cache import CompileCache, unpack_bitmask
+from radixlm.runtime.constrained.compile_cache import DATA_KEYS, SCHEMA_MAPS, CompileCache, unpack_bitmask
 from radixlm.runtime.constrained.errors import GrammarError
 from radixlm.runtime.constrained.spec import choices_regex
 from radixlm.runtime.constrained.structural_tag import xgrammar_format
@@ -200,9 +200,6 @@ def tokenizer_info(id_to_bytes: Mapping[int, bytes], vocab_size: int, stop_token
     return xgr.TokenizerInfo(encoded, xgr.VocabType.RAW, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
 
 
-# keys whose value maps names to subschemas, and keys whose value is data, not a schema
-_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-_DATA_KEYS = ("enum", "const", "default", "examples", "required")
 
 
 def xgrammar_schema(normalized: str) -> str:
@@ -230,9 +227,9 @@ def xgrammar_schema(normalized: str) -> str:
                 if node.pop(key) and bound in node:
                     node[key] = node.pop(bound)
         for key, value in node.items():
-            if key in _DATA_KEYS:
+            if key in DATA_KEYS:
                 continue
-            if key in _SCHEMA_MAPS and isinstance(value, dict):
+            if key in SCHEMA_MAPS and isinstance(value, dict):
                 for name, sub in value.items():
                     visit(sub, f"{path}/{key}/{name}")
             else:

@@ -51,8 +51,8 @@ class ServiceUnavailable(RuntimeError):
 
 class TokenizerManager:
     def __init__(self, paths: IpcPaths, tokenizer: Tokenizer, model_name: str, context_len: int,
-                 vocab_size: int, max_total_tokens: int, metrics: Metrics, incremental_streaming_output: bool = False,
-                 grammar_backend: str = "outlines"):
+                 vocab_size: int, max_total_tokens: int, metrics: Metrics, incremental_streaming_output: bool,
+                 grammar_backend: str):
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.context_len = context_len

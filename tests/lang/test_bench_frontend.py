@@ -19,7 +19,7 @@ TINY_WORKLOADS = {
     "F1": lambda: f1_workload(num_questions=3),
     "F2": lambda: f2_workload(num_questions=2, branch_tokens=6),
     "F3": lambda: f3_workload(num_conversations=2, num_turns=3, turn_tokens=6),
-    "F4": lambda: f4_workload(num_passages=2, max_tokens=16),  # W4's schema needs at least 14
+    "F4": lambda: f4_workload(num_passages=2, max_tokens=24),  # W4's schema needs at least 19 (xgrammar's layout)
 }
 
 

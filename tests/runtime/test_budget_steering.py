@@ -230,24 +230,30 @@ RECURSIVE = {
 }
 
 
+@pytest.fixture(scope="module")
+def outlines_engine(tiny_model_dir: Path) -> Iterator[Engine]:
+    with Engine(str(tiny_model_dir), max_total_tokens=4096, random_seed=0, grammar_backend="outlines") as engine:
+        yield engine
+
+
 @pytest.mark.parametrize("name", sorted(RECURSIVE))
-def test_recursive_schemas_give_valid_json_at_the_outlines_depth_bound(tiny_engine: Engine, name: str) -> None:
+def test_recursive_schemas_give_valid_json_at_the_outlines_depth_bound(outlines_engine: Engine, name: str) -> None:
     """The outlines backend unrolls references to a bounded depth; where it stops, what needs the
     reference is pruned (an empty array, an absent optional property, one branch fewer), so random
     walks deep into the recursion still give valid JSON."""
     schema = RECURSIVE[name]
     params = [{"temperature": 1.0, "seed": seed, "max_new_tokens": 200, "json_schema": json.dumps(schema)}
               for seed in range(12)]
-    outs = tiny_engine.generate(prompt=["json:"] * len(params), sampling_params=params)
+    outs = outlines_engine.generate(prompt=["json:"] * len(params), sampling_params=params)
     for out in outs:
         validate(schema, out["text"])
-    assert_engine_clean(tiny_engine)
+    assert_engine_clean(outlines_engine)
 
 
-def test_a_recursion_that_cannot_bottom_out_is_refused(tiny_engine: Engine) -> None:
+def test_a_recursion_that_cannot_bottom_out_is_refused(outlines_engine: Engine) -> None:
     endless = {"type": "object", "required": ["next"], "properties": {"next": {"$ref": "#"}}}
     with pytest.raises(RequestError, match="no output of this recursive schema nests at most 3 levels"):
-        tiny_engine.generate(prompt="x", sampling_params={"json_schema": json.dumps(endless), "max_new_tokens": 50})
+        outlines_engine.generate(prompt="x", sampling_params={"json_schema": json.dumps(endless), "max_new_tokens": 50})
 
 
 @pytest.mark.parametrize("backend_name", [b for b in GRAMMAR_BACKENDS if b != "outlines"])

@@ -323,7 +323,7 @@ def test_compact_whitespace_pattern_gives_compact_json_and_forces_more(tiny_mode
         "name": {"type": "string", "maxLength": 6}, "age": {"type": "integer", "minimum": 0, "maximum": 99}}}
     forced, texts = {}, {}
     for pattern in (None, ""):
-        engine = Engine(str(tiny_model_dir), max_total_tokens=2048, random_seed=0,
+        engine = Engine(str(tiny_model_dir), max_total_tokens=2048, random_seed=0, grammar_backend="outlines",
                         constrained_json_whitespace_pattern=pattern)
         try:
             out = engine.generate(prompt="person:", sampling_params={
@@ -344,4 +344,12 @@ def test_whitespace_pattern_must_match_only_json_whitespace(pattern: str) -> Non
     from radixlm.runtime.server_args import ServerArgs
 
     with pytest.raises(ValueError, match="JSON whitespace pattern"):
-        ServerArgs(constrained_json_whitespace_pattern=pattern)
+        ServerArgs(constrained_json_whitespace_pattern=pattern, grammar_backend="outlines")
+
+
+@pytest.mark.parametrize("backend_name", ["xgrammar", "llguidance"])
+def test_whitespace_pattern_is_refused_where_it_would_not_apply(backend_name: str) -> None:
+    from radixlm.runtime.server_args import ServerArgs
+
+    with pytest.raises(ValueError, match="applies to the outlines grammar backend only"):
+        ServerArgs(constrained_json_whitespace_pattern="", grammar_backend=backend_name)

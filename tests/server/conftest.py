@@ -76,6 +76,16 @@ def tiny_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
 
 
 @pytest.fixture(scope="session")
+def tiny_outlines_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
+    """`tiny_server` with `--grammar-backend outlines` (the default is xgrammar)."""
+    log = tmp_path_factory.mktemp("server") / "tiny-outlines.log"
+    server = start_server(tiny_model_dir, log, "--max-total-tokens", "4096", "--random-seed", "0",
+                          "--grammar-backend", "outlines")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
 def default_server(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
     """The real default model behind a real server."""
     log = tmp_path_factory.mktemp("server") / "default.log"

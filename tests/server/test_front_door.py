@@ -30,7 +30,7 @@ BAD_BODIES: dict[str, dict[str, Any]] = {
     "seed of the wrong type": {"text": "hi", "sampling_params": {"seed": "x"}},
     "bad regex": {"text": "hi", "sampling_params": {"regex": "(unclosed"}},
     "bad json schema": {"text": "hi", "sampling_params": {"json_schema": "{not json"}},
-    "ebnf": {"text": "hi", "sampling_params": {"ebnf": "root ::= \"a\""}},
+    "bad ebnf": {"text": "hi", "sampling_params": {"ebnf": "root ::= \"a"}},
     "stop token id out of the vocabulary": {"text": "hi", "sampling_params": {"stop_token_ids": [10**7]}},
     "too many top logprobs": {"text": "hi", "return_logprob": True, "top_logprobs_num": MAX_TOP_LOGPROBS_NUM + 1},
     "logprob_start_len past the prompt": {"input_ids": [1, 2], "return_logprob": True, "logprob_start_len": 5},

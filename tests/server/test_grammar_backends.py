@@ -117,8 +117,8 @@ def test_language_gen_with_ebnf(cfg_server: ServerHandle) -> None:
     assert state["a"] in ANSWERS
 
 
-def test_outlines_backend_refuses_ebnf_naming_xgrammar(tiny_server: ServerHandle) -> None:
-    resp = httpx.post(tiny_server.url + "/generate",
+def test_outlines_backend_refuses_ebnf_naming_xgrammar(tiny_outlines_server: ServerHandle) -> None:
+    resp = httpx.post(tiny_outlines_server.url + "/generate",
                       json={"text": "x", "sampling_params": {"ebnf": YES_NO}}, timeout=60)
     assert resp.status_code == 400
     assert ("the outlines grammar backend cannot serve ebnf grammars; start the server with --grammar-backend "
@@ -194,8 +194,8 @@ def test_openai_response_format_structural_tag(cfg_server: ServerHandle) -> None
     assert found >= 2
 
 
-def test_outlines_backend_refuses_structural_tags(tiny_server: ServerHandle) -> None:
-    resp = httpx.post(tiny_server.url + "/generate",
+def test_outlines_backend_refuses_structural_tags(tiny_outlines_server: ServerHandle) -> None:
+    resp = httpx.post(tiny_outlines_server.url + "/generate",
                       json={"text": "x", "sampling_params": {"structural_tag": json.dumps(STRUCTURES)}}, timeout=60)
     assert resp.status_code == 400
     assert "cannot serve structural_tag grammars; start the server with --grammar-backend xgrammar" in resp.text

@@ -212,8 +212,12 @@ def test_constrained_generate_and_bad_grammars(tiny_server: ServerHandle) -> Non
     assert quick.status_code == 400 and "regex" in quick.json()["error"]["message"]
     schema = post(tiny_server, "/generate", {"text": "n:", "sampling_params": {"json_schema": "{not json"}})
     assert schema.status_code == 400 and "json_schema" in schema.json()["error"]["message"]
-    late = post(tiny_server, "/generate", {"text": "n:", "sampling_params": {"regex": "(?<=a)b"}})  # fails at compile
-    assert late.status_code == 400 and "invalid grammar" in late.json()["error"]["message"]
+    # passes the door, refused once compiled (the shortest output is known then)
+    late = post(tiny_server, "/generate", {"text": "n:", "sampling_params": {"regex": "[0-9]{40}", "max_new_tokens": 4}})
+    assert late.status_code == 400
+    assert "invalid grammar: max_new_tokens=4 cannot hold the shortest output" in late.json()["error"]["message"]
+    lookbehind = post(tiny_server, "/generate", {"text": "n:", "sampling_params": {"regex": "(?<=a)b"}})
+    assert lookbehind.status_code == 400 and "grammar" in lookbehind.json()["error"]["message"]
     assert httpx.get(tiny_server.url + "/health").status_code == 200
 
 

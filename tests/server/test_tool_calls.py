@@ -271,17 +271,18 @@ TWO_SHOT = [_asked("Berlin"), _called("Berlin"), _asked("Rome"), _called("Rome")
 
 
 @pytest.fixture(scope="module")
-def cfg_default_server(default_model_dir: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
-    """The default model on the xgrammar backend (the structural tag's path under `auto`)."""
-    log = tmp_path_factory.mktemp("server") / "default-xgrammar.log"
-    server = start_server(None, log, "--max-total-tokens", "8192", "--grammar-backend", "xgrammar")
+def outlines_default_server(default_model_dir: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
+    """The default model on the outlines backend (no triggers: `auto` only parses)."""
+    log = tmp_path_factory.mktemp("server") / "default-outlines.log"
+    server = start_server(None, log, "--max-total-tokens", "8192", "--grammar-backend", "outlines")
     yield server
     server.stop()
 
 
 @pytest.fixture(scope="module")
-def cfg_default_client(cfg_default_server: ServerHandle) -> openai.OpenAI:
-    return openai.OpenAI(base_url=cfg_default_server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+def cfg_default_client(default_server: ServerHandle) -> openai.OpenAI:
+    """The default server: xgrammar, the structural tag's path under `auto`."""
+    return openai.OpenAI(base_url=default_server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
 
 
 def _reply(client: openai.OpenAI, max_tokens: int | None, stream: bool) -> tuple[str, list[tuple[str, str]], str]:
@@ -320,15 +321,15 @@ def test_auto_keeps_every_opened_call_well_formed(cfg_default_client: openai.Ope
         assert finish == ("tool_calls" if calls else "length"), (max_tokens, content, finish)
 
 
-def test_outlines_auto_only_parses(default_server: ServerHandle) -> None:
+def test_outlines_auto_only_parses(outlines_default_server: ServerHandle) -> None:
     """The outlines backend has no triggers: under a tight budget the same reply is cut inside the
     call and stays content (README: tool_choice auto is parse-only there)."""
-    client = openai.OpenAI(base_url=default_server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    client = openai.OpenAI(base_url=outlines_default_server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
     content, calls, finish = _reply(client, 20, False)
     assert calls == [] and content.startswith("<tool_call>{") and finish == "length"
 
 
-def test_language_auto_tool_choice_is_well_formed(cfg_default_server: ServerHandle) -> None:
+def test_language_auto_tool_choice_is_well_formed(default_server: ServerHandle) -> None:
     """`gen(tools=..., tool_choice="auto")` over RuntimeEndpoint sends the structural tag to a
     context-free backend: the call is a valid ToolCall, or (budget too small) text without one."""
     import radixlm as rl
@@ -351,7 +352,7 @@ def test_language_auto_tool_choice_is_well_formed(cfg_default_server: ServerHand
         s += rl.assistant(rl.gen("call", tools=[get_weather], tool_choice="auto", max_tokens=budget,
                                  temperature=0))
 
-    endpoint = rl.RuntimeEndpoint(cfg_default_server.url)
+    endpoint = rl.RuntimeEndpoint(default_server.url)
     call = ask.run(budget=64, backend=endpoint)["call"]
     assert isinstance(call, rl.ToolCall) and call.name == "get_weather"
     jsonschema.validate(call.arguments, FORECAST)

@@ -67,8 +67,12 @@ def _build(build_root: Path) -> ModuleType | None:
         return None
     from torch.utils.cpp_extension import load as load_extension
 
+    # keyed by the sources' bytes and their place: torch's loader rebuilds when the source paths
+    # change, so two checkouts (or a checkout and an installed wheel) sharing one folder would
+    # rebuild over each other
     digest = hashlib.sha256(torch.__version__.encode())
     for path in SOURCES + HEADERS:
+        digest.update(str(path.resolve()).encode())
         digest.update(path.read_bytes())
     build_dir = build_root / f"cpu_kernels-{digest.hexdigest()[:16]}"
     build_dir.mkdir(parents=True, exist_ok=True)
@@ -81,6 +85,9 @@ def _build(build_root: Path) -> ModuleType | None:
     try:
         with open(build_dir / ".lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
+            # torch's own build baton (a plain file it polls for, forever) left by a builder that was
+            # killed: every builder of this folder holds our lock first, so a baton seen now is stale
+            (build_dir / "lock").unlink(missing_ok=True)
             return load_extension(
                 name="radixlm_cpu_kernels",
                 sources=[str(path) for path in SOURCES],

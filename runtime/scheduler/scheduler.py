@@ -23,6 +23,8 @@ what token-by-token decoding gives. The K/V of the rejected draft tokens is free
 from __future__ import annotations
 
 import logging
+import time
+from collections import deque
 from concurrent import futures
 from dataclasses import dataclass, replace
 
@@ -88,6 +90,21 @@ class StepOutput:
         )
 
 
+@dataclass(frozen=True)
+class StepRecord:
+    """One forward of the scheduler: when it started (time.monotonic), what it computed and how
+    long the whole step took (prepare, forward, sampling, grammar work)."""
+
+    start: float
+    num_extends: int  # requests with new prompt tokens (whole or a chunk)
+    num_extend_tokens: int
+    num_decodes: int  # running requests that decoded (drafts included in their one row each)
+    secs: float
+
+
+STEP_RECORDS_KEPT = 4096
+
+
 class Scheduler:
     def __init__(self, runner: ModelRunner, cfg: SchedulerConfig, grammar_backend: GrammarBackend | None = None):
         self.runner = runner
@@ -108,6 +125,8 @@ class Scheduler:
         self.num_retractions = 0
         self.num_jump_forward_tokens = 0  # draft tokens kept: each saved a decode step
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO  # share of remaining tokens admission reserves
+        self.num_forwards = 0
+        self.recent_steps: deque[StepRecord] = deque(maxlen=STEP_RECORDS_KEPT)  # newest last
 
     @property
     def cache(self) -> BasePrefixCache:
@@ -166,10 +185,15 @@ class Scheduler:
         plan = plan_extends(self)
         if not plan.extends and not self.running:
             return outputs
+        start = time.monotonic()
+        num_decodes = len(self.running)
         batch, sample_reqs, spans = self._prepare(plan)
         logits = self.runner.forward(batch)
         outputs += self._process_results(plan, sample_reqs, spans, logits)
         self._retire_finished()
+        self.num_forwards += 1
+        self.recent_steps.append(StepRecord(start, len(plan.extends), sum(e.num_tokens for e in plan.extends),
+                                            num_decodes, time.monotonic() - start))
         return outputs
 
     def _poll_grammars(self) -> None:

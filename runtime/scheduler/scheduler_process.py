@@ -52,6 +52,7 @@ class SchedulerServer:
         logprob = LogprobOptions(msg.return_logprob, msg.logprob_start_len, msg.top_logprobs_num)
         req = self.stack.make_req(msg.rid, list(msg.input_ids), msg.sampling_params, logprob, track_text=False)
         self.scheduler.add_request(req)
+        logger.debug("request %s arrived (%d prompt tokens)", msg.rid, len(msg.input_ids))
         self._pending_settings[msg.rid] = io.DecodeSettings(msg.sampling_params, msg.input_ids[-8:])
 
     def handle_abort(self, msg: io.AbortReq) -> None:
@@ -100,9 +101,12 @@ def run_scheduler_process(args: ServerArgs, paths: IpcPaths, ready: Connection) 
                 if reply is not None:
                     to_tm.send(io.encode(reply))
         if server.scheduler.has_work:
+            num_forwards = server.scheduler.num_forwards
             batch = server.step()
             if batch is not None:
                 to_detok.send(io.encode(batch))
+            if num_forwards != server.scheduler.num_forwards and logger.isEnabledFor(logging.DEBUG):
+                logger.debug("%s", server.scheduler.recent_steps[-1])
 
 
 def _handle_safely(server: SchedulerServer, msg: object, to_detok: zmq.Socket) -> object | None:

@@ -36,5 +36,11 @@ def test_w2_prefills_in_three_forwards_computing_each_shared_prefix_once(tiny_mo
         assert len(extends) <= 3, extends
         assert all(tokens <= CHUNK + size for size, tokens in extends), extends
         assert prompt_tokens - computed > IN_BATCH_SHARED_PREFIX_THRESHOLD * 16, (prompt_tokens, computed)
+        # the scheduler's own step records (the server logs them at debug level) tell the same story
+        records = list(engine.scheduler.recent_steps)
+        assert engine.scheduler.num_forwards == len(records) == len(forwards)
+        assert [(r.num_extends + r.num_decodes, r.num_extend_tokens + r.num_decodes)
+                for r in records if r.num_extends] == extends
+        assert all(r.secs > 0 and r.start > 0 for r in records)
     finally:
         engine.shutdown()

@@ -1,10 +1,12 @@
-"""The interpreter: a program state and the executor that runs its expressions.
+"""The interpreter: the executor that runs a program state's expressions (state.py is the state).
 
 `s += expr` queues `expr` on the state's executor, a worker thread that runs expressions in
 order against the backend, so the program's Python code runs ahead until it reads a result
 (`s["x"]`, `s.text()`), and forked states (`s.fork(n)`) run their branches in parallel. An
 expression that fails stops its state: later expressions are skipped, reading an unset variable
-raises the error, and `run` raises it (`run_batch` keeps it on that item's state).
+raises the error, and `run` raises it (`run_batch` keeps it on that item's state). Expressions
+are dispatched by their type (`_HANDLERS`); each model call is timed and, when the run is traced,
+recorded (trace.py).
 """
 
 from __future__ import annotations
@@ -12,15 +14,18 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 from radixlm.backend.base import Backend
+from radixlm.global_config import global_config
 from radixlm.ir import (
     Concat,
     Expr,
     Gen,
+    Media,
     RoleBegin,
     RoleEnd,
     SamplingArgs,
@@ -29,18 +34,21 @@ from radixlm.ir import (
     ToolResult,
     VarScopeBegin,
     VarScopeEnd,
-    as_expr,
 )
-from radixlm.tools import ToolCall, ToolSet
+from radixlm.tools import ToolSet
+from radixlm.trace import TraceLog
 
 _END = object()
 
 
 class StreamExecutor:
-    def __init__(self, backend: Backend, defaults: SamplingArgs, stream: bool = False):
+    def __init__(self, backend: Backend, defaults: SamplingArgs, stream: bool = False,
+                 trace: TraceLog | None = None, branch: str = ""):
         self.backend = backend
         self.defaults = defaults
         self.stream = stream
+        self.trace = trace  # where this run's model calls are recorded (None: not traced)
+        self.branch = branch  # "" for the program, "0", "1", "0.1", ... for forks
         self.text_ = ""
         self.messages_: list[dict[str, Any]] = []
         self.variables: dict[str, Any] = {}
@@ -54,7 +62,8 @@ class StreamExecutor:
         self.error_: BaseException | None = None
         self._events: dict[str, threading.Event] = {}
         self._queue: queue.Queue[Any] = queue.Queue()
-        self._chunks: list[tuple[str | None, str]] = []  # (variable or None, text) as appended
+        # (variable or None, text, the variable's meta info if known by then) as appended
+        self._chunks: list[tuple[str | None, str, Any]] = []
         self._finished = False
         self._ended = False
         self._children: list[StreamExecutor] = []
@@ -102,11 +111,12 @@ class StreamExecutor:
         self.sync()
         if self.error_ is not None:
             raise self.error_
-        if n > 1:
+        if n > 1 and global_config.enable_parallel_encoding:
             self.backend.cache_prefix(self.text_)  # the shared prefix is computed once, before the branches
         forks = []
-        for _ in range(n):
-            child = StreamExecutor(self.backend, self.defaults, self.stream)
+        for i in range(n):
+            branch = f"{self.branch}.{i}" if self.branch else str(i)
+            child = StreamExecutor(self.backend, self.defaults, self.stream, self.trace, branch)
             child.text_ = self.text_
             child.messages_ = [dict(m) for m in self.messages_]
             child.variables = dict(self.variables)
@@ -121,6 +131,12 @@ class StreamExecutor:
         return forks
 
     def text_iter(self, var_name: str | None = None) -> Iterator[str]:
+        for text, _ in self._chunk_iter(var_name):
+            if text:
+                yield text
+
+    def _chunk_iter(self, var_name: str | None) -> Iterator[tuple[str, Any]]:
+        """(text, meta info or None) as appended, until the state ends (then its error, if any)."""
         index = 0
         while True:
             with self._cond:
@@ -128,19 +144,25 @@ class StreamExecutor:
                     self._cond.wait()
                 pending, index = self._chunks[index:], len(self._chunks)
                 finished = self._finished
-            for var, text in pending:
+            for var, text, meta in pending:
                 if var_name is None or var == var_name:
-                    yield text
+                    yield text, meta
             if finished and index >= len(self._chunks):
                 if self.error_ is not None:
                     raise self.error_
                 return
 
-    async def text_async_iter(self, var_name: str | None = None) -> AsyncIterator[str]:
-        iterator = self.text_iter(var_name)
+    async def text_async_iter(self, var_name: str | None = None, return_meta_data: bool = False) -> AsyncIterator[Any]:
+        """Text chunks; with `return_meta_data`, (text, meta) pairs: {} until the gen's meta info
+        arrives with its last chunk (whose text may be empty)."""
+        iterator = self._chunk_iter(var_name)
         done = object()
-        while (chunk := await asyncio.to_thread(next, iterator, done)) is not done:
-            yield chunk  # type: ignore[misc]
+        while (item := await asyncio.to_thread(next, iterator, done)) is not done:
+            text, meta = item  # type: ignore[misc]
+            if return_meta_data and (text or meta is not None):
+                yield text, meta if meta is not None else {}
+            elif text:
+                yield text
 
     # ------------------------------------------------------------------ the worker
     def _event(self, name: str) -> threading.Event:
@@ -165,69 +187,113 @@ class StreamExecutor:
                 self._queue.task_done()
 
     def _run(self, expr: Expr) -> None:
-        if isinstance(expr, Text):
-            self._append(expr.text)
-        elif isinstance(expr, Concat):
-            for part in expr.parts:
-                self._run(part)
-        elif isinstance(expr, Gen):
-            self._gen(expr)
-        elif isinstance(expr, Select):
-            index, meta = self.backend.select(self, expr)
-            choice = expr.choices[index]
-            self._append(choice, expr.name)
-            self._finish_var(expr.name, choice, meta)
-        elif isinstance(expr, RoleBegin):
-            self._role_begin(expr.role)
-        elif isinstance(expr, RoleEnd):
-            self._role_end(expr.role)
-        elif isinstance(expr, VarScopeBegin):
-            self.var_scope_begin[expr.name] = len(self.text_)
-        elif isinstance(expr, VarScopeEnd):
-            begin = self.var_scope_begin.pop(expr.name, None)
-            if begin is None:
-                raise ValueError(f"var_scope {expr.name!r} ended without beginning")
-            self.set_var(expr.name, self.text_[begin:])
-        elif isinstance(expr, ToolResult):
-            self._role_begin("tool")
-            self._append(expr.content)
-            self._role_end("tool", {"tool_call_id": expr.call_id, "name": expr.name})
-        else:
+        handler = _HANDLERS.get(type(expr))
+        if handler is None:
             raise TypeError(f"unknown expression {expr!r}")
+        handler(self, expr)
+
+    def _concat(self, expr: Concat) -> None:
+        for part in expr.parts:
+            self._run(part)
+
+    def _var_scope_end(self, expr: VarScopeEnd) -> None:
+        begin = self.var_scope_begin.pop(expr.name, None)
+        if begin is None:
+            raise ValueError(f"var_scope {expr.name!r} ended without beginning")
+        self.set_var(expr.name, self.text_[begin:])
+
+    def _tool_result(self, expr: ToolResult) -> None:
+        self._role_begin("tool")
+        self._append(expr.content)
+        self._role_end("tool", {"tool_call_id": expr.call_id, "name": expr.name})
+
+    def _select(self, sel: Select) -> None:
+        method = sel.choices_method if isinstance(sel.choices_method, str) else repr(sel.choices_method)
+        sent = {"choices": list(sel.choices), "choices_method": method, "temperature": sel.temperature}
+        index, meta = self._call("select", sel.name, sent, lambda: self.backend.select(self, sel),
+                                 lambda r: ({"choice": sel.choices[r[0]]}, r[1]))
+        choice = sel.choices[index]
+        self._append(choice, sel.name, meta)
+        self._finish_var(sel.name, choice, meta)
 
     def _gen(self, gen: Gen) -> None:
-        sampling = gen.sampling.merged(self.defaults)
+        sampling = self._sampling(gen)
+        sent = {"sampling_params": sampling.to_native()}
         if gen.tools is not None:
             tools = ToolSet(gen.tools)
-            text, value, meta = self.backend.tool_call(self, gen, sampling, tools)
+            sent["tools"] = sorted(tools.names)
+            text, value, meta = self._call("tool_call", gen.name, sent,
+                                           lambda: self.backend.tool_call(self, gen, sampling, tools),
+                                           lambda r: ({"tool_call": r[0], "finish_reason": _finish(r[2])}, r[2]))
             if gen.name is not None:
                 self.tool_sets[gen.name] = tools
-            self._append(text, gen.name)
+            self._append(text, gen.name, meta)
             self._finish_var(gen.name, value, meta)
             return
-        if self.stream:
-            parts = []
-            final: dict[str, Any] = {}
-            for piece, chunk_meta in self.backend.generate_stream(self, gen, sampling):
-                if piece:
-                    parts.append(piece)
-                    self._append(piece, gen.name)
-                final = chunk_meta or final
-            self._finish_var(gen.name, "".join(parts), final)
-            return
-        text, meta = self.backend.generate(self, gen, sampling)
-        self._append(text, gen.name)
-        self._finish_var(gen.name, text, meta)
+        if self.stream and (sampling.n or 1) == 1:
+            text, meta = self._call("gen", gen.name, sent, lambda: self._gen_streamed(gen, sampling), _received_text)
+        else:
+            text, meta = self._call("gen", gen.name, sent, lambda: self.backend.generate(self, gen, sampling), _received_text)
+            self._append(text[0] if isinstance(text, list) else text, gen.name, meta)
+        value: Any = text
+        if gen.output_type is not None:  # typed output: the variable is the parsed instance
+            if isinstance(text, list):
+                value = [gen.output_type.parse(t, m.get("finish_reason")) for t, m in zip(text, meta)]
+                meta = [{**m, "raw_text": t} for t, m in zip(text, meta)]
+            else:
+                value = gen.output_type.parse(text, meta.get("finish_reason"))
+                meta = {**meta, "raw_text": text}
+        self._finish_var(gen.name, value, meta)
+
+    def _gen_streamed(self, gen: Gen, sampling: SamplingArgs) -> tuple[str, dict[str, Any]]:
+        parts = []
+        final: dict[str, Any] = {}
+        for piece, chunk_meta in self.backend.generate_stream(self, gen, sampling):
+            parts.append(piece)
+            if piece or chunk_meta is not None:
+                self._append(piece, gen.name, chunk_meta)
+            final = chunk_meta or final
+        return "".join(parts), final
+
+    def _sampling(self, gen: Gen) -> SamplingArgs:
+        """The gen's sampling arguments over the run's defaults and global_config's switches."""
+        sampling = gen.sampling.merged(self.defaults)
+        if sampling.skip_special_tokens is None and not global_config.skip_special_tokens_in_output:
+            sampling = replace(sampling, skip_special_tokens=False)
+        if sampling.spaces_between_special_tokens is None and not global_config.spaces_between_special_tokens_in_out:
+            sampling = replace(sampling, spaces_between_special_tokens=False)
+        return sampling
+
+    def _call(self, primitive: str, name: str | None, sent: dict[str, Any], call: Callable[[], Any],
+              received: Callable[[Any], tuple[dict[str, Any], Any]]) -> Any:
+        """`call()`, timed and recorded in the run's trace (with `received(result)`: what came
+        back and the meta info) when the run is traced."""
+        if self.trace is None:
+            return call()
+        if self.backend.sends_messages:
+            sent = {"messages": [dict(m) for m in self.messages_], **sent}
+        else:
+            sent = {"prompt": self.text_, **sent}
+        started_at, t0 = time.time(), time.perf_counter()
+        try:
+            result = call()
+        except BaseException as e:
+            self.trace.record(self.branch, primitive, name, sent, {}, None, started_at, time.perf_counter() - t0, e)
+            raise
+        latency_s = time.perf_counter() - t0
+        got, meta = received(result)
+        self.trace.record(self.branch, primitive, name, sent, got, meta, started_at, latency_s)
+        return result
 
     def _finish_var(self, name: str | None, value: Any, meta: dict[str, Any]) -> None:
         if name is not None:
             self.meta_info[name] = meta
             self.set_var(name, value)
 
-    def _append(self, text: str, var: str | None = None) -> None:
+    def _append(self, text: str, var: str | None = None, meta: Any = None) -> None:
         self.text_ += text
         with self._cond:
-            self._chunks.append((var, text))
+            self._chunks.append((var, text, meta))
             self._cond.notify_all()
 
     def _role_begin(self, role: str) -> None:
@@ -249,136 +315,24 @@ class StreamExecutor:
         self.cur_role = None
 
 
-class ProgramState:
-    """The `s` of a program: extend it with `+=`, read variables with `s["name"]`."""
-
-    def __init__(self, executor: StreamExecutor):
-        self.stream_executor = executor
-
-    def __iadd__(self, other: Any) -> ProgramState:
-        self.stream_executor.submit(as_expr(other))
-        return self
-
-    def __getitem__(self, name: str) -> Any:
-        return self.stream_executor.get_var(name)
-
-    def __setitem__(self, name: str, value: Any) -> None:
-        self.stream_executor.set_var(name, value)
-
-    def __contains__(self, name: str) -> bool:
-        self.sync()
-        return name in self.stream_executor.variables
-
-    def get_var(self, name: str) -> Any:
-        return self[name]
-
-    def set_var(self, name: str, value: Any) -> None:
-        self[name] = value
-
-    def text(self) -> str:
-        self.sync()
-        return self.stream_executor.text_
-
-    def messages(self) -> list[dict[str, Any]]:
-        self.sync()
-        return [dict(m) for m in self.stream_executor.messages_]
-
-    def get_meta_info(self, name: str) -> dict[str, Any]:
-        self.stream_executor.get_var(name)
-        return self.stream_executor.meta_info[name]
-
-    def sync(self) -> None:
-        self.stream_executor.sync()
-
-    def error(self) -> BaseException | None:
-        self.sync()
-        return self.stream_executor.error_
-
-    @contextmanager
-    def var_scope(self, name: str) -> Iterator[None]:
-        """Everything appended inside the block becomes variable `name`."""
-        self += VarScopeBegin(name)
-        yield
-        self += VarScopeEnd(name)
-
-    def fork(self, n: int = 1) -> ProgramStateGroup:
-        """n copies of this state that continue independently (their shared prefix is cached first)."""
-        if n < 1:
-            raise ValueError("fork: n must be >= 1")
-        return ProgramStateGroup([ProgramState(e) for e in self.stream_executor.fork(n)], self)
-
-    def run_tool(self, name: str) -> Any:
-        """Run the Python function of the tool call in variable `name` and append its result as
-        a `tool` message; returns the result. Raises if `name` holds no call."""
-        call = self[name]
-        if not isinstance(call, ToolCall):
-            raise ValueError(f"variable {name!r} holds no tool call (the model answered in text: {str(call)[:80]!r})")
-        result = self.stream_executor.tool_sets[name].run(call)
-        self += ToolResult(result if isinstance(result, str) else _to_json(result), call.id, call.name)
-        return result
-
-    def text_iter(self, var_name: str | None = None) -> Iterator[str]:
-        return self.stream_executor.text_iter(var_name)
-
-    def text_async_iter(self, var_name: str | None = None) -> AsyncIterator[str]:
-        return self.stream_executor.text_async_iter(var_name)
-
-    def __repr__(self) -> str:
-        return f"ProgramState({self.text()!r})"
+def _finish(meta: Any) -> Any:
+    return [m.get("finish_reason") for m in meta] if isinstance(meta, list) else (meta or {}).get("finish_reason")
 
 
-class ProgramStateGroup:
-    """The states `fork` made: index, iterate, `+=` to all, and `join` back into the parent."""
-
-    def __init__(self, states: list[ProgramState], parent: ProgramState):
-        self.states = states
-        self.parent = parent
-
-    def __getitem__(self, i: int) -> ProgramState:
-        return self.states[i]
-
-    def __len__(self) -> int:
-        return len(self.states)
-
-    def __iter__(self) -> Iterator[ProgramState]:
-        return iter(self.states)
-
-    def __iadd__(self, other: Any) -> ProgramStateGroup:
-        """`forks += expr` (to every fork), or a list with one expression per fork."""
-        if isinstance(other, list):
-            if len(other) != len(self.states):
-                raise ValueError(f"forks += list: got {len(other)} expressions for {len(self.states)} forks")
-            for state, expr in zip(self.states, other):
-                state += expr
-        else:
-            for state in self.states:
-                state += other
-        return self
-
-    def join(self, mode: str = "gather_variable") -> None:
-        """gather_variable: each variable the forks set becomes, in the parent, the list of their
-        values; concate_and_append: also append each fork's new text to the parent, in order."""
-        if mode not in ("gather_variable", "concate_and_append"):
-            raise ValueError("join: mode must be 'gather_variable' or 'concate_and_append'")
-        for state in self.states:
-            state.sync()
-        parent = self.parent.stream_executor
-        parent.sync()
-        base_vars, base_len = parent.variables, len(parent.text_)
-        names: list[str] = []
-        for state in self.states:
-            for name, value in state.stream_executor.variables.items():
-                if name not in names and (name not in base_vars or base_vars[name] is not value):
-                    names.append(name)
-        for name in names:
-            self.parent[name] = [s.stream_executor.variables.get(name) for s in self.states]
-        if mode == "concate_and_append":
-            self.parent += "".join(s.stream_executor.text_[base_len:] for s in self.states)
-        for state in self.states:
-            state.stream_executor.end()
+def _received_text(result: tuple[Any, Any]) -> tuple[dict[str, Any], Any]:
+    text, meta = result
+    return {"text": text, "finish_reason": _finish(meta)}, meta
 
 
-def _to_json(value: Any) -> str:
-    import json
-
-    return json.dumps(value, ensure_ascii=False, default=str)
+_HANDLERS: dict[type, Callable[[StreamExecutor, Any], None]] = {
+    Text: lambda s, e: s._append(e.text),
+    Concat: StreamExecutor._concat,
+    Gen: StreamExecutor._gen,
+    Select: StreamExecutor._select,
+    RoleBegin: lambda s, e: s._role_begin(e.role),
+    RoleEnd: lambda s, e: s._role_end(e.role),
+    VarScopeBegin: lambda s, e: s.var_scope_begin.__setitem__(e.name, len(s.text_)),
+    VarScopeEnd: StreamExecutor._var_scope_end,
+    ToolResult: StreamExecutor._tool_result,
+    Media: lambda s, e: s.backend.add_media(s, e),
+}

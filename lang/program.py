@@ -2,34 +2,41 @@
 
 `run_batch` first traces each item's program up to its first model call (the text it would
 send regardless of model output); when the items share a prefix, that prefix is cached with one
-request before the items run, so the batch computes it once, not once per item.
+request before the items run, so the batch computes it once, not once per item
+(global_config.enable_precache_with_tracing). `run(trace=True)` / `run_batch(trace=True)` record
+each run's model calls (trace.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from radixlm.backend.base import Backend
-from radixlm.interpreter import ProgramState, StreamExecutor
+from radixlm.global_config import global_config
+from radixlm.interpreter import StreamExecutor
 from radixlm.ir import Concat, Expr, RoleBegin, RoleEnd, SamplingArgs, Text, as_expr
+from radixlm.state import ProgramState
+from radixlm.trace import TraceLog
 
-_default_backend: Backend | None = None
 _RUN_KEYS = {f for f in SamplingArgs.__dataclass_fields__}
 
 
 def set_default_backend(backend: Any) -> None:
-    global _default_backend
-    _default_backend = as_backend(backend)
+    global_config.default_backend = as_backend(backend)
 
 
 def get_default_backend() -> Backend | None:
-    return _default_backend
+    backend = global_config.default_backend
+    if backend is not None and not isinstance(backend, Backend):  # e.g. an Engine set directly
+        backend = global_config.default_backend = as_backend(backend)
+    return backend
 
 
 def as_backend(backend: Any) -> Backend:
@@ -46,9 +53,10 @@ def as_backend(backend: Any) -> Backend:
 def _backend(backend: Any) -> Backend:
     if backend is not None:
         return as_backend(backend)
-    if _default_backend is None:
+    default = get_default_backend()
+    if default is None:
         raise RuntimeError("no backend: call radixlm.set_default_backend(...) or pass backend=")
-    return _default_backend
+    return default
 
 
 def flush_cache(backend: Any = None) -> bool:
@@ -80,18 +88,22 @@ class SglFunction:
     def __call__(self, *args: Any, **kwargs: Any) -> ProgramState:
         return self.run(*args, **kwargs)
 
-    def run(self, *args: Any, backend: Any = None, stream: bool = False, **kwargs: Any) -> ProgramState:
+    def run(self, *args: Any, backend: Any = None, stream: bool = False, trace: bool | None = None,
+            use_thread: bool = True, **kwargs: Any) -> ProgramState:
         """Run the program. Keyword arguments named like gen's sampling arguments (max_new_tokens,
-        temperature, stop, ...) are the defaults for its gens; the rest go to the program."""
+        temperature, stop, ...) are the defaults for its gens; the rest go to the program.
+        `trace=True` records its model calls (`state.trace()`); `use_thread` is accepted for
+        SGLang compatibility (expressions always run on the state's worker thread)."""
         defaults, program_kwargs = _split_kwargs(kwargs)
-        executor = StreamExecutor(_backend(backend), defaults, stream=stream)
-        state = ProgramState(executor)
+        state = self._new_state(_backend(backend), defaults, stream, trace)
         if stream:
             threading.Thread(target=self._execute, args=(state, args, program_kwargs), daemon=True).start()
             return state
         self._execute(state, args, program_kwargs)
-        if executor.error_ is not None:
-            raise executor.error_
+        if state.stream_executor.error_ is not None:
+            raise state.stream_executor.error_
+        if global_config.verbosity >= 2:
+            print(state.text())
         return state
 
     async def run_async(self, *args: Any, **kwargs: Any) -> ProgramState:
@@ -100,45 +112,79 @@ class SglFunction:
 
     def run_batch(
         self,
-        batch_kwargs: list[dict[str, Any]],
+        batch_kwargs: list[Any],
         backend: Any = None,
         num_threads: str | int = "auto",
         progress_bar: bool = False,
+        generator_style: bool = False,
+        trace: bool | None = None,
         **kwargs: Any,
-    ) -> list[ProgramState]:
-        """Run the program once per dict of arguments, concurrently. A failing item does not stop
-        the others: its state's `error()` holds the exception."""
-        if not isinstance(batch_kwargs, list) or not all(isinstance(b, dict) for b in batch_kwargs):
-            raise TypeError("run_batch takes a list of dicts of program arguments")
+    ) -> Any:
+        """Run the program once per item, concurrently: an item is a dict of program arguments (or,
+        as in SGLang, a tuple of positional ones). A failing item does not stop the others: its
+        state's `error()` holds the exception. `generator_style=True` returns an iterator that
+        yields the states in order as they finish."""
+        batch_kwargs = self._batch_arguments(batch_kwargs)
         if not batch_kwargs:
-            return []
+            return iter([]) if generator_style else []
         be = _backend(backend)
         defaults, _ = _split_kwargs(kwargs)
         threads = _num_threads(num_threads, len(batch_kwargs))
-        if len(batch_kwargs) > 1:
+        if len(batch_kwargs) > 1 and global_config.enable_precache_with_tracing:
             self._cache_common_prefix(be, batch_kwargs)
-        states = [ProgramState(StreamExecutor(be, defaults)) for _ in batch_kwargs]
+        states = [self._new_state(be, defaults, False, trace) for _ in batch_kwargs]
         bar = None
         if progress_bar:
             from tqdm import tqdm
 
             bar = tqdm(total=len(states), desc=getattr(self.func, "__name__", "program"))
 
-        def one(i: int) -> None:
+        def one(i: int) -> ProgramState:
             self._execute(states[i], (), batch_kwargs[i])
             if bar is not None:
                 bar.update(1)
+            return states[i]
 
-        with ThreadPoolExecutor(threads) as pool:
-            list(pool.map(one, range(len(states))))
+        pool = ThreadPoolExecutor(threads)
+        futures = [pool.submit(one, i) for i in range(len(states))]
+        pool.shutdown(wait=False)
+        if generator_style:
+            return _in_order(futures, bar)
+        for future in futures:
+            future.result()
         if bar is not None:
             bar.close()
         return states
 
+    def cache(self, backend: Any = None) -> None:
+        """Cache the text the program sends before its first model call (with the bound
+        arguments), so later runs reuse it (SGLang's `cache`)."""
+        prefix = trace_prefix(self.func, dict(self.bound), _backend(backend))
+        if prefix:
+            _backend(backend).cache_prefix(prefix)
+
+    def _new_state(self, backend: Backend, defaults: SamplingArgs, stream: bool, trace: bool | None) -> ProgramState:
+        traced = global_config.enable_tracing if trace is None else trace
+        log = TraceLog(getattr(self.func, "__name__", "program")) if traced else None
+        return ProgramState(StreamExecutor(backend, defaults, stream=stream, trace=log))
+
+    def _batch_arguments(self, batch: Any) -> list[dict[str, Any]]:
+        if not isinstance(batch, (list, tuple)) or not all(isinstance(b, (dict, list, tuple)) for b in batch):
+            raise TypeError("run_batch takes a list of dicts (or tuples) of program arguments")
+        names = [p for p in inspect.signature(self.func).parameters][1:]  # after `s`
+        out = []
+        for item in batch:
+            if not isinstance(item, dict):
+                if len(item) > len(names):
+                    raise TypeError(f"run_batch: {len(item)} positional arguments for a program taking {len(names)}")
+                item = dict(zip(names, item))
+            out.append(item)
+        return out
+
     def _execute(self, state: ProgramState, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         executor = state.stream_executor
         try:
-            self.func(state, *args, **{**self.bound, **kwargs})
+            state.ret_value = self.func(state, *args, **{**self.bound, **kwargs})
         except BaseException as e:  # the program's own error counts as the state's error
             if executor.error_ is None:
                 executor.error_ = e
@@ -153,11 +199,18 @@ class SglFunction:
             backend.cache_prefix(common)
 
 
+def _in_order(futures: list[Any], bar: Any) -> Iterator[ProgramState]:
+    for future in futures:
+        yield future.result()
+    if bar is not None:
+        bar.close()
+
+
 def _split_kwargs(kwargs: dict[str, Any]) -> tuple[SamplingArgs, dict[str, Any]]:
     sampling = {k: v for k, v in kwargs.items() if k in _RUN_KEYS or k == "max_tokens"}
     if "max_tokens" in sampling:
         sampling["max_new_tokens"] = sampling.pop("max_tokens")
-    defaults = SamplingArgs(**{"max_new_tokens": 128, **sampling})
+    defaults = SamplingArgs(**{"max_new_tokens": global_config.default_max_new_tokens, **sampling})
     return defaults, {k: v for k, v in kwargs.items() if k not in _RUN_KEYS and k != "max_tokens"}
 
 

@@ -17,11 +17,9 @@ and appends its result as a `tool` message.
 
 from __future__ import annotations
 
-import enum
 import inspect
 import json
 import re
-import types
 import typing
 import uuid
 from collections.abc import Callable
@@ -29,8 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixlm.tool_calls import Tool, parse_tools, tool_call_schema, tools_system_prompt
+from radixlm.typed import schema_problem, type_schema
 
-__all__ = ["ToolCall", "ToolSet", "function_to_tool", "tools_prompt"]
+__all__ = ["ToolCall", "ToolSet", "function_to_tool", "schema_problem", "tools_prompt"]
 
 
 @dataclass
@@ -116,7 +115,7 @@ def function_to_tool(fn: Callable[..., Any]) -> dict[str, Any]:
     for pname, param in inspect.signature(fn).parameters.items():
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             continue
-        schema = _type_schema(hints.get(pname, str), f"{name}({pname})")
+        schema = type_schema(hints.get(pname, str), f"tool {name}({pname})")
         if pname in arg_docs:
             schema["description"] = arg_docs[pname]
         properties[pname] = schema
@@ -140,77 +139,3 @@ def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
             if item:
                 args[item.group(1)] = item.group(2).strip()
     return description, args
-
-
-_SCALARS = {str: "string", int: "integer", float: "number", bool: "boolean"}
-
-
-def _type_schema(hint: Any, where: str) -> dict[str, Any]:
-    if hint in _SCALARS:
-        return {"type": _SCALARS[hint]}
-    if hint is Any:
-        return {}
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin is typing.Literal:
-        return {"enum": list(args)}
-    if origin in (typing.Union, types.UnionType):
-        options = [a for a in args if a is not type(None)]
-        if len(options) == 1:
-            return _type_schema(options[0], where)
-        return {"anyOf": [_type_schema(a, where) for a in options]}
-    if hint in (list, tuple) or origin in (list, tuple):
-        return {"type": "array", "items": _type_schema(args[0], where)} if args else {"type": "array"}
-    if hint is dict or origin is dict:
-        return {"type": "object"}
-    if isinstance(hint, type) and issubclass(hint, enum.Enum):
-        return {"enum": [m.value for m in hint]}
-    raise ValueError(f"tool {where}: cannot describe type {hint!r} in JSON schema; use str, int, float, bool, list, dict, Literal")
-
-
-def schema_problem(value: Any, schema: dict[str, Any]) -> str | None:
-    """Validate with jsonschema when installed, else a check of the subset function_to_tool emits."""
-    try:
-        import jsonschema
-    except ImportError:
-        return _subset_problem(value, schema, "arguments")
-    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(value))
-    return None if error is None else error.message
-
-
-_JSON_TYPES: dict[str, Callable[[Any], bool]] = {
-    "string": lambda v: isinstance(v, str),
-    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
-    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-    "boolean": lambda v: isinstance(v, bool),
-    "array": lambda v: isinstance(v, list),
-    "object": lambda v: isinstance(v, dict),
-    "null": lambda v: v is None,
-}
-
-
-def _subset_problem(value: Any, schema: dict[str, Any], where: str) -> str | None:
-    kind = schema.get("type")
-    if isinstance(kind, str) and kind in _JSON_TYPES and not _JSON_TYPES[kind](value):
-        return f"{where} should be of type {kind}"
-    if "enum" in schema and value not in schema["enum"]:
-        return f"{where} should be one of {schema['enum']}"
-    if "anyOf" in schema and all(_subset_problem(value, s, where) for s in schema["anyOf"]):
-        return f"{where} matches none of its options"
-    if isinstance(value, dict):
-        for key in schema.get("required", []):
-            if key not in value:
-                return f"{where} lacks required {key!r}"
-        props = schema.get("properties", {})
-        for key, item in value.items():
-            if key in props:
-                problem = _subset_problem(item, props[key], f"{where}.{key}")
-                if problem:
-                    return problem
-            elif schema.get("additionalProperties") is False:
-                return f"{where} has unexpected {key!r}"
-    if isinstance(value, list) and isinstance(schema.get("items"), dict):
-        for i, item in enumerate(value):
-            problem = _subset_problem(item, schema["items"], f"{where}[{i}]")
-            if problem:
-                return problem
-    return None

@@ -130,7 +130,8 @@ class SamplingParamsInput(Strict):
     structural_tag: str | None = Field(default=None, description="triggered structures, as JSON text")
     no_stop_trim: bool | None = None
     stop_regex: either(str | list[str] | None, "a string or a list of strings") = Field(
-        default=None, description="accepted when empty only")
+        default=None, description="regular expressions (Python syntax; no anchors, lookaround or backreferences): "
+        "generation stops where the text first matches one, cut there as at a stop string")
 
 
 class GenerateReqInput(Strict):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -143,3 +144,13 @@ def accepts_text(compiled: Any, tokenizer: Any, text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def first_regex_match(text: str, pattern: str) -> tuple[int, int] | None:
+    """Where a regex stop (`stop_regex`) fires, by its definition: the first end of a match as the
+    text grows character by character, then that match's earliest start; None if never."""
+    for end in range(1, len(text) + 1):
+        for start in range(end):
+            if re.fullmatch(pattern, text[start:end]):
+                return start, end
+    return None

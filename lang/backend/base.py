@@ -1,22 +1,24 @@
 """What the interpreter asks of a backend, and the shared code of the two native-API backends.
 
-A backend turns one program step into model calls: `generate` (a gen), `select` (score the
-choices), `tool_call` (a gen with tools), `cache_prefix` (make a prompt's KV cached before
-several requests share it: fork, run_batch). `NativeBackend` implements all of them over
-SGLang's /generate request shape; RuntimeEndpoint sends those requests over HTTP, EngineBackend
-to an in-process Engine.
+A backend turns one program step into model calls: `generate` (a gen; with `n` > 1 it returns
+the lists of the n texts and metas), `select` (score the choices), `tool_call` (a gen with
+tools), `add_media` (an image or video: refused unless the model has vision support),
+`cache_prefix` (make a prompt's KV cached before several requests share it: fork, run_batch).
+`NativeBackend` implements them over SGLang's /generate request shape; RuntimeEndpoint sends
+those requests over HTTP, EngineBackend to an in-process Engine.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from radixlm.chat_template import CHATML, ChatTemplate
-from radixlm.choices import ChoiceScores, choice_token_span, decide
-from radixlm.ir import UNCONDITIONAL_LIKELIHOOD_NORMALIZED, Gen, SamplingArgs, Select
+from radixlm.choices import ChoiceScores, TokenEntry, choice_token_span, decide, requires_unconditional
+from radixlm.ir import Gen, Media, SamplingArgs, Select
 from radixlm.tool_calls import tool_call_structures
 from radixlm.tools import ToolCall, ToolSet
 
@@ -33,10 +35,20 @@ class BackendError(RuntimeError):
     """A backend cannot be reached, or answered with an error."""
 
 
+class NotSupportedError(BackendError, NotImplementedError):
+    """The program asked for something this backend or its model cannot do (the message says what)."""
+
+
 class Backend:
     chat_template: ChatTemplate = CHATML
+    sends_messages = False  # True where the API takes chat messages rather than the state's text
 
-    def generate(self, s: StreamExecutor, gen: Gen, sampling: SamplingArgs) -> tuple[str, dict[str, Any]]:
+    def describe(self) -> str:
+        """The model and where it runs, for error messages."""
+        return f"the {type(self).__name__} backend's model"
+
+    def generate(self, s: StreamExecutor, gen: Gen, sampling: SamplingArgs) -> tuple[Any, Any]:
+        """(text, meta info); with sampling.n > 1, (the n texts, their n metas)."""
         raise NotImplementedError
 
     def generate_stream(self, s: StreamExecutor, gen: Gen, sampling: SamplingArgs) -> Iterator[tuple[str, dict[str, Any] | None]]:
@@ -45,17 +57,19 @@ class Backend:
         yield text, meta
 
     def select(self, s: StreamExecutor, sel: Select) -> tuple[int, dict[str, Any]]:
-        raise NotImplementedError
+        raise NotSupportedError(f"select needs the choices' log-probabilities, which {self.describe()} does not give")
 
     def tool_call(self, s: StreamExecutor, gen: Gen, sampling: SamplingArgs, tools: ToolSet) -> tuple[str, Any, dict[str, Any]]:
         """(text appended to the state, the variable's value: a ToolCall or the text, meta)."""
-        raise NotImplementedError
+        raise NotSupportedError(f"gen(tools=...) is not supported with {self.describe()}")
 
-    def _serves_structural_tags(self) -> bool:
-        """True when the server's grammar backend constrains structural tags (xgrammar, llguidance)."""
-        if self._structural_tags is None:
-            self._structural_tags = self.get_server_info().get("grammar_backend") in ("xgrammar", "llguidance")
-        return self._structural_tags
+    def add_media(self, s: StreamExecutor, media: Media) -> None:
+        """Put an image or video into the current message. A backend for a vision model appends
+        the model's media tokens to the text and records the content part for the message."""
+        raise NotSupportedError(
+            f"{media.kind}(): {self.describe()} has no vision support (radixlm serves text-only models: "
+            f"Llama, Mistral, Qwen2, Qwen3); use a backend whose model reads {media.kind}s"
+        )
 
     def cache_prefix(self, prompt: str) -> None:
         """Make `prompt`'s KV cached (no-op where the backend has no prefix cache)."""
@@ -91,8 +105,12 @@ class NativeBackend(Backend):
         raise NotImplementedError
 
     # ------------------------------------------------------------------ program steps
-    def generate(self, s: StreamExecutor, gen: Gen, sampling: SamplingArgs) -> tuple[str, dict[str, Any]]:
-        result = _checked(self.call(self._payload(s.text_, gen, sampling)))
+    def generate(self, s: StreamExecutor, gen: Gen, sampling: SamplingArgs) -> tuple[Any, Any]:
+        results = self.call(self._payload(s.text_, gen, sampling))
+        if isinstance(results, list):  # n > 1: one result per sample
+            results = [_checked(r) for r in results]
+            return [r["text"] for r in results], [r["meta_info"] for r in results]
+        result = _checked(results)
         return result["text"], result["meta_info"]
 
     def generate_stream(self, s: StreamExecutor, gen: Gen, sampling: SamplingArgs) -> Iterator[tuple[str, dict[str, Any] | None]]:
@@ -118,7 +136,7 @@ class NativeBackend(Backend):
         yield (final[len(sent) :] if final.startswith(sent) else ""), {**last["meta_info"], **logprobs}
 
     def select(self, s: StreamExecutor, sel: Select) -> tuple[int, dict[str, Any]]:
-        scores = self.score_choices(s.text_, sel.choices, sel.choices_method == UNCONDITIONAL_LIKELIHOOD_NORMALIZED)
+        scores = self.score_choices(s.text_, sel.choices, requires_unconditional(sel.choices_method))
         return decide(sel.choices, scores, sel.choices_method, sel.temperature)
 
     def tool_call(self, s: StreamExecutor, gen: Gen, sampling: SamplingArgs, tools: ToolSet) -> tuple[str, Any, dict[str, Any]]:
@@ -163,14 +181,17 @@ class NativeBackend(Backend):
             prefix = self.call({"text": prompt, "sampling_params": {"max_new_tokens": 0}})
             start = max(prefix["meta_info"]["prompt_tokens"] - 1, 0)  # the boundary token may re-tokenize
         results = self._score([prompt + c for c in choices], start)
+        entries = [_choice_entries(r, c) for r, c in zip(results, choices)]
         scores = ChoiceScores(
-            [_choice_logprobs(r, c) for r, c in zip(results, choices)],
+            [[float(e[0]) for e in choice] for choice in entries],
             prompt_tokens=max(r["meta_info"]["prompt_tokens"] for r in results),
             cached_tokens=min(r["meta_info"]["cached_tokens"] for r in results),
+            token_entries=entries,
         )
         if unconditional:
             plain = self._score([UNCONDITIONAL_PREFIX + c for c in choices], 0)
-            scores.unconditional_logprobs = [_choice_logprobs(r, c) for r, c in zip(plain, choices)]
+            scores.unconditional_entries = [_choice_entries(r, c) for r, c in zip(plain, choices)]
+            scores.unconditional_logprobs = [[float(e[0]) for e in choice] for choice in scores.unconditional_entries]
         return scores
 
     def _score(self, texts: list[str], start: int) -> list[dict[str, Any]]:
@@ -201,10 +222,44 @@ def _checked(result: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def _choice_logprobs(result: dict[str, Any], choice: str) -> list[float]:
+def _choice_entries(result: dict[str, Any], choice: str) -> list[TokenEntry]:
+    """The [logprob, token_id, token_text] entries of the tokens that spell `choice`."""
     entries = result["meta_info"]["input_token_logprobs"]
     span = choice_token_span([e[2] if len(e) > 2 and e[2] is not None else "" for e in entries], choice)
-    return [float(e[0]) for e in entries[-span:] if e[0] is not None]
+    return [list(e) for e in entries[-span:] if e[0] is not None]
+
+
+def import_client(module: str, backend: str, extra: str) -> Any:
+    """The optional client package a backend speaks through; ImportError naming the extra."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ImportError(f"radixlm.{backend} needs the {module} package: pip install radixlm[{extra}]") from e
+
+
+def chat_messages(s: StreamExecutor, api: str) -> list[dict[str, Any]]:
+    """The state's finished messages, for a chat API: the gen must open an assistant message."""
+    if s.cur_role != "assistant":
+        where = f"in a {s.cur_role!r} role" if s.cur_role else "outside any role"
+        raise ValueError(
+            f"on the {api} a gen must sit inside an assistant role, as in s += assistant(gen(...)); this one is {where}"
+        )
+    if s.text_[s.cur_role_begin :]:
+        raise ValueError(
+            f"on the {api} a gen must open its assistant message: the API cannot continue text already in it "
+            f"({s.text_[s.cur_role_begin :][:60]!r}); move that text into the user message"
+        )
+    return [dict(m) for m in s.messages_]
+
+
+def refuse_unsupported(sampling: SamplingArgs, gen: Gen, api: str, supported: set[str]) -> None:
+    """NotSupportedError naming the gen arguments `api` cannot express (SamplingArgs fields
+    outside `supported`, logprobs, tools)."""
+    unsupported = sorted(k for k, v in vars(sampling).items() if v is not None and k not in supported)
+    if gen.return_logprob:
+        unsupported.append("return_logprob")
+    if unsupported:
+        raise NotSupportedError(f"the {api} cannot express gen({', '.join(unsupported)}=...)")
 
 
 def parse_call(text: str, tools: ToolSet) -> ToolCall | None:

@@ -22,6 +22,10 @@ class EngineBackend(NativeBackend):
             )
         self.chat_template = template or CHATML
 
+    def describe(self) -> str:
+        model = getattr(getattr(self.engine, "server_args", None), "model_path", None)
+        return f"the model {model or 'SmolLM2-135M-Instruct (the default)'} of this process's Engine"
+
     def call(self, payload: dict[str, Any]) -> Any:
         try:
             return self.engine.generate(payload["text"], **{k: payload[k] for k in _ENGINE_KEYS if k in payload})

@@ -7,8 +7,11 @@ How program steps map onto the API, and what it cannot express:
   outside an assistant role, or after text already in its message, has no place in that API: a
   ValueError says so.
 - gen on a completion model (`is_chat_model=False`): /v1/completions with the state's text.
-- sampling: max_new_tokens -> max_tokens; stop, temperature, top_p, frequency/presence penalty
-  and seed as they are; json_schema -> `response_format` json_schema on chat models. The rest
+- sampling: max_new_tokens -> max_tokens; n, stop, temperature, top_p, frequency/presence penalty
+  and seed as they are (n > 1: the variable is the list of the choices' texts); json_schema ->
+  `response_format` json_schema on chat models (typed outputs: json_schema=a pydantic model,
+  dataclass or TypedDict, as on the native backends). stop_regex and
+  spaces_between_special_tokens have no field in the API: a NotSupportedError says so. The rest
   (regex, top_k, min_p, min_tokens, repetition_penalty, ignore_eos, stop_token_ids,
   skip_special_tokens, and json_schema on completion models) are SGLang's extensions, sent in the
   request body: servers like ours take them, others answer 400 and the error names them.
@@ -36,10 +39,19 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from radixlm.backend.base import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, UNCONDITIONAL_PREFIX, Backend, BackendError
+from radixlm.backend.base import (
+    TOOL_CALL_CLOSE,
+    TOOL_CALL_OPEN,
+    UNCONDITIONAL_PREFIX,
+    Backend,
+    BackendError,
+    NotSupportedError,
+    chat_messages,
+    import_client,
+)
 from radixlm.chat_template import CHATML, ChatTemplate
-from radixlm.choices import ChoiceScores, choice_token_span, decide
-from radixlm.ir import UNCONDITIONAL_LIKELIHOOD_NORMALIZED, Gen, SamplingArgs, Select
+from radixlm.choices import ChoiceScores, choice_token_span, decide, requires_unconditional
+from radixlm.ir import Gen, SamplingArgs, Select
 from radixlm.tools import ToolCall, ToolSet
 
 if TYPE_CHECKING:
@@ -47,7 +59,7 @@ if TYPE_CHECKING:
 
 # SamplingArgs field -> the OpenAI request field that carries it ...
 _STANDARD_FIELDS = {
-    "max_new_tokens": "max_tokens", "stop": "stop", "temperature": "temperature", "top_p": "top_p",
+    "max_new_tokens": "max_tokens", "n": "n", "stop": "stop", "temperature": "temperature", "top_p": "top_p",
     "frequency_penalty": "frequency_penalty", "presence_penalty": "presence_penalty", "seed": "seed",
 }
 # ... or the SGLang extension field, sent in the body (`extra_body`)
@@ -56,6 +68,7 @@ _EXTENSION_FIELDS = {
     "ignore_eos": "ignore_eos", "stop_token_ids": "stop_token_ids", "skip_special_tokens": "skip_special_tokens",
     "regex": "regex", "ebnf": "ebnf",
 }
+_NO_API_FIELD = ("stop_regex", "spaces_between_special_tokens")  # SamplingArgs fields the API cannot carry
 _CALL_BLOCK = re.compile(re.escape(TOOL_CALL_OPEN) + ".*?" + re.escape(TOOL_CALL_CLOSE), re.DOTALL)
 _SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _NO_PROMPT_LOGPROBS = (
@@ -66,30 +79,27 @@ _NO_PROMPT_LOGPROBS = (
 TokenLogprobs = tuple[list[str], list[float | None]]  # one scored prompt: its tokens' texts and logprobs
 
 
-def import_openai() -> Any:
-    try:
-        import openai
-    except ImportError as e:
-        raise ImportError("radixlm.OpenAI needs the openai package: pip install radixlm[openai]") from e
-    return openai
-
-
 class OpenAI(Backend):
     def __init__(
         self,
-        model: str,
+        model: str | None = None,
         base_url: str | None = None,
         api_key: str | None = None,
         is_chat_model: bool | None = None,
         chat_template: ChatTemplate | None = None,
+        *,
+        model_name: str | None = None,
         **client_kwargs: Any,
     ):
         """`base_url` as the client takes it (e.g. "http://127.0.0.1:30000/v1"; None: the
         client's default, OpenAI's service); `client_kwargs` go to `openai.OpenAI` (timeout,
         max_retries, ...). A local server needs no key: with a base_url and no key given or in
-        OPENAI_API_KEY, a placeholder is sent."""
-        self.openai = import_openai()
-        self.model = model
+        OPENAI_API_KEY, a placeholder is sent. `model_name` is SGLang's name of `model`."""
+        if (model is None) == (model_name is None):
+            raise TypeError("OpenAI: pass the model (as `model` or SGLang's `model_name`), once")
+        model = model if model is not None else model_name
+        self.openai = import_client("openai", "OpenAI", "openai")
+        self.model: str = model  # type: ignore[assignment]
         self.is_chat_model = True if is_chat_model is None else bool(is_chat_model)
         if api_key is None and base_url is not None and not os.environ.get("OPENAI_API_KEY"):
             api_key = "EMPTY"
@@ -102,6 +112,13 @@ class OpenAI(Backend):
         self._http = httpx.Client(base_url=self.root_url, headers={"Authorization": f"Bearer {self.client.api_key}"},
                                   timeout=httpx.Timeout(60.0, connect=10.0))
         self._chat_template = chat_template
+
+    def describe(self) -> str:
+        return f"the model {self.model!r} at {self.base_url}"
+
+    @property  # type: ignore[override]
+    def sends_messages(self) -> bool:
+        return self.is_chat_model
 
     @property  # type: ignore[override]
     def chat_template(self) -> ChatTemplate:
@@ -117,15 +134,19 @@ class OpenAI(Backend):
         return self._chat_template
 
     # ------------------------------------------------------------------ gen
-    def generate(self, s: StreamExecutor, gen: Gen, sampling: SamplingArgs) -> tuple[str, dict[str, Any]]:
+    def generate(self, s: StreamExecutor, gen: Gen, sampling: SamplingArgs) -> tuple[Any, Any]:
         create, request = self._gen_request(s, gen, sampling)
         response = self._create(create, request)
-        choice = response.choices[0]
-        text = (choice.message.content if self.is_chat_model else choice.text) or ""
-        meta = _meta(response.id, choice.finish_reason, response.usage)
-        if gen.return_logprob:
-            meta.update(_output_logprobs(choice.logprobs, self.is_chat_model))
-        return text, meta
+        texts, metas = [], []
+        for i, choice in enumerate(sorted(response.choices, key=lambda c: c.index)):
+            texts.append((choice.message.content if self.is_chat_model else choice.text) or "")
+            meta = _meta(response.id, choice.finish_reason, response.usage if i == 0 else None)  # usage: the total
+            if gen.return_logprob:
+                meta.update(_output_logprobs(choice.logprobs, self.is_chat_model))
+            metas.append(meta)
+        if (sampling.n or 1) > 1:
+            return texts, metas
+        return texts[0], metas[0]
 
     def generate_stream(self, s: StreamExecutor, gen: Gen, sampling: SamplingArgs) -> Iterator[tuple[str, dict[str, Any] | None]]:
         create, request = self._gen_request(s, gen, sampling)
@@ -172,6 +193,10 @@ class OpenAI(Backend):
     def _gen_request(self, s: StreamExecutor, gen: Gen, sampling: SamplingArgs) -> tuple[Callable[..., Any], dict[str, Any]]:
         """The client's create function for one gen, and its keyword arguments."""
         values = vars(sampling)
+        refused = [f for f in _NO_API_FIELD if values[f] is not None]
+        if refused:
+            raise NotSupportedError(f"gen({', '.join(refused)}=...) has no field in the OpenAI API; "
+                                    "use a native backend (RuntimeEndpoint or an Engine)")
         request: dict[str, Any] = {"model": self.model, "n": 1}
         request.update({api: values[f] for f, api in _STANDARD_FIELDS.items() if values[f] is not None})
         extra = {api: values[f] for f, api in _EXTENSION_FIELDS.items() if values[f] is not None}
@@ -192,17 +217,12 @@ class OpenAI(Backend):
         return create, request
 
     def _messages(self, s: StreamExecutor) -> list[dict[str, Any]]:
-        if s.cur_role != "assistant":
-            where = f"in a {s.cur_role!r} role" if s.cur_role else "outside any role"
-            raise ValueError(
-                f"on a chat model a gen must sit inside an assistant role, as in s += assistant(gen(...)); "
-                f"this one is {where} (for free text completion use OpenAI(..., is_chat_model=False))"
-            )
-        if s.text_[s.cur_role_begin :]:
-            raise ValueError(
-                "on a chat model a gen must open its assistant message: the chat API cannot continue text "
-                f"already in it ({s.text_[s.cur_role_begin :][:60]!r}); move that text into the user message"
-            )
+        if s.cur_role != "assistant" or s.text_[s.cur_role_begin :]:
+            try:
+                chat_messages(s, "chat API")
+            except ValueError as e:
+                hint = " (for free text completion use OpenAI(..., is_chat_model=False))" if s.cur_role != "assistant" else ""
+                raise ValueError(f"{e}{hint}") from None
         return [_api_message(m) for m in s.messages_]
 
     def _logprob_fields(self, gen: Gen) -> dict[str, Any]:
@@ -217,14 +237,17 @@ class OpenAI(Backend):
     # ------------------------------------------------------------------ select
     def select(self, s: StreamExecutor, sel: Select) -> tuple[int, dict[str, Any]]:
         scored, cached = self._prompt_logprobs([s.text_ + c for c in sel.choices])
+        entries = [_choice_entries(texts, logprobs, c) for (texts, logprobs), c in zip(scored, sel.choices)]
         scores = ChoiceScores(
-            [_choice_logprobs(texts, logprobs, c) for (texts, logprobs), c in zip(scored, sel.choices)],
+            [[e[0] for e in choice] for choice in entries],
             prompt_tokens=max(len(texts) for texts, _ in scored),
             cached_tokens=cached // len(sel.choices),  # the API reports the total: the mean per choice
+            token_entries=entries,  # type: ignore[arg-type]
         )
-        if sel.choices_method == UNCONDITIONAL_LIKELIHOOD_NORMALIZED:
+        if requires_unconditional(sel.choices_method):
             plain, _ = self._prompt_logprobs([UNCONDITIONAL_PREFIX + c for c in sel.choices])
-            scores.unconditional_logprobs = [_choice_logprobs(t, lp, c) for (t, lp), c in zip(plain, sel.choices)]
+            scores.unconditional_entries = [_choice_entries(t, lp, c) for (t, lp), c in zip(plain, sel.choices)]  # type: ignore[misc]
+            scores.unconditional_logprobs = [[e[0] for e in choice] for choice in scores.unconditional_entries]
         return decide(sel.choices, scores, sel.choices_method, sel.temperature)
 
     def _prompt_logprobs(self, prompts: list[str]) -> tuple[list[TokenLogprobs], int]:
@@ -337,9 +360,10 @@ def _response_format(json_schema: str) -> dict[str, Any]:
     return {"type": "json_schema", "json_schema": {"name": name, "schema": schema}}
 
 
-def _choice_logprobs(texts: list[str], logprobs: list[float | None], choice: str) -> list[float]:
+def _choice_entries(texts: list[str], logprobs: list[float | None], choice: str) -> list[list[Any]]:
+    """[logprob, None, token_text] of the tokens that spell `choice` (the API gives no token ids)."""
     span = choice_token_span([t or "" for t in texts], choice)
-    return [float(lp) for lp in logprobs[-span:] if lp is not None]
+    return [[float(lp), None, t] for t, lp in zip(texts[-span:], logprobs[-span:]) if lp is not None]
 
 
 def _output_logprobs(logprobs: Any, is_chat: bool) -> dict[str, Any]:

@@ -23,6 +23,9 @@ class RuntimeEndpoint(NativeBackend):
         # a server that does not publish its role wrappers (a real SGLang server) gets ChatML
         self.chat_template = chat_template or (ChatTemplate.from_dict(published) if isinstance(published, dict) else CHATML)
 
+    def describe(self) -> str:
+        return f"the model {self.model_info.get('model_path', '(unnamed)')} at {self.base_url}"
+
     def call(self, payload: dict[str, Any]) -> Any:
         return self._request("POST", "/generate", payload)
 

@@ -1,4 +1,4 @@
-"""Incremental detokenization with stop strings: one `IncrementalDecoder` per request.
+"""Incremental detokenization with stop strings and regex stops: one `IncrementalDecoder` per request.
 
 Contract. Feed the request's output token ids with `push(ids)` as they are sampled, then call
 `finish()` once when generation ends for another reason (EOS, length, abort). Each call returns
@@ -16,6 +16,11 @@ a text delta that is safe to show the user:
   "". Which stop matches and where depends only on the text, not on how it was split into tokens.
   While streaming, the longest suffix of the text that is a proper prefix of some stop string is
   held back; it is released once it can no longer become a stop, or by `finish()`.
+* Regex stops (`params.stop_regex`, `sampling/stop_regex.py`). The same, with "the first
+  character after which the text contains a match" for "the first occurrence": `matched_stop` is
+  the matched text, the match that ends first (the earliest-starting of those) competes with the
+  stop strings by where it ends (the longer on a tie, a stop string if both are as long), and
+  text from the start of a match still in progress is held back.
 
 Technique ("prefix offset / read offset", as in vLLM and TGI): the ids in
 `window[:read_len]` have been decoded into text already accounted for; a push decodes the
@@ -32,6 +37,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
+
+from radixlm.runtime.sampling.stop_regex import StopRegexMatcher
 
 if TYPE_CHECKING:
     from radixlm.runtime.sampling.sampling_params import SamplingParams
@@ -55,6 +62,7 @@ class IncrementalDecoder:
         self._no_stop_trim = params.no_stop_trim
         self._stop_prefixes = frozenset(s[:k] for s in self._stops for k in range(1, len(s)))
         self._max_stop_prefix_len = max(map(len, self._stop_prefixes), default=0)
+        self._regex = StopRegexMatcher(params.stop_regex) if params.stop_regex else None
         context = list(prompt_ids_tail or ())[-MAX_PROMPT_CONTEXT_LEN:]
         if self._decode(context).endswith(REPLACEMENT_CHAR):
             context = []  # the prompt ends inside a character: no clean boundary to diff against
@@ -63,6 +71,7 @@ class IncrementalDecoder:
         self._window: list[int] = context
         self._read_len = len(context)
         self._pending = ""  # decoded, not yet emitted: a possible beginning of a stop string
+        self._pending_start = 0  # where `_pending` begins in the output text (regex positions)
         self._deltas: list[str] = []
         self._num_deltas_popped = 0  # deltas already returned by pop_new_text
         self.stopped = False
@@ -116,11 +125,18 @@ class IncrementalDecoder:
         return new_text[len(prefix_text) :]
 
     def _emit(self, new_text: str, is_final: bool) -> str:
-        """Run the stop-string check over held-back + new text; record and return the delta."""
+        """Run the stop checks over held-back + new text; record and return the delta."""
         # No stop can begin in text already emitted: every proper prefix of a stop at the end of
         # the text was held back, so scanning `_pending` is enough.
         pending = self._pending + new_text
         hit = self._first_stop(pending)
+        if self._regex is not None:
+            found = self._regex.feed(new_text)
+            if found is not None:
+                start, end = found[0] - self._pending_start, found[1] - self._pending_start
+                # the earlier end wins; on a tie the longer match, a stop string if equally long
+                if hit is None or (end, -(end - start)) < (hit[0] + len(hit[1]), -len(hit[1])):
+                    hit = (start, pending[start:end])
         if hit is not None:
             start, stop = hit
             self.stopped, self.matched_stop = True, stop
@@ -128,6 +144,7 @@ class IncrementalDecoder:
         else:
             keep = len(pending) - (0 if is_final else self._held_back_len(pending))
             delta, self._pending = pending[:keep], pending[keep:]
+            self._pending_start += keep
         if delta:
             self._deltas.append(delta)
         return delta
@@ -143,8 +160,12 @@ class IncrementalDecoder:
         return None if best is None else (best[1], best_stop)
 
     def _held_back_len(self, text: str) -> int:
-        """Length of the longest suffix of `text` that is a proper prefix of some stop string."""
-        for n in range(min(self._max_stop_prefix_len, len(text)), 0, -1):
+        """Length of the longest suffix of `text` that may still become part of a stop: a proper
+        prefix of some stop string, or the text from the start of a regex match in progress."""
+        held = 0
+        if self._regex is not None and (start := self._regex.pending_start()) is not None:
+            held = len(text) - (start - self._pending_start)
+        for n in range(min(self._max_stop_prefix_len, len(text)), held, -1):
             if text[-n:] in self._stop_prefixes:
                 return n
-        return 0
+        return held

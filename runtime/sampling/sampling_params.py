@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from radixlm.runtime.limits import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS
+from radixlm.runtime.sampling.stop_regex import compile_stop_regex
 
 # Temperatures below this are greedy, as in SGLang (`0 <= temperature < 1e-6`).
 SAMPLING_EPS = 1e-6
@@ -33,8 +34,8 @@ class SamplingParams:
 
     `max_new_tokens=None` means "until the context length". `top_k=-1` disables top-k.
     `temperature` below 1e-6 (typically 0) or `top_k == 1` means greedy (`is_greedy`).
-    `stop` may be given as a str or a list and is stored as `tuple[str, ...]`; `stop_token_ids`
-    is stored as a duplicate-free `tuple[int, ...]`. At most one of `regex`, `json_schema`,
+    `stop` and `stop_regex` may be given as a str or a list and are stored as `tuple[str, ...]`;
+    `stop_token_ids` is stored as a duplicate-free `tuple[int, ...]`. At most one of `regex`, `json_schema`,
     `ebnf`, `structural_tag` (a JSON string, `constrained.structural_tag`) may be set; an empty
     string counts as unset.
     """
@@ -60,9 +61,9 @@ class SamplingParams:
     ebnf: str | None = None
     structural_tag: str | None = None
     no_stop_trim: bool = False
-    # SGLang's regex stop patterns: accepted when empty (the sglang frontend always sends the
-    # field); non-empty patterns are refused until regex support lands with constrained decoding
-    stop_regex: str | tuple[str, ...] | None = None
+    # SGLang's regex stops (`stop_regex.py`): a str or a list, stored as `tuple[str, ...]`; the
+    # text is cut where it first matches one, as at a stop string
+    stop_regex: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _check_ints(self)
@@ -106,6 +107,7 @@ class SamplingParams:
         d = asdict(self)
         d["stop"] = list(self.stop)
         d["stop_token_ids"] = list(self.stop_token_ids)
+        d["stop_regex"] = list(self.stop_regex)
         return d
 
 
@@ -170,23 +172,13 @@ def _check_bools(p: SamplingParams) -> None:
 
 
 def _check_stops(p: SamplingParams) -> None:
-    stop: Any = p.stop
-    if stop is None:
-        stop = ()
-    elif isinstance(stop, str):
-        stop = (stop,)
-    if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
-        raise _fail("stop", "must be a string or a list of strings", p.stop)
-    if any(s == "" for s in stop):
-        raise _fail("stop", "must not contain empty strings", p.stop)
-    if len(stop) > MAX_STOP_STRINGS:
-        raise InvalidSamplingParams(f"sampling_params.stop has {len(stop)} strings; the limit is {MAX_STOP_STRINGS}")
-    longest = max(map(len, stop), default=0)
-    if longest > MAX_STOP_STRING_CHARS:
-        raise InvalidSamplingParams(
-            f"sampling_params.stop holds a string of {longest} characters; the limit is {MAX_STOP_STRING_CHARS}"
-        )
-    object.__setattr__(p, "stop", tuple(stop))
+    object.__setattr__(p, "stop", _string_list(p, "stop"))
+    object.__setattr__(p, "stop_regex", _string_list(p, "stop_regex"))
+    for pattern in p.stop_regex:
+        try:
+            compile_stop_regex(pattern)
+        except ValueError as e:
+            raise _fail("stop_regex", f"holds a pattern that cannot stop generation: {e}", pattern) from None
 
     ids: Any = p.stop_token_ids
     if ids is None:
@@ -199,9 +191,27 @@ def _check_stops(p: SamplingParams) -> None:
         )
     ordered = sorted(ids) if isinstance(ids, (set, frozenset)) else ids
     object.__setattr__(p, "stop_token_ids", tuple(dict.fromkeys(ordered)))
-    if p.stop_regex not in (None, "", (), []):
-        raise _fail("stop_regex", "is not supported yet (regex stops come with constrained decoding)", p.stop_regex)
-    object.__setattr__(p, "stop_regex", None)
+
+
+def _string_list(p: SamplingParams, name: str) -> tuple[str, ...]:
+    """`stop` / `stop_regex` as a checked tuple (None, a str, or a list of non-empty strings)."""
+    value: Any = getattr(p, name)
+    if value is None:
+        value = ()
+    elif isinstance(value, str):
+        value = (value,) if value or name == "stop" else ()  # SGLang's frontend sends stop_regex ""
+    if not isinstance(value, (list, tuple)) or not all(isinstance(s, str) for s in value):
+        raise _fail(name, "must be a string or a list of strings", getattr(p, name))
+    if any(s == "" for s in value):
+        raise _fail(name, "must not contain empty strings", getattr(p, name))
+    if len(value) > MAX_STOP_STRINGS:
+        raise InvalidSamplingParams(f"sampling_params.{name} has {len(value)} strings; the limit is {MAX_STOP_STRINGS}")
+    longest = max(map(len, value), default=0)
+    if longest > MAX_STOP_STRING_CHARS:
+        raise InvalidSamplingParams(
+            f"sampling_params.{name} holds a string of {longest} characters; the limit is {MAX_STOP_STRING_CHARS}"
+        )
+    return tuple(value)
 
 
 def _check_grammars(p: SamplingParams) -> None:

@@ -71,8 +71,8 @@ class SchedulerStack:
     ) -> Req:
         """A scheduler request for already validated input ids. Its IncrementalDecoder makes the
         text (the Engine's output) and watches for stop strings; a server's scheduler, whose text
-        comes from the detokenizer, needs it only when there are stop strings (`track_text=False`)."""
-        decoder = IncrementalDecoder(self.tokenizer, params, ids) if track_text or params.stop else None
+        comes from the detokenizer, needs it only when there are stop strings or regexes (`track_text=False`)."""
+        decoder = IncrementalDecoder(self.tokenizer, params, ids) if track_text or params.stop or params.stop_regex else None
         return Req(rid, ids, params, self.eos_ids, logprob, decoder)
 
     def server_info(self) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from radixlm_testing import first_regex_match
 
 from radixlm.runtime.detokenizer.detokenizer import IncrementalDecoder
 from radixlm.runtime.model.model_files import resolve_model_path
@@ -278,3 +279,85 @@ def test_streaming_never_leaks_a_partial_stop(
         for rest in continuations:
             assert reference_stop(so_far + rest, stops, no_stop_trim=False)[0].startswith(dec.text)
         assert reference_stop(text, stops, no_stop_trim=False)[0].startswith(dec.text)
+
+
+# ---------------------------------------------------------------- regex stops (stop_regex)
+
+REGEXES = ["a+b", "b[ é]", "é+a", "(ab|ba)", "a{2}", "🎉.", "[^a ]b"]
+
+
+def reference_regex_stop(
+    text: str, stops: Sequence[str], regexes: Sequence[str], no_stop_trim: bool
+) -> tuple[str, str | None]:
+    """Char-by-char spec: at the first end where a stop string or a match of a regex ends, the
+    longest of them (a stop string on a tie) cuts the text."""
+    for end in range(1, len(text) + 1):
+        hits = [(len(s), 1, s) for s in stops if text[:end].endswith(s)]
+        for pattern in regexes:
+            match = first_regex_match(text[:end], pattern)
+            if match is not None and match[1] == end:
+                hits.append((end - match[0], 0, text[match[0] : end]))
+        if hits:
+            matched = max(hits)[2]
+            return (text[:end] if no_stop_trim else text[: end - len(matched)]), matched
+    return text, None
+
+
+def test_stop_regex_cuts_before_the_match(smol: Tokenizer) -> None:
+    params = SamplingParams(stop_regex=r"w\w+,")
+    dec, deltas = stream(smol, smol.encode(TEXT), params)
+    assert dec.stopped and dec.matched_stop == "world," and dec.text == "".join(deltas) == "Hello "
+    dec, _ = stream(smol, smol.encode(TEXT), SamplingParams(stop_regex=[r"h\w+", "d, x"], no_stop_trim=True))
+    assert dec.matched_stop == "ho" and dec.text == "Hello world, ho"  # stops as soon as a match ends
+    dec, _ = stream(smol, smol.encode(TEXT), SamplingParams(stop_regex=r"\d"))
+    assert not dec.stopped and dec.text == TEXT  # never matched: everything released at finish
+
+
+def test_stop_regex_competes_with_stop_strings_by_where_it_ends(smol: Tokenizer) -> None:
+    dec, _ = stream(smol, smol.encode(TEXT), SamplingParams(stop=("you",), stop_regex=r"o\w"))
+    assert dec.matched_stop == "or" and dec.text == "Hello w"
+    dec, _ = stream(smol, smol.encode(TEXT), SamplingParams(stop=("or",), stop_regex=r"wor"))
+    assert dec.matched_stop == "wor"  # same end: the longer
+
+
+def test_stop_regex_holds_back_a_match_in_progress(smol: Tokenizer) -> None:
+    dec = IncrementalDecoder(smol, SamplingParams(stop_regex=r"\[\d+\]"))
+    streamed = "".join(dec.push([i]) for i in smol.encode("see [12"))
+    assert streamed == "see "  # "[12" may still become "[12]"
+    assert dec.push(smol.encode("3]")) == "" and dec.matched_stop == "[123]" and dec.text == "see "
+
+
+@settings(max_examples=200)
+@given(
+    text=st.text(alphabet=st.sampled_from(list("ab é🎉")), max_size=20),
+    stops=st.lists(st.text(alphabet=st.sampled_from(list("ab é🎉")), min_size=1, max_size=3), max_size=2),
+    regexes=st.lists(st.sampled_from(REGEXES), min_size=1, max_size=3),
+    no_stop_trim=st.booleans(),
+    chunks=st.lists(st.integers(1, 3), min_size=1, max_size=4),
+)
+def test_stop_regex_streaming_matches_char_by_char_spec(
+    tiny: Tokenizer, text: str, stops: list[str], regexes: list[str], no_stop_trim: bool, chunks: list[int]
+) -> None:
+    ids = tiny.encode(text)
+    params = SamplingParams(stop=tuple(stops), stop_regex=tuple(regexes), no_stop_trim=no_stop_trim)
+    expected, expected_stop = reference_regex_stop(text, stops, regexes, no_stop_trim)
+    dec = IncrementalDecoder(tiny, params)
+    pos, i = 0, 0
+    while pos < len(ids) and not dec.stopped:
+        dec.push(ids[pos : pos + chunks[i % len(chunks)]])
+        pos, i = pos + chunks[i % len(chunks)], i + 1
+        assert expected.startswith(dec.text)  # nothing that a later match cuts was ever emitted
+    dec.finish()
+    assert (dec.text, dec.matched_stop) == (expected, expected_stop)
+
+
+def test_stop_regex_is_checked_at_the_door() -> None:
+    for pattern, reason in [("(", "does not parse"), ("a*", "empty string"), ("x$", "anchors"),
+                            ("(?<=a)b", "lookaround"), (r"(a)\1", "backreferences"),
+                            ("[ab]{0,5000}c", "automaton states")]:  # bounded work per character
+        with pytest.raises(ValueError, match=rf"sampling_params\.stop_regex .*{reason}"):
+            SamplingParams(stop_regex=pattern)
+    with pytest.raises(ValueError, match="stop_regex must be a string or a list"):
+        SamplingParams.from_dict({"stop_regex": 3})
+    assert SamplingParams.from_dict({"stop_regex": ""}).stop_regex == ()  # sglang's frontend sends it empty
+    assert SamplingParams.from_dict({"stop_regex": ["a+"]}).to_dict()["stop_regex"] == ["a+"]

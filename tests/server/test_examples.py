@@ -43,6 +43,7 @@ def load_example(script: str) -> types.ModuleType:
     spec = importlib.util.spec_from_file_location(script.removesuffix(".py"), ROOT / "examples" / script)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
     spec.loader.exec_module(module)
     return module
 
@@ -108,3 +109,49 @@ def test_lang_react_agent_example(tiny_server: ServerHandle) -> None:
     for name, arguments, observation in calls:
         assert observation == str(tools[name](**json.loads(arguments)))  # run_tool ran the function
     assert re.search(r"^answer: ", out, re.MULTILINE)
+
+
+def test_lang_typed_outputs_example(tiny_server: ServerHandle) -> None:
+    example = load_example("lang_typed_outputs.py")
+    out = run("lang_typed_outputs.py", "--url", tiny_server.url)
+    for passage in example.PASSAGES:
+        assert passage in out, out
+    people = re.findall(r"^  -> Person\(name=.*, born=(\d+), field=.*\)  \(pydantic\)$", out, re.MULTILINE)
+    events = re.findall(r"^  -> Event\(what=.*, year=-?\d+, kind=<Kind\.\w+: '(\w+)'>\)  \(dataclass\)$", out, re.MULTILINE)
+    places = re.findall(r"^  -> (\{'place': .*, 'country': .*\})  \(TypedDict\)$", out, re.MULTILINE)
+    assert len(people) == len(events) == len(places) == len(example.PASSAGES), out
+    assert all(1000 <= int(born) <= 2100 for born in people)  # pydantic's bounds held
+    assert all(kind in {k.value for k in example.Kind} for kind in events)
+    raw = re.search(r"^raw text of the last person: (\{.*\})$", out, re.MULTILINE)
+    assert raw is not None and set(json.loads(raw.group(1))) == {"name", "born", "field"}
+
+
+def test_lang_traces_example(tiny_server: ServerHandle, tmp_path: Path) -> None:
+    example = load_example("lang_traces.py")
+    out_file = tmp_path / "traces.jsonl"
+    out = run("lang_traces.py", "--url", tiny_server.url, "--out", str(out_file))
+    runs = re.findall(r"^run \d \((\w+)\): (\d+) calls, (\d+) prompt tokens \((\d+) cached\), (\d+) completion", out,
+                      re.MULTILINE)
+    assert [city for city, *_ in runs] == example.CITIES, out
+    lines = [json.loads(line) for line in out_file.read_text().splitlines()]
+    assert len(lines) == sum(int(calls) for _, calls, *_ in runs) == 4 * len(example.CITIES)
+    assert f"wrote {len(lines)} calls to {out_file}" in out
+    for city, _, prompt_tokens, cached_tokens, completion_tokens in runs:
+        mine = [line for line in lines if line["sent"].get("prompt", "").find(city) >= 0]
+        assert sum(line["prompt_tokens"] for line in mine) == int(prompt_tokens)
+        assert sum(line["cached_tokens"] for line in mine) == int(cached_tokens) > 0  # forks reuse the prefix
+        assert sum(line["completion_tokens"] or 0 for line in mine) == int(completion_tokens)  # select: None
+        assert sorted((line["primitive"], line["name"], line["branch"]) for line in mine) == [
+            ("gen", "dish", ""), ("gen", "idea", "0"), ("gen", "idea", "1"), ("select", "season", "")]
+
+
+def test_lang_sglang_program_example(tiny_server: ServerHandle) -> None:
+    example = load_example("lang_sglang_program.py")
+    out = run("lang_sglang_program.py", "--url", tiny_server.url)
+    picks = dict(re.findall(r"^(\w+) +-> '(.*)'$", out, re.MULTILINE))
+    assert list(picks) == list(example.METHODS) and all(" " + p.strip() in example.CITIES for p in picks.values()), out
+    samples = re.search(r"^3 samples: (\[.*\])$", out, re.MULTILINE)
+    assert samples is not None and len(ast.literal_eval(samples.group(1))) == 3
+    sentence = re.search(r"^one sentence: (.*) \((.*)\)$", out, re.MULTILINE)
+    assert sentence is not None and not re.search(r"[.!?]", ast.literal_eval(sentence.group(1)))  # stop_regex cut there
+    assert re.search(r"^ret_value: \{'best': '.*', 'samples': 3\}$", out, re.MULTILINE)

@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from conftest import ServerHandle
 
@@ -40,18 +41,24 @@ print(json.dumps({
 '''
 
 
-def test_the_same_program_under_import_radixlm_as_sgl(tiny_server: ServerHandle, sglang_paths: tuple[Path, Path]) -> None:
-    """`import radixlm as sgl` runs the unchanged program and gives what sglang's frontend gives."""
+def under_sglang_and_radixlm(program: str, url: str, sglang_paths: tuple[Path, Path]) -> list[dict[str, Any]]:
+    """The JSON a program prints last, run by the real sglang frontend, then unchanged but for
+    `import radixlm as sgl` (and radixlm's RuntimeEndpoint)."""
     pkg, deps = sglang_paths
-    ours_program = PROGRAM.replace("import sglang as sgl", "import radixlm as sgl").replace(
+    ours_program = program.replace("import sglang as sgl", "import radixlm as sgl").replace(
         "from sglang.lang.backend.runtime_endpoint import RuntimeEndpoint", "from radixlm import RuntimeEndpoint")
     outs = []
-    for program in (PROGRAM, ours_program):
-        done = subprocess.run([sys.executable, "-c", program, tiny_server.url, str(pkg), str(deps)],
+    for source in (program, ours_program):
+        done = subprocess.run([sys.executable, "-c", source, url, str(pkg), str(deps)],
                               capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
         outs.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    theirs, ours = outs
+    return outs
+
+
+def test_the_same_program_under_import_radixlm_as_sgl(tiny_server: ServerHandle, sglang_paths: tuple[Path, Path]) -> None:
+    """`import radixlm as sgl` runs the unchanged program and gives what sglang's frontend gives."""
+    theirs, ours = under_sglang_and_radixlm(PROGRAM, tiny_server.url, sglang_paths)
     for key in ("answer", "text", "stream_text", "batch"):
         assert ours[key] == theirs[key], key
     assert ours["meta"]["completion_tokens"] == theirs["meta"]["completion_tokens"] == 8

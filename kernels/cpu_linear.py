@@ -17,6 +17,7 @@ import fcntl
 import hashlib
 import logging
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -102,18 +103,23 @@ def _build(build_root: Path) -> ModuleType | None:
 
 
 # Rows up to which our kernels beat torch's GEMM, measured with `python -m radixlm.runtime.bench.gemm`
-# (a decode step's layers of the default model, weights streamed from memory, 2 cores, Xeon with
-# AMX): float32 panels and the vector bf16 paths read the weights once per 4 / 8 rows and lose to
-# torch beyond 16 rows; AMX holds a 32 x 32 output block in tiles: 1 row 7.7 ms (torch bf16 17.1),
-# 32 rows 11.5 (19.5), 64 rows ~20 (~23), and about even from 128 rows on.
-PACKED_MAX_ROWS = 16
-AMX_MAX_ROWS = 64
+# (a decode step's layers of the default model, distinct weights streamed from memory, 2 threads,
+# ms per step). Both vector kernels hold a 6-row x 64-column block of the output in 24 registers
+# (4 dot products per weight vector loaded). On AMD Zen 5 (2026-11-25): float32, ours against
+# torch's, 1 row 11.0 / 26.7, 32 rows 20.7 / 59.6, 512 rows 220 / 549, 2,048 rows 889 / 2,139
+# (~490 GFLOP/s against ~200: torch's float32 GEMM runs at 40% of this CPU's peak), so every
+# float32 product takes ours; bf16 vdpbf16ps 1 row 5.4 / 10.3, 32 rows 11.2 / 17.6, 128 rows
+# 33.9 / 44.6, 512 rows 120 / 121 (~900 GFLOP/s), 2,048 rows 495 / 474. AMX (Xeon, 2026-11-24):
+# a 32 x 32 block in tiles, 1 row 7.7 ms (torch bf16 17.1), 32 rows 11.5 (19.5), 64 rows ~20
+# (~23), about even from 128 rows on. DecodeStack takes decode batches of up to as many rows.
+FLOAT32_MAX_ROWS = sys.maxsize
+BF16_MAX_ROWS = {"amx": 64, "avx512bf16": 512, "emulated": 16}
 
 
 def kernel_max_rows(dtype: torch.dtype, path: str) -> int:
     """Products of up to this many rows go through our kernel for weights of `dtype` (bf16 ones
     on bf16 GEMM path `path`)."""
-    return AMX_MAX_ROWS if dtype == torch.bfloat16 and path == "amx" else PACKED_MAX_ROWS
+    return BF16_MAX_ROWS[path] if dtype == torch.bfloat16 else FLOAT32_MAX_ROWS
 
 
 def pack(weight_t: torch.Tensor) -> torch.Tensor:

@@ -19,8 +19,16 @@ namespace {
 
 constexpr long kArchReqXcompPerm = 0x1023;  // Linux: ask for an extended state component
 constexpr long kXfeatureXtileData = 18;     // the AMX tile data component
-constexpr int64_t kMaxRows = 8;             // rows per pass of the vector paths (2 accumulators each)
-constexpr int64_t kRowChunk = 128;          // rows of one work unit (a multiple of 32)
+// The vector paths compute blocks of kRowsNative (vdpbf16ps) or kRowsEmulated rows x 64 columns (two
+// panels side by side): 4 accumulators a row, so a pass does 4 x rows dot products per k-pair
+// for 4 weight loads and `rows` broadcasts (24 : 10 at 6 rows), and holds 24 independent sums,
+// enough to cover the instruction's latency at two per cycle. The emulation needs 8 weight
+// registers (even and odd halves), so it takes 4 rows.
+constexpr int kRowsNative = 6;
+constexpr int kRowsEmulated = 4;
+constexpr int64_t kBlockCols = 2 * kVnniPanel;
+constexpr int64_t kRowChunk = 96;  // rows of one work unit of a large product (a multiple of 6, 4 and 32)
+constexpr int64_t kAmxRowChunk = 128;  // rows of one AMX work unit (a multiple of 32)
 
 uint64_t xcr0() {
   uint32_t lo, hi;
@@ -51,16 +59,20 @@ inline __m256i to_bf16x16(__m512 v) {
   return _mm512_cvtepi32_epi16(r);
 }
 
-// xb [Mp, Kp] = bf16(x [M, K]), zero-padded.
+// xb [Mp, Kp] = bf16(x [M, K]), zero-padded (rows split between threads: a prefill chunk's
+// activations are megabytes).
 void round_rows(const float* x, int64_t M, int64_t K, int64_t Mp, int64_t Kp, uint16_t* xb) {
-  std::memset(xb, 0, sizeof(uint16_t) * Mp * Kp);
-  for (int64_t m = 0; m < M; ++m) {
-    const float* src = x + m * K;
-    uint16_t* dst = xb + m * Kp;
-    int64_t k = 0;
-    for (; k + 16 <= K; k += 16) _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + k), to_bf16x16(_mm512_loadu_ps(src + k)));
-    for (; k < K; ++k) dst[k] = float_to_bf16(src[k]);
-  }
+  std::memset(xb + M * Kp, 0, sizeof(uint16_t) * (Mp - M) * Kp);
+  at::parallel_for(0, M, 64, [&](int64_t first, int64_t last) {
+    for (int64_t m = first; m < last; ++m) {
+      const float* src = x + m * K;
+      uint16_t* dst = xb + m * Kp;
+      int64_t k = 0;
+      for (; k + 16 <= K; k += 16) _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + k), to_bf16x16(_mm512_loadu_ps(src + k)));
+      for (; k < K; ++k) dst[k] = float_to_bf16(src[k]);
+      std::memset(dst + K, 0, sizeof(uint16_t) * (Kp - K));
+    }
+  });
 }
 
 // The output block's start: residual (+ bias), or bias, or zero.
@@ -69,87 +81,102 @@ inline __m512 start(const float* res, const float* bias, int64_t col) {
   return bias ? _mm512_add_ps(a, _mm512_loadu_ps(bias + col)) : a;
 }
 
+template <int V>
 inline void init_acc(__m512* acc, int rows, const float* res, int64_t ld_res, const float* bias) {
   for (int r = 0; r < rows; ++r) {
-    for (int v = 0; v < 2; ++v) acc[2 * r + v] = start(res ? res + r * ld_res : nullptr, bias, v * 16);
+    for (int v = 0; v < V; ++v) acc[V * r + v] = start(res ? res + r * ld_res : nullptr, bias, v * 16);
   }
 }
 
+template <int V>
 inline void store_acc(const __m512* acc, int rows, float* out, int64_t ld_out) {
   for (int r = 0; r < rows; ++r) {
-    for (int v = 0; v < 2; ++v) _mm512_storeu_ps(out + r * ld_out + v * 16, acc[2 * r + v]);
+    for (int v = 0; v < V; ++v) _mm512_storeu_ps(out + r * ld_out + v * 16, acc[V * r + v]);
   }
 }
 
-// One pass of the vector paths: R rows x the 32 columns of one panel, with vdpbf16ps...
+inline __m512i pair_of(const uint16_t* xb, int64_t p) {
+  int32_t pair;
+  std::memcpy(&pair, xb + 2 * p, sizeof pair);
+  return _mm512_set1_epi32(pair);
+}
+
+// One pass of the vector paths: R rows x the 64 columns of panels a and b (adjacent), with
+// vdpbf16ps...
 template <int R>
-__attribute__((target("avx512bf16"))) void native_pass(const uint16_t* xb, int64_t Kp, const uint16_t* panel,
-                                                       float* out, int64_t ld_out, const float* res, int64_t ld_res,
-                                                       const float* bias) {
-  __m512 acc[2 * R];
-  init_acc(acc, R, res, ld_res, bias);
+__attribute__((target("avx512bf16"))) void native_pass(const uint16_t* xb, int64_t Kp, const uint16_t* a,
+                                                       const uint16_t* b, float* out, int64_t ld_out, const float* res,
+                                                       int64_t ld_res, const float* bias) {
+  __m512 acc[4 * R];
+  init_acc<4>(acc, R, res, ld_res, bias);
   for (int64_t p = 0; p < Kp / 2; ++p) {
-    const __m512i w0 = _mm512_loadu_si512(panel + p * 64), w1 = _mm512_loadu_si512(panel + p * 64 + 32);
+    const __m512i w0 = _mm512_loadu_si512(a + p * 64), w1 = _mm512_loadu_si512(a + p * 64 + 32);
+    const __m512i w2 = _mm512_loadu_si512(b + p * 64), w3 = _mm512_loadu_si512(b + p * 64 + 32);
     for (int r = 0; r < R; ++r) {
-      int32_t pair;
-      std::memcpy(&pair, xb + r * Kp + 2 * p, sizeof pair);
-      const __m512i xp = _mm512_set1_epi32(pair);
-      acc[2 * r] = _mm512_dpbf16_ps(acc[2 * r], (__m512bh)xp, (__m512bh)w0);
-      acc[2 * r + 1] = _mm512_dpbf16_ps(acc[2 * r + 1], (__m512bh)xp, (__m512bh)w1);
+      const __m512bh xp = (__m512bh)pair_of(xb + r * Kp, p);
+      acc[4 * r] = _mm512_dpbf16_ps(acc[4 * r], xp, (__m512bh)w0);
+      acc[4 * r + 1] = _mm512_dpbf16_ps(acc[4 * r + 1], xp, (__m512bh)w1);
+      acc[4 * r + 2] = _mm512_dpbf16_ps(acc[4 * r + 2], xp, (__m512bh)w2);
+      acc[4 * r + 3] = _mm512_dpbf16_ps(acc[4 * r + 3], xp, (__m512bh)w3);
     }
   }
-  store_acc(acc, R, out, ld_out);
+  store_acc<4>(acc, R, out, ld_out);
 }
 
 // ... or with vdpbf16ps emulated in AVX-512F: per lane, acc += x_odd * w_odd, then
 // acc += x_even * w_even (bf16 products are exact in float32, so each step rounds once, as the
 // instruction does).
 template <int R>
-void emulated_pass(const uint16_t* xb, int64_t Kp, const uint16_t* panel, float* out, int64_t ld_out,
+void emulated_pass(const uint16_t* xb, int64_t Kp, const uint16_t* a, const uint16_t* b, float* out, int64_t ld_out,
                    const float* res, int64_t ld_res, const float* bias) {
-  __m512 acc[2 * R];
-  init_acc(acc, R, res, ld_res, bias);
+  __m512 acc[4 * R];
+  init_acc<4>(acc, R, res, ld_res, bias);
   const __m512i odd_mask = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
   for (int64_t p = 0; p < Kp / 2; ++p) {
-    const __m512i w0 = _mm512_loadu_si512(panel + p * 64), w1 = _mm512_loadu_si512(panel + p * 64 + 32);
-    const __m512 e0 = _mm512_castsi512_ps(_mm512_slli_epi32(w0, 16)), o0 = _mm512_castsi512_ps(_mm512_and_si512(w0, odd_mask));
-    const __m512 e1 = _mm512_castsi512_ps(_mm512_slli_epi32(w1, 16)), o1 = _mm512_castsi512_ps(_mm512_and_si512(w1, odd_mask));
+    __m512 even[4], odd[4];
+    for (int v = 0; v < 4; ++v) {
+      const __m512i w = _mm512_loadu_si512((v < 2 ? a : b) + p * 64 + (v % 2) * 32);
+      even[v] = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+      odd[v] = _mm512_castsi512_ps(_mm512_and_si512(w, odd_mask));
+    }
     for (int r = 0; r < R; ++r) {
       const __m512 xe = _mm512_set1_ps(bf16_to_float(xb[r * Kp + 2 * p]));
       const __m512 xo = _mm512_set1_ps(bf16_to_float(xb[r * Kp + 2 * p + 1]));
-      acc[2 * r] = _mm512_fmadd_ps(xe, e0, _mm512_fmadd_ps(xo, o0, acc[2 * r]));
-      acc[2 * r + 1] = _mm512_fmadd_ps(xe, e1, _mm512_fmadd_ps(xo, o1, acc[2 * r + 1]));
+      for (int v = 0; v < 4; ++v) acc[4 * r + v] = _mm512_fmadd_ps(xe, even[v], _mm512_fmadd_ps(xo, odd[v], acc[4 * r + v]));
     }
   }
-  store_acc(acc, R, out, ld_out);
+  store_acc<4>(acc, R, out, ld_out);
 }
 
 template <int R>
-void vector_pass(bool native, const uint16_t* xb, int64_t Kp, const uint16_t* panel, float* out, int64_t ld_out,
-                 const float* res, int64_t ld_res, const float* bias) {
-  if (native) {
-    native_pass<R>(xb, Kp, panel, out, ld_out, res, ld_res, bias);
-  } else {
-    emulated_pass<R>(xb, Kp, panel, out, ld_out, res, ld_res, bias);
+void vector_pass(bool native, const uint16_t* xb, int64_t Kp, const uint16_t* a, const uint16_t* b, float* out,
+                 int64_t ld_out, const float* res, int64_t ld_res, const float* bias) {
+  if constexpr (R <= kRowsEmulated) {
+    if (!native) return emulated_pass<R>(xb, Kp, a, b, out, ld_out, res, ld_res, bias);
   }
+  native_pass<R>(xb, Kp, a, b, out, ld_out, res, ld_res, bias);
 }
 
-void vector_unit(bool native, const uint16_t* xb, int64_t m0, int64_t m1, int64_t Kp, const uint16_t* panel, float* out,
-                 int64_t ld_out, const float* res, int64_t ld_res, const float* bias) {
-  for (int64_t r0 = m0; r0 < m1; r0 += kMaxRows) {
+// Rows [m0, m1) x the 64 columns of panels a, b, in passes of at most kRowsNative (kRowsEmulated)
+// rows, as even as they can be (32 rows: 6, 6, 5, 5, 5, 5, not 6 x 5 + 2).
+void vector_unit(bool native, const uint16_t* xb, int64_t m0, int64_t m1, int64_t Kp, const uint16_t* a,
+                 const uint16_t* b, float* out, int64_t ld_out, const float* res, int64_t ld_res, const float* bias) {
+  const int64_t max_rows = native ? kRowsNative : kRowsEmulated;
+  int64_t passes = (m1 - m0 + max_rows - 1) / max_rows;
+  for (int64_t r0 = m0; r0 < m1; --passes) {
+    const int64_t rows = (m1 - r0 + passes - 1) / passes;
     const uint16_t* x = xb + r0 * Kp;
     float* o = out + r0 * ld_out;
     const float* rs = res ? res + r0 * ld_res : nullptr;
-    switch (std::min(kMaxRows, m1 - r0)) {
-      case 1: vector_pass<1>(native, x, Kp, panel, o, ld_out, rs, ld_res, bias); break;
-      case 2: vector_pass<2>(native, x, Kp, panel, o, ld_out, rs, ld_res, bias); break;
-      case 3: vector_pass<3>(native, x, Kp, panel, o, ld_out, rs, ld_res, bias); break;
-      case 4: vector_pass<4>(native, x, Kp, panel, o, ld_out, rs, ld_res, bias); break;
-      case 5: vector_pass<5>(native, x, Kp, panel, o, ld_out, rs, ld_res, bias); break;
-      case 6: vector_pass<6>(native, x, Kp, panel, o, ld_out, rs, ld_res, bias); break;
-      case 7: vector_pass<7>(native, x, Kp, panel, o, ld_out, rs, ld_res, bias); break;
-      default: vector_pass<8>(native, x, Kp, panel, o, ld_out, rs, ld_res, bias); break;
+    switch (rows) {
+      case 1: vector_pass<1>(native, x, Kp, a, b, o, ld_out, rs, ld_res, bias); break;
+      case 2: vector_pass<2>(native, x, Kp, a, b, o, ld_out, rs, ld_res, bias); break;
+      case 3: vector_pass<3>(native, x, Kp, a, b, o, ld_out, rs, ld_res, bias); break;
+      case 4: vector_pass<4>(native, x, Kp, a, b, o, ld_out, rs, ld_res, bias); break;
+      case 5: vector_pass<5>(native, x, Kp, a, b, o, ld_out, rs, ld_res, bias); break;
+      default: vector_pass<6>(native, x, Kp, a, b, o, ld_out, rs, ld_res, bias); break;
     }
+    r0 += rows;
   }
 }
 
@@ -252,23 +279,38 @@ void bf16_gemm(const float* x, int64_t M, int64_t K, const uint16_t* w, int64_t 
   std::vector<uint16_t> xb_store(Mp * Kp + 32);
   uint16_t* xb = reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(xb_store.data()) + 63) & ~uintptr_t{63});
   round_rows(x, M, K, Mp, Kp, xb);
-  const int64_t chunks = (M + kRowChunk - 1) / kRowChunk, panel_elems = Kp * kVnniPanel;
-  at::parallel_for(0, panels * chunks, 1, [&](int64_t first, int64_t last) {
-    if (path == Bf16Path::kAmx) amx_configure();
-    for (int64_t u = first; u < last; ++u) {
-      const int64_t p = u / chunks, m0 = (u % chunks) * kRowChunk, m1 = std::min(M, m0 + kRowChunk);
-      const uint16_t* panel = w + p * panel_elems;
-      const int64_t col = p * kVnniPanel;
-      const float* rs = residual ? residual + col : nullptr;
-      const float* bs = bias ? bias + col : nullptr;
-      switch (path) {
-        case Bf16Path::kAmx: amx_unit(xb, m0, m1, M, Kp, panel, out + col, ld_out, rs, ld_res, bs); break;
-        default:
-          vector_unit(path == Bf16Path::kAvx512Bf16, xb, m0, m1, Kp, panel, out + col, ld_out, rs, ld_res, bs);
-          break;
+  const int64_t panel_elems = Kp * kVnniPanel;
+  if (path == Bf16Path::kAmx) {
+    const int64_t chunks = (M + kAmxRowChunk - 1) / kAmxRowChunk;
+    at::parallel_for(0, panels * chunks, 1, [&](int64_t first, int64_t last) {
+      amx_configure();
+      for (int64_t u = first; u < last; ++u) {
+        const int64_t p = u / chunks, m0 = (u % chunks) * kAmxRowChunk, m1 = std::min(M, m0 + kAmxRowChunk);
+        const int64_t col = p * kVnniPanel;
+        amx_unit(xb, m0, m1, M, Kp, w + p * panel_elems, out + col, ld_out, residual ? residual + col : nullptr, ld_res,
+                 bias ? bias + col : nullptr);
       }
+      amx_release();
+    });
+    return;
+  }
+  // Vector paths: units of 64 columns x a chunk of rows. A product with few column blocks (576
+  // output columns are 9) is also split by rows, so both threads get equal work; the second
+  // reader of a block finds its weights in the shared cache.
+  TORCH_CHECK(panels % 2 == 0, "VNNI panels come in pairs (N padded to a multiple of 64)");
+  const int64_t blocks = panels / 2;
+  int64_t chunk = kRowChunk;
+  if (M <= kRowChunk && blocks < 8 * at::get_num_threads() && M >= 2 * kRowsNative) chunk = (M + 1) / 2;
+  const int64_t chunks = (M + chunk - 1) / chunk;
+  const bool native = path == Bf16Path::kAvx512Bf16;
+  at::parallel_for(0, blocks * chunks, 1, [&](int64_t first, int64_t last) {
+    for (int64_t u = first; u < last; ++u) {
+      const int64_t blk = u / chunks, m0 = (u % chunks) * chunk, m1 = std::min(M, m0 + chunk);
+      const uint16_t* a = w + 2 * blk * panel_elems;
+      const int64_t col = blk * kBlockCols;
+      vector_unit(native, xb, m0, m1, Kp, a, a + panel_elems, out + col, ld_out, residual ? residual + col : nullptr,
+                  ld_res, bias ? bias + col : nullptr);
     }
-    if (path == Bf16Path::kAmx) amx_release();
   });
 }
 

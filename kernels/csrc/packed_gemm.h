@@ -1,7 +1,9 @@
 // The float32 packed-panel GEMM core shared by packed_linear.cpp and decode_stack.cpp:
 // out[M, N] = x[M, K] @ W (+ bias) (+ residual), W[k, 64*b + j] = packed[b][k][j]. Each panel is
-// one contiguous stream the CPU prefetches, read once for up to 4 rows of x; the panels are split
-// across threads. (bfloat16 weights take bf16_gemm.h.)
+// one contiguous stream the CPU prefetches, read once for up to 6 rows of x (24 accumulators: 4
+// FMAs per weight vector loaded, enough independent sums for the FMA latency); the panels (and,
+// for a product with few panels, the rows) are split across threads. (bfloat16 weights take
+// bf16_gemm.h.)
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -13,7 +15,7 @@
 namespace radixlm {
 
 constexpr int64_t kPanel = 64;
-constexpr int64_t kRowsPerPass = 4;
+constexpr int64_t kRowsPerPass = 6;
 
 template <int kRows>
 inline void panel(const float* x, int64_t K, const float* w, int64_t w_offset, float* out, int64_t ld_out,
@@ -42,24 +44,40 @@ inline void panel(const float* x, int64_t K, const float* w, int64_t w_offset, f
   }
 }
 
+// Rows [m0, m1) x panel b, in passes of at most kRowsPerPass rows, as even as they can be.
+inline void packed_unit(const float* x, int64_t m0, int64_t m1, int64_t K, const float* w, int64_t b, float* out,
+                        int64_t ld_out, const float* residual, int64_t ld_res, const float* bias) {
+  const int64_t col = b * kPanel;
+  int64_t passes = (m1 - m0 + kRowsPerPass - 1) / kRowsPerPass;
+  for (int64_t r0 = m0; r0 < m1; --passes) {
+    const int64_t rows = (m1 - r0 + passes - 1) / passes;
+    const float* xr = x + r0 * K;
+    float* o = out + r0 * ld_out + col;
+    const float* res = residual ? residual + r0 * ld_res + col : nullptr;
+    const float* bb = bias ? bias + col : nullptr;
+    switch (rows) {
+      case 1: panel<1>(xr, K, w, b * K * kPanel, o, ld_out, res, ld_res, bb); break;
+      case 2: panel<2>(xr, K, w, b * K * kPanel, o, ld_out, res, ld_res, bb); break;
+      case 3: panel<3>(xr, K, w, b * K * kPanel, o, ld_out, res, ld_res, bb); break;
+      case 4: panel<4>(xr, K, w, b * K * kPanel, o, ld_out, res, ld_res, bb); break;
+      case 5: panel<5>(xr, K, w, b * K * kPanel, o, ld_out, res, ld_res, bb); break;
+      default: panel<6>(xr, K, w, b * K * kPanel, o, ld_out, res, ld_res, bb); break;
+    }
+    r0 += rows;
+  }
+}
+
 // x [M, K] (row stride K); out and residual rows `ld_out` / `ld_res` apart, N = panels * 64.
+// Units are (panel, half of the rows) when there are few panels (576 columns are 9), so both
+// threads get equal work; else whole panels.
 inline void packed_gemm(const float* x, int64_t M, int64_t K, const float* w, int64_t panels, float* out, int64_t ld_out,
          const float* residual, int64_t ld_res, const float* bias) {
-  at::parallel_for(0, panels, 4, [&](int64_t first, int64_t last) {
-    for (int64_t b = first; b < last; ++b) {
-      const int64_t col = b * kPanel;
-      for (int64_t r0 = 0; r0 < M; r0 += kRowsPerPass) {
-        const float* xr = x + r0 * K;
-        float* o = out + r0 * ld_out + col;
-        const float* res = residual ? residual + r0 * ld_res + col : nullptr;
-        const float* bb = bias ? bias + col : nullptr;
-        switch (std::min(kRowsPerPass, M - r0)) {
-          case 1: panel<1>(xr, K, w, b * K * kPanel, o, ld_out, res, ld_res, bb); break;
-          case 2: panel<2>(xr, K, w, b * K * kPanel, o, ld_out, res, ld_res, bb); break;
-          case 3: panel<3>(xr, K, w, b * K * kPanel, o, ld_out, res, ld_res, bb); break;
-          default: panel<4>(xr, K, w, b * K * kPanel, o, ld_out, res, ld_res, bb); break;
-        }
-      }
+  const int64_t chunks = panels < 8 * at::get_num_threads() && M >= 2 * kRowsPerPass ? 2 : 1;
+  const int64_t chunk = (M + chunks - 1) / chunks;
+  at::parallel_for(0, panels * chunks, 1, [&](int64_t first, int64_t last) {
+    for (int64_t u = first; u < last; ++u) {
+      const int64_t m0 = (u % chunks) * chunk;
+      packed_unit(x, m0, std::min(M, m0 + chunk), K, w, u / chunks, out, ld_out, residual, ld_res, bias);
     }
   });
 }

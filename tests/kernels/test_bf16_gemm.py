@@ -42,10 +42,12 @@ def test_dispatch_follows_the_cpu_flags(ext: Any) -> None:
     assert cpu_linear.resolve_bf16_path(ext, "emulated") == "emulated"
     with pytest.raises(ValueError, match="known paths: emulated, avx512bf16, amx"):
         cpu_linear.resolve_bf16_path(ext, "avx2")
-    # bf16 weights go through our kernel for up to 64 rows with AMX, 16 otherwise; float32 16
+    # bf16 weights go through our kernel for up to 64 rows with AMX, 512 with vdpbf16ps, 16
+    # emulated; float32 products always
     assert cpu_linear.kernel_max_rows(torch.bfloat16, "amx") == 64
-    assert cpu_linear.kernel_max_rows(torch.bfloat16, "avx512bf16") == 16
-    assert cpu_linear.kernel_max_rows(torch.float32, "amx") == 16
+    assert cpu_linear.kernel_max_rows(torch.bfloat16, "avx512bf16") == 512
+    assert cpu_linear.kernel_max_rows(torch.bfloat16, "emulated") == 16
+    assert cpu_linear.kernel_max_rows(torch.float32, "amx") > 1 << 30
 
 
 def test_a_path_the_cpu_cannot_run_is_refused(ext: Any) -> None:

@@ -16,9 +16,12 @@ pytestmark = pytest.mark.skipif(not cpu_linear.cpu_supports_avx512(), reason="th
 
 
 
-@pytest.mark.parametrize(("k", "n", "m"), [(576, 960, 1), (576, 960, 4), (1536, 576, 7), (64, 100, 16), (96, 64, 5)])
+@pytest.mark.parametrize(("k", "n", "m"), [(576, 960, 1), (576, 960, 4), (1536, 576, 7), (64, 100, 16), (96, 64, 5),
+                                           (576, 576, 13), (100, 3072, 37), (64, 192, 300)])
 @pytest.mark.parametrize("extras", ["none", "bias", "residual", "both"])
 def test_packed_linear_matches_torch(ext: Any, k: int, n: int, m: int, extras: str) -> None:
+    """Rows in passes of 1-6 (13 = 5 + 4 + 4, each half of the rows its own unit where there are
+    few panels: 576 columns are 9), K and N tails, a prefill-sized product."""
     gen = torch.Generator().manual_seed(k * n + m)
     w = torch.randn(k, n, generator=gen) * 0.05
     x = torch.randn(m, k, generator=gen)

@@ -11,8 +11,8 @@ Layout choices made for a lean decode step (few, large ops):
   layers' input rows (norm(x) * w @ W == norm(x) @ (w * W)); the residual adds are the
   accumulators of the o_proj / down_proj GEMMs.
 - On an AVX-512 CPU with the torch attention backend (`use_cpu_kernels`), products of up to
-  `cpu_linear.kernel_max_rows` rows (16; 64 for bf16 weights where the CPU has AMX) run in our
-  packed C++ kernels (radixlm.kernels.cpu_linear: float32 FMA, or bf16 dot products), and a
+  `cpu_linear.kernel_max_rows` rows (every float32 product; bf16: 64 rows on AMX, 512 with
+  vdpbf16ps, 16 emulated) run in our packed C++ kernels (radixlm.kernels.cpu_linear: float32 FMA, or bf16 dot products), and a
   decode step of up to that many requests runs all its decoder layers in one C++ call
   (DecodeStack: the same math, float32 residual stream), which removes the per-op overhead that
   dominates a small model's decode step. Prefill-sized steps take the kernels' fused row-wise

@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 PANEL = 64
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = [CSRC / "packed_linear.cpp", CSRC / "decode_stack.cpp", CSRC / "paged_attention.cpp", CSRC / "bf16_gemm.cpp",
-           CSRC / "rows.cpp", CSRC / "amx_attention.cpp"]
+           CSRC / "rows.cpp", CSRC / "amx_attention.cpp", CSRC / "vnni_attention.cpp"]
 HEADERS = [CSRC / "packed_gemm.h", CSRC / "decode_stack.h", CSRC / "simd_math.h", CSRC / "bf16_gemm.h",
            CSRC / "amx_attention.h"]
 _state: dict[str, ModuleType | None] = {}
@@ -221,18 +221,25 @@ def amx_attention_supported(ext: ModuleType, head_dim: int) -> bool:
     return bool(ext.amx_attention_supported(head_dim))
 
 
+def vnni_attention_supported(ext: ModuleType, head_dim: int) -> bool:
+    """Whether `paged_attention(..., vnni=True)` runs long extends of this head size with
+    AVX512-BF16 dot products here (the CPU has vdpbf16ps, head_dim 64 or 128)."""
+    return bool(ext.vnni_attention_supported(head_dim))
+
+
 def paged_attention(
     ext: ModuleType, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, req_to_token: torch.Tensor,
     req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, extend_lens: torch.Tensor,
-    extend_start_loc: torch.Tensor, scale: float, amx: bool = False,
+    extend_start_loc: torch.Tensor, scale: float, amx: bool = False, vnni: bool = False,
 ) -> torch.Tensor:
     """Attention of new tokens `q [T, Hq, D]` over their requests' context in the pool (K/V of
     the new tokens already written), causal; in q's dtype. Token i of request b is q row
-    `extend_start_loc[b] + i` at position `seq_lens[b] - extend_lens[b] + i`. `amx`: requests with
-    long extends over a bfloat16 pool take the AMX kernel where `amx_attention_supported`."""
+    `extend_start_loc[b] + i` at position `seq_lens[b] - extend_lens[b] + i`. `amx` / `vnni`:
+    requests with long extends (16+ new tokens) over a bfloat16 pool take the AMX kernel where
+    `amx_attention_supported`, else the vdpbf16ps one where `vnni_attention_supported`."""
     wide = q.dtype not in (torch.float32, torch.bfloat16)
     out = ext.paged_attention(
         (q.float() if wide else q).contiguous(), k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens,
-        extend_lens, extend_start_loc, scale, amx,
+        extend_lens, extend_start_loc, scale, amx, vnni,
     )
     return out.to(q.dtype) if wide else out

@@ -1,6 +1,7 @@
 // Causal attention of long extends (prompts, chunks of prompts) over their requests' context in a
-// bfloat16 KV pool, on AMX tiles (see amx_attention.cpp). paged_attention.cpp hands it the
-// requests with at least kAmxMinTokens new tokens when the caller allows it and the CPU runs AMX.
+// bfloat16 KV pool: on AMX tiles (amx_attention.cpp) or, on CPUs without AMX, with AVX512-BF16
+// dot products (vnni_attention.cpp, the same algorithm on vector registers). paged_attention.cpp
+// hands them the requests with at least kAmxMinTokens new tokens when the caller allows it.
 #pragma once
 
 #include <cstdint>
@@ -28,5 +29,14 @@ bool amx_attention_supported(int64_t head_dim);
 template <typename T>
 void amx_extend_attention(const std::vector<ExtendRequest>& requests, const T* q, T* out, int64_t Hq, int64_t Hkv,
                           int64_t D, const uint16_t* k_buf, const uint16_t* v_buf, float scale);
+
+// True when the vdpbf16ps path serves this head size on this CPU (AVX512-BF16; D 64 or 128).
+bool vnni_attention_supported(int64_t head_dim);
+
+// As amx_extend_attention, with vdpbf16ps; units are (request, kv head, 16 rows of (new token,
+// query head of the group)).
+template <typename T>
+void vnni_extend_attention(const std::vector<ExtendRequest>& requests, const T* q, T* out, int64_t Hq, int64_t Hkv,
+                           int64_t D, const uint16_t* k_buf, const uint16_t* v_buf, float scale);
 
 }  // namespace radixlm

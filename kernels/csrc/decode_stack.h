@@ -19,12 +19,12 @@
 
 namespace radixlm {
 
-// paged_attention.cpp; amx: requests with at least kAmxMinTokens new tokens over a bfloat16 pool
-// take the AMX kernel (amx_attention.h) where the CPU runs it.
+// paged_attention.cpp; amx / vnni: requests with at least kAmxMinTokens new tokens over a bfloat16
+// pool take the AMX kernel, or the vdpbf16ps one (amx_attention.h), where the CPU runs it.
 torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& k_buf, const torch::Tensor& v_buf,
                               const torch::Tensor& req_to_token, const torch::Tensor& rows, const torch::Tensor& seq_lens,
                               const torch::Tensor& extend_lens, const torch::Tensor& extend_start, double scale,
-                              bool amx = false);
+                              bool amx = false, bool vnni = false);
 
 class DecodeStack {
  public:

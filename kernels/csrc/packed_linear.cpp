@@ -87,9 +87,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "causal attention of new tokens over their requests' context, read in place from the KV pool",
         pybind11::arg("q"), pybind11::arg("k_buf"), pybind11::arg("v_buf"), pybind11::arg("req_to_token"),
         pybind11::arg("rows"), pybind11::arg("seq_lens"), pybind11::arg("extend_lens"), pybind11::arg("extend_start"),
-        pybind11::arg("scale"), pybind11::arg("amx") = false);
+        pybind11::arg("scale"), pybind11::arg("amx") = false, pybind11::arg("vnni") = false);
   m.def("amx_attention_supported", &radixlm::amx_attention_supported,
         "whether paged_attention(amx=True) runs long extends of this head_dim on AMX tiles here");
+  m.def("vnni_attention_supported", &radixlm::vnni_attention_supported,
+        "whether paged_attention(vnni=True) runs long extends of this head_dim with vdpbf16ps here");
   pybind11::class_<radixlm::DecodeStack>(m, "DecodeStack")
       .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double>())
       .def("add_layer", &radixlm::DecodeStack::add_layer)

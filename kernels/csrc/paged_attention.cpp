@@ -190,7 +190,7 @@ void run_units(const std::vector<Unit>& units, const float* q, float* out, int64
 torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& k_buf, const torch::Tensor& v_buf,
                               const torch::Tensor& req_to_token, const torch::Tensor& rows, const torch::Tensor& seq_lens,
                               const torch::Tensor& extend_lens, const torch::Tensor& extend_start, double scale,
-                              bool amx) {
+                              bool amx, bool vnni) {
   TORCH_CHECK(q.dim() == 3 && (q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16) && q.is_contiguous(),
               "q must be contiguous float32 or bfloat16 [T, Hq, D]");
   TORCH_CHECK(k_buf.dim() == 3 && k_buf.is_contiguous() && v_buf.sizes() == k_buf.sizes() && v_buf.is_contiguous() &&
@@ -211,7 +211,12 @@ torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& k_buf
   const int32_t* r2t = req_to_token.data_ptr<int32_t>();
   std::vector<Unit> units;
   std::vector<ExtendRequest> amx_requests;
-  const bool use_amx = amx && k_buf.scalar_type() == at::kBFloat16 && amx_attention_supported(D);
+  // long extends over a bf16 pool: AMX tiles if the caller asks and the CPU runs them, else
+  // vdpbf16ps if the caller asks and the CPU has it
+  const bool bf16_pool = k_buf.scalar_type() == at::kBFloat16;
+  const bool use_amx = amx && bf16_pool && amx_attention_supported(D);
+  const bool use_vnni = vnni && !use_amx && bf16_pool && vnni_attention_supported(D);
+  const bool long_kernel = use_amx || use_vnni;
   for (int64_t b = 0; b < B; ++b) {
     TORCH_CHECK(row[b] >= 0 && row[b] < req_to_token.size(0) && seq[b] >= 1 && seq[b] <= context && ext[b] >= 1 &&
                     ext[b] <= seq[b] && start[b] >= 0 && start[b] + ext[b] <= T,
@@ -220,7 +225,7 @@ torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& k_buf
     for (int64_t p = 0; p < seq[b]; ++p) {
       TORCH_CHECK(slots[p] >= 0 && slots[p] < num_slots, "request ", b, ": a KV slot is out of range");
     }
-    if (use_amx && ext[b] >= kAmxMinTokens) {
+    if (long_kernel && ext[b] >= kAmxMinTokens) {
       amx_requests.push_back(ExtendRequest{slots, seq[b], ext[b], start[b]});
       continue;
     }
@@ -232,10 +237,12 @@ torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& k_buf
     const auto* kp = static_cast<const uint16_t*>(k_buf.data_ptr());
     const auto* vp = static_cast<const uint16_t*>(v_buf.data_ptr());
     if (q.scalar_type() == at::kFloat) {
-      amx_extend_attention(amx_requests, q.data_ptr<float>(), out.data_ptr<float>(), Hq, Hkv, D, kp, vp, sc);
+      (use_amx ? amx_extend_attention<float> : vnni_extend_attention<float>)(
+          amx_requests, q.data_ptr<float>(), out.data_ptr<float>(), Hq, Hkv, D, kp, vp, sc);
     } else {
-      amx_extend_attention(amx_requests, static_cast<const uint16_t*>(q.data_ptr()), static_cast<uint16_t*>(out.data_ptr()),
-                           Hq, Hkv, D, kp, vp, sc);
+      (use_amx ? amx_extend_attention<uint16_t> : vnni_extend_attention<uint16_t>)(
+          amx_requests, static_cast<const uint16_t*>(q.data_ptr()), static_cast<uint16_t*>(out.data_ptr()), Hq, Hkv, D,
+          kp, vp, sc);
     }
   }
   if (units.empty()) return out;
@@ -257,7 +264,7 @@ torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& k_buf
   }
   if (narrow) {
     for (int64_t b = 0; b < B; ++b) {
-      if (!(use_amx && ext[b] >= kAmxMinTokens)) out.narrow(0, start[b], ext[b]).copy_(outf.narrow(0, start[b], ext[b]));
+      if (!(long_kernel && ext[b] >= kAmxMinTokens)) out.narrow(0, start[b], ext[b]).copy_(outf.narrow(0, start[b], ext[b]));
     }
   }
   return out;

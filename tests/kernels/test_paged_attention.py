@@ -118,44 +118,61 @@ def amx_runs(ext: Any) -> bool:
     return "amx" in cpu_linear.available_bf16_paths(ext)
 
 
-def test_amx_attention_dispatch_follows_the_cpu(ext: Any) -> None:
+def vnni_runs(ext: Any) -> bool:
+    return "avx512bf16" in cpu_linear.available_bf16_paths(ext)
+
+
+def test_long_extend_dispatch_follows_the_cpu(ext: Any) -> None:
     for dim in (16, 32, 64, 80, 128, 256):
         assert cpu_linear.amx_attention_supported(ext, dim) == (amx_runs(ext) and dim in (64, 128, 256))
+        assert cpu_linear.vnni_attention_supported(ext, dim) == (vnni_runs(ext) and dim in (64, 128))
 
 
 def _reference(q: torch.Tensor, batch: ForwardBatch, args: tuple, dim: int) -> torch.Tensor:
     return extend_attention_ref(q.float(), args[0].float(), args[1].float(), *args[2:], batch.extend_lens, dim**-0.5)
 
 
-AMX_CASES = {name: CASES[name] for name in ("prefill", "extend over a prefix", "mixed lengths")}
-AMX_CASES["long prompts beside decodes"] = ([0, 7, 0, 33], [700, 1, 129, 16])
-
-
-@pytest.mark.parametrize("case", sorted(AMX_CASES))
-@pytest.mark.parametrize("q_dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (2, 1, 128), (2, 2, 256)])
-def test_amx_path_matches_reference(ext: Any, case: str, q_dtype: torch.dtype, heads: int, kv_heads: int,
-                                    dim: int) -> None:
-    if not amx_runs(ext):
+def _require_long_path(ext: Any, path: str, dim: int = 64) -> None:
+    if path == "amx" and not amx_runs(ext):
         pytest.skip("this CPU (or its OS) does not let this process use AMX tiles")
-    pool, reqs, batch, q = scattered_batch(*AMX_CASES[case], heads, kv_heads, dim, torch.bfloat16)
+    if path == "vnni" and not cpu_linear.vnni_attention_supported(ext, dim):
+        pytest.skip(f"this CPU lacks AVX512-BF16 (vdpbf16ps), or head_dim {dim} is not served by it")
+
+
+LONG_CASES = {name: CASES[name] for name in ("prefill", "extend over a prefix", "mixed lengths")}
+LONG_CASES["long prompts beside decodes"] = ([0, 7, 0, 33], [700, 1, 129, 16])
+LONG_CASES["short extends over a long prefix"] = ([976, 976, 980], [20, 17, 21])
+
+
+@pytest.mark.parametrize("path", ["amx", "vnni"])
+@pytest.mark.parametrize("case", sorted(LONG_CASES))
+@pytest.mark.parametrize("q_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (2, 1, 128), (2, 2, 256), (4, 4, 64)])
+def test_long_extend_paths_match_reference(ext: Any, path: str, case: str, q_dtype: torch.dtype, heads: int,
+                                           kv_heads: int, dim: int) -> None:
+    """The AMX kernel and the vdpbf16ps one (rows = (token, query head of the group): 20 tokens x
+    3 heads fill 4 units, the last one partly) against the float32 reference."""
+    _require_long_path(ext, path, dim)
+    pool, reqs, batch, q = scattered_batch(*LONG_CASES[case], heads, kv_heads, dim, torch.bfloat16)
     q = q.to(q_dtype)
     args = (pool.k_buffer[0], pool.v_buffer[0], reqs.req_to_token, batch.req_pool_indices, batch.seq_lens)
-    got = cpu_linear.paged_attention(ext, q, *args, batch.extend_lens, batch.extend_start_loc, dim**-0.5, amx=True)
+    got = cpu_linear.paged_attention(ext, q, *args, batch.extend_lens, batch.extend_start_loc, dim**-0.5,
+                                     amx=path == "amx", vnni=path == "vnni")
     assert got.dtype == q_dtype
-    # q, K, V and the softmax weights enter the tile products as bfloat16
+    # q, K, V and the softmax weights enter the products as bfloat16
     assert (got.float() - _reference(q, batch, args, dim)).abs().max().item() < 1.6e-2
 
 
-def test_amx_path_is_as_close_as_torch_bf16_sdpa(ext: Any) -> None:
-    """W5's shape (one 2,000-token prompt, the default model's heads): the AMX path's largest
-    error against float32 is no larger than torch's own bfloat16 SDPA's on the same inputs."""
-    if not amx_runs(ext):
-        pytest.skip("this CPU (or its OS) does not let this process use AMX tiles")
+@pytest.mark.parametrize("path", ["amx", "vnni"])
+def test_long_extend_paths_are_as_close_as_torch_bf16_sdpa(ext: Any, path: str) -> None:
+    """W5's shape (one 2,000-token prompt, the default model's heads): each long-extend path's
+    largest error against float32 is no larger than torch's own bfloat16 SDPA's on the same inputs."""
+    _require_long_path(ext, path)
     pool, reqs, batch, q = scattered_batch([0], [2000], 9, 3, 64, torch.bfloat16)
     args = (pool.k_buffer[0], pool.v_buffer[0], reqs.req_to_token, batch.req_pool_indices, batch.seq_lens)
     want = _reference(q, batch, args, 64)
-    got = cpu_linear.paged_attention(ext, q, *args, batch.extend_lens, batch.extend_start_loc, 64**-0.5, amx=True)
+    got = cpu_linear.paged_attention(ext, q, *args, batch.extend_lens, batch.extend_start_loc, 64**-0.5,
+                                     amx=path == "amx", vnni=path == "vnni")
     k_ctx, v_ctx = (buf[reqs.req_to_token[batch.req_pool_indices[0], :2000].long()].transpose(0, 1)[None]
                     for buf in args[:2])
     torch_bf16 = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k_ctx, v_ctx, is_causal=True,
@@ -164,9 +181,10 @@ def test_amx_path_is_as_close_as_torch_bf16_sdpa(ext: Any) -> None:
     assert ours <= theirs, (ours, theirs)
 
 
-def test_backend_sends_long_prompts_to_the_amx_path(ext: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Over a bf16 pool with AMX every batch runs the paged kernel (long extends on tiles);
-    RADIXLM_BF16_PATH naming a vector path, or a CPU without AMX, keeps torch's SDPA for them."""
+def test_backend_sends_long_prompts_to_a_long_extend_path(ext: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over a bf16 pool with AMX or AVX512-BF16 every batch runs the paged kernel (long extends on
+    tiles or vdpbf16ps); RADIXLM_BF16_PATH=emulated, or a CPU with neither, keeps torch's SDPA
+    for them."""
     pool, reqs, batch, q = scattered_batch([0], [DENSE_PREFILL_MIN_LEN], 9, 3, 64, torch.bfloat16)
     k = pool.k_buffer[0][batch.out_cache_loc].clone()
     v = pool.v_buffer[0][batch.out_cache_loc].clone()
@@ -177,9 +195,10 @@ def test_backend_sends_long_prompts_to_the_amx_path(ext: Any, monkeypatch: pytes
     vector = TorchAttentionBackend(pool, reqs, 64**-0.5, ext)
     monkeypatch.delenv("RADIXLM_BF16_PATH")
     fast = TorchAttentionBackend(pool, reqs, 64**-0.5, ext)
-    assert not vector.amx and fast.amx == amx_runs(ext)
+    assert not vector.amx and not vector.vnni
+    assert fast.amx == amx_runs(ext) and fast.vnni == (vnni_runs(ext) and not amx_runs(ext))
     for backend in (vector, fast):
         backend.init_forward_metadata(batch)
         got = backend.forward(q, k, v, 0, batch).float()
-        assert backend.num_paged_forwards == int(backend.amx)
+        assert backend.num_paged_forwards == int(backend.amx or backend.vnni)
         assert (got - want).abs().max().item() < 1.6e-2

@@ -2,10 +2,11 @@
 
 * Paged kernel (when the C++ CPU kernels load, `kernels/csrc/paged_attention.cpp`): every new
   token of any batch (decode, extend, mixed) attends over its request's context read in place
-  from the pool: no gather, no padding, no mask. Over a bf16 pool on a CPU with AMX, requests
-  with 16 or more new tokens take its AMX tile kernel (`csrc/amx_attention.cpp`) and every batch
-  runs here; elsewhere, batches holding a long extend (a long prompt or a chunk of one) run
-  torch's own SDPA, which is faster there than the vector kernel.
+  from the pool: no gather, no padding, no mask. Over a bf16 pool, requests with 16 or more new
+  tokens take its AMX tile kernel (`csrc/amx_attention.cpp`) on a CPU with AMX, or its
+  vdpbf16ps kernel (`csrc/vnni_attention.cpp`) on one with AVX512-BF16, and every batch runs
+  here; elsewhere (a float32 pool, or no AVX512-BF16), batches holding a long extend (a long
+  prompt or a chunk of one) run torch's own SDPA, which is faster there than the vector kernel.
 * Torch: gather each request's K/V rows from the pool by slot index, pad the batch to a
   rectangle, and run one `scaled_dot_product_attention` with a mask (cascade attention over a
   prefix every request shares). Metadata per forward (shared by all layers): the padded slot
@@ -26,6 +27,7 @@ from radixlm.kernels.cpu_linear import (
     amx_attention_supported,
     paged_attention,
     resolve_bf16_path,
+    vnni_attention_supported,
 )
 from radixlm.runtime.envs import RADIXLM_BF16_PATH
 from radixlm.runtime.mem_cache.mem_pool import KVPool, ReqToTokenPool
@@ -71,18 +73,18 @@ class TorchAttentionBackend(BaseAttentionBackend):
         head_dim = kv_pool.k_buffer[0].shape[-1]
         fits = head_dim in PAGED_ATTENTION_HEAD_DIMS and kv_pool.device.type == "cpu"
         self.cpu_kernels = cpu_kernels if fits else None
-        # long extends over a bf16 pool on AMX tiles (unless RADIXLM_BF16_PATH asks for a vector path)
-        self.amx = (
-            self.cpu_kernels is not None and kv_pool.k_buffer[0].dtype == torch.bfloat16
-            and amx_attention_supported(self.cpu_kernels, head_dim)
-            and resolve_bf16_path(self.cpu_kernels, RADIXLM_BF16_PATH.get()) == "amx"
-        )
+        # long extends over a bf16 pool on AMX tiles, or with vdpbf16ps on a CPU without AMX (the
+        # bf16 GEMM path, which RADIXLM_BF16_PATH may force, names the instructions allowed)
+        bf16_pool = self.cpu_kernels is not None and kv_pool.k_buffer[0].dtype == torch.bfloat16
+        path = resolve_bf16_path(self.cpu_kernels, RADIXLM_BF16_PATH.get()) if bf16_pool else None
+        self.amx = bf16_pool and path == "amx" and amx_attention_supported(self.cpu_kernels, head_dim)
+        self.vnni = bf16_pool and path == "avx512bf16" and vnni_attention_supported(self.cpu_kernels, head_dim)
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         """Paged kernel where it is faster (see the module docstring); else torch's path, where
         mixed extend batches are split: requests with one new token (decodes riding along, or
         1-token extends) attend as a decode batch instead of being padded to the longest extend."""
-        self._paged = self.cpu_kernels is not None and (self.amx or not _is_dense_prefill(batch))
+        self._paged = self.cpu_kernels is not None and (self.amx or self.vnni or not _is_dense_prefill(batch))
         if self._paged:
             self.num_paged_forwards += 1
             return
@@ -144,7 +146,7 @@ class TorchAttentionBackend(BaseAttentionBackend):
             return paged_attention(
                 self.cpu_kernels, q, self.kv_pool.k_buffer[layer_id], self.kv_pool.v_buffer[layer_id],
                 self.req_to_token, batch.req_pool_indices, batch.seq_lens, batch.extend_lens, batch.extend_start_loc,
-                self.scaling, amx=self.amx,
+                self.scaling, amx=self.amx, vnni=self.vnni,
             )
         if len(self._parts) == 1:
             return self._attend(q, layer_id, self._parts[0])

@@ -1,0 +1,246 @@
+// Causal attention of long extends over a bfloat16 KV pool with AVX512-BF16 dot products
+// (vdpbf16ps), for CPUs without AMX: the AMX kernel's algorithm (amx_attention.cpp) with vector
+// registers in place of tiles. Flash-style: no score matrix beyond one 16 x 32 block, online
+// softmax in float32.
+//
+// A work unit is (request, kv head, 16 query rows), its rows the (new token, query head of the
+// group) pairs in position order, so a GQA group shares every key and value it reads and a short
+// extend still fills the vector lanes (20 tokens x 3 heads = 60 rows: 4 units). Keys are read in
+// place from the pool; each (request, kv head)'s values are first packed per 32-key block as
+// V^T in VNNI pairs ([D][16 key pairs]), zero past the context. Per unit, its queries become
+// Q^T in VNNI pairs ([D/2][16 rows]), and for each 32-key block:
+//   S^T = K Q^T     one vector of 16 row scores per key: per dim pair, vdpbf16ps of the key's
+//                   broadcast (k[2j], k[2j+1]) with Q^T's pair row;
+//   softmax         across vectors (no horizontal reductions), float32, causal mask only on
+//                   diagonal blocks, the reference maximum moved only by more than kRescaleMargin;
+//   O^T += V^T P^T  P^T as bf16 VNNI pairs [16 key pairs][16 rows]; per dim, vdpbf16ps of the
+//                   broadcast (v[2i][d], v[2i+1][d]) with P^T's pair row, 16 dims in registers
+//                   at a time.
+// q, K, V and the softmax weights enter the products as bfloat16, as in torch's bf16 SDPA and
+// the AMX kernel.
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "amx_attention.h"
+#include "bf16_gemm.h"
+#include "simd_math.h"
+
+namespace radixlm {
+namespace {
+
+constexpr int64_t kBlock = 32;  // keys per block
+constexpr int64_t kRows = 16;   // query rows per unit: one vector lane each
+constexpr float kRescaleMargin = 8.0f;  // as in amx_attention.cpp: e^8 keeps every sum in range
+
+struct Unit {
+  int64_t request, kv_head, first;  // first: the unit's first row (token * group + head in group)
+};
+
+inline __m512i broadcast_pair(const uint16_t* p) {
+  int32_t pair;
+  std::memcpy(&pair, p, sizeof pair);
+  return _mm512_set1_epi32(pair);
+}
+
+// V^T of keys [kb*32, kb*32 + 32) of kv head g as [D][32 keys] bfloat16 (word i of a dim's row
+// is the pair of keys 2i, 2i + 1), zeros past seq_len.
+void pack_values(const ExtendRequest& r, int64_t g, int64_t kb, int64_t Hkv, int64_t D, const uint16_t* v_buf,
+                 uint16_t* vt) {
+  uint16_t* vtb = vt + kb * D * kBlock;
+  for (int64_t k = 0; k < kBlock; ++k) {
+    const int64_t key = kb * kBlock + k;
+    if (key >= r.seq_len) {
+      for (int64_t d = 0; d < D; ++d) vtb[d * kBlock + k] = 0;
+      continue;
+    }
+    const uint16_t* v = v_buf + (static_cast<int64_t>(r.slots[key]) * Hkv + g) * D;
+    for (int64_t d = 0; d < D; ++d) vtb[d * kBlock + k] = v[d];
+  }
+}
+
+// Q^T of 16 rows in VNNI pairs: word [j][r] = (q_r[2j], q_r[2j+1]) as bfloat16 (float32 rounded
+// to nearest even); rows past n repeat row n - 1.
+template <typename T>
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) void pack_queries(const T* const* rows, int64_t D, uint32_t* qt) {
+  for (int64_t c = 0; c < D / 32; ++c) {  // 16 words (32 dims) of every row at a time
+    __m512 w[16];
+    for (int64_t r = 0; r < kRows; ++r) {
+      const T* src = rows[r] + c * 32;
+      if constexpr (std::is_same_v<T, float>) {
+        const __m512bh pair = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + 16), _mm512_loadu_ps(src));
+        w[r] = _mm512_castsi512_ps(reinterpret_cast<__m512i>(pair));  // word i: dims 32c + 2i, 2i + 1
+      } else {
+        w[r] = _mm512_loadu_ps(src);
+      }
+    }
+    transpose16(w);
+    for (int64_t j = 0; j < 16; ++j) _mm512_store_ps(reinterpret_cast<float*>(qt + (c * 16 + j) * kRows), w[j]);
+  }
+}
+
+// S^T for 16 keys: s[k] (lanes: rows) = sum over dim pairs of key k's pair x Q^T's pair row.
+template <int D>
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void scores16(const uint16_t* const* keys,
+                                                                           const uint32_t* qt, __m512* s) {
+  for (int k = 0; k < 16; ++k) s[k] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < D / 2; ++j) {
+    const __m512bh qv = (__m512bh)_mm512_load_si512(qt + j * kRows);
+    for (int k = 0; k < 16; ++k) s[k] = _mm512_dpbf16_ps(s[k], (__m512bh)broadcast_pair(keys[k] + 2 * j), qv);
+  }
+}
+
+template <int D, typename T>
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) void attend_unit(
+    const ExtendRequest& r, const Unit& u, int64_t group, const T* q, T* out, int64_t Hq, int64_t Hkv,
+    const uint16_t* k_buf, const uint16_t* vt, const uint16_t* zero_row, float scale) {
+  alignas(64) uint32_t qt[D / 2 * kRows];
+  alignas(64) uint32_t pt[kBlock / 2 * kRows];  // P^T VNNI: [key pair][row]
+  alignas(64) float acc[D * kRows];             // O^T: [dim][row]
+  alignas(64) int32_t row_pos[kRows];
+  const int64_t M = r.extend_len * group, n = std::min(kRows, M - u.first);
+  const int64_t pos0 = r.seq_len - r.extend_len;  // position of the request's first new token
+  const T* q_rows[kRows];
+  T* out_rows[kRows];
+  for (int64_t i = 0; i < kRows; ++i) {
+    const int64_t row = u.first + std::min(i, n - 1), t = row / group, h = u.kv_head * group + row % group;
+    q_rows[i] = q + ((r.q_start + t) * Hq + h) * D;
+    out_rows[i] = out + ((r.q_start + t) * Hq + h) * D;
+    row_pos[i] = static_cast<int32_t>(pos0 + t);
+  }
+  pack_queries(q_rows, D, qt);
+  std::fill(acc, acc + D * kRows, 0.0f);
+  const __m512i rpos = _mm512_load_si512(row_pos);
+  const int64_t first_pos = row_pos[0], last_pos = row_pos[kRows - 1];
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity()), vscale = _mm512_set1_ps(scale);
+  // word 2i of a P^T row <- row i of the even key, word 2i + 1 <- row i of the odd key
+  const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
+                                              22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  __m512 m = neg_inf, l = _mm512_setzero_ps();
+  const int64_t blocks = last_pos / kBlock + 1;
+  for (int64_t kb = 0; kb < blocks; ++kb) {
+    const uint16_t* keys[kBlock];
+    for (int64_t k = 0; k < kBlock; ++k) {
+      const int64_t key = kb * kBlock + k;
+      keys[k] = key < r.seq_len ? k_buf + (static_cast<int64_t>(r.slots[key]) * Hkv + u.kv_head) * D : zero_row;
+    }
+    __m512 s[kBlock];
+    scores16<D>(keys, qt, s);
+    scores16<D>(keys + 16, qt, s + 16);
+    const bool diagonal = kb * kBlock + kBlock - 1 > first_pos;
+    __mmask16 keep[kBlock];
+    __m512 mx = neg_inf;
+    for (int64_t k = 0; k < kBlock; ++k) {
+      keep[k] = diagonal ? _mm512_cmple_epi32_mask(_mm512_set1_epi32(static_cast<int>(kb * kBlock + k)), rpos)
+                         : static_cast<__mmask16>(0xFFFF);
+      mx = _mm512_mask_max_ps(mx, keep[k], mx, s[k]);
+    }
+    mx = _mm512_mul_ps(mx, vscale);
+    if (_mm512_cmp_ps_mask(mx, _mm512_add_ps(m, _mm512_set1_ps(kRescaleMargin)), _CMP_GT_OQ)) {
+      const __m512 m_new = _mm512_max_ps(m, mx);
+      const __m512 alpha = exp16(_mm512_sub_ps(m, m_new));  // 0 on the first block (m = -inf)
+      m = m_new;
+      l = _mm512_mul_ps(l, alpha);
+      if (kb > 0) {
+        for (int64_t d = 0; d < D; ++d) _mm512_store_ps(acc + d * kRows, _mm512_mul_ps(_mm512_load_ps(acc + d * kRows), alpha));
+      }
+    }
+    for (int64_t k = 0; k < kBlock; ++k) {
+      s[k] = _mm512_maskz_mov_ps(keep[k], exp16_coarse(_mm512_fmsub_ps(s[k], vscale, m)));
+      l = _mm512_add_ps(l, s[k]);
+    }
+    for (int64_t k = 0; k < kBlock / 2; ++k) {
+      const __m512bh pair = _mm512_cvtne2ps_pbh(s[2 * k + 1], s[2 * k]);
+      _mm512_store_si512(pt + k * kRows, _mm512_permutexvar_epi16(interleave, reinterpret_cast<__m512i>(pair)));
+    }
+    const uint16_t* vblock = vt + kb * D * kBlock;
+    for (int64_t d0 = 0; d0 < D; d0 += 16) {
+      __m512 a[16];
+      for (int d = 0; d < 16; ++d) a[d] = _mm512_load_ps(acc + (d0 + d) * kRows);
+      for (int64_t i = 0; i < kBlock / 2; ++i) {
+        const __m512bh pv = (__m512bh)_mm512_load_si512(pt + i * kRows);
+        for (int d = 0; d < 16; ++d) {
+          a[d] = _mm512_dpbf16_ps(a[d], (__m512bh)broadcast_pair(vblock + (d0 + d) * kBlock + 2 * i), pv);
+        }
+      }
+      for (int d = 0; d < 16; ++d) _mm512_store_ps(acc + (d0 + d) * kRows, a[d]);
+    }
+  }
+  const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.0f), l);  // l >= 1: a row's own key is visible
+  for (int64_t d0 = 0; d0 < D; d0 += 16) {
+    __m512 v[16];
+    for (int64_t i = 0; i < 16; ++i) v[i] = _mm512_mul_ps(_mm512_load_ps(acc + (d0 + i) * kRows), inv);
+    transpose16(v);
+    for (int64_t i = 0; i < n; ++i) {
+      T* dst = out_rows[i] + d0;
+      if constexpr (std::is_same_v<T, float>) {
+        _mm512_storeu_ps(dst, v[i]);
+      } else {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v[i])));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+bool vnni_attention_supported(int64_t head_dim) {
+  return (head_dim == 64 || head_dim == 128) && cpu_features().avx512bf16;
+}
+
+template <typename T>
+void vnni_extend_attention(const std::vector<ExtendRequest>& requests, const T* q, T* out, int64_t Hq, int64_t Hkv,
+                           int64_t D, const uint16_t* k_buf, const uint16_t* v_buf, float scale) {
+  const int64_t R = static_cast<int64_t>(requests.size()), group = Hq / Hkv;
+  std::vector<int64_t> offset(R + 1, 0);  // packed V^T of request i's kv heads starts at offset[i]
+  std::vector<std::array<int64_t, 3>> items;  // (request, kv head, key block) to pack
+  std::vector<Unit> units;
+  for (int64_t i = 0; i < R; ++i) {
+    const ExtendRequest& r = requests[i];
+    const int64_t blocks = (r.seq_len + kBlock - 1) / kBlock;
+    offset[i + 1] = offset[i] + Hkv * blocks * kBlock * D;
+    for (int64_t g = 0; g < Hkv; ++g) {
+      for (int64_t kb = 0; kb < blocks; ++kb) items.push_back({i, g, kb});
+      for (int64_t first = 0; first < r.extend_len * group; first += kRows) units.push_back(Unit{i, g, first});
+    }
+  }
+  std::vector<uint16_t> packed(offset[R]);
+  const std::vector<uint16_t> zero_row(D, 0);
+  auto values_of = [&](int64_t i, int64_t g) {
+    const int64_t span = (requests[i].seq_len + kBlock - 1) / kBlock * kBlock * D;  // one kv head's V^T
+    return packed.data() + offset[i] + g * span;
+  };
+  at::parallel_for(0, static_cast<int64_t>(items.size()), 16, [&](int64_t lo, int64_t hi) {
+    for (int64_t it = lo; it < hi; ++it) {
+      const auto [i, g, kb] = items[it];
+      pack_values(requests[i], g, kb, Hkv, D, v_buf, values_of(i, g));
+    }
+  });
+  const int64_t n = static_cast<int64_t>(units.size());
+  // Units interleaved from both ends (0, n-1, 1, n-2, ...): under a causal mask a request's late
+  // rows cost more, and parallel_for hands each thread one contiguous range.
+  at::parallel_for(0, n, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t it = lo; it < hi; ++it) {
+      const Unit& u = units[it % 2 == 0 ? it / 2 : n - 1 - it / 2];
+      const uint16_t* vt = values_of(u.request, u.kv_head);
+      if (D == 64) {
+        attend_unit<64>(requests[u.request], u, group, q, out, Hq, Hkv, k_buf, vt, zero_row.data(), scale);
+      } else {
+        attend_unit<128>(requests[u.request], u, group, q, out, Hq, Hkv, k_buf, vt, zero_row.data(), scale);
+      }
+    }
+  });
+}
+
+template void vnni_extend_attention<float>(const std::vector<ExtendRequest>&, const float*, float*, int64_t, int64_t,
+                                           int64_t, const uint16_t*, const uint16_t*, float);
+template void vnni_extend_attention<uint16_t>(const std::vector<ExtendRequest>&, const uint16_t*, uint16_t*, int64_t,
+                                              int64_t, int64_t, const uint16_t*, const uint16_t*, float);
+
+}  // namespace radixlm

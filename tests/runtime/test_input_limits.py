@@ -176,9 +176,11 @@ def test_index_worker_builds_in_parallel_and_a_slow_build_fails_alone() -> None:
             assert len(fast.result(timeout=60).get_transitions()) == 4
             assert not slow.done(), "the fast build waited for the slow one"
             assert len(worker.pids) == 2
-            with pytest.raises(ValueError, match="longer than 15 s"):
+            # its deadline stops it, or on a fast machine its 2 GiB cap first (the child aborts):
+            # either way it fails alone
+            with pytest.raises(ValueError, match="longer than 15 s|building its token index died"):
                 slow.result(timeout=60)
-            assert len(worker.pids) == 1  # only the slow build's child was killed
+            assert len(worker.pids) == 1  # only the slow build's child is gone
             [survivor] = worker.pids
             index = pool.submit(worker.build, "[a-c]{2}", BYTE_VOCABULARY).result(timeout=60)
             assert outlines_core.Guide(index).get_tokens()

@@ -96,44 +96,40 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void scores16(cons
   }
 }
 
+// The core: up to 16 query rows of one kv head over keys [0, num_keys) of `slots` (positions
+// relative to slots[0]); row i sees the keys at positions <= pos[i] (< num_keys). Rows past n
+// repeat row n - 1. Writes o [16][D] (normalized, float32) and lse [16] (log of the softmax's sum,
+// in the units of the scaled scores), for the caller to store or merge.
 template <int D, typename T>
-__attribute__((target("avx512f,avx512bw,avx512bf16"))) void attend_unit(
-    const ExtendRequest& r, const Unit& u, int64_t group, const T* q, T* out, int64_t Hq, int64_t Hkv,
-    const uint16_t* k_buf, const uint16_t* vt, const uint16_t* zero_row, float scale) {
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) void attend_rows(
+    const T* const* q_rows, const int32_t* pos, const int32_t* slots, int64_t num_keys, int64_t kv_head, int64_t Hkv,
+    const uint16_t* k_buf, const uint16_t* vt, const uint16_t* zero_row, float scale, float* o, float* lse) {
   alignas(64) uint32_t qt[D / 2 * kRows];
   alignas(64) uint32_t pt[kBlock / 2 * kRows];  // P^T VNNI: [key pair][row]
   alignas(64) float acc[D * kRows];             // O^T: [dim][row]
   alignas(64) int32_t row_pos[kRows];
-  const int64_t M = r.extend_len * group, n = std::min(kRows, M - u.first);
-  const int64_t pos0 = r.seq_len - r.extend_len;  // position of the request's first new token
-  const T* q_rows[kRows];
-  T* out_rows[kRows];
-  for (int64_t i = 0; i < kRows; ++i) {
-    const int64_t row = u.first + std::min(i, n - 1), t = row / group, h = u.kv_head * group + row % group;
-    q_rows[i] = q + ((r.q_start + t) * Hq + h) * D;
-    out_rows[i] = out + ((r.q_start + t) * Hq + h) * D;
-    row_pos[i] = static_cast<int32_t>(pos0 + t);
-  }
+  std::memcpy(row_pos, pos, sizeof row_pos);
   pack_queries(q_rows, D, qt);
   std::fill(acc, acc + D * kRows, 0.0f);
   const __m512i rpos = _mm512_load_si512(row_pos);
-  const int64_t first_pos = row_pos[0], last_pos = row_pos[kRows - 1];
+  const int64_t min_pos = *std::min_element(row_pos, row_pos + kRows);
+  const int64_t max_pos = *std::max_element(row_pos, row_pos + kRows);
   const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity()), vscale = _mm512_set1_ps(scale);
   // word 2i of a P^T row <- row i of the even key, word 2i + 1 <- row i of the odd key
   const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
                                               22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   __m512 m = neg_inf, l = _mm512_setzero_ps();
-  const int64_t blocks = last_pos / kBlock + 1;
+  const int64_t blocks = max_pos / kBlock + 1;
   for (int64_t kb = 0; kb < blocks; ++kb) {
     const uint16_t* keys[kBlock];
     for (int64_t k = 0; k < kBlock; ++k) {
       const int64_t key = kb * kBlock + k;
-      keys[k] = key < r.seq_len ? k_buf + (static_cast<int64_t>(r.slots[key]) * Hkv + u.kv_head) * D : zero_row;
+      keys[k] = key < num_keys ? k_buf + (static_cast<int64_t>(slots[key]) * Hkv + kv_head) * D : zero_row;
     }
     __m512 s[kBlock];
     scores16<D>(keys, qt, s);
     scores16<D>(keys + 16, qt, s + 16);
-    const bool diagonal = kb * kBlock + kBlock - 1 > first_pos;
+    const bool diagonal = kb * kBlock + kBlock - 1 > min_pos;
     __mmask16 keep[kBlock];
     __m512 mx = neg_inf;
     for (int64_t k = 0; k < kBlock; ++k) {
@@ -177,15 +173,94 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void attend_unit(
     __m512 v[16];
     for (int64_t i = 0; i < 16; ++i) v[i] = _mm512_mul_ps(_mm512_load_ps(acc + (d0 + i) * kRows), inv);
     transpose16(v);
-    for (int64_t i = 0; i < n; ++i) {
-      T* dst = out_rows[i] + d0;
-      if constexpr (std::is_same_v<T, float>) {
-        _mm512_storeu_ps(dst, v[i]);
-      } else {
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v[i])));
-      }
+    for (int64_t i = 0; i < 16; ++i) _mm512_storeu_ps(o + i * D + d0, v[i]);
+  }
+  alignas(64) float mf[kRows], lf[kRows];
+  _mm512_store_ps(mf, m);
+  _mm512_store_ps(lf, l);
+  for (int64_t i = 0; i < kRows; ++i) lse[i] = mf[i] + std::log(lf[i]);
+}
+
+template <typename T>
+inline void store_row(const float* src, int64_t D, T* dst) {
+  if constexpr (std::is_same_v<T, float>) {
+    std::memcpy(dst, src, D * sizeof(float));
+  } else {
+    from_float(src, D, dst);
+  }
+}
+
+// Packed V^T per (request, kv head), and the units over each request's rows.
+struct Plan {
+  std::vector<int64_t> offset;  // V^T of request i's kv heads starts at offset[i]
+  std::vector<uint16_t> packed;
+  std::vector<Unit> units;
+  int64_t D = 0;
+  const uint16_t* values(const std::vector<ExtendRequest>& requests, int64_t i, int64_t g) const {
+    const int64_t span = (requests[i].seq_len + kBlock - 1) / kBlock * kBlock * D;  // one kv head's V^T
+    return packed.data() + offset[i] + g * span;
+  }
+};
+
+Plan plan_requests(const std::vector<ExtendRequest>& requests, int64_t Hkv, int64_t D, int64_t group,
+                   const uint16_t* v_buf) {
+  const int64_t R = static_cast<int64_t>(requests.size());
+  Plan plan;
+  plan.D = D;
+  plan.offset.assign(R + 1, 0);
+  std::vector<std::array<int64_t, 3>> items;  // (request, kv head, key block) to pack
+  for (int64_t i = 0; i < R; ++i) {
+    const ExtendRequest& r = requests[i];
+    const int64_t blocks = (r.seq_len + kBlock - 1) / kBlock;
+    plan.offset[i + 1] = plan.offset[i] + Hkv * blocks * kBlock * D;
+    for (int64_t g = 0; g < Hkv; ++g) {
+      for (int64_t kb = 0; kb < blocks; ++kb) items.push_back({i, g, kb});
+      for (int64_t first = 0; first < r.extend_len * group; first += kRows) plan.units.push_back(Unit{i, g, first});
     }
   }
+  plan.packed.resize(plan.offset[R]);
+  at::parallel_for(0, static_cast<int64_t>(items.size()), 16, [&](int64_t lo, int64_t hi) {
+    for (int64_t it = lo; it < hi; ++it) {
+      const auto [i, g, kb] = items[it];
+      pack_values(requests[i], g, kb, Hkv, D, v_buf, const_cast<uint16_t*>(plan.values(requests, i, g)));
+    }
+  });
+  return plan;
+}
+
+// Every unit of `plan`; sink(row index (q row * Hq + head), o row, lse) for each valid row.
+// Units interleaved from both ends (0, n-1, 1, n-2, ...): under a causal mask a request's late
+// rows cost more, and parallel_for hands each thread one contiguous range.
+template <typename T, typename Sink>
+void run_units(const std::vector<ExtendRequest>& requests, const Plan& plan, const T* q, int64_t Hq, int64_t Hkv,
+               int64_t D, const uint16_t* k_buf, float scale, const Sink& sink) {
+  const int64_t n = static_cast<int64_t>(plan.units.size()), group = Hq / Hkv;
+  const std::vector<uint16_t> zero_row(D, 0);
+  at::parallel_for(0, n, 1, [&](int64_t lo, int64_t hi) {
+    std::vector<float> o(kRows * D);
+    alignas(64) float lse[kRows];
+    alignas(64) int32_t pos[kRows];
+    const T* q_rows[kRows];
+    int64_t ids[kRows];
+    for (int64_t it = lo; it < hi; ++it) {
+      const Unit& u = plan.units[it % 2 == 0 ? it / 2 : n - 1 - it / 2];
+      const ExtendRequest& r = requests[u.request];
+      const int64_t rows = std::min(kRows, r.extend_len * group - u.first);
+      for (int64_t i = 0; i < kRows; ++i) {
+        const int64_t row = u.first + std::min(i, rows - 1), t = row / group, h = u.kv_head * group + row % group;
+        ids[i] = (r.q_start + t) * Hq + h;
+        q_rows[i] = q + ids[i] * D;
+        pos[i] = static_cast<int32_t>(r.seq_len - r.extend_len + t);
+      }
+      const uint16_t* vt = plan.values(requests, u.request, u.kv_head);
+      if (D == 64) {
+        attend_rows<64>(q_rows, pos, r.slots, r.seq_len, u.kv_head, Hkv, k_buf, vt, zero_row.data(), scale, o.data(), lse);
+      } else {
+        attend_rows<128>(q_rows, pos, r.slots, r.seq_len, u.kv_head, Hkv, k_buf, vt, zero_row.data(), scale, o.data(), lse);
+      }
+      for (int64_t i = 0; i < rows; ++i) sink(ids[i], o.data() + i * D, lse[i]);
+    }
+  });
 }
 
 }  // namespace
@@ -197,50 +272,94 @@ bool vnni_attention_supported(int64_t head_dim) {
 template <typename T>
 void vnni_extend_attention(const std::vector<ExtendRequest>& requests, const T* q, T* out, int64_t Hq, int64_t Hkv,
                            int64_t D, const uint16_t* k_buf, const uint16_t* v_buf, float scale) {
+  const Plan plan = plan_requests(requests, Hkv, D, Hq / Hkv, v_buf);
+  run_units(requests, plan, q, Hq, Hkv, D, k_buf, scale,
+            [&](int64_t id, const float* o, float) { store_row(o, D, out + id * D); });
+}
+
+template <typename T>
+void vnni_cascade_attention(const std::vector<ExtendRequest>& requests, int64_t shared_len, const T* q, T* out,
+                            int64_t Hq, int64_t Hkv, int64_t D, const uint16_t* k_buf, const uint16_t* v_buf,
+                            float scale) {
   const int64_t R = static_cast<int64_t>(requests.size()), group = Hq / Hkv;
-  std::vector<int64_t> offset(R + 1, 0);  // packed V^T of request i's kv heads starts at offset[i]
-  std::vector<std::array<int64_t, 3>> items;  // (request, kv head, key block) to pack
-  std::vector<Unit> units;
-  for (int64_t i = 0; i < R; ++i) {
-    const ExtendRequest& r = requests[i];
-    const int64_t blocks = (r.seq_len + kBlock - 1) / kBlock;
-    offset[i + 1] = offset[i] + Hkv * blocks * kBlock * D;
-    for (int64_t g = 0; g < Hkv; ++g) {
-      for (int64_t kb = 0; kb < blocks; ++kb) items.push_back({i, g, kb});
-      for (int64_t first = 0; first < r.extend_len * group; first += kRows) units.push_back(Unit{i, g, first});
-    }
-  }
-  std::vector<uint16_t> packed(offset[R]);
-  const std::vector<uint16_t> zero_row(D, 0);
-  auto values_of = [&](int64_t i, int64_t g) {
-    const int64_t span = (requests[i].seq_len + kBlock - 1) / kBlock * kBlock * D;  // one kv head's V^T
-    return packed.data() + offset[i] + g * span;
-  };
-  at::parallel_for(0, static_cast<int64_t>(items.size()), 16, [&](int64_t lo, int64_t hi) {
-    for (int64_t it = lo; it < hi; ++it) {
-      const auto [i, g, kb] = items[it];
-      pack_values(requests[i], g, kb, Hkv, D, v_buf, values_of(i, g));
-    }
-  });
-  const int64_t n = static_cast<int64_t>(units.size());
-  // Units interleaved from both ends (0, n-1, 1, n-2, ...): under a causal mask a request's late
-  // rows cost more, and parallel_for hands each thread one contiguous range.
-  at::parallel_for(0, n, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t it = lo; it < hi; ++it) {
-      const Unit& u = units[it % 2 == 0 ? it / 2 : n - 1 - it / 2];
-      const uint16_t* vt = values_of(u.request, u.kv_head);
-      if (D == 64) {
-        attend_unit<64>(requests[u.request], u, group, q, out, Hq, Hkv, k_buf, vt, zero_row.data(), scale);
-      } else {
-        attend_unit<128>(requests[u.request], u, group, q, out, Hq, Hkv, k_buf, vt, zero_row.data(), scale);
+  int64_t T_rows = 0;  // q rows covered (the requests' new tokens are q rows [q_start, q_start + extend_len))
+  for (const ExtendRequest& r : requests) T_rows = std::max(T_rows, r.q_start + r.extend_len);
+  // 1. every row of every request over the shared keys [0, shared_len), as one request whose
+  // "new tokens" are all the rows (each sees all shared keys): the shared V^T is packed once
+  std::vector<float> o1(T_rows * Hq * D), lse1(T_rows * Hq), o2(T_rows * Hq * D), lse2(T_rows * Hq);
+  {
+    const std::vector<ExtendRequest> shared{ExtendRequest{requests[0].slots, shared_len, shared_len, 0}};
+    const Plan plan = plan_requests(shared, Hkv, D, group, v_buf);
+    // rows of the shared pass: (request, token, head in group) listed per kv head
+    std::vector<std::array<int64_t, 2>> rows;  // (q row, head in group) in request order
+    for (const ExtendRequest& r : requests) {
+      for (int64_t t = 0; t < r.extend_len; ++t) {
+        for (int64_t h = 0; h < group; ++h) rows.push_back({r.q_start + t, h});
       }
     }
+    const int64_t per_head = static_cast<int64_t>(rows.size());
+    const int64_t units = (per_head + kRows - 1) / kRows;
+    const std::vector<uint16_t> zero_row(D, 0);
+    at::parallel_for(0, Hkv * units, 1, [&](int64_t lo, int64_t hi) {
+      std::vector<float> o(kRows * D);
+      alignas(64) float lse[kRows];
+      alignas(64) int32_t pos[kRows];
+      const T* q_rows[kRows];
+      int64_t ids[kRows];
+      for (int64_t it = lo; it < hi; ++it) {
+        const int64_t g = it / units, first = (it % units) * kRows, n = std::min(kRows, per_head - first);
+        for (int64_t i = 0; i < kRows; ++i) {
+          const auto [q_row, h] = rows[first + std::min(i, n - 1)];
+          ids[i] = q_row * Hq + g * group + h;
+          q_rows[i] = q + ids[i] * D;
+          pos[i] = static_cast<int32_t>(shared_len - 1);
+        }
+        const uint16_t* vt = plan.values(shared, 0, g);
+        const int32_t* slots = shared[0].slots;
+        if (D == 64) {
+          attend_rows<64>(q_rows, pos, slots, shared_len, g, Hkv, k_buf, vt, zero_row.data(), scale, o.data(), lse);
+        } else {
+          attend_rows<128>(q_rows, pos, slots, shared_len, g, Hkv, k_buf, vt, zero_row.data(), scale, o.data(), lse);
+        }
+        for (int64_t i = 0; i < n; ++i) {
+          std::memcpy(o1.data() + ids[i] * D, o.data() + i * D, D * sizeof(float));
+          lse1[ids[i]] = lse[i];
+        }
+      }
+    });
+  }
+  // 2. each request's own keys [shared_len, seq_len), positions counted from shared_len
+  std::vector<ExtendRequest> own(R);
+  for (int64_t i = 0; i < R; ++i) {
+    const ExtendRequest& r = requests[i];
+    own[i] = ExtendRequest{r.slots + shared_len, r.seq_len - shared_len, r.extend_len, r.q_start};
+  }
+  const Plan plan = plan_requests(own, Hkv, D, group, v_buf);
+  run_units(own, plan, q, Hq, Hkv, D, k_buf, scale, [&](int64_t id, const float* o, float lse) {
+    std::memcpy(o2.data() + id * D, o, D * sizeof(float));
+    lse2[id] = lse;
   });
+  // 3. merge the two partial softmaxes of every row
+  for (const ExtendRequest& r : requests) {
+    at::parallel_for(r.q_start * Hq, (r.q_start + r.extend_len) * Hq, 64, [&](int64_t lo, int64_t hi) {
+      std::vector<float> row(D);
+      for (int64_t id = lo; id < hi; ++id) {
+        const float mx = std::max(lse1[id], lse2[id]);
+        const float w1 = std::exp(lse1[id] - mx), w2 = std::exp(lse2[id] - mx), inv = 1.0f / (w1 + w2);
+        for (int64_t d = 0; d < D; ++d) row[d] = (o1[id * D + d] * w1 + o2[id * D + d] * w2) * inv;
+        store_row(row.data(), D, out + id * D);
+      }
+    });
+  }
 }
 
 template void vnni_extend_attention<float>(const std::vector<ExtendRequest>&, const float*, float*, int64_t, int64_t,
                                            int64_t, const uint16_t*, const uint16_t*, float);
 template void vnni_extend_attention<uint16_t>(const std::vector<ExtendRequest>&, const uint16_t*, uint16_t*, int64_t,
                                               int64_t, int64_t, const uint16_t*, const uint16_t*, float);
+template void vnni_cascade_attention<float>(const std::vector<ExtendRequest>&, int64_t, const float*, float*, int64_t,
+                                            int64_t, int64_t, const uint16_t*, const uint16_t*, float);
+template void vnni_cascade_attention<uint16_t>(const std::vector<ExtendRequest>&, int64_t, const uint16_t*, uint16_t*,
+                                               int64_t, int64_t, int64_t, const uint16_t*, const uint16_t*, float);
 
 }  // namespace radixlm

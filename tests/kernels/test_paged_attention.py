@@ -24,9 +24,10 @@ pytestmark = pytest.mark.skipif(not cpu_linear.cpu_supports_avx512(), reason="th
 
 
 def scattered_batch(prefix_lens: list[int], extend_lens: list[int], heads: int, kv_heads: int, dim: int,
-                    dtype: torch.dtype, seed: int = 0) -> tuple[KVPool, ReqToTokenPool, ForwardBatch, torch.Tensor]:
-    """A pool whose requests own shuffled slots (the first request's first 40 shared by all
-    requests with a prefix that long, as the radix cache shares them); returns the batch and q."""
+                    dtype: torch.dtype, seed: int = 0,
+                    shared_len: int = 40) -> tuple[KVPool, ReqToTokenPool, ForwardBatch, torch.Tensor]:
+    """A pool whose requests own shuffled slots (the first request's first `shared_len` shared by
+    all requests with a prefix that long, as the radix cache shares them); returns the batch and q."""
     gen = torch.Generator().manual_seed(seed)
     total = sum(p + e for p, e in zip(prefix_lens, extend_lens))
     pool = KVPool(total + 16, 1, kv_heads, dim, dtype)
@@ -35,13 +36,13 @@ def scattered_batch(prefix_lens: list[int], extend_lens: list[int], heads: int, 
     reqs = ReqToTokenPool(len(prefix_lens) + 2, max(p + e for p, e in zip(prefix_lens, extend_lens)) + 1)
     slots = pool.alloc(total)
     slots = slots[torch.randperm(total, generator=gen)]
-    shared = slots[:40]
+    shared = slots[:shared_len]
     rows, new_slots = [], []
     for prefix, new in zip(prefix_lens, extend_lens):
         row = reqs.alloc()
         own, slots = slots[: prefix + new], slots[prefix + new :]
-        if prefix >= 40:
-            own = torch.cat([shared, own[40:]])
+        if prefix >= shared_len:
+            own = torch.cat([shared, own[shared_len:]])
         reqs.write(row, 0, own)
         rows.append(row)
         new_slots.append(own[prefix:])
@@ -160,6 +161,36 @@ def test_long_extend_paths_match_reference(ext: Any, path: str, case: str, q_dty
                                      amx=path == "amx", vnni=path == "vnni")
     assert got.dtype == q_dtype
     # q, K, V and the softmax weights enter the products as bfloat16
+    assert (got.float() - _reference(q, batch, args, dim)).abs().max().item() < 1.6e-2
+
+
+CASCADE_CASES = {  # (prefix lengths, extend lengths, shared slots)
+    "decodes sharing 976 tokens": ([976 + 3 * i for i in range(32)], [1] * 32, 976),
+    "extends and decodes sharing 500": ([500, 507, 520, 600], [20, 1, 33, 17], 500),
+    "shared at the cascade's minimum": ([64, 64, 70], [1, 5, 1], 64),
+    "shared but too short a part": ([80, 200, 210], [1, 1, 1], 80),
+    "one token short of it": ([63, 70, 80], [1, 1, 2], 63),
+    "one request": ([300], [1], 300),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASCADE_CASES))
+@pytest.mark.parametrize("q_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (2, 1, 128)])
+def test_vnni_cascade_over_a_shared_prefix_matches_reference(ext: Any, case: str, q_dtype: torch.dtype, heads: int,
+                                                            kv_heads: int, dim: int) -> None:
+    """With vnni, a batch whose requests share 64+ leading slots, 4x their other keys, attends in
+    two passes (every row over the shared keys, packed once; each request over its own keys)
+    whose softmaxes are merged; otherwise (fewer shared slots, a shorter share, one request) the
+    per-request paths run. Each equals the float32 reference within bf16 rounding."""
+    _require_long_path(ext, "vnni", dim)
+    prefix_lens, extend_lens, shared = CASCADE_CASES[case]
+    pool, reqs, batch, q = scattered_batch(prefix_lens, extend_lens, heads, kv_heads, dim, torch.bfloat16,
+                                           shared_len=shared)
+    q = q.to(q_dtype)
+    args = (pool.k_buffer[0], pool.v_buffer[0], reqs.req_to_token, batch.req_pool_indices, batch.seq_lens)
+    got = cpu_linear.paged_attention(ext, q, *args, batch.extend_lens, batch.extend_start_loc, dim**-0.5, vnni=True)
+    assert got.dtype == q_dtype
     assert (got.float() - _reference(q, batch, args, dim)).abs().max().item() < 1.6e-2
 
 

@@ -12,6 +12,10 @@
 // query row): the block's K is widened to float32 and transposed to [D][16] once, scores are D
 // FMAs per row, and a flash-style online softmax (running max and sum per row, float32) folds
 // the block's V into the row's accumulator, so no score matrix is ever materialized.
+//
+// Over a bf16 pool, requests with 16+ new tokens go to the AMX or vdpbf16ps extend kernels
+// (amx_attention.h) where the caller allows them; with vdpbf16ps, a batch sharing a long prefix
+// (kCascadeMinShared) goes whole to the cascade kernel instead.
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <torch/extension.h>

@@ -64,6 +64,7 @@ class ThreadGovernor:
         self.max_threads = max_threads or torch.get_num_threads()
         self.interval = interval
         self.threads = self.max_threads
+        self._wanted_before = self.max_threads  # what the previous window asked for
         self._last = read_sample()
         self._last_time = time.monotonic()
         self.num_changes = 0
@@ -75,7 +76,12 @@ class ThreadGovernor:
             return self.threads
         sample = read_sample()
         if sample is not None and self._last is not None:
-            threads = threads_for(free_cores(self._last, sample, self.num_cpus), self.max_threads)
+            wanted = threads_for(free_cores(self._last, sample, self.num_cpus), self.max_threads)
+            # fewer threads only when two windows in a row ask for them: a neighbour that keeps a
+            # core busy does, while a burst (the server's HTTP process taking 32 requests at
+            # once) would otherwise leave the large forward that follows it on one thread
+            threads = wanted if wanted > self.threads else max(wanted, self._wanted_before)
+            self._wanted_before = wanted
             if threads != self.threads:
                 torch.set_num_threads(threads)
                 self.threads = threads

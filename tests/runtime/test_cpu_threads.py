@@ -75,3 +75,25 @@ def test_the_runner_takes_the_governor_unless_disabled(tiny_model_dir: object, m
             assert engine.runner.threads is None
     finally:
         torch.set_num_threads(original)
+
+
+def test_one_busy_window_is_a_burst_two_are_a_neighbour(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A window in which other processes kept a core busy lowers the thread count only if the
+    window before it did too (the server's HTTP process taking a burst of requests should not
+    leave the large forward after it on one thread); a quiet window raises it at once."""
+    ticks = {"busy": 0, "total": 0}
+
+    def window(others_busy: bool) -> None:  # 2 CPUs, 100 ticks each; others use one core or none
+        ticks["total"] += 200
+        ticks["busy"] += 100 if others_busy else 0
+
+    monkeypatch.setattr(cpu_threads, "read_sample",
+                        lambda: CpuSample(busy=ticks["busy"], total=ticks["total"], ours=0))
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+    governor = ThreadGovernor(max_threads=2, interval=0.0)
+    governor.num_cpus = 2
+    seen = []
+    for others_busy in [True, False, True, True, True, False, True]:
+        window(others_busy)
+        seen.append(governor.update())
+    assert seen == [2, 2, 2, 1, 1, 2, 2]

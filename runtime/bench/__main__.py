@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -54,6 +55,7 @@ from radixlm.runtime.bench.llamacpp_peer import (
 from radixlm.runtime.envs import set_omp_defaults
 
 set_omp_defaults()  # before torch loads, for our engine and the baseline alike
+ALL_THREADS = len(os.sched_getaffinity(0))
 
 if TYPE_CHECKING:
     from radixlm.runtime.engine import Engine
@@ -175,6 +177,11 @@ class Transformers:
 def run_system(system: Ours | Transformers | LlamaCppPeer, workloads: list[str], repeats: int) -> Result:
     """Median figures of one system. The slow batch workloads skip the warm-up run for the
     baseline (one transformers W3 run takes minutes; its first run is not slower)."""
+    import torch
+
+    # torch's thread count is per process, and our engine's thread governor may have lowered it
+    # (beside a busy neighbour): every system starts from all the cores (ours re-adjusts)
+    torch.set_num_threads(ALL_THREADS)
     out: Result = {}
     heavy_warmup = not isinstance(system, Transformers)
     if "W1" in workloads:

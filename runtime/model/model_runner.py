@@ -105,7 +105,7 @@ class ModelRunner:
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """float32 logits `[len(batch.logits_indices), vocab]`."""
         if self.threads is not None:
-            self.threads.update()
+            self.threads.update(batch.num_tokens)
         if not self.model.runs_in_decode_stack(batch):
             self.attn_backend.init_forward_metadata(batch)
         return self.model(batch, self.attn_backend)

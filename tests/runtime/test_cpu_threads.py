@@ -77,10 +77,10 @@ def test_the_runner_takes_the_governor_unless_disabled(tiny_model_dir: object, m
         torch.set_num_threads(original)
 
 
-def test_one_busy_window_is_a_burst_two_are_a_neighbour(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A window in which other processes kept a core busy lowers the thread count only if the
-    window before it did too (the server's HTTP process taking a burst of requests should not
-    leave the large forward after it on one thread); a quiet window raises it at once."""
+def test_small_forwards_follow_the_window_large_ones_take_every_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A window in which other processes kept a core busy leaves one thread to a small forward
+    (decode, a short prompt) and all of them to one of LARGE_FORWARD_TOKENS or more; a quiet
+    window gives small forwards every core again."""
     ticks = {"busy": 0, "total": 0}
 
     def window(others_busy: bool) -> None:  # 2 CPUs, 100 ticks each; others use one core or none
@@ -89,11 +89,14 @@ def test_one_busy_window_is_a_burst_two_are_a_neighbour(monkeypatch: pytest.Monk
 
     monkeypatch.setattr(cpu_threads, "read_sample",
                         lambda: CpuSample(busy=ticks["busy"], total=ticks["total"], ours=0))
-    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+    applied: list[int] = []
+    monkeypatch.setattr(torch, "set_num_threads", applied.append)
     governor = ThreadGovernor(max_threads=2, interval=0.0)
     governor.num_cpus = 2
     seen = []
-    for others_busy in [True, False, True, True, True, False, True]:
+    for others_busy, tokens in [(True, 1), (True, cpu_threads.LARGE_FORWARD_TOKENS), (True, 40), (False, 1),
+                                (True, 2048)]:
         window(others_busy)
-        seen.append(governor.update())
-    assert seen == [2, 2, 2, 1, 1, 2, 2]
+        seen.append(governor.update(tokens))
+    assert seen == [1, 2, 1, 2, 2]
+    assert applied == [1, 2, 1, 2] and governor.num_changes == 4

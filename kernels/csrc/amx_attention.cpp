@@ -26,13 +26,14 @@
 #include <vector>
 
 #include "bf16_gemm.h"
+#include "online_softmax.h"
 #include "simd_math.h"
 
 namespace radixlm {
 namespace {
 
-constexpr int64_t kBlock = 32;  // keys per block
-constexpr int64_t kRows = 16;   // new tokens (query rows) per unit
+constexpr int64_t kBlock = kSoftmaxKeys;  // keys per block
+constexpr int64_t kRows = kSoftmaxRows;    // new tokens (query rows) per unit
 
 struct Unit {
   int64_t request, head, first;  // first: the unit's first new token (of the request's)
@@ -106,11 +107,8 @@ __attribute__((target("amx-tile"))) inline void load_tiles(const float* src) {
   _tile_loadd(3, src + 48 * kRows, 64);
 }
 
-// A row's reference maximum moves only when a block's maximum exceeds it by more than this
-// (e^8 ~ 3000 keeps every weight and sum far inside float32 and bfloat16 range), so the
-// accumulator is rescaled a few times per unit instead of at every block. With D = 64 it then
-// stays in tiles 0-3 for the whole unit.
-constexpr float kRescaleMargin = 8.0f;
+// With D = 64 the accumulator stays in tiles 0-3 for the whole unit: the reference maximum moves
+// rarely (kRescaleMargin, online_softmax.h), and only then is it stored, rescaled and reloaded.
 
 template <int D, typename T>
 __attribute__((target("avx512f,avx512bw,avx512bf16,amx-tile,amx-bf16"))) void attend_unit(
@@ -137,9 +135,6 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,amx-tile,amx-bf16"))) void at
       _mm512_min_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                        _mm512_set1_epi32(static_cast<int>(n - 1))));
   const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity()), vscale = _mm512_set1_ps(scale);
-  // word 2i of a P^T row <- row i of the even key, word 2i + 1 <- row i of the odd key
-  const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
-                                              22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   __m512 m = neg_inf, l = _mm512_setzero_ps();
   const int64_t blocks = (pos0 + n - 1) / kBlock + 1;
   for (int64_t kb = 0; kb < blocks; ++kb) {
@@ -155,36 +150,17 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,amx-tile,amx-bf16"))) void at
     }
     _tile_stored(4, sc, 64);
     _tile_stored(5, sc + 16 * kRows, 64);
-    const bool diagonal = kb * kBlock + kBlock - 1 > pos0;
     __m512 s[kBlock];
+    for (int64_t k = 0; k < kBlock; ++k) s[k] = _mm512_load_ps(sc + k * kRows);
     __mmask16 keep[kBlock];
-    __m512 mx = neg_inf;
-    for (int64_t k = 0; k < kBlock; ++k) {
-      s[k] = _mm512_load_ps(sc + k * kRows);
-      keep[k] = diagonal ? _mm512_cmple_epi32_mask(_mm512_set1_epi32(static_cast<int>(kb * kBlock + k)), row_pos)
-                         : static_cast<__mmask16>(0xFFFF);
-      mx = _mm512_mask_max_ps(mx, keep[k], mx, s[k]);
+    const __m512 mx = block_max(s, keep, kb * kBlock, kb * kBlock + kBlock - 1 > pos0, row_pos);
+    __m512 alpha;
+    if (move_max(_mm512_mul_ps(mx, vscale), m, l, alpha) && kb > 0) {
+      if constexpr (kResident) store_tiles(acc);
+      for (int64_t d = 0; d < D; ++d) _mm512_store_ps(acc + d * kRows, _mm512_mul_ps(_mm512_load_ps(acc + d * kRows), alpha));
+      if constexpr (kResident) load_tiles(acc);
     }
-    mx = _mm512_mul_ps(mx, vscale);
-    if (_mm512_cmp_ps_mask(mx, _mm512_add_ps(m, _mm512_set1_ps(kRescaleMargin)), _CMP_GT_OQ)) {
-      const __m512 m_new = _mm512_max_ps(m, mx);
-      const __m512 alpha = exp16(_mm512_sub_ps(m, m_new));  // 0 on the first block (m = -inf)
-      m = m_new;
-      l = _mm512_mul_ps(l, alpha);
-      if (kb > 0) {
-        if constexpr (kResident) store_tiles(acc);
-        for (int64_t d = 0; d < D; ++d) _mm512_store_ps(acc + d * kRows, _mm512_mul_ps(_mm512_load_ps(acc + d * kRows), alpha));
-        if constexpr (kResident) load_tiles(acc);
-      }
-    }
-    for (int64_t k = 0; k < kBlock; ++k) {
-      s[k] = _mm512_maskz_mov_ps(keep[k], exp16_coarse(_mm512_fmsub_ps(s[k], vscale, m)));
-      l = _mm512_add_ps(l, s[k]);
-    }
-    for (int64_t k = 0; k < kBlock / 2; ++k) {
-      const __m512bh pair = _mm512_cvtne2ps_pbh(s[2 * k + 1], s[2 * k]);
-      _mm512_store_si512(pt + k * kRows, _mm512_permutexvar_epi16(interleave, reinterpret_cast<__m512i>(pair)));
-    }
+    weights_to_pairs(s, keep, vscale, m, l, pt);
     _tile_loadd(7, pt, 64);
     const uint16_t* vblock = vt + kb * D * kBlock;
     if constexpr (kResident) {

@@ -30,14 +30,14 @@
 
 #include "amx_attention.h"
 #include "bf16_gemm.h"
+#include "online_softmax.h"
 #include "simd_math.h"
 
 namespace radixlm {
 namespace {
 
-constexpr int64_t kBlock = 32;  // keys per block
-constexpr int64_t kRows = 16;   // query rows per unit: one vector lane each
-constexpr float kRescaleMargin = 8.0f;  // as in amx_attention.cpp: e^8 keeps every sum in range
+constexpr int64_t kBlock = kSoftmaxKeys;  // keys per block
+constexpr int64_t kRows = kSoftmaxRows;    // query rows per unit: one vector lane each
 
 struct Unit {
   int64_t request, kv_head, first;  // first: the unit's first row (token * group + head in group)
@@ -115,9 +115,6 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void attend_rows(
   const int64_t min_pos = *std::min_element(row_pos, row_pos + kRows);
   const int64_t max_pos = *std::max_element(row_pos, row_pos + kRows);
   const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity()), vscale = _mm512_set1_ps(scale);
-  // word 2i of a P^T row <- row i of the even key, word 2i + 1 <- row i of the odd key
-  const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
-                                              22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   __m512 m = neg_inf, l = _mm512_setzero_ps();
   const int64_t blocks = max_pos / kBlock + 1;
   for (int64_t kb = 0; kb < blocks; ++kb) {
@@ -129,32 +126,13 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void attend_rows(
     __m512 s[kBlock];
     scores16<D>(keys, qt, s);
     scores16<D>(keys + 16, qt, s + 16);
-    const bool diagonal = kb * kBlock + kBlock - 1 > min_pos;
     __mmask16 keep[kBlock];
-    __m512 mx = neg_inf;
-    for (int64_t k = 0; k < kBlock; ++k) {
-      keep[k] = diagonal ? _mm512_cmple_epi32_mask(_mm512_set1_epi32(static_cast<int>(kb * kBlock + k)), rpos)
-                         : static_cast<__mmask16>(0xFFFF);
-      mx = _mm512_mask_max_ps(mx, keep[k], mx, s[k]);
+    const __m512 mx = block_max(s, keep, kb * kBlock, kb * kBlock + kBlock - 1 > min_pos, rpos);
+    __m512 alpha;
+    if (move_max(_mm512_mul_ps(mx, vscale), m, l, alpha) && kb > 0) {
+      for (int64_t d = 0; d < D; ++d) _mm512_store_ps(acc + d * kRows, _mm512_mul_ps(_mm512_load_ps(acc + d * kRows), alpha));
     }
-    mx = _mm512_mul_ps(mx, vscale);
-    if (_mm512_cmp_ps_mask(mx, _mm512_add_ps(m, _mm512_set1_ps(kRescaleMargin)), _CMP_GT_OQ)) {
-      const __m512 m_new = _mm512_max_ps(m, mx);
-      const __m512 alpha = exp16(_mm512_sub_ps(m, m_new));  // 0 on the first block (m = -inf)
-      m = m_new;
-      l = _mm512_mul_ps(l, alpha);
-      if (kb > 0) {
-        for (int64_t d = 0; d < D; ++d) _mm512_store_ps(acc + d * kRows, _mm512_mul_ps(_mm512_load_ps(acc + d * kRows), alpha));
-      }
-    }
-    for (int64_t k = 0; k < kBlock; ++k) {
-      s[k] = _mm512_maskz_mov_ps(keep[k], exp16_coarse(_mm512_fmsub_ps(s[k], vscale, m)));
-      l = _mm512_add_ps(l, s[k]);
-    }
-    for (int64_t k = 0; k < kBlock / 2; ++k) {
-      const __m512bh pair = _mm512_cvtne2ps_pbh(s[2 * k + 1], s[2 * k]);
-      _mm512_store_si512(pt + k * kRows, _mm512_permutexvar_epi16(interleave, reinterpret_cast<__m512i>(pair)));
-    }
+    weights_to_pairs(s, keep, vscale, m, l, pt);
     const uint16_t* vblock = vt + kb * D * kBlock;
     for (int64_t d0 = 0; d0 < D; d0 += 16) {
       __m512 a[16];
@@ -189,6 +167,29 @@ inline void store_row(const float* src, int64_t D, T* dst) {
     from_float(src, D, dst);
   }
 }
+
+// One block of up to 16 rows being attended: their q rows, positions and output ids (q row *
+// Hq + head), and the result of attend_rows.
+template <typename T>
+struct RowBlock {
+  const T* q[kRows];
+  alignas(64) int32_t pos[kRows];
+  int64_t ids[kRows];
+  int64_t n = 0;  // valid rows; the lanes past them repeat row n - 1
+  std::vector<float> o;
+  alignas(64) float lse[kRows];
+
+  explicit RowBlock(int64_t D) : o(kRows * D) {}
+
+  void attend(int64_t D, const int32_t* slots, int64_t num_keys, int64_t kv_head, int64_t Hkv, const uint16_t* k_buf,
+              const uint16_t* vt, const uint16_t* zero_row, float scale) {
+    if (D == 64) {
+      attend_rows<64>(q, pos, slots, num_keys, kv_head, Hkv, k_buf, vt, zero_row, scale, o.data(), lse);
+    } else {
+      attend_rows<128>(q, pos, slots, num_keys, kv_head, Hkv, k_buf, vt, zero_row, scale, o.data(), lse);
+    }
+  }
+};
 
 // Packed V^T per (request, kv head), and the units over each request's rows.
 struct Plan {
@@ -237,28 +238,20 @@ void run_units(const std::vector<ExtendRequest>& requests, const Plan& plan, con
   const int64_t n = static_cast<int64_t>(plan.units.size()), group = Hq / Hkv;
   const std::vector<uint16_t> zero_row(D, 0);
   at::parallel_for(0, n, 1, [&](int64_t lo, int64_t hi) {
-    std::vector<float> o(kRows * D);
-    alignas(64) float lse[kRows];
-    alignas(64) int32_t pos[kRows];
-    const T* q_rows[kRows];
-    int64_t ids[kRows];
+    RowBlock<T> block(D);
     for (int64_t it = lo; it < hi; ++it) {
       const Unit& u = plan.units[it % 2 == 0 ? it / 2 : n - 1 - it / 2];
       const ExtendRequest& r = requests[u.request];
-      const int64_t rows = std::min(kRows, r.extend_len * group - u.first);
+      block.n = std::min(kRows, r.extend_len * group - u.first);
       for (int64_t i = 0; i < kRows; ++i) {
-        const int64_t row = u.first + std::min(i, rows - 1), t = row / group, h = u.kv_head * group + row % group;
-        ids[i] = (r.q_start + t) * Hq + h;
-        q_rows[i] = q + ids[i] * D;
-        pos[i] = static_cast<int32_t>(r.seq_len - r.extend_len + t);
+        const int64_t row = u.first + std::min(i, block.n - 1), t = row / group, h = u.kv_head * group + row % group;
+        block.ids[i] = (r.q_start + t) * Hq + h;
+        block.q[i] = q + block.ids[i] * D;
+        block.pos[i] = static_cast<int32_t>(r.seq_len - r.extend_len + t);
       }
-      const uint16_t* vt = plan.values(requests, u.request, u.kv_head);
-      if (D == 64) {
-        attend_rows<64>(q_rows, pos, r.slots, r.seq_len, u.kv_head, Hkv, k_buf, vt, zero_row.data(), scale, o.data(), lse);
-      } else {
-        attend_rows<128>(q_rows, pos, r.slots, r.seq_len, u.kv_head, Hkv, k_buf, vt, zero_row.data(), scale, o.data(), lse);
-      }
-      for (int64_t i = 0; i < rows; ++i) sink(ids[i], o.data() + i * D, lse[i]);
+      block.attend(D, r.slots, r.seq_len, u.kv_head, Hkv, k_buf, plan.values(requests, u.request, u.kv_head),
+                   zero_row.data(), scale);
+      for (int64_t i = 0; i < block.n; ++i) sink(block.ids[i], block.o.data() + i * D, block.lse[i]);
     }
   });
 }
@@ -301,29 +294,20 @@ void vnni_cascade_attention(const std::vector<ExtendRequest>& requests, int64_t 
     const int64_t units = (per_head + kRows - 1) / kRows;
     const std::vector<uint16_t> zero_row(D, 0);
     at::parallel_for(0, Hkv * units, 1, [&](int64_t lo, int64_t hi) {
-      std::vector<float> o(kRows * D);
-      alignas(64) float lse[kRows];
-      alignas(64) int32_t pos[kRows];
-      const T* q_rows[kRows];
-      int64_t ids[kRows];
+      RowBlock<T> block(D);
       for (int64_t it = lo; it < hi; ++it) {
-        const int64_t g = it / units, first = (it % units) * kRows, n = std::min(kRows, per_head - first);
+        const int64_t g = it / units, first = (it % units) * kRows;
+        block.n = std::min(kRows, per_head - first);
         for (int64_t i = 0; i < kRows; ++i) {
-          const auto [q_row, h] = rows[first + std::min(i, n - 1)];
-          ids[i] = q_row * Hq + g * group + h;
-          q_rows[i] = q + ids[i] * D;
-          pos[i] = static_cast<int32_t>(shared_len - 1);
+          const auto [q_row, h] = rows[first + std::min(i, block.n - 1)];
+          block.ids[i] = q_row * Hq + g * group + h;
+          block.q[i] = q + block.ids[i] * D;
+          block.pos[i] = static_cast<int32_t>(shared_len - 1);
         }
-        const uint16_t* vt = plan.values(shared, 0, g);
-        const int32_t* slots = shared[0].slots;
-        if (D == 64) {
-          attend_rows<64>(q_rows, pos, slots, shared_len, g, Hkv, k_buf, vt, zero_row.data(), scale, o.data(), lse);
-        } else {
-          attend_rows<128>(q_rows, pos, slots, shared_len, g, Hkv, k_buf, vt, zero_row.data(), scale, o.data(), lse);
-        }
-        for (int64_t i = 0; i < n; ++i) {
-          std::memcpy(o1.data() + ids[i] * D, o.data() + i * D, D * sizeof(float));
-          lse1[ids[i]] = lse[i];
+        block.attend(D, shared[0].slots, shared_len, g, Hkv, k_buf, plan.values(shared, 0, g), zero_row.data(), scale);
+        for (int64_t i = 0; i < block.n; ++i) {
+          std::memcpy(o1.data() + block.ids[i] * D, block.o.data() + i * D, D * sizeof(float));
+          lse1[block.ids[i]] = block.lse[i];
         }
       }
     });

@@ -26,6 +26,10 @@ torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& k_buf
                               const torch::Tensor& extend_lens, const torch::Tensor& extend_start, double scale,
                               bool amx = false, bool vnni = false);
 
+// Calls of paged_attention that took the vdpbf16ps cascade over a shared prefix (since the
+// process started): a statistic for tests.
+int64_t num_cascade_calls();
+
 class DecodeStack {
  public:
   // The RMSNorm weights before qkv and gate_up are folded into those products (no weight here).

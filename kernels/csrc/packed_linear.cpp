@@ -90,6 +90,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("scale"), pybind11::arg("amx") = false, pybind11::arg("vnni") = false);
   m.def("amx_attention_supported", &radixlm::amx_attention_supported,
         "whether paged_attention(amx=True) runs long extends of this head_dim on AMX tiles here");
+  m.def("num_cascade_calls", &radixlm::num_cascade_calls,
+        "calls of paged_attention that took the vdpbf16ps cascade over a shared prefix");
   m.def("vnni_attention_supported", &radixlm::vnni_attention_supported,
         "whether paged_attention(vnni=True) runs long extends of this head_dim with vdpbf16ps here");
   pybind11::class_<radixlm::DecodeStack>(m, "DecodeStack")

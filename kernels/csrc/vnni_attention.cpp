@@ -277,11 +277,11 @@ void vnni_cascade_attention(const std::vector<ExtendRequest>& requests, int64_t 
   const int64_t R = static_cast<int64_t>(requests.size()), group = Hq / Hkv;
   int64_t T_rows = 0;  // q rows covered (the requests' new tokens are q rows [q_start, q_start + extend_len))
   for (const ExtendRequest& r : requests) T_rows = std::max(T_rows, r.q_start + r.extend_len);
-  // 1. every row of every request over the shared keys [0, shared_len), as one request whose
-  // "new tokens" are all the rows (each sees all shared keys): the shared V^T is packed once
+  // 1. every row of every request over the shared keys [0, shared_len): the shared V^T is packed
+  // once (a request of no new tokens of its own: its units are the rows of all requests, below)
   std::vector<float> o1(T_rows * Hq * D), lse1(T_rows * Hq), o2(T_rows * Hq * D), lse2(T_rows * Hq);
   {
-    const std::vector<ExtendRequest> shared{ExtendRequest{requests[0].slots, shared_len, shared_len, 0}};
+    const std::vector<ExtendRequest> shared{ExtendRequest{requests[0].slots, shared_len, 0, 0}};
     const Plan plan = plan_requests(shared, Hkv, D, group, v_buf);
     // rows of the shared pass: (request, token, head in group) listed per kv head
     std::vector<std::array<int64_t, 2>> rows;  // (q row, head in group) in request order
@@ -323,18 +323,16 @@ void vnni_cascade_attention(const std::vector<ExtendRequest>& requests, int64_t 
     std::memcpy(o2.data() + id * D, o, D * sizeof(float));
     lse2[id] = lse;
   });
-  // 3. merge the two partial softmaxes of every row
-  for (const ExtendRequest& r : requests) {
-    at::parallel_for(r.q_start * Hq, (r.q_start + r.extend_len) * Hq, 64, [&](int64_t lo, int64_t hi) {
-      std::vector<float> row(D);
-      for (int64_t id = lo; id < hi; ++id) {
-        const float mx = std::max(lse1[id], lse2[id]);
-        const float w1 = std::exp(lse1[id] - mx), w2 = std::exp(lse2[id] - mx), inv = 1.0f / (w1 + w2);
-        for (int64_t d = 0; d < D; ++d) row[d] = (o1[id * D + d] * w1 + o2[id * D + d] * w2) * inv;
-        store_row(row.data(), D, out + id * D);
-      }
-    });
-  }
+  // 3. merge the two partial softmaxes of every row (the requests' new tokens tile q's rows)
+  at::parallel_for(0, T_rows * Hq, 64, [&](int64_t lo, int64_t hi) {
+    std::vector<float> row(D);
+    for (int64_t id = lo; id < hi; ++id) {
+      const float mx = std::max(lse1[id], lse2[id]);
+      const float w1 = std::exp(lse1[id] - mx), w2 = std::exp(lse2[id] - mx), inv = 1.0f / (w1 + w2);
+      for (int64_t d = 0; d < D; ++d) row[d] = (o1[id * D + d] * w1 + o2[id * D + d] * w2) * inv;
+      store_row(row.data(), D, out + id * D);
+    }
+  });
 }
 
 template void vnni_extend_attention<float>(const std::vector<ExtendRequest>&, const float*, float*, int64_t, int64_t,

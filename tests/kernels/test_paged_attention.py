@@ -164,13 +164,13 @@ def test_long_extend_paths_match_reference(ext: Any, path: str, case: str, q_dty
     assert (got.float() - _reference(q, batch, args, dim)).abs().max().item() < 1.6e-2
 
 
-CASCADE_CASES = {  # (prefix lengths, extend lengths, shared slots)
-    "decodes sharing 976 tokens": ([976 + 3 * i for i in range(32)], [1] * 32, 976),
-    "extends and decodes sharing 500": ([500, 507, 520, 600], [20, 1, 33, 17], 500),
-    "shared at the cascade's minimum": ([64, 64, 70], [1, 5, 1], 64),
-    "shared but too short a part": ([80, 200, 210], [1, 1, 1], 80),
-    "one token short of it": ([63, 70, 80], [1, 1, 2], 63),
-    "one request": ([300], [1], 300),
+CASCADE_CASES = {  # (prefix lengths, extend lengths, shared slots, whether the cascade runs)
+    "decodes sharing 976 tokens": ([976 + 3 * i for i in range(32)], [1] * 32, 976, True),
+    "extends and decodes sharing 500": ([500, 507, 520, 600], [20, 1, 33, 17], 500, True),
+    "shared at the cascade's minimum": ([64, 64, 70], [1, 5, 1], 64, True),
+    "shared but too short a part": ([80, 200, 210], [1, 1, 1], 80, False),
+    "one token short of it": ([63, 70, 80], [1, 1, 2], 63, False),
+    "one request": ([300], [1], 300, False),
 }
 
 
@@ -184,12 +184,14 @@ def test_vnni_cascade_over_a_shared_prefix_matches_reference(ext: Any, case: str
     whose softmaxes are merged; otherwise (fewer shared slots, a shorter share, one request) the
     per-request paths run. Each equals the float32 reference within bf16 rounding."""
     _require_long_path(ext, "vnni", dim)
-    prefix_lens, extend_lens, shared = CASCADE_CASES[case]
+    prefix_lens, extend_lens, shared, cascade = CASCADE_CASES[case]
     pool, reqs, batch, q = scattered_batch(prefix_lens, extend_lens, heads, kv_heads, dim, torch.bfloat16,
                                            shared_len=shared)
     q = q.to(q_dtype)
     args = (pool.k_buffer[0], pool.v_buffer[0], reqs.req_to_token, batch.req_pool_indices, batch.seq_lens)
+    before = ext.num_cascade_calls()
     got = cpu_linear.paged_attention(ext, q, *args, batch.extend_lens, batch.extend_start_loc, dim**-0.5, vnni=True)
+    assert ext.num_cascade_calls() - before == int(cascade)
     assert got.dtype == q_dtype
     assert (got.float() - _reference(q, batch, args, dim)).abs().max().item() < 1.6e-2
 

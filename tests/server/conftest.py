@@ -76,6 +76,12 @@ def tiny_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
 
 
 @pytest.fixture(scope="session")
+def tiny_model_name(tiny_server: ServerHandle) -> str:
+    """The id `tiny_server` serves its model under (from its /v1/models)."""
+    return str(httpx.get(tiny_server.url + "/v1/models").json()["data"][0]["id"])
+
+
+@pytest.fixture(scope="session")
 def tiny_outlines_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
     """`tiny_server` with `--grammar-backend outlines` (the default is xgrammar)."""
     log = tmp_path_factory.mktemp("server") / "tiny-outlines.log"

@@ -26,20 +26,15 @@ SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength
 
 
 @pytest.fixture(scope="module")
-def model(tiny_server: ServerHandle) -> str:
-    return str(httpx.get(tiny_server.url + "/v1/models").json()["data"][0]["id"])
-
-
-@pytest.fixture(scope="module")
-def chat(tiny_server: ServerHandle, model: str) -> Iterator[rl.Backend]:
-    backend = rl.OpenAI(model, base_url=tiny_server.url + "/v1", max_retries=0, timeout=120)
+def chat(tiny_server: ServerHandle, tiny_model_name: str) -> Iterator[rl.Backend]:
+    backend = rl.OpenAI(tiny_model_name, base_url=tiny_server.url + "/v1", max_retries=0, timeout=120)
     yield backend
     backend.shutdown()
 
 
 @pytest.fixture(scope="module")
-def completion(tiny_server: ServerHandle, model: str) -> Iterator[rl.Backend]:
-    backend = rl.OpenAI(model, base_url=tiny_server.url + "/v1", is_chat_model=False, max_retries=0, timeout=120)
+def completion(tiny_server: ServerHandle, tiny_model_name: str) -> Iterator[rl.Backend]:
+    backend = rl.OpenAI(tiny_model_name, base_url=tiny_server.url + "/v1", is_chat_model=False, max_retries=0, timeout=120)
     yield backend
     backend.shutdown()
 

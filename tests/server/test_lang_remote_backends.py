@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 from api_standins import AnthropicStandIn, VertexStandIn
 from conftest import ServerHandle, free_port
@@ -20,28 +19,23 @@ KEY = "test-key-123"
 
 
 @pytest.fixture(scope="module")
-def model(tiny_server: ServerHandle) -> str:
-    return str(httpx.get(tiny_server.url + "/v1/models").json()["data"][0]["id"])
-
-
-@pytest.fixture(scope="module")
-def reference(tiny_server: ServerHandle, model: str) -> Iterator[rl.Backend]:
+def reference(tiny_server: ServerHandle, tiny_model_name: str) -> Iterator[rl.Backend]:
     """The OpenAI backend on our server: what the remote backends must give on the same program."""
-    backend = rl.OpenAI(model, base_url=tiny_server.url + "/v1", max_retries=0, timeout=120)
+    backend = rl.OpenAI(tiny_model_name, base_url=tiny_server.url + "/v1", max_retries=0, timeout=120)
     yield backend
     backend.shutdown()
 
 
 @pytest.fixture(scope="module")
-def anthropic_api(tiny_server: ServerHandle, model: str) -> Iterator[AnthropicStandIn]:
-    standin = AnthropicStandIn(tiny_server.url, model, KEY)
+def anthropic_api(tiny_server: ServerHandle, tiny_model_name: str) -> Iterator[AnthropicStandIn]:
+    standin = AnthropicStandIn(tiny_server.url, tiny_model_name, KEY)
     yield standin
     standin.close()
 
 
 @pytest.fixture(scope="module")
-def vertex_api(tiny_server: ServerHandle, model: str) -> Iterator[VertexStandIn]:
-    standin = VertexStandIn(tiny_server.url, model, KEY)
+def vertex_api(tiny_server: ServerHandle, tiny_model_name: str) -> Iterator[VertexStandIn]:
+    standin = VertexStandIn(tiny_server.url, tiny_model_name, KEY)
     yield standin
     standin.close()
 
@@ -63,8 +57,8 @@ def same_as_reference(backend: rl.Backend, reference: rl.Backend, **gen_kwargs: 
     return ours
 
 
-def test_anthropic(anthropic_api: AnthropicStandIn, reference: rl.Backend, model: str) -> None:
-    backend = rl.Anthropic(model, api_key=KEY, base_url=anthropic_api.url, max_retries=0)
+def test_anthropic(anthropic_api: AnthropicStandIn, reference: rl.Backend, tiny_model_name: str) -> None:
+    backend = rl.Anthropic(tiny_model_name, api_key=KEY, base_url=anthropic_api.url, max_retries=0)
     state = same_as_reference(backend, reference)
     sent = anthropic_api.requests[-1]  # the SDK's request shape
     assert sent["system"] == "You are terse." and sent["max_tokens"] == 6 and sent["temperature"] == 0
@@ -78,8 +72,8 @@ def test_anthropic(anthropic_api: AnthropicStandIn, reference: rl.Backend, model
         assert stopped.get_meta_info("a")["finish_reason"]["matched"] == "e"
     refuses_what_the_api_cannot_do(backend, "Anthropic")
     with pytest.raises(rl.BackendError, match="answered 401"):
-        chat.run(backend=rl.Anthropic(model, api_key="wrong", base_url=anthropic_api.url, max_retries=0))
-    down = rl.Anthropic(model, api_key=KEY, base_url=f"http://127.0.0.1:{free_port()}", max_retries=0)
+        chat.run(backend=rl.Anthropic(tiny_model_name, api_key="wrong", base_url=anthropic_api.url, max_retries=0))
+    down = rl.Anthropic(tiny_model_name, api_key=KEY, base_url=f"http://127.0.0.1:{free_port()}", max_retries=0)
     with pytest.raises(rl.BackendError, match="cannot reach the Anthropic API"):
         chat.run(backend=down)
     backend.shutdown()
@@ -131,21 +125,21 @@ def refuses_what_the_api_cannot_do(backend: rl.Backend, api: str) -> None:
         bare.run(backend=backend)
 
 
-def test_litellm_through_an_openai_compatible_proxy(tiny_server: ServerHandle, reference: rl.Backend, model: str,
+def test_litellm_through_an_openai_compatible_proxy(tiny_server: ServerHandle, reference: rl.Backend, tiny_model_name: str,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    same_as_reference(rl.LiteLLM(model, base_url=tiny_server.url + "/v1", max_retries=0), reference)
+    same_as_reference(rl.LiteLLM(tiny_model_name, base_url=tiny_server.url + "/v1", max_retries=0), reference)
     monkeypatch.setenv("LITELLM_PROXY_API_BASE", tiny_server.url + "/v1")
-    backend = rl.LiteLLM(model)
+    backend = rl.LiteLLM(tiny_model_name)
     assert backend.base_url == tiny_server.url + "/v1" and chat.run(backend=backend)["a"]
 
 
-def test_crusoe_through_its_openai_compatible_api(tiny_server: ServerHandle, reference: rl.Backend, model: str,
+def test_crusoe_through_its_openai_compatible_api(tiny_server: ServerHandle, reference: rl.Backend, tiny_model_name: str,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CRUSOE_API_KEY", raising=False)
     with pytest.raises(ValueError, match="CRUSOE_API_KEY"):
-        rl.Crusoe(model)
+        rl.Crusoe(tiny_model_name)
     monkeypatch.setenv("CRUSOE_API_KEY", KEY)
-    backend = rl.Crusoe(model, base_url=tiny_server.url + "/v1", max_retries=0)
+    backend = rl.Crusoe(tiny_model_name, base_url=tiny_server.url + "/v1", max_retries=0)
     assert backend.client.api_key == KEY
     same_as_reference(backend, reference)
-    assert "crusoecloud.com" in rl.Crusoe(model).base_url  # the default endpoint
+    assert "crusoecloud.com" in rl.Crusoe(tiny_model_name).base_url  # the default endpoint

@@ -1,6 +1,7 @@
 """C++ CPU kernels: linear layers over weights packed in panels, float32 (csrc/packed_gemm.h, read
-once per step for up to 4 rows) or bfloat16 (csrc/bf16_gemm.h: AMX tiles, AVX512-BF16 vdpbf16ps,
-or vdpbf16ps emulated in AVX-512F, whichever the CPU runs); DecodeStack (csrc/decode_stack.h),
+once per step for up to 6 rows) or bfloat16 (csrc/bf16_gemm.h: AMX tiles, AVX512-BF16 vdpbf16ps,
+or vdpbf16ps emulated in AVX-512F, whichever the CPU runs), or block-quantized (csrc/quant_gemm.h,
+kernels/quant.py: GGUF Q8_0 / Q4_0 / Q4_1, weight-only or int8 x int8 with VNNI); DecodeStack (csrc/decode_stack.h),
 every decoder layer of a decode step in one call; paged attention (csrc/paged_attention.cpp),
 causal attention of any batch's new tokens reading K/V in place from the KV pool; and fused
 row-wise RMSNorm and SiLU x up for prefill-sized steps (csrc/rows.cpp).
@@ -29,9 +30,9 @@ logger = logging.getLogger(__name__)
 PANEL = 64
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = [CSRC / "packed_linear.cpp", CSRC / "decode_stack.cpp", CSRC / "paged_attention.cpp", CSRC / "bf16_gemm.cpp",
-           CSRC / "rows.cpp", CSRC / "amx_attention.cpp", CSRC / "vnni_attention.cpp"]
+           CSRC / "rows.cpp", CSRC / "amx_attention.cpp", CSRC / "vnni_attention.cpp", CSRC / "quant_gemm.cpp"]
 HEADERS = [CSRC / "packed_gemm.h", CSRC / "decode_stack.h", CSRC / "simd_math.h", CSRC / "bf16_gemm.h",
-           CSRC / "amx_attention.h", CSRC / "online_softmax.h"]
+           CSRC / "amx_attention.h", CSRC / "online_softmax.h", CSRC / "quant_gemm.h"]
 _state: dict[str, ModuleType | None] = {}
 
 
@@ -52,6 +53,12 @@ def cpu_supports_bf16() -> bool:
     there bf16 weights run torch's and our GEMMs at 2-4x their float32 speed; elsewhere torch
     converts bf16 in software and is slower than float32 at prefill."""
     return " avx512_bf16" in _cpu_flags()
+
+
+def cpu_supports_vnni() -> bool:
+    """Whether the CPU has AVX512-VNNI (vpdpbusd: int8 dot products), which the int8 quantized
+    products need."""
+    return " avx512_vnni" in _cpu_flags()
 
 
 def load(build_root: Path) -> ModuleType | None:
@@ -210,6 +217,15 @@ def bf16_linear(
                        packed.shape[0] * VNNI_PANEL, n, residual, bias)
 
 
+
+def q_linear(
+    ext: ModuleType, x: torch.Tensor, packed: torch.Tensor, n: int,
+    residual: torch.Tensor | None = None, bias: torch.Tensor | None = None, mode: int = 0,
+) -> torch.Tensor:
+    """x @ W (+ bias) (+ residual) in x's dtype, W block-quantized in quant groups
+    (kernels/quant.py `pack`); `mode` one of quant.MODES' values."""
+    return _run_padded(lambda xf, res, b: ext.q_linear(xf, packed, mode, res, b), x, packed.shape[0] * 16, n,
+                       residual, bias)
 
 
 PAGED_ATTENTION_HEAD_DIMS = (16, 32, 64, 80, 96, 128, 256)

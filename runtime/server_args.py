@@ -17,6 +17,11 @@ from radixlm.runtime.constrained.backends import DEFAULT_GRAMMAR_BACKEND, GRAMMA
 from radixlm.runtime.envs import RADIXLM_CPU_AUTO_DTYPE
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+# auto: a GGUF's Q8_0 / Q4_0 / Q4_1 weights are kept as they are when --dtype is auto, none: every
+# weight in --dtype; gguf: keep them (an error for a model without); the rest quantize float
+# weights at load (kernels/quant.py).
+QUANTIZATIONS = ("auto", "none", "gguf", "q8_0", "q4_0", "q4_1", "w8a8_int8")
+QUANTIZED_ACTIVATIONS = ("auto", "float32", "int8")
 # Refused rather than half-working: no GPU has ever run this code, and these parts still create
 # their tensors on the CPU or size memory from the host.
 CUDA_REFUSAL = (
@@ -34,6 +39,8 @@ class ServerArgs:
     model_path: str | None = None  # None: the embedded default model (SmolLM2-135M-Instruct)
     tokenizer_path: str | None = None  # None: the model directory
     dtype: str = "auto"
+    quantization: str = "auto"
+    quantized_activations: str = "auto"
     device: str = "cpu"
     attention_backend: str | None = None  # None: torch on CPU, triton on CUDA
     context_length: int | None = None  # None: the model's own
@@ -68,6 +75,14 @@ class ServerArgs:
             raise ValueError(CUDA_REFUSAL if self.device.startswith("cuda") else f"device must be cpu, got {self.device!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}")
+        if self.quantized_activations not in QUANTIZED_ACTIVATIONS:
+            raise ValueError(f"quantized_activations must be one of {', '.join(QUANTIZED_ACTIVATIONS)}, "
+                             f"got {self.quantized_activations!r}")
+        if self.quantization == "w8a8_int8" and self.quantized_activations == "float32":
+            raise ValueError("w8a8_int8 quantizes activations to int8; use --quantization q8_0 for int8 weights "
+                             "with float32 activations")
         if self.attention_backend is not None and self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
         if self.schedule_policy not in SCHEDULE_POLICIES:
@@ -125,6 +140,16 @@ class ServerArgs:
             return getattr(torch, forced)
         return torch.bfloat16 if cpu_linear.cpu_supports_bf16() else torch.float32
 
+    def quant_mode(self) -> str:
+        """How quantized layers multiply (kernels/quant.py MODES): w8a8_int8 int8 per token; else
+        --quantized-activations, whose `auto` is int8 per 32-block where the CPU has AVX512-VNNI
+        (2.0-3.5x faster than float32 activations, README "Quantized weights"), float32 elsewhere."""
+        if self.quantization == "w8a8_int8":
+            return "int8_row"
+        if self.quantized_activations != "auto":
+            return self.quantized_activations
+        return "int8" if cpu_linear.cpu_supports_vnni() else "float32"
+
     def replace(self, **changes: object) -> ServerArgs:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
@@ -151,6 +176,13 @@ HELP = {
     "model_path": "HF model directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)",
     "tokenizer_path": "tokenizer directory (default: the model's)",
     "dtype": "weights and KV cache: auto (bfloat16 on CUDA and on CPUs with AVX512-BF16, else float32), float32, bfloat16, float16",
+    "quantization": "linear weights: auto (a GGUF's Q8_0 / Q4_0 / Q4_1 tensors kept as they are when --dtype is auto, "
+    "as for the default model; other weights in --dtype), none (all in --dtype), gguf (keep them; an error for a model "
+    "without), q8_0 / q4_0 / q4_1 (GGUF's block formats) or w8a8_int8 (per-channel int8 weights, per-token int8 "
+    "activations): quantize float weights at load",
+    "quantized_activations": "how quantized layers multiply: int8 (x quantized per 32 values, int8 dot products with "
+    "AVX512-VNNI, as llama.cpp), float32 (weight-only: exact products of the stored weights), auto (int8 where the CPU "
+    "has VNNI)",
     "device": "cpu (cuda is refused until every tensor follows the device)",
     "attention_backend": "torch (CPU default) or triton (CUDA default)",
     "context_length": "longest prompt + output (default: the model's)",
@@ -192,7 +224,8 @@ HELP = {
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
     """One flag per ServerArgs field, SGLang's names (`--model-path`, ...); types from annotations."""
-    choices = {"dtype": DTYPES, "attention_backend": ATTENTION_BACKENDS, "schedule_policy": SCHEDULE_POLICIES,
+    choices = {"dtype": DTYPES, "quantization": QUANTIZATIONS, "quantized_activations": QUANTIZED_ACTIVATIONS,
+               "attention_backend": ATTENTION_BACKENDS, "schedule_policy": SCHEDULE_POLICIES,
                "tool_call_parser": ("auto", "hermes", "json"), "grammar_backend": GRAMMAR_BACKENDS}
     for f in dataclasses.fields(ServerArgs):
         flag = "--" + f.name.replace("_", "-")

@@ -62,7 +62,11 @@ void store_kv(const float* k, const float* v, int64_t slot, int64_t width, torch
 }
 
 void check_packed(const torch::Tensor& w, int64_t k, int64_t n, const char* name) {
-  if (w.scalar_type() == at::kBFloat16) {
+  if (w.scalar_type() == at::kByte) {
+    TORCH_CHECK(w.dim() == 3 && w.size(0) * kQGroup == padded(n) && w.size(1) * kQBlock == k && w.is_contiguous(),
+                name, " (quantized) must be quant groups [", padded(n) / kQGroup, ", ", k / kQBlock, ", block bytes]");
+    q_format_of(w.size(2));
+  } else if (w.scalar_type() == at::kBFloat16) {
     TORCH_CHECK(w.dim() == 4 && w.size(0) * kVnniPanel == padded(n) && w.size(1) * 2 == vnni_k(k) &&
                     w.size(2) == kVnniPanel && w.size(3) == 2 && w.is_contiguous(),
                 name, " (bfloat16) must be VNNI panels [", padded(n) / kVnniPanel, ", ", vnni_k(k) / 2, ", 32, 2]");
@@ -87,7 +91,10 @@ const float* data_or_null(const torch::Tensor& t) { return t.defined() ? t.data_
 // through bf16_gemm on the stack's path.
 void DecodeStack::linear(const torch::Tensor& w, const float* x, int64_t M, int64_t K, float* out, int64_t ld_out,
                          const float* residual, int64_t ld_res, const torch::Tensor& bias) const {
-  if (w.scalar_type() == at::kBFloat16) {
+  if (w.scalar_type() == at::kByte) {
+    q_gemm(x, M, K, w.data_ptr<uint8_t>(), w.size(0), q_format_of(w.size(2)), quant_mode_, out, ld_out, residual, ld_res,
+           data_or_null(bias));
+  } else if (w.scalar_type() == at::kBFloat16) {
     bf16_gemm(x, M, K, static_cast<const uint16_t*>(w.data_ptr()), w.size(0), out, ld_out, residual, ld_res,
               data_or_null(bias), bf16_path_);
   } else {
@@ -98,6 +105,14 @@ void DecodeStack::linear(const torch::Tensor& w, const float* x, int64_t M, int6
 void DecodeStack::set_bf16_path(int64_t path) { bf16_path_ = bf16_path(static_cast<int>(path)); }
 
 int64_t DecodeStack::get_bf16_path() const { return static_cast<int64_t>(bf16_path_); }
+
+void DecodeStack::set_quant_mode(int64_t mode) {
+  TORCH_CHECK(mode >= 0 && mode <= static_cast<int64_t>(QMode::kInt8Row), "unknown quantized mode ", mode);
+  TORCH_CHECK(mode == 0 || cpu_has_vnni(), "the int8 quantized modes need AVX512-VNNI, which this CPU lacks");
+  quant_mode_ = static_cast<QMode>(mode);
+}
+
+int64_t DecodeStack::get_quant_mode() const { return static_cast<int64_t>(quant_mode_); }
 
 DecodeStack::DecodeStack(int64_t hidden, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                          int64_t intermediate, double rms_eps, double scale)
@@ -111,7 +126,8 @@ DecodeStack::DecodeStack(int64_t hidden, int64_t num_heads, int64_t num_kv_heads
 void DecodeStack::add_layer(torch::Tensor qkv, c10::optional<torch::Tensor> qkv_bias, torch::Tensor o,
                             c10::optional<torch::Tensor> o_bias, torch::Tensor gate_up, torch::Tensor down,
                             c10::optional<torch::Tensor> q_norm, c10::optional<torch::Tensor> k_norm,
-                            torch::Tensor k_buf, torch::Tensor v_buf) {
+                            torch::Tensor k_buf, torch::Tensor v_buf, c10::optional<torch::Tensor> attn_norm,
+                            c10::optional<torch::Tensor> ffn_norm) {
   const int64_t qkv_width = (num_heads_ + 2 * num_kv_heads_) * head_dim_;
   check_packed(qkv, hidden_, qkv_width, "qkv");
   check_packed(o, num_heads_ * head_dim_, hidden_, "o");
@@ -124,7 +140,8 @@ void DecodeStack::add_layer(torch::Tensor qkv, c10::optional<torch::Tensor> qkv_
   layers_.push_back(Layer{qkv, optional_vector(qkv_bias, padded(qkv_width), "qkv_bias"), o,
                           optional_vector(o_bias, padded(hidden_), "o_bias"), gate_up, down,
                           optional_vector(q_norm, head_dim_, "q_norm"), optional_vector(k_norm, head_dim_, "k_norm"),
-                          k_buf, v_buf});
+                          k_buf, v_buf, optional_vector(attn_norm, hidden_, "attn_norm"),
+                          optional_vector(ffn_norm, hidden_, "ffn_norm")});
 }
 
 torch::Tensor DecodeStack::forward(const torch::Tensor& hidden, const torch::Tensor& rope, const torch::Tensor& slots,
@@ -163,7 +180,7 @@ torch::Tensor DecodeStack::forward(const torch::Tensor& hidden, const torch::Ten
   for (Layer& L : layers_) {
     const bool kv_bf16 = L.k_buf.scalar_type() == at::kBFloat16;
     const int64_t num_slots = L.k_buf.size(0);
-    for (int64_t b = 0; b < B; ++b) rms_norm(res + b * Hp, H, eps_, nullptr, x + b * H);
+    for (int64_t b = 0; b < B; ++b) rms_norm(res + b * Hp, H, eps_, data_or_null(L.attn_norm), x + b * H);
     linear(L.qkv, x, B, H, qkv_p, Qp, nullptr, 0, L.qkv_bias);
     for (int64_t b = 0; b < B; ++b) {
       float* q = qkv_p + b * Qp;
@@ -188,7 +205,7 @@ torch::Tensor DecodeStack::forward(const torch::Tensor& hidden, const torch::Ten
                         bf16_path_ == Bf16Path::kAvx512Bf16);  // vdpbf16ps: cascade over a shared prefix
     const float* attn_p = attn.data_ptr<float>();
     linear(L.o, attn_p, B, Hq * D, res, Hp, res, Hp, L.o_bias);
-    for (int64_t b = 0; b < B; ++b) rms_norm(res + b * Hp, H, eps_, nullptr, x + b * H);
+    for (int64_t b = 0; b < B; ++b) rms_norm(res + b * Hp, H, eps_, data_or_null(L.ffn_norm), x + b * H);
     linear(L.gate_up, x, B, H, gu_p, Gp, nullptr, 0, torch::Tensor());
     for (int64_t b = 0; b < B; ++b) silu_mul(gu_p + b * Gp, gu_p + b * Gp + I, I, act_p + b * I);
     linear(L.down, act_p, B, I, res, Hp, res, Hp, torch::Tensor());

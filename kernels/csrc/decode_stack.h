@@ -1,6 +1,6 @@
 // DecodeStack: every decoder layer of a decode step (each request one new token) in one C++ call,
 // for a Llama-family model whose linear layers are packed (float32: packed_gemm.h; bfloat16:
-// bf16_gemm.h, AMX where the CPU has it). Per layer: RMSNorm, fused q/k/v product (+ bias),
+// bf16_gemm.h, AMX where the CPU has it; block-quantized: quant_gemm.h). Per layer: RMSNorm, fused q/k/v product (+ bias),
 // Qwen3's per-head q/k norms, RoPE on interleaved pairs, K/V written to the pool slots, attention
 // read in place from the pool (paged_attention.cpp: GQA, flash-style float32 softmax), o_proj
 // accumulated onto the residual, RMSNorm, fused gate/up product, SiLU(gate) * up, down_proj
@@ -14,6 +14,7 @@
 #include <torch/extension.h>
 
 #include "bf16_gemm.h"
+#include "quant_gemm.h"
 
 #include <vector>
 
@@ -32,18 +33,20 @@ int64_t num_cascade_calls();
 
 class DecodeStack {
  public:
-  // The RMSNorm weights before qkv and gate_up are folded into those products (no weight here).
+  // The RMSNorm weights before qkv and gate_up are folded into those products where they are
+  // float; quantized ones cannot absorb them, and the norms get them (add_layer's attn_norm / ffn_norm).
   DecodeStack(int64_t hidden, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t intermediate,
               double rms_eps, double scale);
 
-  // One layer, in order. Weights are float32 packed [N/64, K, 64] (packed_gemm.h) or bfloat16 VNNI
-  // panels [N/32, Kp/2, 32, 2] (bf16_gemm.h); biases float32
-  // padded to the packed width, or None; q_norm / k_norm float32 [head_dim] or None; k_buf / v_buf
-  // are the layer's KV pool buffers [slots, num_kv_heads, head_dim] (float32 or bfloat16).
+  // One layer, in order. Weights are float32 packed [N/64, K, 64] (packed_gemm.h), bfloat16 VNNI
+  // panels [N/32, Kp/2, 32, 2] (bf16_gemm.h) or uint8 quant groups [N/16, K/32, block bytes]
+  // (quant_gemm.h); biases float32 padded to the packed width, or None; q_norm / k_norm float32
+  // [head_dim] or None; k_buf / v_buf are the layer's KV pool buffers [slots, num_kv_heads,
+  // head_dim] (float32 or bfloat16); attn_norm / ffn_norm float32 [hidden], or None where folded.
   void add_layer(torch::Tensor qkv, c10::optional<torch::Tensor> qkv_bias, torch::Tensor o,
                  c10::optional<torch::Tensor> o_bias, torch::Tensor gate_up, torch::Tensor down,
                  c10::optional<torch::Tensor> q_norm, c10::optional<torch::Tensor> k_norm, torch::Tensor k_buf,
-                 torch::Tensor v_buf);
+                 torch::Tensor v_buf, c10::optional<torch::Tensor> attn_norm, c10::optional<torch::Tensor> ffn_norm);
 
   // hidden [B, H] float32 (the embeddings of the new tokens); rope [B, head_dim/2, 2] float32
   // (cos, sin of each token's position); slots int64 [B] (KV slots of the new tokens);
@@ -56,17 +59,21 @@ class DecodeStack {
   // The bf16 GEMM path (a Bf16Path; by default the fastest this CPU runs), settable for tests.
   void set_bf16_path(int64_t path);
   int64_t get_bf16_path() const;
+  // How quantized weights multiply (a QMode; default weight-only float32).
+  void set_quant_mode(int64_t mode);
+  int64_t get_quant_mode() const;
 
  private:
   void linear(const torch::Tensor& w, const float* x, int64_t M, int64_t K, float* out, int64_t ld_out,
               const float* residual, int64_t ld_res, const torch::Tensor& bias) const;
 
   struct Layer {
-    torch::Tensor qkv, qkv_bias, o, o_bias, gate_up, down, q_norm, k_norm, k_buf, v_buf;
+    torch::Tensor qkv, qkv_bias, o, o_bias, gate_up, down, q_norm, k_norm, k_buf, v_buf, attn_norm, ffn_norm;
   };
   int64_t hidden_, num_heads_, num_kv_heads_, head_dim_, intermediate_;
   float eps_, scale_;
   Bf16Path bf16_path_;
+  QMode quant_mode_ = QMode::kFloat;
   std::vector<Layer> layers_;
 };
 

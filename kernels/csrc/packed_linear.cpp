@@ -1,12 +1,14 @@
 // The Python entry points of the extension: packed_linear (one linear layer through the packed
 // GEMM of packed_gemm.h), bf16_linear (through the VNNI-panel GEMM of bf16_gemm.h), the CPU's
-// bf16 features, and DecodeStack (decode_stack.h: every decoder layer of a decode step).
+// bf16 features, q_linear (block-quantized weights, quant_gemm.h), and DecodeStack
+// (decode_stack.h: every decoder layer of a decode step).
 #include <torch/extension.h>
 
 #include "amx_attention.h"
 #include "bf16_gemm.h"
 #include "decode_stack.h"
 #include "packed_gemm.h"
+#include "quant_gemm.h"
 
 namespace radixlm {
 torch::Tensor rms_norm(const torch::Tensor& x, const c10::optional<torch::Tensor>& weight, double eps);
@@ -65,6 +67,24 @@ torch::Tensor bf16_linear(const torch::Tensor& x, const torch::Tensor& packed, c
   return out;
 }
 
+// x [M, K] float32 contiguous; packed uint8 quant groups [N/16, K/32, block bytes] (quant_gemm.h;
+// the block size names the format); mode a radixlm::QMode. Returns [M, N] float32.
+torch::Tensor q_linear(const torch::Tensor& x, const torch::Tensor& packed, int64_t mode,
+                       const c10::optional<torch::Tensor>& residual, const c10::optional<torch::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be a contiguous float32 [M, K]");
+  const int64_t M = x.size(0), K = x.size(1);
+  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kByte && packed.is_contiguous() &&
+                  packed.size(1) * radixlm::kQBlock == K,
+              "packed must be contiguous uint8 quant groups [N/16, K/32, block bytes] matching x");
+  TORCH_CHECK(mode >= 0 && mode <= static_cast<int64_t>(radixlm::QMode::kInt8Row), "unknown quantized mode ", mode);
+  const int64_t groups = packed.size(0), N = groups * radixlm::kQGroup;
+  const auto [res, ld_res] = residual_of(residual, M, N);
+  auto out = torch::empty({M, N}, x.options());
+  radixlm::q_gemm(x.data_ptr<float>(), M, K, packed.data_ptr<uint8_t>(), groups, radixlm::q_format_of(packed.size(2)),
+                  static_cast<radixlm::QMode>(mode), out.data_ptr<float>(), N, res, ld_res, bias_of(bias, N));
+  return out;
+}
+
 pybind11::dict cpu_features() {
   const radixlm::CpuFeatures& f = radixlm::cpu_features();
   pybind11::dict d;
@@ -72,6 +92,7 @@ pybind11::dict cpu_features() {
   d["amx_bf16"] = f.amx_bf16;
   d["amx_permitted"] = f.amx_permitted;
   d["bf16_path"] = static_cast<int>(radixlm::bf16_path());
+  d["avx512vnni"] = radixlm::cpu_has_vnni();
   return d;
 }
 
@@ -80,6 +101,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bf16_linear", &bf16_linear, "x @ W (+ bias) (+ residual) with W bfloat16 in VNNI panels",
         pybind11::arg("x"), pybind11::arg("packed"), pybind11::arg("residual") = pybind11::none(),
         pybind11::arg("bias") = pybind11::none(), pybind11::arg("path") = -1);
+  m.def("q_linear", &q_linear, "x @ W (+ bias) (+ residual) with W block-quantized (Q8_0, Q4_0, Q4_1) in quant groups",
+        pybind11::arg("x"), pybind11::arg("packed"), pybind11::arg("mode") = 0, pybind11::arg("residual") = pybind11::none(),
+        pybind11::arg("bias") = pybind11::none());
+  m.def("num_vnni_calls", &radixlm::num_vnni_calls, "quantized products that ran in an int8 (vpdpbusd) mode");
   m.def("cpu_features", &cpu_features, "the CPU's bf16 features and the bf16 GEMM path taken (0 emulated, 1 AVX512-BF16, 2 AMX)");
   m.def("rms_norm", &radixlm::rms_norm, "x / sqrt(mean(x^2) + eps) (* weight) per row, float32 arithmetic, x's dtype");
   m.def("silu_mul", &radixlm::silu_mul, "silu(gate) * up of [T, 2n] gate|up rows, float32 arithmetic, one rounding");
@@ -98,5 +123,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double>())
       .def("add_layer", &radixlm::DecodeStack::add_layer)
       .def("forward", &radixlm::DecodeStack::forward)
-      .def_property("bf16_path", &radixlm::DecodeStack::get_bf16_path, &radixlm::DecodeStack::set_bf16_path);
+      .def_property("bf16_path", &radixlm::DecodeStack::get_bf16_path, &radixlm::DecodeStack::set_bf16_path)
+      .def_property("quant_mode", &radixlm::DecodeStack::get_quant_mode, &radixlm::DecodeStack::set_quant_mode);
 }

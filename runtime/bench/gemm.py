@@ -1,7 +1,8 @@
 """`python -m radixlm.runtime.bench.gemm [ROWS ...]`: one decode step's linear layers of the default
 model's shape (30 layers of qkv 576x960, o 576x576, gate_up 576x3072, down 1536x576; distinct
 weights, so they stream from memory as in a real step) through torch's GEMM and each of our
-kernels this CPU runs, for each row count: milliseconds (median of 7), GFLOP/s and the weights'
+kernels this CPU runs (float32, bf16, and the block-quantized q8_0 / q4_1 ones in their
+weight-only float32 and int8 modes), for each row count: milliseconds (median of 7), GFLOP/s and the weights'
 GB/s. The figures behind `cpu_linear.kernel_max_rows`."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 
-from radixlm.kernels import cpu_linear
+from radixlm.kernels import cpu_linear, quant
 from radixlm.runtime.model.model_files import load_cpu_kernels
 
 LAYERS, HIDDEN, INTERMEDIATE, QKV = 30, 576, 1536, 960
@@ -53,6 +54,9 @@ def main(argv: list[str]) -> None:
     torch_fp32 = [[w.t().contiguous() for w in layer] for layer in weights]
     fp32_panels = [[cpu_linear.pack(w) for w in layer] for layer in weights]
     vnni = [[cpu_linear.pack_vnni(w) for w in layer] for layer in weights]
+    quantized = {fmt: [[quant.pack(quant.quantize(w.t(), fmt)) for w in layer] for layer in weights]
+                 for fmt in ("q8_0", "q4_1")}
+    modes = ["float32"] + (["int8"] if ext.cpu_features()["avx512vnni"] else [])
     print(f"CPU: {ext.cpu_features()}; torch threads {torch.get_num_threads()}; {params / 1e6:.0f}M weights")
     print("rows  kernel                ms   GFLOP/s  weights GB/s")
     for rows in rows_list:
@@ -67,6 +71,10 @@ def main(argv: list[str]) -> None:
             index = cpu_linear.BF16_PATHS.index(path)
             run = partial(_bf16, ext, index)
             runs[f"ours bf16 {path}"] = (_step(run, vnni, xs), 2)
+        for fmt, packed in quantized.items():
+            for mode in modes:
+                run = partial(ext.q_linear, mode=quant.MODES[mode])
+                runs[f"ours {fmt} {mode}"] = (_step(run, packed, xs), quant.FORMATS[fmt][0] / quant.BLOCK)
         for name, (step, width) in runs.items():
             ms = _median_ms(step)
             print(f"{rows:4d}  {name:20s} {ms:6.1f} {2 * rows * params / ms / 1e6:8.0f} {params * width / ms / 1e6:8.1f}")

@@ -3,6 +3,9 @@
 `convert_gguf(gguf_path, out_dir)` writes into an existing, empty `out_dir`:
   config.json             LlamaForCausalLM config built from the `llama.*` / `tokenizer.ggml.*` metadata
   model.safetensors       every tensor dequantized to float32, under HF Llama names
+  quantized_blocks.safetensors  the Q8_0 / Q4_0 / Q4_1 tensors as the file stores them (uint8
+                          rows of blocks, q/k rows un-permuted), under HF names, their formats in
+                          the metadata: what the runtime keeps quantized (model_files.load_quantized)
   tokenizer.json          built by transformers' GGUF tokenizer converter (+ pre-tokenizer fix below)
   tokenizer_config.json   with the GGUF's `chat_template`, special tokens and `add_bos_token`
   generation_config.json  bos / eos / pad ids
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from radixlm.runtime.model.model_files import ModelLoadError
+from radixlm.runtime.model.model_files import QUANTIZED_FILE, ModelLoadError
 
 if TYPE_CHECKING:
     import torch
@@ -85,10 +88,13 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     reader = open_gguf(gguf_path)
     meta = read_llama_metadata(reader, gguf_path)
     tensors = read_llama_tensors(reader, meta, gguf_path)
+    blocks, formats = read_quantized_blocks(reader, meta)
     is_tied = "lm_head.weight" not in tensors
     del reader  # drop the memmap before the big write
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     del tensors
+    if blocks:
+        save_file(blocks, str(out_dir / QUANTIZED_FILE), metadata={"format": "pt", "formats": json.dumps(formats)})
     _write_json(out_dir / "config.json", hf_llama_config(meta, is_tied=is_tied, dtype=torch.float32))
     _write_json(out_dir / "generation_config.json", _generation_config(meta))
     write_tokenizer(gguf_path, out_dir, meta)
@@ -254,6 +260,32 @@ def read_llama_tensors(reader: GGUFReader, meta: LlamaMetadata, gguf_path: Path)
     if missing:
         raise ModelLoadError(f"{gguf_path}: GGUF file lacks {len(missing)} tensors, e.g. {missing[0]}")
     return tensors
+
+
+KEPT_QUANTIZED = ("Q8_0", "Q4_0", "Q4_1")  # the block formats our kernels read (kernels/quant.py)
+
+
+def read_quantized_blocks(reader: GGUFReader, meta: LlamaMetadata) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The tensors in a format of KEPT_QUANTIZED as the file stores them: HF name -> uint8
+    `[rows, bytes per row]` (q/k rows un-permuted, whole rows of blocks moved), and HF name ->
+    format ("q4_1", ...). Shapes were checked by read_llama_tensors."""
+    import numpy as np
+    import torch
+
+    blocks: dict[str, torch.Tensor] = {}
+    formats: dict[str, str] = {}
+    for t in reader.tensors:
+        name = hf_tensor_name(t.name)
+        if name is None or t.tensor_type.name not in KEPT_QUANTIZED:
+            continue
+        raw = torch.from_numpy(np.array(t.data, dtype=np.uint8))  # [rows, bytes]: a copy, off the memmap
+        if name.endswith("q_proj.weight"):
+            raw = undo_rope_permute(raw, meta.num_heads)
+        elif name.endswith("k_proj.weight"):
+            raw = undo_rope_permute(raw, meta.num_kv_heads)
+        blocks[name] = raw
+        formats[name] = t.tensor_type.name.lower()
+    return blocks, formats
 
 
 def hf_llama_config(meta: LlamaMetadata, *, is_tied: bool, dtype: torch.dtype) -> dict[str, Any]:

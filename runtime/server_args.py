@@ -14,7 +14,7 @@ import torch
 
 from radixlm.kernels import cpu_linear
 from radixlm.runtime.constrained.backends import DEFAULT_GRAMMAR_BACKEND, GRAMMAR_BACKENDS
-from radixlm.runtime.envs import RADIXLM_CPU_AUTO_DTYPE
+from radixlm.runtime.envs import RADIXLM_AUTO_QUANTIZATION, RADIXLM_CPU_AUTO_DTYPE
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 # auto: a GGUF's Q8_0 / Q4_0 / Q4_1 weights are kept as they are when --dtype is auto, none: every
@@ -139,6 +139,20 @@ class ServerArgs:
                 raise ValueError(f"RADIXLM_CPU_AUTO_DTYPE must be float32 or bfloat16, got {forced!r}")
             return getattr(torch, forced)
         return torch.bfloat16 if cpu_linear.cpu_supports_bf16() else torch.float32
+
+    @property
+    def resolved_quantization(self) -> str:
+        """`auto`: "auto" (keep a GGUF's quantized weights, if the model has any) when --dtype is
+        auto, else "none" (an explicit --dtype asks for float weights); RADIXLM_AUTO_QUANTIZATION
+        overrides it."""
+        if self.quantization != "auto":
+            return self.quantization
+        forced = RADIXLM_AUTO_QUANTIZATION.get()
+        if forced is not None:
+            if forced not in QUANTIZATIONS:
+                raise ValueError(f"RADIXLM_AUTO_QUANTIZATION must be one of {', '.join(QUANTIZATIONS)}, got {forced!r}")
+            return forced
+        return "auto" if self.dtype == "auto" else "none"
 
     def quant_mode(self) -> str:
         """How quantized layers multiply (kernels/quant.py MODES): w8a8_int8 int8 per token; else

@@ -11,6 +11,9 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 # float32 logits and its greedy-equality checks need float32 (tests of bf16 ask for it by name,
 # and tests/runtime/test_device.py checks what `auto` picks without this setting)
 os.environ.setdefault("RADIXLM_CPU_AUTO_DTYPE", "float32")
+# `--quantization auto` keeps the default model's Q4_1 weights; those checks need its float
+# weights too (quantized runs ask by name; tests/runtime/test_quantized.py checks what `auto` picks)
+os.environ.setdefault("RADIXLM_AUTO_QUANTIZATION", "none")
 # the thread governor (runtime/model/cpu_threads.py) follows the machine's load; the suite keeps
 # the thread count fixed so no comparison depends on it (tests/runtime/test_cpu_threads.py tests it)
 os.environ.setdefault("RADIXLM_ADAPTIVE_THREADS", "0")

@@ -50,9 +50,7 @@ class RunnerConfig:
         max_total_tokens = args.max_total_tokens or max(
             1024, int(_available_memory_bytes() * args.mem_fraction_static) // per_token
         )
-        quantization = args.quantization
-        if quantization == "auto" and args.dtype != "auto":
-            quantization = "none"  # an explicit --dtype asks for float weights
+        quantization = args.resolved_quantization
         quant_mode = args.quant_mode()
         if quant_mode != "float32" and not cpu_linear.cpu_supports_vnni():
             raise ValueError("int8 quantized activations need AVX512-VNNI, which this CPU lacks; "

@@ -1,0 +1,148 @@
+"""Quantized weights in whole models: the runner with block-quantized linear layers (quantized at
+load, or kept from the default model's Q4_1 GGUF) against the same model holding the
+dequantized weights in float32, through the torch path (prefill, extend) and DecodeStack (decode);
+the int8 (VNNI) mode; what `--quantization auto` picks; and that no float copy of a quantized
+weight exists. (The kernels alone: tests/kernels/test_quant_gemm.py; through the server:
+tests/server/test_quantized_http.py.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from radixlm_testing import runner_decode, runner_extend, save_tiny_model
+from safetensors.torch import load_file
+
+from radixlm.kernels import cpu_linear, quant
+from radixlm.runtime.model.model_config import ModelConfig
+from radixlm.runtime.model.model_runner import ModelRunner, RunnerConfig, weights_of
+from radixlm.runtime.model.models.llama import Linear, QuantizedEmbedding
+from radixlm.runtime.server_args import ServerArgs
+
+pytestmark = pytest.mark.skipif(not cpu_linear.cpu_supports_avx512(), reason="quantized weights run in our AVX-512 kernels")
+
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def _dequantized(state: dict[str, torch.Tensor], fmt: str) -> dict[str, torch.Tensor]:
+    """The checkpoint with every decoder linear weight replaced by its quantized-then-dequantized self."""
+    return {name: quant.quantize(w, fmt).dequantize() if name.split(".")[-2] in LINEARS else w
+            for name, w in state.items()}
+
+
+def _logits(runner: ModelRunner, seqs: list[list[int]], prompt_lens: list[int], steps: int) -> torch.Tensor:
+    """Every position's logits: prefill of the prompts (torch path), then `steps` teacher-forced
+    decode steps of all requests together (DecodeStack where the kernels run)."""
+    rows = [runner.req_to_token_pool.alloc() for _ in seqs]
+    out = [runner_extend(runner, rows, [0] * len(seqs), [s[:n] for s, n in zip(seqs, prompt_lens)])]
+    for step in range(steps):
+        out.append(runner_decode(runner, rows, seqs, [n + step for n in prompt_lens]))
+    return torch.cat(out).float()
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3", "llama3-rope"])
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_1", "w8a8_int8"])
+@pytest.mark.parametrize("cpu_kernels", [True, False], ids=["decode-stack", "torch-ops"])
+def test_weight_only_matches_the_dequantized_float_model(tmp_path: Path, kind: str, fmt: str, cpu_kernels: bool) -> None:
+    save_tiny_model(tmp_path, kind)
+    cfg = ModelConfig.from_dir(tmp_path)
+    state = load_file(tmp_path / "model.safetensors")
+    seqs = [list(range(3, 40)), [7, 8, 9, 10, 11, 12, 13, 14, 15, 16]]
+    ref = ModelRunner(cfg, RunnerConfig(torch.float32, "torch", 512, 4, cfg.context_len), _dequantized(state, fmt))
+    runner = ModelRunner(cfg, RunnerConfig(torch.float32, "torch", 512, 4, cfg.context_len, cpu_kernels=cpu_kernels,
+                                           quantization=fmt, quant_mode="float32"), state)
+    assert runner.quantized_layers == 4 * cfg.num_layers  # qkv, o, gate_up, down; embedding and lm_head stay float
+    assert (runner.model.decode_stack is not None) == cpu_kernels
+    got, want = _logits(runner, seqs, [30, 4], 6), _logits(ref, seqs, [30, 4], 6)
+    assert (got - want).abs().max().item() <= 1e-4
+
+
+def test_int8_mode_runs_vnni_and_stays_close(tmp_path: Path) -> None:
+    if not cpu_linear.cpu_supports_vnni():
+        pytest.skip("this CPU lacks AVX512-VNNI: the int8 mode cannot run (the weight-only mode is tested here)")
+    from radixlm.runtime.model.model_files import load_cpu_kernels
+
+    save_tiny_model(tmp_path, "qwen3")
+    cfg = ModelConfig.from_dir(tmp_path)
+    state = load_file(tmp_path / "model.safetensors")
+    seqs = [list(range(3, 40))]
+    ref = _logits(ModelRunner(cfg, RunnerConfig(torch.float32, "torch", 512, 4, cfg.context_len),
+                              _dequantized(state, "q8_0")), seqs, [30], 6)
+    ext = load_cpu_kernels()
+    calls = ext.num_vnni_calls()
+    runner = ModelRunner(cfg, RunnerConfig(torch.float32, "torch", 512, 4, cfg.context_len, quantization="q8_0",
+                                           quant_mode="int8"), state)
+    assert runner.model.decode_stack.quant_mode == quant.MODES["int8"]
+    got = _logits(runner, seqs, [30], 6)
+    assert ext.num_vnni_calls() > calls  # the prefill's products and the decode steps'
+    err = (got - ref).abs().max().item()
+    assert 0 < err <= 0.05 * ref.abs().max().item(), err  # int8 activations: close (~2% here), not equal
+
+
+def test_default_model_q4_1_weight_only_within_1e3_of_its_dequantized_float32(default_model_dir: Path) -> None:
+    """The default model's own Q4_1 weights, kept as blocks, against the same weights dequantized
+    to float32 (another order of additions): every position of a prefill and 64 decode steps."""
+    from radixlm.runtime.model.model_files import load_quantized, load_state_dict
+    from radixlm.runtime.tokenizer import Tokenizer
+
+    cfg = ModelConfig.from_dir(default_model_dir)
+    text = ("Quantized weights keep a model small: each block of thirty-two values shares one scale, and the "
+            "products read the blocks as they are stored. The scheduler batches requests continuously, the radix "
+            "cache keeps every shared prefix, and constrained decoding masks the logits at sampling time. ") * 3
+    ids = Tokenizer(default_model_dir).encode(text)[:112]
+    runner_cfg = RunnerConfig(torch.float32, "torch", 1024, 4, cfg.context_len, quantization="gguf", quant_mode="float32")
+    runner = ModelRunner(cfg, runner_cfg, weights_of(default_model_dir, "gguf"))
+    ref = ModelRunner(cfg, RunnerConfig(torch.float32, "torch", 1024, 4, cfg.context_len), load_state_dict(default_model_dir))
+    got, want = _logits(runner, [ids], [48], 64), _logits(ref, [ids], [48], 64)
+    assert got.shape == (112, cfg.vocab_size)
+    assert (got - want).abs().max().item() <= 1e-3
+
+    # no float copy of a quantized weight: parameter bytes are the file's blocks (<= 1.1x)
+    model = runner.model
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    assert all(m.qweight is not None and m.weight_t is None for m in linears)
+    assert isinstance(model.embed_tokens, QuantizedEmbedding)
+    assert model.embed_tokens.packed.data_ptr() == model.lm_head.qweight.data_ptr()  # tied: one copy
+    gguf_bytes = sum(t.nbytes for t in load_quantized(default_model_dir).values())
+    held = sum(m.qweight.numel() for m in linears)
+    assert held <= 1.1 * gguf_bytes
+    float_params = sum(p.numel() for p in model.parameters())
+    assert float_params < 100_000  # the norms' weights
+
+
+def test_quantization_auto_keeps_a_gguf_only_with_dtype_auto(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RADIXLM_AUTO_QUANTIZATION", raising=False)
+    assert ServerArgs().resolved_quantization == "auto"  # a GGUF's quantized tensors, if the model has any
+    assert ServerArgs(dtype="float32").resolved_quantization == "none"
+    assert ServerArgs(dtype="float32", quantization="q4_0").resolved_quantization == "q4_0"
+    monkeypatch.setenv("RADIXLM_AUTO_QUANTIZATION", "none")
+    assert ServerArgs().resolved_quantization == "none"
+    monkeypatch.setenv("RADIXLM_AUTO_QUANTIZATION", "q5_k")
+    with pytest.raises(ValueError, match="RADIXLM_AUTO_QUANTIZATION must be one of"):
+        ServerArgs().resolved_quantization  # noqa: B018
+    with pytest.raises(ValueError, match="quantization must be one of"):
+        ServerArgs(quantization="q5_k")
+    with pytest.raises(ValueError, match="w8a8_int8 quantizes activations"):
+        ServerArgs(quantization="w8a8_int8", quantized_activations="float32")
+
+
+def test_quantized_activations_follow_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """int8 where the CPU has AVX512-VNNI, float32 elsewhere; int8 asked for without VNNI is refused
+    at start, not at the first product. (Both answers are checked on every machine.)"""
+    for vnni in (True, False):
+        monkeypatch.setattr(cpu_linear, "cpu_supports_vnni", lambda vnni=vnni: vnni)
+        assert ServerArgs().quant_mode() == ("int8" if vnni else "float32")
+        assert ServerArgs(quantization="w8a8_int8").quant_mode() == "int8_row"
+        assert ServerArgs(quantized_activations="float32").quant_mode() == "float32"
+    monkeypatch.setattr(cpu_linear, "cpu_supports_vnni", lambda: False)
+    with pytest.raises(ValueError, match="need AVX512-VNNI"):
+        RunnerConfig.from_server_args(ServerArgs(quantized_activations="int8", max_total_tokens=64), _tiny_config())
+
+
+def _tiny_config() -> ModelConfig:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        save_tiny_model(Path(d), "llama")
+        return ModelConfig.from_dir(d)

@@ -27,15 +27,13 @@ constexpr int32_t offset_of(QFormat f) { return f == QFormat::kQ8_0 ? 128 : f ==
 std::atomic<int64_t> vnni_calls{0};
 
 // x as a GEMM reads it: float32 rows, and for the int8 modes their int8 values with, per row and
-// block, the scale dx, the sum of the int8 values sq and dx * sq; for Q4_1 in float mode, the
-// float32 sum of each block (the m term).
+// block, the scale dx, the sum of the int8 values sq and dx * sq.
 struct Activations {
   const float* x = nullptr;
   const int8_t* xq = nullptr;
   const float* dx = nullptr;
   const int32_t* sq = nullptr;
   const float* cx = nullptr;
-  const float* xs = nullptr;
   int64_t K = 0, nb = 0;
 
   Activations from_row(int64_t r) const {
@@ -47,7 +45,6 @@ struct Activations {
       a.sq = sq + r * nb;
       a.cx = cx + r * nb;
     }
-    if (xs) a.xs = xs + r * nb;
     return a;
   }
 };
@@ -122,8 +119,8 @@ __attribute__((target("avx512vnni"))) void int8_pass(const Activations& a, const
   store_acc<R>(acc, out, ld_out);
 }
 
-// Column values of byte j of each lane of quad q as float32: signed (u - offset) for Q8_0 and
-// Q4_0 (no cancellation against an offset term), u for Q4_1 (its m term is a real one).
+// Column values of byte j of each lane of quad q as float32: the signed value (u - offset) for
+// Q8_0 and Q4_0, u for Q4_1.
 template <QFormat F>
 inline __m512 widen(__m512i q, int j) {
   if constexpr (F == QFormat::kQ8_0) {
@@ -136,8 +133,10 @@ inline __m512 widen(__m512i q, int j) {
   }
 }
 
-// R rows x groups g0, g1 with float32 x: per block, sum_k value_k x_k in float32, then * d
-// (+ m * sum_k x_k for Q4_1).
+// R rows x groups g0, g1 with float32 x: each weight dequantized in registers as the file's
+// dequantizer does (d * q, exact for Q8_0 and Q4_0; d * u + m rounded once for Q4_1), then
+// multiplied with x: the products of a float32 model holding the dequantized weights, in
+// another order of additions.
 template <QFormat F, int R>
 void float_pass(const Activations& a, const uint8_t* g0, const uint8_t* g1, float* out, int64_t ld_out,
                 const float* res, int64_t ld_res, const float* bias) {
@@ -146,8 +145,12 @@ void float_pass(const Activations& a, const uint8_t* g0, const uint8_t* g1, floa
   init_acc<R>(acc, res, ld_res, bias);
   for (int64_t b = 0; b < a.nb; ++b) {
     const uint8_t* blk[2] = {g0 + b * BB, g1 + b * BB};
-    __m512 sum[R][2];
-    for (int r = 0; r < R; ++r) sum[r][0] = sum[r][1] = _mm512_setzero_ps();
+    const __m512 d0 = half16(blk[0] + VB), d1 = half16(blk[1] + VB);
+    __m512 m0 = _mm512_setzero_ps(), m1 = _mm512_setzero_ps();
+    if constexpr (F == QFormat::kQ4_1) {
+      m0 = half16(blk[0] + VB + 32);
+      m1 = half16(blk[1] + VB + 32);
+    }
     for (int t = 0; t < 8; ++t) {
       __m512i q0 = quad<F>(blk[0], t), q1 = quad<F>(blk[1], t);
       if constexpr (F == QFormat::kQ8_0) {
@@ -155,21 +158,19 @@ void float_pass(const Activations& a, const uint8_t* g0, const uint8_t* g1, floa
         q1 = _mm512_xor_si512(q1, _mm512_set1_epi8(static_cast<char>(0x80)));
       }
       for (int j = 0; j < 4; ++j) {
-        const __m512 w0 = widen<F>(q0, j), w1 = widen<F>(q1, j);
+        __m512 w0, w1;
+        if constexpr (F == QFormat::kQ4_1) {
+          w0 = _mm512_fmadd_ps(widen<F>(q0, j), d0, m0);
+          w1 = _mm512_fmadd_ps(widen<F>(q1, j), d1, m1);
+        } else {
+          w0 = _mm512_mul_ps(widen<F>(q0, j), d0);
+          w1 = _mm512_mul_ps(widen<F>(q1, j), d1);
+        }
         const int64_t k = b * kQBlock + 4 * t + j;
         for (int r = 0; r < R; ++r) {
           const __m512 xk = _mm512_set1_ps(a.x[r * a.K + k]);
-          sum[r][0] = _mm512_fmadd_ps(w0, xk, sum[r][0]);
-          sum[r][1] = _mm512_fmadd_ps(w1, xk, sum[r][1]);
-        }
-      }
-    }
-    for (int g = 0; g < 2; ++g) {
-      const __m512 d = half16(blk[g] + VB);
-      for (int r = 0; r < R; ++r) {
-        acc[r][g] = _mm512_fmadd_ps(sum[r][g], d, acc[r][g]);
-        if constexpr (F == QFormat::kQ4_1) {
-          acc[r][g] = _mm512_fmadd_ps(half16(blk[g] + VB + 32), _mm512_set1_ps(a.xs[r * a.nb + b]), acc[r][g]);
+          acc[r][0] = _mm512_fmadd_ps(w0, xk, acc[r][0]);
+          acc[r][1] = _mm512_fmadd_ps(w1, xk, acc[r][1]);
         }
       }
     }
@@ -236,13 +237,6 @@ void quantize_row(const float* src, int64_t K, bool per_row, int8_t* q, float* d
   }
 }
 
-void block_sums(const float* src, int64_t K, float* xs) {
-  for (int64_t b = 0; b < K / kQBlock; ++b) {
-    const float* s = src + b * kQBlock;
-    xs[b] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_loadu_ps(s), _mm512_loadu_ps(s + 16)));
-  }
-}
-
 template <QFormat F>
 void run(bool int8, const Activations& act, int64_t M, const uint8_t* w, int64_t groups, float* out, int64_t ld_out,
          const float* residual, int64_t ld_res, const float* bias) {
@@ -296,7 +290,7 @@ void q_gemm(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t grou
   act.K = K;
   act.nb = nb;
   std::vector<int8_t> xq;
-  std::vector<float> dx, cx, xs;
+  std::vector<float> dx, cx;
   std::vector<int32_t> sq;
   if (int8) {
     TORCH_CHECK(cpu_has_vnni(), "the int8 quantized products need AVX512-VNNI, which this CPU lacks");
@@ -315,12 +309,6 @@ void q_gemm(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t grou
     act.sq = sq.data();
     act.cx = cx.data();
     vnni_calls.fetch_add(1);
-  } else if (format == QFormat::kQ4_1) {
-    xs.resize(M * nb);
-    at::parallel_for(0, M, 64, [&](int64_t first, int64_t last) {
-      for (int64_t m = first; m < last; ++m) block_sums(x + m * K, K, xs.data() + m * nb);
-    });
-    act.xs = xs.data();
   }
   switch (format) {
     case QFormat::kQ8_0: run<QFormat::kQ8_0>(int8, act, M, w, groups, out, ld_out, residual, ld_res, bias); break;

@@ -19,8 +19,9 @@
 // (34, 18 and 20 per 32), and the format is known from the block size.
 //
 // Modes (what x becomes before the products):
-//  - kFloat: weight-only. Values are widened to float32 in registers and multiplied with float32 x
-//    (per block: sum_k u_k x_k, then * d, plus m * sum_k x_k; Q8_0 and Q4_0 use u - offset).
+//  - kFloat: weight-only. Each weight is dequantized to float32 in registers as GGUF's dequantizer
+//    does (d * q, or d * u + m) and multiplied with float32 x: a float32 model's products over
+//    the dequantized weights, in another order of additions.
 //  - kInt8Block: x quantized per row and 32-block to int8 (scale max|x|/127, as llama.cpp's q8
 //    blocks), int8 x uint8 dot products with vpdpbusd (AVX512-VNNI) into int32 per block, then
 //    the block's scales in float32.

@@ -229,7 +229,10 @@ class Scheduler:
                         f"output this grammar allows ({shortest} tokens)"))
                     self._aborted.append(req)
                 else:
-                    req.grammar = grammar
+                    if req.reasoning_end is not None:  # the answer's grammar: after the reasoning
+                        req.grammar_after_reasoning = grammar
+                    else:
+                        req.grammar = grammar
                     self.waiting.append(req)
             req.grammar_future = None
         self.grammar_waiting = still
@@ -383,6 +386,11 @@ class Scheduler:
 
     def _accept_token(self, req: Req, token: int) -> None:
         req.append_token(token, self.cfg.context_len)
+        if req.reasoning_end is not None:
+            if req.reasoning_end.advance(token):  # the reasoning ended: the grammar takes the next token
+                req.reasoning_end = None
+                req.grammar, req.grammar_after_reasoning = req.grammar_after_reasoning, None
+            return
         if req.grammar is None:
             return
         reason = req.finish_reason

@@ -30,11 +30,14 @@ from radixlm.ir import (
     RoleEnd,
     SamplingArgs,
     Select,
+    SeparateReasoning,
     Text,
     ToolResult,
     VarScopeBegin,
     VarScopeEnd,
+    generated_names,
 )
+from radixlm.reasoning import separate_reasoning
 from radixlm.tools import ToolSet
 from radixlm.trace import TraceLog
 
@@ -202,6 +205,28 @@ class StreamExecutor:
             raise ValueError(f"var_scope {expr.name!r} ended without beginning")
         self.set_var(expr.name, self.text_[begin:])
 
+    def _separate_reasoning(self, expr: SeparateReasoning) -> None:
+        """As SGLang: each variable's answer stays in it, its reasoning goes to
+        `{name}_reasoning_content`, and the state's text keeps the answer only (the variable's text
+        is replaced where it ends the text; text, lists for n > 1). Other values (typed outputs,
+        tool calls) are left as they are."""
+        self._run(expr.expr)
+        for name in generated_names(expr.expr):
+            value = self.variables.get(name)
+            if isinstance(value, str):
+                reasoning, answer = separate_reasoning(value, expr.model_type)
+                shown = value
+            elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+                pairs = [separate_reasoning(v, expr.model_type) for v in value]
+                reasoning, answer = [r for r, _ in pairs], [a for _, a in pairs]  # type: ignore[assignment]
+                shown = value[0] if value else ""  # the text continues with the first
+            else:
+                continue
+            if shown and self.text_.endswith(shown):
+                self.text_ = self.text_[: len(self.text_) - len(shown)] + (answer[0] if isinstance(answer, list) else answer)
+            self.set_var(f"{name}_reasoning_content", reasoning)
+            self.set_var(name, answer)
+
     def _tool_result(self, expr: ToolResult) -> None:
         self._role_begin("tool")
         self._append(expr.content)
@@ -334,5 +359,6 @@ _HANDLERS: dict[type, Callable[[StreamExecutor, Any], None]] = {
     VarScopeBegin: lambda s, e: s.var_scope_begin.__setitem__(e.name, len(s.text_)),
     VarScopeEnd: StreamExecutor._var_scope_end,
     ToolResult: StreamExecutor._tool_result,
+    SeparateReasoning: StreamExecutor._separate_reasoning,
     Media: lambda s, e: s.backend.add_media(s, e),
 }

@@ -208,16 +208,18 @@ class StreamExecutor:
     def _separate_reasoning(self, expr: SeparateReasoning) -> None:
         """As SGLang: each variable's answer stays in it, its reasoning goes to
         `{name}_reasoning_content`, and the state's text keeps the answer only (the variable's text
-        is replaced where it ends the text; text, lists for n > 1). Other values (typed outputs,
-        tool calls) are left as they are."""
+        is replaced where it ends the text; text, lists for n > 1). A reasoning the server already
+        split off (an OpenAI-compatible server's `reasoning_content`, in the meta info) is taken as
+        is. Other values (typed outputs, tool calls) are left as they are."""
         self._run(expr.expr)
         for name in generated_names(expr.expr):
-            value = self.variables.get(name)
+            value, meta = self.variables.get(name), self.meta_info.get(name)
             if isinstance(value, str):
-                reasoning, answer = separate_reasoning(value, expr.model_type)
+                reasoning, answer = _split(value, meta, expr.model_type)
                 shown = value
             elif isinstance(value, list) and all(isinstance(v, str) for v in value):
-                pairs = [separate_reasoning(v, expr.model_type) for v in value]
+                metas = meta if isinstance(meta, list) else [None] * len(value)
+                pairs = [_split(v, m, expr.model_type) for v, m in zip(value, metas)]
                 reasoning, answer = [r for r, _ in pairs], [a for _, a in pairs]  # type: ignore[assignment]
                 shown = value[0] if value else ""  # the text continues with the first
             else:
@@ -338,6 +340,13 @@ class StreamExecutor:
         self.messages_.append(message)
         self._append(self.backend.chat_template.suffix(role))
         self.cur_role = None
+
+
+def _split(text: str, meta: Any, model_type: str) -> tuple[str, str]:
+    """(reasoning, answer) of one generated text."""
+    if isinstance(meta, dict) and isinstance(meta.get("reasoning_content"), str):
+        return meta["reasoning_content"], text
+    return separate_reasoning(text, model_type)
 
 
 def _finish(meta: Any) -> Any:

@@ -9,15 +9,13 @@ comes instead (with the grammar from the first token, the reasoning could not ha
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import jsonschema
 import openai
 import pytest
-from conftest import ServerHandle, start_server
+from conftest import ServerHandle
 from radixlm_testing import FALLBACK_DIGIT, REASONING_SCRIPT
 
 import radixlm as rl
@@ -27,11 +25,8 @@ MESSAGES = [{"role": "user", "content": "What is two plus two?"}]
 
 
 @pytest.fixture(scope="module")
-def server(scripted_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
-    log = tmp_path_factory.mktemp("server") / "reasoning.log"
-    handle = start_server(scripted_model_dir, log, "--reasoning-parser", "deepseek-r1", "--max-total-tokens", "2048")
-    yield handle
-    handle.stop()
+def server(reasoning_server: ServerHandle) -> ServerHandle:
+    return reasoning_server
 
 
 @pytest.fixture(scope="module")
@@ -128,3 +123,14 @@ def test_language_separate_reasoning(server: ServerHandle) -> None:
     assert (state["answer_reasoning_content"], state["answer"]) == (REASONING, ANSWER)
     assert (state["number_reasoning_content"], state["number"]) == (REASONING, FALLBACK_DIGIT)  # grammar after </think>
     assert [m["content"] for m in state.messages() if m["role"] == "assistant"] == [ANSWER, FALLBACK_DIGIT]
+
+
+def test_language_on_the_openai_backend(server: ServerHandle) -> None:
+    """The chat API split the reasoning off already (reasoning_content): the language takes it."""
+    @rl.function
+    def solve(s: Any) -> None:
+        s += rl.user("What is two plus two?")
+        s += rl.assistant(rl.separate_reasoning(rl.gen("answer", max_tokens=32, regex="[0-9]+"), model_type="deepseek-r1"))
+
+    state = solve.run(backend=rl.OpenAI("default", base_url=server.url + "/v1", max_retries=0, timeout=120))
+    assert (state["answer_reasoning_content"], state["answer"]) == (REASONING, FALLBACK_DIGIT)

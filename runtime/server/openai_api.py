@@ -286,7 +286,7 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
         results = [chunk.result for chunk in await run_all(tm, prepared, request)]
         choices = []
         for i, r in enumerate(results):
-            thought, text = separate_reasoning(r["text"], split) if split is not None else ("", r["text"])
+            thought, text = _split_reasoning(r["text"], split)
             content, calls = _split_calls(text, tool_names, parser)
             message: dict[str, Any] = {"role": "assistant", "content": content}
             if split is not None:
@@ -327,7 +327,7 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
             if finish is None:
                 continue
             finals.append(item.result)
-            thought, text = separate_reasoning(item.result["text"], split) if split is not None else ("", item.result["text"])
+            thought, text = _split_reasoning(item.result["text"], split)
             if thought:
                 yield chunk(index, {"reasoning_content": thought}, None)
             content, calls = _split_calls(text, tool_names, parser)
@@ -398,6 +398,11 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
             yield sse({"id": base_id, "object": kind, "created": created, "model": tm.model_name,
                        "choices": [], "usage": _usage(finals, num_prompts)})
         yield b"data: [DONE]\n\n"
+
+
+def _split_reasoning(text: str, split: ReasoningFormat | None) -> tuple[str, str]:
+    """(reasoning, answer) of a choice's whole text; without `split`, no reasoning."""
+    return separate_reasoning(text, split) if split is not None else ("", text)
 
 
 def _split_delta(splitter: ReasoningStream, text: str, is_last: bool) -> tuple[str, str]:

@@ -16,7 +16,8 @@ The formats (SGLang's parser names):
 Contract (both ways of splitting agree, whatever the pieces, `ReasoningStream`): an output cut
 off before the end marker is all reasoning (once inside); text after the first end marker is
 the answer, later markers included; nothing is stripped but the markers and the whitespace before
-an opening marker.
+an opening marker (at most MAX_LEADING_WHITESPACE characters of it: past that the output has no
+opening marker, so a stream of blanks is not held back).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ REASONING_FORMATS: dict[str, ReasoningFormat] = {
     )
 }
 REASONING_PARSERS = tuple(sorted(REASONING_FORMATS))
+MAX_LEADING_WHITESPACE = 256
 
 
 class UnknownReasoningParser(ValueError):
@@ -90,9 +92,10 @@ class ReasoningStream:
         self._pending = ""
         if self._state == _OPENING:
             stripped = text.lstrip()
-            if stripped.startswith(self.fmt.start):
+            looked_past = len(text) - len(stripped) <= MAX_LEADING_WHITESPACE
+            if looked_past and stripped.startswith(self.fmt.start):
                 self._state, text = _INSIDE, stripped[len(self.fmt.start):]
-            elif self.fmt.start.startswith(stripped):  # a prefix of the marker, or only whitespace
+            elif looked_past and self.fmt.start.startswith(stripped):  # a prefix of the marker, or only whitespace
                 self._pending = text
                 return "", ""
             else:

@@ -62,10 +62,18 @@ def test_unstreamed_reasoning_comes_at_once_with_its_end() -> None:
     assert cut.finish() == ("never ends </th", "")  # the held reasoning is not lost
 
 
-PIECES = ["<think>", "</think>", "<", "</", "think", ">", " ", "\n", "a", "Two", "\u25c1think\u25b7", "\u25c1/think\u25b7"]
+def test_only_so_much_leading_whitespace_is_looked_past() -> None:
+    assert separate_reasoning(" " * 256 + "<think>r</think>a", "qwen3") == ("r", "a")
+    assert separate_reasoning(" " * 257 + "<think>r</think>a", "qwen3") == ("", " " * 257 + "<think>r</think>a")
+    stream = ReasoningStream(reasoning_format("qwen3"))
+    assert stream.feed(" " * 200) == ("", "")
+    assert stream.feed(" " * 57) == ("", " " * 257)  # no longer held
 
 
-@given(st.lists(st.sampled_from(PIECES), max_size=12), st.lists(st.integers(0, 80), max_size=6),
+PIECES = ["<think>", "</think>", "<", "</", "think", ">", " ", "\n", " " * 100, "a", "Two", "\u25c1think\u25b7", "\u25c1/think\u25b7"]
+
+
+@given(st.lists(st.sampled_from(PIECES), max_size=12), st.lists(st.integers(0, 400), max_size=6),
        st.sampled_from(REASONING_PARSERS), st.booleans())
 def test_streamed_deltas_add_up_to_the_whole_split(parts: list[str], cuts: list[int], parser: str,
                                                    stream_reasoning: bool) -> None:

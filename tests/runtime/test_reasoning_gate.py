@@ -64,3 +64,17 @@ def test_language_on_the_engine_backend(engine: Any) -> None:
 
     state = solve.run(backend=engine)
     assert state["n_reasoning_content"] == [REASONING_SCRIPT[0]] * 2 and state["n"] == [FALLBACK_DIGIT] * 2
+
+
+def test_an_unknown_reasoning_parser_is_refused_at_startup() -> None:
+    import argparse
+
+    from radixlm.runtime.server_args import ServerArgs, add_cli_args
+
+    with pytest.raises(ValueError, match="reasoning_parser must be one of deepseek-r1, kimi, qwen3, qwen3-thinking, got 'r1'"):
+        ServerArgs(reasoning_parser="r1")
+    parser = argparse.ArgumentParser()
+    add_cli_args(parser)
+    assert parser.parse_args(["--reasoning-parser", "qwen3"]).reasoning_parser == "qwen3"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--reasoning-parser", "r1"])  # argparse names the choices

@@ -18,6 +18,10 @@ join that token in the next forward, which then computes one logits row per draf
 row is sampled under the grammar mask of its position; the draft is kept as far as the samples
 agree with it, and the first disagreeing sample is the request's next token, so the output is
 what token-by-token decoding gives. The K/V of the rejected draft tokens is freed at once.
+
+Reasoning (`require_reasoning` with --reasoning-parser): a constrained request's grammar is held
+(`req.grammar_after_reasoning`) while `req.reasoning_end` watches its sampled ids for the
+end-of-reasoning marker's ids; from the token after the marker the grammar applies, as SGLang's.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 Engine: the choice methods as objects (SGLang's protocol, strings still work, a user-written
 method works), `global_config`'s switches, `ServerArgs` (lazily), `image` / `video` (clear
 refusals), `separate_reasoning` (on a select here; on generated reasoning in
-tests/server/test_reasoning.py), the state methods SGLang's `ProgramState` and
+tests/server/test_reasoning_http.py), the state methods SGLang's `ProgramState` and
 `ProgramStateGroup` have, and `run_batch`'s SGLang forms. The remote backends (Runtime,
 RuntimeEndpoint, OpenAI, LiteLLM, Crusoe, Anthropic, VertexAI) run against real servers in
 tests/server (test_lang_runtime_endpoint.py, test_lang_openai_backend.py, test_lang_remote_backends.py);

@@ -1,7 +1,7 @@
 """The reasoning gate: a request's grammar applies after its reasoning ends. TokenSequenceMatcher
 (the scheduler's watch for the end-of-reasoning token ids) against its definition (the first
 position where the ids so far end with the target), and the gate in the in-process Engine with the
-outlines grammar backend (the server tests use xgrammar: tests/server/test_reasoning.py), on the
+outlines grammar backend (the server tests use xgrammar: tests/server/test_reasoning_http.py), on the
 scripted tiny model, also through the language's Engine backend."""
 
 from __future__ import annotations

@@ -134,3 +134,22 @@ def test_language_on_the_openai_backend(server: ServerHandle) -> None:
 
     state = solve.run(backend=rl.OpenAI("default", base_url=server.url + "/v1", max_retries=0, timeout=120))
     assert (state["answer_reasoning_content"], state["answer"]) == (REASONING, FALLBACK_DIGIT)
+
+
+def test_tool_calls_come_after_the_reasoning(client: openai.OpenAI) -> None:
+    """A forced call's schema applies after the reasoning too, and the streamed tool path sends
+    the reasoning before the content."""
+    tools: Any = [{"type": "function", "function": {"name": "add", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}]
+    forced = client.chat.completions.create(model="default", messages=MESSAGES, max_tokens=48, tools=tools,
+                                            tool_choice="required").choices[0]
+    assert forced.message.reasoning_content == REASONING  # type: ignore[attr-defined]
+    assert forced.finish_reason == "tool_calls" and forced.message.tool_calls is not None
+    call = forced.message.tool_calls[0].function
+    assert call.name == "add" and isinstance(json.loads(call.arguments)["a"], int)
+    deltas = []
+    for event in client.chat.completions.create(model="default", messages=MESSAGES, max_tokens=32, tools=tools,
+                                                stream=True):
+        delta = event.choices[0].delta
+        deltas += [(n, getattr(delta, n)) for n in ("reasoning_content", "content") if getattr(delta, n, None)]
+    assert deltas == [("reasoning_content", REASONING), ("content", ANSWER)]  # auto: no call was made

@@ -30,11 +30,14 @@ from radixlm.ir import (
     RoleEnd,
     SamplingArgs,
     Select,
+    SeparateReasoning,
     Text,
     ToolResult,
     VarScopeBegin,
     VarScopeEnd,
+    generated_names,
 )
+from radixlm.reasoning import separate_reasoning
 from radixlm.tools import ToolSet
 from radixlm.trace import TraceLog
 
@@ -202,6 +205,30 @@ class StreamExecutor:
             raise ValueError(f"var_scope {expr.name!r} ended without beginning")
         self.set_var(expr.name, self.text_[begin:])
 
+    def _separate_reasoning(self, expr: SeparateReasoning) -> None:
+        """As SGLang: each variable's answer stays in it, its reasoning goes to
+        `{name}_reasoning_content`, and the state's text keeps the answer only (the variable's text
+        is replaced where it ends the text; text, lists for n > 1). A reasoning the server already
+        split off (an OpenAI-compatible server's `reasoning_content`, in the meta info) is taken as
+        is. Other values (typed outputs, tool calls) are left as they are."""
+        self._run(expr.expr)
+        for name in generated_names(expr.expr):
+            value, meta = self.variables.get(name), self.meta_info.get(name)
+            if isinstance(value, str):
+                reasoning, answer = _split(value, meta, expr.model_type)
+                shown = value
+            elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+                metas = meta if isinstance(meta, list) else [None] * len(value)
+                pairs = [_split(v, m, expr.model_type) for v, m in zip(value, metas)]
+                reasoning, answer = [r for r, _ in pairs], [a for _, a in pairs]  # type: ignore[assignment]
+                shown = value[0] if value else ""  # the text continues with the first
+            else:
+                continue
+            if shown and self.text_.endswith(shown):
+                self.text_ = self.text_[: len(self.text_) - len(shown)] + (answer[0] if isinstance(answer, list) else answer)
+            self.set_var(f"{name}_reasoning_content", reasoning)
+            self.set_var(name, answer)
+
     def _tool_result(self, expr: ToolResult) -> None:
         self._role_begin("tool")
         self._append(expr.content)
@@ -315,6 +342,13 @@ class StreamExecutor:
         self.cur_role = None
 
 
+def _split(text: str, meta: Any, model_type: str) -> tuple[str, str]:
+    """(reasoning, answer) of one generated text."""
+    if isinstance(meta, dict) and isinstance(meta.get("reasoning_content"), str):
+        return meta["reasoning_content"], text
+    return separate_reasoning(text, model_type)
+
+
 def _finish(meta: Any) -> Any:
     return [m.get("finish_reason") for m in meta] if isinstance(meta, list) else (meta or {}).get("finish_reason")
 
@@ -334,5 +368,6 @@ _HANDLERS: dict[type, Callable[[StreamExecutor, Any], None]] = {
     VarScopeBegin: lambda s, e: s.var_scope_begin.__setitem__(e.name, len(s.text_)),
     VarScopeEnd: StreamExecutor._var_scope_end,
     ToolResult: StreamExecutor._tool_result,
+    SeparateReasoning: StreamExecutor._separate_reasoning,
     Media: lambda s, e: s.backend.add_media(s, e),
 }

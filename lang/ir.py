@@ -1,5 +1,5 @@
 """The program expressions a state is extended with: text, gen, select, roles, variable scopes,
-images and videos.
+images and videos, reasoning separation.
 
 Expressions are plain values; the interpreter (`interpreter.py`) gives them meaning. `a + b`
 concatenates (a str on either side becomes text), so `s += "Q: " + gen("a")` is one
@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from radixlm.choices import BUILTIN_METHODS, ScoredChoicesMethod, as_choices_method
+from radixlm.reasoning import REASONING_PARSERS, reasoning_format
 from radixlm.typed import OutputType, is_output_type
 
 # dtype= in gen: the constraint each type implies (the variable stays text, as in SGLang).
@@ -103,6 +104,9 @@ class Gen(Expr):
     tools: list[Any] | None = None
     tool_choice: Any = "auto"
     output_type: OutputType | None = None  # gen(json_schema=T) for a type T (typed.py)
+    # inside separate_reasoning: the output starts with reasoning, so a server with a reasoning
+    # parser applies the gen's grammar after it (the native API's `require_reasoning`)
+    require_reasoning: bool = False
 
 
 @dataclass
@@ -122,6 +126,15 @@ class Media(Expr):
     kind: str  # "image" | "video"
     source: str | bytes  # a file path, an http(s) or data: URL, or the raw bytes
     num_frames: int | None = None  # videos: frames sampled from the clip
+
+
+@dataclass
+class SeparateReasoning(Expr):
+    """Run `expr`, then split each variable it generated into its answer (`{name}`) and its
+    reasoning (`{name}_reasoning_content`) by the format `model_type` (`separate_reasoning`)."""
+
+    expr: Expr
+    model_type: str
 
 
 @dataclass
@@ -322,15 +335,38 @@ def _media_source(source: Any, kind: str) -> str | bytes:
     raise TypeError(f"{kind}: expected a file path, a URL or bytes, got {type(source).__name__}")
 
 
-def separate_reasoning(expr: Any = None, model_type: str | None = None) -> Any:
-    """SGLang's reasoning separation (`<think>` text into `{name}_reasoning_content`): not
-    available yet."""
-    from radixlm.backend.base import NotSupportedError
+def separate_reasoning(expr: Any = None, model_type: str | None = None) -> SeparateReasoning:
+    """SGLang's reasoning separation: run `expr` (a gen, a select, or text and roles around
+    them), then each variable it sets holds the answer and `{name}_reasoning_content` the
+    reasoning, split by `model_type` (a reasoning parser's name: deepseek-r1, qwen3, ...); the
+    state's text keeps the answer only. Its gens ask the server to apply their grammar after the
+    reasoning (`require_reasoning`, which needs a server started with --reasoning-parser)."""
+    if model_type is None:
+        raise ValueError(f"separate_reasoning: model_type is required, one of {', '.join(REASONING_PARSERS)}")
+    reasoning_format(model_type)  # an unknown name fails here, naming the known ones
+    return SeparateReasoning(_requiring_reasoning(as_expr("" if expr is None else expr)), model_type)
 
-    raise NotSupportedError(
-        "separate_reasoning: reasoning separation is not available in radixlm yet (the server has no "
-        "--reasoning-parser); read the reasoning out of the variable's text for now"
-    )
+
+def _requiring_reasoning(expr: Expr) -> Expr:
+    """`expr` with each of its gens marked `require_reasoning`."""
+    if isinstance(expr, Gen):
+        return replace(expr, require_reasoning=True)
+    if isinstance(expr, Concat):
+        return Concat([_requiring_reasoning(part) for part in expr.parts])
+    if isinstance(expr, SeparateReasoning):
+        return replace(expr, expr=_requiring_reasoning(expr.expr))
+    return expr
+
+
+def generated_names(expr: Expr) -> list[str]:
+    """The variables the gens and selects of `expr` set, in order."""
+    if isinstance(expr, (Gen, Select)):
+        return [] if expr.name is None else [expr.name]
+    if isinstance(expr, Concat):
+        return [name for part in expr.parts for name in generated_names(part)]
+    if isinstance(expr, SeparateReasoning):
+        return generated_names(expr.expr)
+    return []
 
 
 def _role(role: str, content: Any) -> Concat:

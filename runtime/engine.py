@@ -65,6 +65,7 @@ class Engine:
         return_text_in_logprobs: bool = False,
         stream: bool = False,
         rid: str | Sequence[str] | None = None,
+        require_reasoning: bool = False,
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """Generate for one request (a str / a list of ids) or a batch (a list of either), with
         /generate's fields and checks (a bad input raises RequestError, a ValueError, with the
@@ -76,7 +77,8 @@ class Engine:
         """
         body = _body(prompt, input_ids, sampling_params, rid, return_logprob=return_logprob,
                      logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
-                     return_text_in_logprobs=return_text_in_logprobs, stream=stream)
+                     return_text_in_logprobs=return_text_in_logprobs, stream=stream,
+                     require_reasoning=require_reasoning)
         reqs, is_batch = parse_generate(body)
         started = self._start([self.validator.validate(r) for r in reqs])
         if stream:
@@ -139,7 +141,8 @@ class Engine:
                     self._release(started, locked=True)
                     raise RequestError(f"request id {rid!r} is already in use")
                 logprob = LogprobOptions(req.return_logprob, req.logprob_start_len, req.top_logprobs_num)
-                sched_req = self.stack.make_req(rid, p.input_ids, p.params, logprob)
+                sched_req = self.stack.make_req(rid, p.input_ids, p.params, logprob,
+                                                require_reasoning=req.require_reasoning)
                 self.scheduler.add_request(sched_req)
                 output = self._outputs[rid] = RequestOutput.of(
                     rid, req, self.token_texts, self.server_args.incremental_streaming_output

@@ -30,6 +30,7 @@ class TokenizedGenerateReq:
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
     stream: bool = False
+    require_reasoning: bool = False  # with --reasoning-parser: the grammar waits for the reasoning's end
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from radixlm.reasoning import REASONING_PARSERS
 from radixlm.runtime.errors import RequestError
 from radixlm.runtime.limits import (
     MAX_N,
@@ -149,12 +150,22 @@ class GenerateReqInput(Strict):
     top_logprobs_num: Int | None = bounds(minimum=0, maximum=MAX_TOP_LOGPROBS_NUM)
     return_text_in_logprobs: bool | None = None
     stream: bool | None = None
+    require_reasoning: bool | None = Field(default=None, description="the output starts with reasoning: with "
+                                           "--reasoning-parser, a grammar applies only after the reasoning ends")
 
 
 class AbortReqInput(Strict):
     """POST /abort_request."""
 
     rid: str
+
+
+class SeparateReasoningReqInput(Strict):
+    """POST /separate_reasoning (SGLang's): a text split by the named reasoning parser."""
+
+    text: str
+    reasoning_parser: str = Field(description="the format's name (an unknown one is a 400)",
+                                  json_schema_extra={"enum": list(REASONING_PARSERS)})
 
 
 # ---------------------------------------------------------------- native API: responses
@@ -225,6 +236,11 @@ class ServerInfo(BaseModel):
     num_grammar_queue_reqs: int
     num_retractions: int
     scheduler_pid: int
+
+
+class SeparateReasoningOutput(Out):
+    text: str = Field(description="the answer: the text after the reasoning")
+    reasoning_text: str = Field(description="the reasoning, without its markers (empty if there is none)")
 
 
 class ErrorDetail(Out):
@@ -381,6 +397,9 @@ class ChatRequest(SamplingFields):
     response_format: Annotated[ResponseFormat | None, SkipValidation] = None
     tools: Annotated[list[ToolSpec] | None, SkipValidation] = None
     tool_choice: Annotated[Literal["none", "auto", "required"] | NamedToolChoice | None, SkipValidation] = None
+    # SGLang's reasoning fields (they matter with --reasoning-parser)
+    separate_reasoning: bool = Field(default=True, description="the reasoning in reasoning_content, apart from content")
+    stream_reasoning: bool = Field(default=True, description="stream: reasoning as it comes; false: at once when it ends")
 
 
 # ---------------------------------------------------------------- OpenAI API: responses
@@ -445,6 +464,7 @@ class ToolCallOutput(Out):
 class AssistantMessage(Out):
     role: Literal["assistant"]
     content: str | None
+    reasoning_content: str | None = Field(default=None, description="with --reasoning-parser and separate_reasoning")
     tool_calls: list[ToolCallOutput] | None = None
 
 
@@ -478,6 +498,7 @@ class CompletionChunk(Out):
 class ChatDelta(Out):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[ToolCallOutput] | None = None
 
 

@@ -38,6 +38,7 @@ class GenerateRequest:
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
     stream: bool = False
+    require_reasoning: bool = False  # SGLang's: the output starts with reasoning (see --reasoning-parser)
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,8 @@ def parse_generate(body: Any) -> tuple[list[GenerateRequest], bool]:
     return reqs, is_batch or len(reqs) > 1
 
 
-_OPTIONS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs", "stream")
+_OPTIONS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs", "stream",
+            "require_reasoning")
 
 
 def _num_copies(params: dict[str, Any] | None) -> int:

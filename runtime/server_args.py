@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from radixlm.kernels import cpu_linear
+from radixlm.reasoning import REASONING_PARSERS
 from radixlm.runtime.constrained.backends import DEFAULT_GRAMMAR_BACKEND, GRAMMAR_BACKENDS
 from radixlm.runtime.envs import RADIXLM_AUTO_QUANTIZATION, RADIXLM_CPU_AUTO_DTYPE
 
@@ -64,6 +65,7 @@ class ServerArgs:
     chat_template: str | None = None  # a Jinja template file or string; default: the tokenizer's
     served_model_name: str | None = None  # the model id in the OpenAI API; default: the model's name
     tool_call_parser: str = "auto"
+    reasoning_parser: str | None = None  # None: outputs are not split into reasoning and answer
     enable_metrics: bool = True
     incremental_streaming_output: bool = False  # stream chunks carry new text / ids only
     timeout_header: float = 10.0  # seconds to receive a request line and headers
@@ -111,6 +113,8 @@ class ServerArgs:
                              f"(grammar_backend is {self.grammar_backend}); add --grammar-backend outlines")
         if self.tool_call_parser not in ("auto", "hermes", "json"):
             raise ValueError(f"tool_call_parser must be auto, hermes or json, got {self.tool_call_parser!r}")
+        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
+            raise ValueError(f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, got {self.reasoning_parser!r}")
         if self.constrained_json_whitespace_pattern is not None:
             from radixlm.runtime.constrained.json_schema import check_whitespace_pattern
 
@@ -216,6 +220,9 @@ HELP = {
     "chat_template": "Jinja chat template (file path or the template itself) for chat requests",
     "served_model_name": "model id reported by /v1/models and accepted in requests",
     "tool_call_parser": "how tool calls are read from output under tool_choice auto: hermes (<tool_call> blocks, also Qwen), json (a bare JSON call), auto (both)",
+    "reasoning_parser": "how a reasoning model's <think> text is told from its answer (SGLang's names): deepseek-r1 "
+    "(the output starts inside the reasoning), qwen3 (reasoning only after an opening <think>), qwen3-thinking, kimi; "
+    "chat responses then carry reasoning_content, and grammars apply only after the reasoning ends (default: none)",
     "enable_metrics": "serve Prometheus metrics at /metrics",
     "incremental_streaming_output": "native stream chunks carry only their new text and output_ids "
     "(default: cumulative, as SGLang streams them)",
@@ -240,7 +247,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     """One flag per ServerArgs field, SGLang's names (`--model-path`, ...); types from annotations."""
     choices = {"dtype": DTYPES, "quantization": QUANTIZATIONS, "quantized_activations": QUANTIZED_ACTIVATIONS,
                "attention_backend": ATTENTION_BACKENDS, "schedule_policy": SCHEDULE_POLICIES,
-               "tool_call_parser": ("auto", "hermes", "json"), "grammar_backend": GRAMMAR_BACKENDS}
+               "tool_call_parser": ("auto", "hermes", "json"), "grammar_backend": GRAMMAR_BACKENDS,
+               "reasoning_parser": REASONING_PARSERS}
     for f in dataclasses.fields(ServerArgs):
         flag = "--" + f.name.replace("_", "-")
         annotation = str(f.type)

@@ -62,3 +62,22 @@ def tiny_engine(tiny_model_dir: Path) -> Any:
     engine = Engine(str(tiny_model_dir), max_total_tokens=4096, random_seed=0)
     yield engine
     engine.shutdown()
+
+
+@pytest.fixture(scope="session")
+def scripted_model_dir(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path) -> Path:
+    """A tiny llama (the default model's tokenizer) whose greedy output after a newline is
+    REASONING_SCRIPT, DeepSeek-R1 style: reasoning, `</think>` (3 tokens here), the answer, EOS."""
+    from radixlm_testing import FALLBACK_DIGIT, REASONING_SCRIPT, save_tiny_model, script_weights
+
+    from radixlm.runtime.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer(default_model_dir)
+    newline, = tokenizer.encode_plain("\n")
+    digit, = tokenizer.encode_plain(FALLBACK_DIGIT)
+    chain = [newline, *tokenizer.encode_plain("".join(REASONING_SCRIPT))]
+    assert tokenizer.eos_token_id is not None and digit not in chain
+    path = tmp_path_factory.mktemp("scripted-llama")
+    save_tiny_model(path, "llama", vocab_size=49152, tokenizer_dir=default_model_dir,
+                    set_weights=script_weights(chain, tokenizer.eos_token_id, {digit: 2.0}))
+    return path

@@ -73,9 +73,13 @@ def build_hf_model(kind: str, vocab_size: int = 256, seed: int = 0, **overrides:
 
 
 def save_tiny_model(path: Path, kind: str, vocab_size: int = 256, seed: int = 0, tokenizer_dir: Path | None = None,
-                    **overrides: Any) -> torch.nn.Module:
-    """Write a tiny HF model directory (config.json + model.safetensors [+ tokenizer files])."""
+                    set_weights: Callable[[torch.nn.Module], None] | None = None, **overrides: Any) -> torch.nn.Module:
+    """Write a tiny HF model directory (config.json + model.safetensors [+ tokenizer files]);
+    `set_weights` may change the random weights first."""
     model = build_hf_model(kind, vocab_size=vocab_size, seed=seed, **overrides)
+    if set_weights is not None:
+        with torch.no_grad():
+            set_weights(model)
     model.save_pretrained(path, safe_serialization=True)
     if tokenizer_dir is not None:
         for f in Path(tokenizer_dir).iterdir():
@@ -86,6 +90,54 @@ def save_tiny_model(path: Path, kind: str, vocab_size: int = 256, seed: int = 0,
         cfg["eos_token_id"], cfg["bos_token_id"] = src.get("eos_token_id"), src.get("bos_token_id")
         (path / "config.json").write_text(json.dumps(cfg, indent=2))
     return model
+
+
+# The scripted tiny model of tests/conftest.py's `scripted_model_dir` (`script_weights`): after the
+# chat template's last token (its newline) greedy decoding writes exactly this, then EOS; under a
+# mask that refuses the scripted token, FALLBACK_DIGIT comes next, then EOS.
+REASONING_SCRIPT = ("Adding two numbers", "</think>", "The answer is 4")
+FALLBACK_DIGIT = "7"
+
+
+def script_weights(chain: list[int], eos_id: int, fallback: dict[int, float]) -> Callable[[torch.nn.Module], None]:
+    """Weights for `save_tiny_model` that make a tiny llama a scripted one: greedy decoding goes
+    from each token of `chain` to the next one (from its last to `eos_id`), and from any other
+    token to `eos_id`; where a mask (a grammar) refuses that token, `fallback`'s tokens come next
+    by their scores (then everything else, tied at 0). A token may occur in `chain` more than once
+    only with the same successor.
+
+    How: every layer's output projections are zero, so the last hidden state is the normed
+    embedding of the current token alone. Each chain token embeds as its own unit vector, every
+    other token as one shared "other" vector, and every token also carries a constant unit; the
+    lm_head maps a chain token's vector to its successor (score 10), the "other" vector to EOS, and
+    the constant unit to the fallback scores."""
+    successors: dict[int, int] = {}
+    for token, nxt in zip(chain, [*chain[1:], eos_id]):
+        assert successors.setdefault(token, nxt) == nxt, f"token {token} has two successors in the script"
+
+    def set_weights(model: torch.nn.Module) -> None:
+        embed, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+        hidden = embed.shape[1]
+        other, constant = hidden - 1, hidden - 2
+        assert len(successors) <= constant, "the script has more distinct tokens than the hidden size allows"
+        embed.zero_()
+        head.zero_()
+        embed[:, other] = 1.0
+        embed[:, constant] = 1.0
+        head[eos_id, other] = 10.0
+        for slot, (token, nxt) in enumerate(successors.items()):
+            embed[token, other] = 0.0
+            embed[token, slot] = 1.0
+            head[nxt, slot] = 10.0
+        for token, score in fallback.items():
+            head[token, constant] = score
+        for name, param in model.named_parameters():
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                param.zero_()  # the layers add nothing to the residual stream
+            elif "norm" in name:
+                param.fill_(1.0)
+
+    return set_weights
 
 
 def assert_engine_clean(engine: Any) -> None:

@@ -37,8 +37,9 @@ LAYERS: list[set[str]] = [
     {"bench"},
 ]
 RANK = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}
-# torch-free modules of the language that the runtime shares (chat templates, tool-call formats)
-SHARED_LANG = {"radixlm.chat_template", "radixlm.tool_calls"}
+# torch-free modules of the language that the runtime shares (chat templates, tool-call formats,
+# reasoning formats)
+SHARED_LANG = {"radixlm.chat_template", "radixlm.tool_calls", "radixlm.reasoning"}
 
 
 def module_name(path: Path) -> str:

@@ -206,6 +206,8 @@ class NativeBackend(Backend):
     @staticmethod
     def _payload(prompt: str, gen: Gen, sampling: SamplingArgs) -> dict[str, Any]:
         payload: dict[str, Any] = {"text": prompt, "sampling_params": sampling.to_native()}
+        if gen.require_reasoning:
+            payload["require_reasoning"] = True
         if gen.return_logprob:
             payload["return_logprob"] = True
             payload["logprob_start_len"] = -1 if gen.logprob_start_len is None else gen.logprob_start_len

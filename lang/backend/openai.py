@@ -143,6 +143,9 @@ class OpenAI(Backend):
             meta = _meta(response.id, choice.finish_reason, response.usage if i == 0 else None)  # usage: the total
             if gen.return_logprob:
                 meta.update(_output_logprobs(choice.logprobs, self.is_chat_model))
+            reasoning = getattr(choice.message, "reasoning_content", None) if self.is_chat_model else None
+            if isinstance(reasoning, str):  # a server with a reasoning parser split it off already
+                meta["reasoning_content"] = reasoning
             metas.append(meta)
         if (sampling.n or 1) > 1:
             return texts, metas

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from radixlm.runtime.constrained.grammar import CompiledGrammar, Grammar
     from radixlm.runtime.detokenizer.detokenizer import IncrementalDecoder
     from radixlm.runtime.mem_cache.radix_cache import TreeNode
+    from radixlm.runtime.scheduler.token_matcher import TokenSequenceMatcher
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,11 @@ class Req:
     # constrained decoding: the compile in flight, then the request's own FSM state
     grammar_future: Future[CompiledGrammar] | None = None
     grammar: Grammar | None = None
+    # a reasoning request's grammar applies to its answer only: it waits in
+    # `grammar_after_reasoning` until `reasoning_end` has seen the end-of-reasoning ids, and
+    # applies from the next token on (reasoning_end is None without reasoning, or once it ended)
+    reasoning_end: TokenSequenceMatcher | None = None
+    grammar_after_reasoning: Grammar | None = None
     budget_steered: bool = False  # the output budget narrowed the mask or replaced a token (closed_by_budget)
     budget_ended: bool = False  # ... and the token it took last was EOS: the budget ended the output
     # jump-forward draft: tokens the grammar forces after output_ids[-1], computed with it next

@@ -18,6 +18,10 @@ join that token in the next forward, which then computes one logits row per draf
 row is sampled under the grammar mask of its position; the draft is kept as far as the samples
 agree with it, and the first disagreeing sample is the request's next token, so the output is
 what token-by-token decoding gives. The K/V of the rejected draft tokens is freed at once.
+
+Reasoning (`require_reasoning` with --reasoning-parser): a constrained request's grammar is held
+(`req.grammar_after_reasoning`) while `req.reasoning_end` watches its sampled ids for the
+end-of-reasoning marker's ids; from the token after the marker the grammar applies, as SGLang's.
 """
 
 from __future__ import annotations
@@ -229,7 +233,10 @@ class Scheduler:
                         f"output this grammar allows ({shortest} tokens)"))
                     self._aborted.append(req)
                 else:
-                    req.grammar = grammar
+                    if req.reasoning_end is not None:  # the answer's grammar: after the reasoning
+                        req.grammar_after_reasoning = grammar
+                    else:
+                        req.grammar = grammar
                     self.waiting.append(req)
             req.grammar_future = None
         self.grammar_waiting = still
@@ -383,6 +390,11 @@ class Scheduler:
 
     def _accept_token(self, req: Req, token: int) -> None:
         req.append_token(token, self.cfg.context_len)
+        if req.reasoning_end is not None:
+            if req.reasoning_end.advance(token):  # the reasoning ended: the grammar takes the next token
+                req.reasoning_end = None
+                req.grammar, req.grammar_after_reasoning = req.grammar_after_reasoning, None
+            return
         if req.grammar is None:
             return
         reason = req.finish_reason

@@ -50,7 +50,8 @@ class SchedulerServer:
 
     def handle_generate(self, msg: io.TokenizedGenerateReq) -> None:
         logprob = LogprobOptions(msg.return_logprob, msg.logprob_start_len, msg.top_logprobs_num)
-        req = self.stack.make_req(msg.rid, list(msg.input_ids), msg.sampling_params, logprob, track_text=False)
+        req = self.stack.make_req(msg.rid, list(msg.input_ids), msg.sampling_params, logprob, track_text=False,
+                                  require_reasoning=msg.require_reasoning)
         self.scheduler.add_request(req)
         logger.debug("request %s arrived (%d prompt tokens)", msg.rid, len(msg.input_ids))
         self._pending_settings[msg.rid] = io.DecodeSettings(msg.sampling_params, msg.input_ids[-8:])

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from radixlm.reasoning import reasoning_format
 from radixlm.runtime.constrained import backends as grammar_backends
 from radixlm.runtime.constrained.grammar import NUM_GRAMMAR_COMPILE_WORKERS, GrammarBackend
 from radixlm.runtime.constrained.llguidance_backend import LLGuidanceBackend
@@ -16,7 +17,8 @@ from radixlm.runtime.model.model_config import ModelConfig
 from radixlm.runtime.model.model_runner import ModelRunner, RunnerConfig, weights_of
 from radixlm.runtime.sampling.sampling_params import SamplingParams
 from radixlm.runtime.scheduler.req import LogprobOptions, Req
-from radixlm.runtime.scheduler.scheduler import Scheduler, SchedulerConfig
+from radixlm.runtime.scheduler.scheduler import Scheduler, SchedulerConfig, grammar_spec
+from radixlm.runtime.scheduler.token_matcher import TokenSequenceMatcher
 from radixlm.runtime.server_args import ServerArgs
 from radixlm.runtime.tokenizer import Tokenizer
 
@@ -30,6 +32,8 @@ class SchedulerStack:
     grammar_backend: GrammarBackend | XGrammarBackend | LLGuidanceBackend
     scheduler: Scheduler
     eos_ids: frozenset[int]
+    # the end-of-reasoning marker of --reasoning-parser as token ids (empty: no reasoning parser)
+    think_end_ids: tuple[int, ...] = ()
 
     @classmethod
     def build(cls, args: ServerArgs) -> SchedulerStack:
@@ -60,20 +64,28 @@ class SchedulerStack:
         eos = set(model_config.eos_token_ids)
         if tokenizer.eos_token_id is not None:
             eos.add(tokenizer.eos_token_id)
-        return cls(args, model_config, tokenizer, runner, grammar_backend, scheduler, frozenset(eos))
+        think_end_ids = () if args.reasoning_parser is None else \
+            tuple(tokenizer.encode_plain(reasoning_format(args.reasoning_parser).end))
+        return cls(args, model_config, tokenizer, runner, grammar_backend, scheduler, frozenset(eos), think_end_ids)
 
     @property
     def context_len(self) -> int:
         return self.scheduler.cfg.context_len
 
     def make_req(
-        self, rid: str, ids: list[int], params: SamplingParams, logprob: LogprobOptions, track_text: bool = True
+        self, rid: str, ids: list[int], params: SamplingParams, logprob: LogprobOptions, track_text: bool = True,
+        require_reasoning: bool = False,
     ) -> Req:
         """A scheduler request for already validated input ids. Its IncrementalDecoder makes the
         text (the Engine's output) and watches for stop strings; a server's scheduler, whose text
-        comes from the detokenizer, needs it only when there are stop strings or regexes (`track_text=False`)."""
+        comes from the detokenizer, needs it only when there are stop strings or regexes (`track_text=False`).
+        `require_reasoning` (SGLang's): the output starts with reasoning, so with a reasoning
+        parser its grammar, if any, applies only after the end-of-reasoning marker."""
         decoder = IncrementalDecoder(self.tokenizer, params, ids) if track_text or params.stop or params.stop_regex else None
-        return Req(rid, ids, params, self.eos_ids, logprob, decoder)
+        req = Req(rid, ids, params, self.eos_ids, logprob, decoder)
+        if require_reasoning and self.think_end_ids and grammar_spec(params) is not None:
+            req.reasoning_end = TokenSequenceMatcher(self.think_end_ids)
+        return req
 
     def server_info(self) -> dict[str, Any]:
         """The settings (no secrets) and the scheduler's live state, as /get_server_info shows them."""

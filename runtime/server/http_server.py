@@ -3,7 +3,8 @@ routes are added by `openai_api.register_openai_routes`.
 
 Native API: POST /generate (text or input_ids, single or batch, `n`, logprobs, SSE `stream`),
 GET /get_model_info, GET /get_server_info (= /server_info), POST /flush_cache, GET /health,
-GET /health_generate, POST /abort_request, GET /metrics.
+GET /health_generate, POST /abort_request, GET /metrics, POST /separate_reasoning (a text split by
+a named reasoning parser, `radixlm.reasoning`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.requests import ClientDisconnect
 
 from radixlm.chat_template import derive_chat_template
+from radixlm.reasoning import UnknownReasoningParser, separate_reasoning
 from radixlm.runtime.limits import MAX_BODY_BYTES, MAX_JSON_DEPTH, json_depth
 from radixlm.runtime.protocol import (
     JSON,
@@ -35,6 +37,8 @@ from radixlm.runtime.protocol import (
     ModelInfo,
     OpenAPIDocs,
     Operation,
+    SeparateReasoningOutput,
+    SeparateReasoningReqInput,
     ServerInfo,
     SseEvents,
     error_responses,
@@ -152,7 +156,8 @@ def chat_role_wrappers(tokenizer: Any) -> dict[str, Any] | None:
 
 
 def create_app(
-    tm: TokenizerManager, api_key: str | None = None, enable_metrics: bool = True, tool_call_parser: str = "auto"
+    tm: TokenizerManager, api_key: str | None = None, enable_metrics: bool = True, tool_call_parser: str = "auto",
+    reasoning_parser: str | None = None,
 ) -> FastAPI:
     app = FastAPI(title="radixlm", version="0.1.0")
     app.state.tm = tm
@@ -176,7 +181,8 @@ def create_app(
         return error_response(f"invalid request: {'.'.join(map(str, first['loc']))}: {first['msg']}", 400)
 
     @app.exception_handler(ToolSpecError)
-    async def on_tool_spec_error(_: Request, exc: ToolSpecError) -> JSONResponse:
+    @app.exception_handler(UnknownReasoningParser)
+    async def on_bad_parser_name(_: Request, exc: ValueError) -> JSONResponse:
         return error_response(str(exc), 400)
 
     @app.exception_handler(ServiceUnavailable)
@@ -222,6 +228,12 @@ def create_app(
         await tm.abort(body.rid)
         return Response(status_code=200)
 
+    @app.post("/separate_reasoning")
+    async def separate_reasoning_request(request: Request) -> dict[str, str]:
+        body: SeparateReasoningReqInput = parse_body(SeparateReasoningReqInput, await read_json(request))
+        reasoning, answer = separate_reasoning(body.text, body.reasoning_parser)
+        return {"text": answer, "reasoning_text": reasoning}
+
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
         if not enable_metrics:
@@ -243,7 +255,8 @@ def create_app(
 
     docs = OpenAPIDocs()
     document_native_routes(docs, secured=api_key is not None)
-    register_openai_routes(app, tm, tool_call_parser, docs, secured=api_key is not None)
+    register_openai_routes(app, tm, tool_call_parser, docs, secured=api_key is not None,
+                           reasoning_parser=reasoning_parser)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -270,6 +283,8 @@ def document_native_routes(docs: OpenAPIDocs, secured: bool) -> None:
         **unavailable}))
     docs.add("/abort_request", "post", Operation(AbortReqInput, {200: ("aborted (if it was running)", {}),
                                                                  **error_responses(400, 413, 503, *auth)}))
+    docs.add("/separate_reasoning", "post", Operation(SeparateReasoningReqInput, {
+        200: ("the answer and the reasoning", {JSON: SeparateReasoningOutput}), **error_responses(400, 413, *auth)}))
     docs.add("/metrics", "get", Operation(responses={
         200: ("Prometheus text format", {TEXT: {"type": "string"}}),
         404: ("metrics are disabled", {TEXT: {"type": "string"}}), **error_responses(*auth)}))

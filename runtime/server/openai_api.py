@@ -11,6 +11,10 @@ under `auto` on a context-free grammar backend each opened call is constrained b
 tag, `tool_call_structures`): calls come back as
 `message.tool_calls` with `finish_reason: "tool_calls"`; when streaming with tools, each choice's
 text is buffered and sent at its end as content and/or one `delta.tool_calls` chunk.
+With `--reasoning-parser`, chat requests are generated as reasoning (`require_reasoning`: a
+grammar applies after it) and, unless `separate_reasoning` is false, answered with the reasoning in
+`message.reasoning_content` (streamed as `delta.reasoning_content` chunks, or in one chunk when it
+ends if `stream_reasoning` is false) and the rest in `content` (`radixlm.reasoning`).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from radixlm.reasoning import ReasoningFormat, ReasoningStream, reasoning_format, separate_reasoning
 from radixlm.runtime.limits import MAX_BATCH, MAX_SEQUENCES
 from radixlm.runtime.protocol import (
     JSON,
@@ -163,7 +168,7 @@ def _chat_logprobs(meta: dict[str, Any]) -> dict[str, Any]:
 
 
 def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser: str, docs: OpenAPIDocs,
-                           secured: bool) -> None:
+                           secured: bool, reasoning_parser: str | None = None) -> None:
     from radixlm.runtime.server.http_server import (
         merged_outputs,
         prepare_all,
@@ -174,6 +179,7 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
     )
 
     auth = (401,) if secured else ()
+    reasoning = None if reasoning_parser is None else reasoning_format(reasoning_parser)
     docs.add("/v1/models", "get", Operation(responses={200: ("the served model", {JSON: ModelList}),
                                                        **error_responses(*auth)}))
     for path, request_model, response_model, chunk in (
@@ -221,7 +227,7 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
 
         if req.stream:
             return StreamingResponse(
-                _stream(tm, prepared, req, base_id, "text_completion", len(prompts), choice_text),
+                _stream(tm, prepared, req, base_id, "text_completion", len(prompts), choice_text, None),
                 media_type="text/event-stream",
             )
         results = [chunk.result for chunk in await run_all(tm, prepared, request)]
@@ -266,19 +272,25 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
         base = GenerateRequest(
             text=prompt, sampling_params=params, return_logprob=req.logprobs,
             top_logprobs_num=(req.top_logprobs or 0) if req.logprobs else 0, return_text_in_logprobs=True, stream=req.stream,
+            require_reasoning=reasoning is not None,  # as SGLang: whether or not it is separated
         )
         prepared = await prepare_all(tm, expand_copies(replace(base, rid=base_id), req.n))
+        split = reasoning if req.separate_reasoning else None
         if req.stream and tool_names:
-            return StreamingResponse(_stream_tool_calls(prepared, req, base_id, tool_names, parser), media_type="text/event-stream")
+            return StreamingResponse(_stream_tool_calls(prepared, req, base_id, tool_names, parser, split),
+                                     media_type="text/event-stream")
         if req.stream:
             return StreamingResponse(
-                _stream(tm, prepared, req, base_id, "chat.completion.chunk", 1, None), media_type="text/event-stream"
+                _stream(tm, prepared, req, base_id, "chat.completion.chunk", 1, None, split), media_type="text/event-stream"
             )
         results = [chunk.result for chunk in await run_all(tm, prepared, request)]
         choices = []
         for i, r in enumerate(results):
-            content, calls = _split_calls(r["text"], tool_names, parser)
+            thought, text = _split_reasoning(r["text"], split)
+            content, calls = _split_calls(text, tool_names, parser)
             message: dict[str, Any] = {"role": "assistant", "content": content}
+            if split is not None:
+                message["reasoning_content"] = thought or None
             if calls:
                 message["tool_calls"] = openai_tool_calls(calls)
             choices.append({
@@ -292,10 +304,11 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
             "choices": choices, "usage": _usage(results, 1),
         })
 
-    async def _stream_tool_calls(reqs: list[PreparedRequest], req: ChatRequest, base_id: str,
-                                 tool_names: set[str], parser: str) -> AsyncIterator[bytes]:
-        """Chat SSE with tools: a role chunk per choice now; at each choice's end, its content (if
-        any), one `delta.tool_calls` chunk (if calls), and the finish chunk; then optional usage."""
+    async def _stream_tool_calls(reqs: list[PreparedRequest], req: ChatRequest, base_id: str, tool_names: set[str],
+                                 parser: str, split: ReasoningFormat | None) -> AsyncIterator[bytes]:
+        """Chat SSE with tools: a role chunk per choice now; at each choice's end, its reasoning
+        (if separated), its content (if any), one `delta.tool_calls` chunk (if calls), and the
+        finish chunk; then optional usage."""
         created = int(time.time())
 
         def chunk(index: int, delta: dict[str, Any], finish: str | None) -> bytes:
@@ -314,7 +327,10 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
             if finish is None:
                 continue
             finals.append(item.result)
-            content, calls = _split_calls(item.result["text"], tool_names, parser)
+            thought, text = _split_reasoning(item.result["text"], split)
+            if thought:
+                yield chunk(index, {"reasoning_content": thought}, None)
+            content, calls = _split_calls(text, tool_names, parser)
             if content:
                 yield chunk(index, {"content": content}, None)
             if calls:
@@ -326,8 +342,10 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
         yield b"data: [DONE]\n\n"
 
     async def _stream(tm: TokenizerManager, reqs: list[PreparedRequest], req: SamplingFields, base_id: str,
-                      kind: str, num_prompts: int, choice_text: Any) -> AsyncIterator[bytes]:
-        """OpenAI SSE chunks: text deltas per choice, a finish chunk each, an optional usage chunk."""
+                      kind: str, num_prompts: int, choice_text: Any, split: ReasoningFormat | None) -> AsyncIterator[bytes]:
+        """OpenAI SSE chunks: text deltas per choice, a finish chunk each, an optional usage chunk.
+        Chat with `split`: each choice's reasoning as `reasoning_content` chunks before its
+        content (`ReasoningStream`: no marker is cut across chunks)."""
         created = int(time.time())
         is_chat = kind == "chat.completion.chunk"
 
@@ -335,9 +353,10 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
         want_logprobs = bool(asked) if is_chat else asked is not None
         echo = not is_chat and getattr(req, "echo", False)
 
-        def chunk(index: int, delta: str, finish: str | None, first: bool, logprobs: dict[str, Any] | None) -> bytes:
+        def chunk(index: int, delta: str, finish: str | None, first: bool, logprobs: dict[str, Any] | None,
+                  field: str = "content") -> bytes:
             if is_chat:
-                payload: dict[str, Any] = {"role": "assistant", "content": delta} if first else {"content": delta}
+                payload: dict[str, Any] = {"role": "assistant", field: delta} if first else {field: delta}
                 choice = {"index": index, "delta": payload, "logprobs": logprobs, "finish_reason": finish}
             else:
                 choice = {"index": index, "text": delta, "logprobs": logprobs, "finish_reason": finish}
@@ -345,6 +364,7 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
 
         started = [False] * len(reqs)
         offsets = [0] * len(reqs)  # completions: text offset of each choice's next logprob token
+        splitters = [ReasoningStream(split, getattr(req, "stream_reasoning", True)) for _ in reqs] if split else None
         finals: list[dict[str, Any]] = []
         if echo:
             for i in range(len(reqs)):
@@ -363,8 +383,14 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
                 if logprobs["tokens"]:
                     offsets[index] = logprobs["text_offset"][-1] + len(logprobs["tokens"][-1] or "")
             has_logprobs = bool(logprobs and (logprobs.get("content") or logprobs.get("tokens")))
-            if item.new_text or finish or not started[index] or has_logprobs:
-                yield chunk(index, item.new_text, finish, is_chat and not started[index], logprobs)
+            text, thought = item.new_text, ""
+            if splitters is not None:
+                thought, text = _split_delta(splitters[index], text, finish is not None)
+            if thought:
+                yield chunk(index, thought, None, not started[index], None, field="reasoning_content")
+                started[index] = True
+            if text or finish or not started[index] or has_logprobs:
+                yield chunk(index, text, finish, is_chat and not started[index], logprobs)
                 started[index] = True
             if finish is not None:
                 finals.append(item.result)
@@ -372,6 +398,20 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
             yield sse({"id": base_id, "object": kind, "created": created, "model": tm.model_name,
                        "choices": [], "usage": _usage(finals, num_prompts)})
         yield b"data: [DONE]\n\n"
+
+
+def _split_reasoning(text: str, split: ReasoningFormat | None) -> tuple[str, str]:
+    """(reasoning, answer) of a choice's whole text; without `split`, no reasoning."""
+    return separate_reasoning(text, split) if split is not None else ("", text)
+
+
+def _split_delta(splitter: ReasoningStream, text: str, is_last: bool) -> tuple[str, str]:
+    """(reasoning, answer) of one choice's new text; with its last, what the splitter held back."""
+    thought, answer = splitter.feed(text)
+    if is_last:
+        rest_thought, rest_answer = splitter.finish()
+        thought, answer = thought + rest_thought, answer + rest_answer
+    return thought, answer
 
 
 def _prompt_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:

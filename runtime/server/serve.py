@@ -104,7 +104,8 @@ def _serve_http(args: ServerArgs, paths: Any, children: dict[str, BaseProcess], 
                               info["max_total_tokens"], Metrics(model_name), args.incremental_streaming_output,
                               args.grammar_backend)
         tm.start()
-        app = create_app(tm, args.api_key, enable_metrics=args.enable_metrics, tool_call_parser=args.tool_call_parser)
+        app = create_app(tm, args.api_key, enable_metrics=args.enable_metrics, tool_call_parser=args.tool_call_parser,
+                         reasoning_parser=args.reasoning_parser)
         protocol = functools.partial(TimedH11Protocol, timeout_header=args.timeout_header,
                                      timeout_body=args.timeout_body, max_connections=args.max_connections)
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level.lower(),

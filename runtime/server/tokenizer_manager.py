@@ -87,7 +87,7 @@ class TokenizerManager:
         self.metrics.on_request_start(len(ids))
         await self._to_scheduler.send(io.encode(io.TokenizedGenerateReq(
             rid, tuple(ids), prepared.params, req.return_logprob, req.logprob_start_len,
-            req.top_logprobs_num, req.stream,
+            req.top_logprobs_num, req.stream, req.require_reasoning,
         )))
         logger.debug("request %s sent to the scheduler", rid)  # tests wait for this line
         try:

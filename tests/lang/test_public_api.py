@@ -1,7 +1,8 @@
 """Every public name of `sglang` (0.5.23) is here with SGLang's meaning, exercised on the tiny
 Engine: the choice methods as objects (SGLang's protocol, strings still work, a user-written
-method works), `global_config`'s switches, `ServerArgs` (lazily), `image` / `video` and
-`separate_reasoning` (clear refusals), the state methods SGLang's `ProgramState` and
+method works), `global_config`'s switches, `ServerArgs` (lazily), `image` / `video` (clear
+refusals), `separate_reasoning` (on a select here; on generated reasoning in
+tests/server/test_reasoning_http.py), the state methods SGLang's `ProgramState` and
 `ProgramStateGroup` have, and `run_batch`'s SGLang forms. The remote backends (Runtime,
 RuntimeEndpoint, OpenAI, LiteLLM, Crusoe, Anthropic, VertexAI) run against real servers in
 tests/server (test_lang_runtime_endpoint.py, test_lang_openai_backend.py, test_lang_remote_backends.py);
@@ -223,9 +224,21 @@ def test_image_and_video_name_the_missing_vision_support(backend: CountingBacken
         rl.video("clip.mp4", num_frames=0)
 
 
-def test_separate_reasoning_is_refused_clearly() -> None:
-    with pytest.raises(NotImplementedError, match="reasoning-parser"):
-        rl.separate_reasoning(rl.gen("answer"), model_type="deepseek-r1")
+def test_separate_reasoning_splits_the_variable_and_the_text(backend: CountingBackend) -> None:
+    @rl.function
+    def decide(s: Any) -> None:
+        s += rl.user("Yes or no?")
+        s += rl.assistant(rl.separate_reasoning(rl.select("x", choices=["Hmm.</think>yes", "Hmm.</think>no"]),
+                                                model_type="deepseek-r1"))
+
+    state = decide.run(backend=backend)
+    assert state["x_reasoning_content"] == "Hmm." and state["x"] in ("yes", "no")
+    assert state.messages()[-1] == {"role": "assistant", "content": state["x"]}  # the text keeps the answer only
+    assert "</think>" not in state.text()
+    with pytest.raises(ValueError, match="model_type is required, one of deepseek-r1, "):
+        rl.separate_reasoning(rl.gen("x"))
+    with pytest.raises(ValueError, match="unknown reasoning parser 'r1'"):
+        rl.separate_reasoning(rl.gen("x"), model_type="r1")
 
 
 # ---------------------------------------------------------------------- the state, as SGLang's

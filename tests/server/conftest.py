@@ -92,6 +92,16 @@ def tiny_outlines_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPath
 
 
 @pytest.fixture(scope="session")
+def reasoning_server(scripted_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
+    """The scripted tiny model (it reasons, then answers: radixlm_testing.REASONING_SCRIPT) behind a
+    real server with `--reasoning-parser deepseek-r1`."""
+    log = tmp_path_factory.mktemp("server") / "reasoning.log"
+    server = start_server(scripted_model_dir, log, "--reasoning-parser", "deepseek-r1", "--max-total-tokens", "2048")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
 def default_server(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
     """The real default model behind a real server."""
     log = tmp_path_factory.mktemp("server") / "default.log"

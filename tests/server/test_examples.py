@@ -13,6 +13,7 @@ from pathlib import Path
 
 import jsonschema
 from conftest import ServerHandle
+from radixlm_testing import FALLBACK_DIGIT, REASONING_SCRIPT
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,6 +47,18 @@ def load_example(script: str) -> types.ModuleType:
     sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
     spec.loader.exec_module(module)
     return module
+
+
+def test_lang_reasoning_example(reasoning_server: ServerHandle) -> None:
+    """On the scripted model, whose reasoning and answer are known: the output is exact."""
+    out = run("lang_reasoning.py", "--url", reasoning_server.url)
+    reasoning, _, answer = REASONING_SCRIPT
+    assert out.splitlines() == [
+        f"reasoning: {reasoning!r}", f"answer:    {answer!r}",
+        f"number:    {FALLBACK_DIGIT!r}  (regex [0-9]+, after reasoning {reasoning!r})",
+        f"chat:      reasoning_content={reasoning!r} content={answer!r}",
+        f"/separate_reasoning: {{'text': {answer!r}, 'reasoning_text': {reasoning!r}}}",
+    ]
 
 
 def test_lang_few_shot_qa_example(tiny_server: ServerHandle) -> None:

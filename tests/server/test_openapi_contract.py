@@ -55,8 +55,10 @@ def test_no_body_is_untyped(document: dict[str, Any]) -> None:
 def test_every_operation_documents_its_bodies_and_errors(document: dict[str, Any]) -> None:
     ops = {f"{m.upper()} {p}": op for p, methods in document["paths"].items() for m, op in methods.items()}
     assert set(ops) >= {"POST /generate", "POST /v1/completions", "POST /v1/chat/completions", "POST /abort_request",
-                        "GET /v1/models", "GET /get_model_info", "GET /get_server_info", "GET /health", "GET /metrics"}
-    for label in ("POST /generate", "POST /v1/completions", "POST /v1/chat/completions", "POST /abort_request"):
+                        "GET /v1/models", "GET /get_model_info", "GET /get_server_info", "GET /health", "GET /metrics",
+                        "POST /separate_reasoning"}
+    for label in ("POST /generate", "POST /v1/completions", "POST /v1/chat/completions", "POST /abort_request",
+                  "POST /separate_reasoning"):
         op = ops[label]
         assert op["requestBody"]["required"] is True
         assert set(op["requestBody"]["content"]) == {"application/json"}
@@ -73,6 +75,9 @@ def test_every_operation_documents_its_bodies_and_errors(document: dict[str, Any
     assert schemas["GenerateReqInput"]["additionalProperties"] is False  # unknown fields: documented as refused
     assert schemas["SamplingParamsInput"]["properties"]["top_p"]["exclusiveMinimum"] == 0.0
     assert {"HTTPValidationError", "ValidationError"}.isdisjoint(schemas)
+    parsers = schemas["SeparateReasoningReqInput"]["properties"]["reasoning_parser"]["enum"]
+    assert "deepseek-r1" in parsers and "qwen3" in parsers
+    assert set(schemas["ChatDelta"]["properties"]) >= {"content", "reasoning_content"}
 
 
 def test_the_served_document_is_the_one_the_factory_builds(document: dict[str, Any]) -> None:

@@ -23,6 +23,7 @@ GOOD_BODIES: dict[str, list[Any]] = {
     "/v1/chat/completions": [{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
                              {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stream": True}],
     "/abort_request": [{"rid": "nothing-here"}],
+    "/separate_reasoning": [{"text": "r</think>a", "reasoning_parser": "deepseek-r1"}],
     "/flush_cache": [None],
 }
 # bad bodies (the key itself is only ever sent as a header: a client's own text may come back)

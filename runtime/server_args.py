@@ -9,13 +9,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
-from radixlm.kernels import cpu_linear
 from radixlm.reasoning import REASONING_PARSERS
 from radixlm.runtime.constrained.backends import DEFAULT_GRAMMAR_BACKEND, GRAMMAR_BACKENDS
 from radixlm.runtime.envs import RADIXLM_AUTO_QUANTIZATION, RADIXLM_CPU_AUTO_DTYPE
+
+if TYPE_CHECKING:  # torch and the kernels load where they run, not in every process that reads settings
+    import torch
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 # auto: a GGUF's Q8_0 / Q4_0 / Q4_1 weights are kept as they are when --dtype is auto, none: every
@@ -133,6 +134,10 @@ class ServerArgs:
         """`auto`: bfloat16 on CUDA; on CPU bfloat16 where the CPU has AVX512-BF16 (W2 2.1x and
         W3 1.7x faster than float32 there), float32 elsewhere (torch's software bf16 prefills 3.4x
         slower); RADIXLM_CPU_AUTO_DTYPE overrides the CPU choice. README, "What `auto` picks"."""
+        import torch
+
+        from radixlm.kernels import cpu_linear
+
         if self.dtype != "auto":
             return getattr(torch, self.dtype)
         if self.device.startswith("cuda"):
@@ -166,6 +171,8 @@ class ServerArgs:
             return "int8_row"
         if self.quantized_activations != "auto":
             return self.quantized_activations
+        from radixlm.kernels import cpu_linear
+
         return "int8" if cpu_linear.cpu_supports_vnni() else "float32"
 
     def replace(self, **changes: object) -> ServerArgs:

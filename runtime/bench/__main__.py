@@ -50,6 +50,7 @@ from radixlm.runtime.bench.llamacpp_peer import (
     LlamaCppPeer,
     llamacpp_configs,
     print_peer_summary,
+    print_same_precision,
     run_llamacpp,
 )
 from radixlm.runtime.envs import set_omp_defaults
@@ -82,15 +83,39 @@ _W4_ENGINE_FLAGS: dict[str, dict[str, Any]] = {
 }
 
 
+# Quantized precisions of --dtypes (radixlm only): GGUF block formats, run from the default model's
+# GGUF in that format (its own Q4_1 file, or the one llama.cpp's quantizer makes for the peer: the
+# same file llama.cpp runs), or w8a8_int8 (the float weights quantized at load). `PREC/DTYPE`
+# sets the float dtype of the rest (activations, KV cache; default: --dtype auto's).
+QUANTIZED_PRECISIONS = ("q4_1", "q8_0", "q4_0", "w8a8_int8")
+
+
+def engine_flags_for(precision: str) -> dict[str, Any]:
+    """Engine arguments of a --dtypes entry: a dtype, or a quantized precision [/dtype]."""
+    name, _, dtype = precision.partition("/")
+    if name not in QUANTIZED_PRECISIONS:
+        return {"dtype": precision}
+    if name == "w8a8_int8":
+        return {"quantization": name, "dtype": dtype or "auto"}
+    from radixlm.runtime.bench.llamacpp_peer import ensure_gguf
+
+    return {"model_path": str(ensure_gguf(name)), "quantization": "gguf", "dtype": dtype or "auto"}
+
+
+def is_quantized(precision: str) -> bool:
+    return precision.partition("/")[0] in QUANTIZED_PRECISIONS
+
+
 class Ours:
     name = "radixlm"
 
     def __init__(self, dtype: str, **engine_flags: Any):
-        """`engine_flags`: more Engine arguments (e.g. grammar_backend) for every engine of this system."""
+        """`dtype`: a dtype or a quantized precision (QUANTIZED_PRECISIONS); `engine_flags`: more
+        Engine arguments (e.g. grammar_backend) for every engine of this system."""
         from radixlm.runtime.engine import Engine
 
         self.dtype = dtype
-        self.engine_flags: dict[str, Any] = {"dtype": dtype, **engine_flags}
+        self.engine_flags: dict[str, Any] = {**engine_flags_for(dtype), **engine_flags}
         self.engine = Engine(**self.engine_flags)
         self.encode = self.engine.tokenizer.encode
         self._mode_engines: dict[str, Engine] = {}  # W4 modes with flags of their own (made when needed)
@@ -254,7 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m radixlm.runtime.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workloads", default="W1,W5", help="comma-separated subset of W1-W5 and F1-F4")
-    parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated dtypes to run")
+    parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated dtypes to run; radixlm also "
+                        "runs quantized precisions (q4_1, q8_0, q4_0: the default model's GGUF in that format, the "
+                        "file llama.cpp runs; w8a8_int8), optionally /DTYPE for the rest (e.g. q4_1/float32)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--baseline-repeats", type=int, default=None, help="repeats for transformers (default: --repeats)")
     parser.add_argument("--no-baseline", action="store_true", help="skip transformers")
@@ -305,13 +332,14 @@ def main(argv: list[str] | None = None) -> int:
             from radixlm.runtime.bench.neighbour import print_neighbour_table, quiet_and_loaded
 
             systems = {"radixlm": quiet_and_loaded(partial(run_system, Ours(dtype), engine_workloads, args.repeats))}
-            if not args.no_baseline:
+            if not args.no_baseline and not is_quantized(dtype):
                 systems["transformers"] = quiet_and_loaded(
                     partial(run_system, Transformers(dtype), engine_workloads, base_repeats))
             print_neighbour_table(dtype, systems)
         elif engine_workloads:
             ours = ours_by_dtype[dtype] = run_system(Ours(dtype), engine_workloads, args.repeats)
-            base = None if args.no_baseline else run_system(Transformers(dtype), engine_workloads, base_repeats)
+            base = None if args.no_baseline or is_quantized(dtype) else run_system(
+                Transformers(dtype), engine_workloads, base_repeats)
             if base is not None:
                 base_by_dtype[dtype] = base
             _print_table(dtype, ours, base)
@@ -322,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     if peer_configs and engine_workloads:
         peer = run_llamacpp(engine_workloads, peer_configs, args.repeats, run_system)
         print_peer_summary(ours_by_dtype, base_by_dtype, peer)
+        print_same_precision(ours_by_dtype, peer)
     if args.grammar:
         grammar_bench.print_table(grammar_config)
     return 0

@@ -455,3 +455,25 @@ def print_peer_summary(ours: dict[str, Result], base: dict[str, Result],
             ratio = other_value / ours_value if is_lower_better(metric) else ours_value / other_value
             ratios.append(f"{ratio:.2f}x")
         print(f"| {metric} | {' | '.join(cells)} | {' | '.join(ratios)} |")
+
+
+# our --dtypes names -> llama.cpp's GGUF types
+_PEER_DTYPE = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "q4_1": "q4_1", "q8_0": "q8_0", "q4_0": "q4_0"}
+
+
+def print_same_precision(ours: dict[str, Result], peer: dict[PeerConfig, Result]) -> None:
+    """Per precision both ran (radixlm's bfloat16 against llama.cpp's bf16 GGUF, its q4_1 against
+    the same q4_1 file, ...): each metric's best llama.cpp configuration at that precision and
+    radixlm's ratio (>1: radixlm is better)."""
+    print("\n## same precision: radixlm against llama.cpp's best configuration of that GGUF type")
+    print("| precision | metric | radixlm | llama.cpp | ratio |")
+    print("|---|---|---|---|---|")
+    for precision, result in ours.items():
+        gguf_type = _PEER_DTYPE.get(precision.partition("/")[0])
+        theirs = best_of({c.label(): r for c, r in peer.items() if c.dtype == gguf_type})
+        for metric, value in result.items():
+            if metric not in theirs or not (is_lower_better(metric) or metric.endswith("tok/s")):
+                continue
+            other, label = theirs[metric]
+            ratio = other / value if is_lower_better(metric) else value / other
+            print(f"| {precision} | {metric} | {value:.2f} | {other:.2f} ({label}) | {ratio:.2f}x |")

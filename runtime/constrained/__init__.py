@@ -6,10 +6,31 @@ Modules, bottom up: `errors` (GrammarError), `numeric_regex` and `regex_syntax` 
 per-request state, the caching background `GrammarBackend`).
 """
 
-from radixlm.runtime.constrained.errors import GrammarError
-from radixlm.runtime.constrained.grammar import CompiledGrammar, Grammar, GrammarBackend
-from radixlm.runtime.constrained.spec import GRAMMAR_KINDS, GrammarKind, validate
-from radixlm.runtime.constrained.vocabulary import GrammarVocabulary, get_grammar_vocabulary
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# name -> its module; loaded on first use, so that reading a submodule (e.g. `backends`, for the
+# server's settings) does not load torch and outlines-core into every process
+_LAZY = {
+    "GrammarError": "errors",
+    "CompiledGrammar": "grammar",
+    "Grammar": "grammar",
+    "GrammarBackend": "grammar",
+    "GRAMMAR_KINDS": "spec",
+    "GrammarKind": "spec",
+    "validate": "spec",
+    "GrammarVocabulary": "vocabulary",
+    "get_grammar_vocabulary": "vocabulary",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+
 
 __all__ = [
     "GRAMMAR_KINDS",

@@ -14,7 +14,7 @@ import torch
 
 from radixlm.kernels import cpu_linear
 from radixlm.kernels.quant import QuantizedTensor
-from radixlm.runtime.envs import RADIXLM_ADAPTIVE_THREADS
+from radixlm.runtime.envs import RADIXLM_ADAPTIVE_THREADS, RADIXLM_CPU_AUTO_DTYPE
 from radixlm.runtime.mem_cache.mem_pool import KVPool, ReqToTokenPool
 from radixlm.runtime.model.attention.base import create_attention_backend
 from radixlm.runtime.model.cpu_threads import ThreadGovernor
@@ -40,23 +40,34 @@ class RunnerConfig:
     # any), gguf (kept; an error without), or a format float weights are quantized to at load
     quantization: str = "none"
     quant_mode: str = "float32"  # how quantized layers multiply (kernels/quant.py MODES)
+    kv_dtype: torch.dtype | None = None  # the KV pool's; None: dtype
     adaptive_threads: bool = True  # CPU: threads = the cores other processes leave free (cpu_threads.py)
 
     @classmethod
-    def from_server_args(cls, args: ServerArgs, model_cfg: ModelConfig) -> RunnerConfig:
-        """Resolve `auto` values: context length, and the KV pool size from available memory."""
+    def from_server_args(cls, args: ServerArgs, model_cfg: ModelConfig, quantized: bool = False) -> RunnerConfig:
+        """Resolve `auto` values: context length, the KV pool size from available memory, and with
+        `quantized` weights under --dtype auto on CPU: float32 activations (our quantized kernels
+        take and give float32; bf16 activations cost a conversion per product, 30% of a W5
+        prefill) over a bfloat16 KV pool where the CPU has AVX512-BF16 (the paged attention kernel
+        then takes every extend)."""
         context_len = min(args.context_length or model_cfg.context_len, model_cfg.context_len)
-        per_token = KVPool.bytes_per_token(model_cfg.num_layers, model_cfg.num_kv_heads, model_cfg.head_dim, args.torch_dtype)
+        dtype = kv_dtype = args.torch_dtype
+        if quantized and args.dtype == "auto" and args.device == "cpu":
+            dtype = torch.float32
+            kv_dtype = torch.bfloat16 if cpu_linear.cpu_supports_bf16() and RADIXLM_CPU_AUTO_DTYPE.get() != "float32" \
+                else torch.float32
+        per_token = KVPool.bytes_per_token(model_cfg.num_layers, model_cfg.num_kv_heads, model_cfg.head_dim, kv_dtype)
         max_total_tokens = args.max_total_tokens or max(
             1024, int(_available_memory_bytes() * args.mem_fraction_static) // per_token
         )
         quantization = args.resolved_quantization
         quant_mode = args.quant_mode()
-        if quant_mode != "float32" and not cpu_linear.cpu_supports_vnni():
+        if quantized and quant_mode != "float32" and not cpu_linear.cpu_supports_vnni():
             raise ValueError("int8 quantized activations need AVX512-VNNI, which this CPU lacks; "
                              "use --quantized-activations float32")
         return cls(
-            dtype=args.torch_dtype,
+            dtype=dtype,
+            kv_dtype=kv_dtype,
             attention_backend=args.resolved_attention_backend,
             max_total_tokens=max_total_tokens,
             max_running_requests=args.max_running_requests,
@@ -93,7 +104,7 @@ class ModelRunner:
             model_cfg.num_layers,
             model_cfg.num_kv_heads,
             model_cfg.head_dim,
-            runner_cfg.dtype,
+            runner_cfg.kv_dtype or runner_cfg.dtype,
             runner_cfg.device,
         )
         self.req_to_token_pool = ReqToTokenPool(
@@ -110,13 +121,14 @@ class ModelRunner:
             load_cpu_kernels() if self.cpu_kernels else None,
         )
         logger.info(
-            "model loaded in %.1fs: %s, dtype %s%s%s, KV pool %d tokens",
+            "model loaded in %.1fs: %s, dtype %s%s%s, KV pool %d tokens (%s)",
             time.perf_counter() - start,
             model_cfg.architecture,
             runner_cfg.dtype,
             f", {self.quantized_layers} quantized linear layers ({runner_cfg.quant_mode})" if self.quantized_layers else "",
             " (C++ CPU decode kernels)" if self.cpu_kernels else "",
             runner_cfg.max_total_tokens,
+            self.kv_pool.dtype,
         )
 
     @classmethod
@@ -131,6 +143,14 @@ class ModelRunner:
         if not self.model.runs_in_decode_stack(batch):
             self.attn_backend.init_forward_metadata(batch)
         return self.model(batch, self.attn_backend)
+
+
+def quantizes(model_dir: Path, quantization: str) -> bool:
+    """Whether a model loaded with this (resolved) quantization has quantized layers."""
+    from radixlm.runtime.model.model_files import QUANTIZED_FILE
+
+    return quantization not in ("none", "auto", "gguf") or (
+        quantization != "none" and (Path(model_dir) / QUANTIZED_FILE).is_file())
 
 
 def weights_of(model_dir: Path, quantization: str) -> Mapping[str, object]:

@@ -14,7 +14,7 @@ from radixlm.runtime.constrained.llguidance_backend import LLGuidanceBackend
 from radixlm.runtime.constrained.xgrammar_backend import XGrammarBackend
 from radixlm.runtime.detokenizer.detokenizer import IncrementalDecoder
 from radixlm.runtime.model.model_config import ModelConfig
-from radixlm.runtime.model.model_runner import ModelRunner, RunnerConfig, weights_of
+from radixlm.runtime.model.model_runner import ModelRunner, RunnerConfig, quantizes, weights_of
 from radixlm.runtime.sampling.sampling_params import SamplingParams
 from radixlm.runtime.scheduler.req import LogprobOptions, Req
 from radixlm.runtime.scheduler.scheduler import Scheduler, SchedulerConfig, grammar_spec
@@ -42,7 +42,8 @@ class SchedulerStack:
         model_dir = resolve_model_path(args.model_path)
         model_config = ModelConfig.from_dir(model_dir)
         tokenizer = Tokenizer(args.tokenizer_path or model_dir)
-        runner_cfg = RunnerConfig.from_server_args(args, model_config)
+        runner_cfg = RunnerConfig.from_server_args(args, model_config,
+                                                   quantized=quantizes(model_dir, args.resolved_quantization))
         runner = ModelRunner(model_config, runner_cfg, weights_of(model_dir, runner_cfg.quantization))
         grammar_backend = grammar_backends.create(
             args.grammar_backend, tokenizer, model_config.vocab_size, num_workers=NUM_GRAMMAR_COMPILE_WORKERS,

@@ -137,7 +137,8 @@ def test_quantized_activations_follow_the_cpu(monkeypatch: pytest.MonkeyPatch) -
         assert ServerArgs(quantized_activations="float32").quant_mode() == "float32"
     monkeypatch.setattr(cpu_linear, "cpu_supports_vnni", lambda: False)
     with pytest.raises(ValueError, match="need AVX512-VNNI"):
-        RunnerConfig.from_server_args(ServerArgs(quantized_activations="int8", max_total_tokens=64), _tiny_config())
+        RunnerConfig.from_server_args(ServerArgs(quantized_activations="int8", max_total_tokens=64), _tiny_config(),
+                                      quantized=True)
 
 
 def _tiny_config() -> ModelConfig:
@@ -146,3 +147,40 @@ def _tiny_config() -> ModelConfig:
     with tempfile.TemporaryDirectory() as d:
         save_tiny_model(Path(d), "llama")
         return ModelConfig.from_dir(d)
+
+
+def test_quantized_auto_dtype_is_float32_over_a_bf16_pool_where_the_cpu_has_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--dtype auto with quantized weights: float32 activations (what the kernels take), the KV
+    pool in bfloat16 where the CPU has AVX512-BF16 (the paged kernel takes every extend), else
+    float32; float weights keep `auto`'s own choice; an explicit --dtype is kept."""
+    import torch
+
+    monkeypatch.delenv("RADIXLM_CPU_AUTO_DTYPE", raising=False)
+    cfg = _tiny_config()
+    for bf16 in (True, False):
+        monkeypatch.setattr(cpu_linear, "cpu_supports_bf16", lambda bf16=bf16: bf16)
+        quantized = RunnerConfig.from_server_args(ServerArgs(max_total_tokens=64), cfg, quantized=True)
+        assert quantized.dtype == torch.float32
+        assert quantized.kv_dtype == (torch.bfloat16 if bf16 else torch.float32)
+        plain = RunnerConfig.from_server_args(ServerArgs(max_total_tokens=64), cfg, quantized=False)
+        assert plain.dtype == plain.kv_dtype == (torch.bfloat16 if bf16 else torch.float32)
+        explicit = RunnerConfig.from_server_args(ServerArgs(dtype="float32", max_total_tokens=64), cfg, quantized=True)
+        assert explicit.dtype == explicit.kv_dtype == torch.float32
+
+
+@pytest.mark.parametrize("cpu_kernels", [True, False], ids=["paged-kernel", "torch-ops"])
+def test_float32_activations_over_a_bf16_pool(tmp_path: Path, cpu_kernels: bool) -> None:
+    """A quantized model's float32 activations over a bfloat16 KV pool (prefill, then decode steps)
+    stay as close to the float32 pool as rounding K/V to bfloat16 allows."""
+    save_tiny_model(tmp_path, "qwen3", head_dim=64)
+    cfg = ModelConfig.from_dir(tmp_path)
+    state = load_file(tmp_path / "model.safetensors")
+    seqs = [list(range(3, 60)), [9, 8, 7, 6, 5, 4, 3, 2, 1, 10, 11, 12]]
+    logits = {}
+    for kv in (torch.float32, torch.bfloat16):
+        runner = ModelRunner(cfg, RunnerConfig(torch.float32, "torch", 512, 4, cfg.context_len, cpu_kernels=cpu_kernels,
+                                               quantization="q8_0", quant_mode="float32", kv_dtype=kv), state)
+        assert runner.kv_pool.k_buffer[0].dtype == kv
+        logits[kv] = _logits(runner, seqs, [40, 5], 6)
+    err = (logits[torch.bfloat16] - logits[torch.float32]).abs().max().item()
+    assert 0 < err < 0.05 * logits[torch.float32].abs().max().item(), err

@@ -165,7 +165,7 @@ class TorchAttentionBackend(BaseAttentionBackend):
                 self.num_cascade_forwards += 1
             out = self._cascade(q, q_pad, k_buf, v_buf, meta)
         else:
-            k_ctx, v_ctx = self._gather(k_buf, v_buf, meta.slot_index, meta.contiguous_start)
+            k_ctx, v_ctx = self._gather(k_buf, v_buf, meta.slot_index, meta.contiguous_start, q.dtype)
             out = F.scaled_dot_product_attention(
                 q_pad.transpose(1, 2), k_ctx, v_ctx, attn_mask=meta.mask, is_causal=meta.is_causal,
                 scale=self.scaling, enable_gqa=True,
@@ -191,19 +191,23 @@ class TorchAttentionBackend(BaseAttentionBackend):
 
     @staticmethod
     def _gather(
-        k_buf: torch.Tensor, v_buf: torch.Tensor, slot_index: torch.Tensor, contiguous_start: int | None
+        k_buf: torch.Tensor, v_buf: torch.Tensor, slot_index: torch.Tensor, contiguous_start: int | None,
+        dtype: torch.dtype,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """K/V of the given slots as `[B, Hkv, L, D]` (a view of the pool when contiguous)."""
+        """K/V of the given slots as `[B, Hkv, L, D]` in `dtype` (the queries'; a view of the pool
+        when contiguous and of that dtype; a pool may hold another, e.g. bf16 under float32
+        activations of a quantized model)."""
         bsz, length = slot_index.shape
         if contiguous_start is not None:
             end = contiguous_start + length
-            return (k_buf[contiguous_start:end].unsqueeze(0).transpose(1, 2),
+            k, v = (k_buf[contiguous_start:end].unsqueeze(0).transpose(1, 2),
                     v_buf[contiguous_start:end].unsqueeze(0).transpose(1, 2))
-        # index_select on the flat index: an order of magnitude faster than advanced indexing
-        flat = slot_index.reshape(-1)
-        k = k_buf.index_select(0, flat).view(bsz, length, *k_buf.shape[1:]).transpose(1, 2)
-        v = v_buf.index_select(0, flat).view(bsz, length, *v_buf.shape[1:]).transpose(1, 2)
-        return k, v
+        else:
+            # index_select on the flat index: an order of magnitude faster than advanced indexing
+            flat = slot_index.reshape(-1)
+            k = k_buf.index_select(0, flat).view(bsz, length, *k_buf.shape[1:]).transpose(1, 2)
+            v = v_buf.index_select(0, flat).view(bsz, length, *v_buf.shape[1:]).transpose(1, 2)
+        return k.to(dtype), v.to(dtype)
 
     def _cascade(
         self, q: torch.Tensor, q_pad: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, meta: _Metadata
@@ -213,7 +217,7 @@ class TorchAttentionBackend(BaseAttentionBackend):
         to its own suffix, and the two partial softmaxes merge by their log-sum-exp."""
         shared = meta.shared_prefix_len
         prefix_slots = meta.slot_index[:1, :shared]
-        k_pre, v_pre = self._gather(k_buf, v_buf, prefix_slots, _contiguous_start(prefix_slots))
+        k_pre, v_pre = self._gather(k_buf, v_buf, prefix_slots, _contiguous_start(prefix_slots), q.dtype)
         bsz, q_len, num_heads, head_dim = q_pad.shape
         num_kv = k_pre.shape[1]
         group = num_heads // num_kv
@@ -224,7 +228,7 @@ class TorchAttentionBackend(BaseAttentionBackend):
         out_pre = out_pre.view(num_kv, bsz, q_len, group, head_dim).permute(1, 2, 0, 3, 4)
         lse_pre = lse_pre.view(num_kv, bsz, q_len, group).permute(1, 2, 0, 3)
         # suffix: each request's own keys, masked, as [B, Hkv, q_len*G, D]
-        k_suf, v_suf = self._gather(k_buf, v_buf, meta.slot_index[:, shared:], None)
+        k_suf, v_suf = self._gather(k_buf, v_buf, meta.slot_index[:, shared:], None, q.dtype)
         assert meta.mask is not None
         mask = meta.mask[..., shared:]  # [B, 1, q_len, S]
         q_suf = q_pad.view(bsz, q_len, num_kv, group, head_dim).permute(0, 2, 1, 3, 4)

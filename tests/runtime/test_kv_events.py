@@ -11,6 +11,17 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from kv_events_testing import (
+    DECODER,
+    LiveBlocks,
+    WireAllBlocksCleared,
+    WireBatch,
+    WireBlockRemoved,
+    WireBlockStored,
+    WireEvent,
+    WireKVEventBatch,
+    full_blocks,
+)
 
 from radixlm.runtime.mem_cache.kv_events import (
     AllBlocksCleared,
@@ -23,40 +34,6 @@ from radixlm.runtime.mem_cache.kv_events import (
 )
 from radixlm.runtime.mem_cache.mem_pool import KVPool
 from radixlm.runtime.mem_cache.radix_cache import RadixCache
-
-
-# The consumer's structs, as SGLang (python/sglang/srt/disaggregation/kv_events.py) and vLLM
-# (vllm/distributed/kv_events.py) declare them: msgpack arrays, events tagged by class name.
-class WireBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    ts: float
-    events: list[Any]
-    data_parallel_rank: int | None = None
-
-
-class WireEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
-    pass
-
-
-class WireBlockStored(WireEvent, tag="BlockStored"):
-    block_hashes: list[int]
-    parent_block_hash: int | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None
-    medium: str | None
-
-
-class WireBlockRemoved(WireEvent, tag="BlockRemoved"):
-    block_hashes: list[int]
-    medium: str | None
-
-
-class WireAllBlocksCleared(WireEvent, tag="AllBlocksCleared"):
-    pass
-
-
-class WireKVEventBatch(WireBatch):
-    events: list[WireBlockStored | WireBlockRemoved | WireAllBlocksCleared]
 
 
 # SGLang's structs before `medium` was added: trailing fields they lack are ignored.
@@ -76,52 +53,8 @@ class OldKVEventBatch(WireBatch):
     events: list[OldBlockStored | OldBlockRemoved | WireAllBlocksCleared]
 
 
-DECODER = msgspec.msgpack.Decoder(WireKVEventBatch)
-
-
 def decode(batch: KVEventBatch) -> WireKVEventBatch:
     return DECODER.decode(msgpack.packb(batch.to_wire()))
-
-
-class LiveBlocks:
-    """A subscriber's view: the blocks the events say are cached (hash -> its tokens)."""
-
-    def __init__(self, block_size: int):
-        self.block_size = block_size
-        self.blocks: dict[int, tuple[int, ...]] = {}
-
-    def apply(self, event: Any) -> None:
-        if isinstance(event, WireAllBlocksCleared):
-            self.blocks.clear()
-        elif isinstance(event, WireBlockRemoved):
-            for h in event.block_hashes:
-                assert self.blocks.pop(h, None) is not None, "removed a block that was not stored"
-        else:
-            assert event.block_size == self.block_size
-            assert len(event.token_ids) == self.block_size * len(event.block_hashes)
-            parent = event.parent_block_hash
-            assert parent is None or parent in self.blocks, "stored after a block that is not cached"
-            for i, h in enumerate(event.block_hashes):
-                tokens = tuple(event.token_ids[i * self.block_size : (i + 1) * self.block_size])
-                assert block_hash(parent, tokens) == h, "the hash chain does not follow the pinned scheme"
-                assert h not in self.blocks, "stored a block that was already cached"
-                self.blocks[h] = tokens
-                parent = h
-
-
-def tree_paths(cache: RadixCache) -> list[tuple[int, ...]]:
-    """Every root-to-leaf path's token ids."""
-    paths, stack = [], [(c, c.key) for c in cache.root_node.children.values()]
-    while stack:
-        node, path = stack.pop()
-        if not node.children:
-            paths.append(path)
-        stack.extend((c, path + c.key) for c in node.children.values())
-    return paths
-
-
-def full_blocks(cache: RadixCache, block_size: int) -> set[int]:
-    return {h for path in tree_paths(cache) for h in chain_block_hashes(path, block_size)}
 
 
 def make_cache(block_size: int, pool_size: int = 4096) -> tuple[RadixCache, KVPool, BlockEventRecorder]:

@@ -5,7 +5,7 @@ recorded during a scheduler step. Out: one msgpack `KVEventBatch` per step that 
 cache, as SGLang's and vLLM's ZmqEventPublisher send it: a PUB socket sends the multipart
 message [topic, seq, payload], seq an 8-byte big-endian counter from 0 (a gap tells a subscriber
 it missed a batch). With a `replay_endpoint`, a ROUTER socket keeps the last `buffer_steps`
-batches: a request [start_seq as 8 bytes big-endian] (from a REQ or DEALER socket) is answered
+batches: a request [start_seq as 8 bytes big-endian] (from a DEALER socket) is answered
 with one [seq, payload] message per kept batch from start_seq on, then [-1 as 8 signed bytes, b""].
 Sockets bind when the endpoint has `*` or `::` or is ipc:// / inproc://, else connect; with data
 parallelism, rank r adds r to a tcp port (or `_dp<r>` to an inproc name), as SGLang does.

@@ -142,11 +142,6 @@ class Subscriber:
             assert remaining > 0, f"timed out waiting for {what}"
             self.receive(int(min(remaining, 1.0) * 1000))
 
-    def drain(self) -> None:
-        """Apply whatever has already arrived."""
-        while self.receive(0):
-            pass
-
     def close(self) -> None:
         self.sock.close()
         self.ctx.term()

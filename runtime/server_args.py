@@ -16,7 +16,7 @@ from radixlm.kernels import cpu_linear
 from radixlm.reasoning import REASONING_PARSERS
 from radixlm.runtime.constrained.backends import DEFAULT_GRAMMAR_BACKEND, GRAMMAR_BACKENDS
 from radixlm.runtime.envs import RADIXLM_AUTO_QUANTIZATION, RADIXLM_CPU_AUTO_DTYPE
-from radixlm.runtime.scheduler.kv_events_publisher import KVEventsConfig
+from radixlm.runtime.mem_cache.kv_events import KVEventsConfig
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 # auto: a GGUF's Q8_0 / Q4_0 / Q4_1 weights are kept as they are when --dtype is auto, none: every

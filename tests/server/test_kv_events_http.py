@@ -13,8 +13,7 @@ import pytest
 from conftest import ServerHandle, start_server
 from kv_events_testing import Subscriber, replay
 
-from radixlm.runtime.mem_cache.kv_events import chain_block_hashes
-from radixlm.runtime.scheduler.kv_events_publisher import KVEventsConfig
+from radixlm.runtime.mem_cache.kv_events import KVEventsConfig, chain_block_hashes
 from radixlm.runtime.server_args import ServerArgs
 
 BLOCK = 4

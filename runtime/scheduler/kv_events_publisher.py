@@ -96,21 +96,27 @@ class ZmqEventPublisher:
 
     def _run(self) -> None:
         seq = 0
+        # without a replay socket the thread sleeps in the queue until a batch comes
+        timeout = None if self._replay is None else _QUEUE_POLL_S
         try:
             while True:
                 if self._replay is not None:
                     while self._replay.poll(0):
                         self._serve_replay()
                 try:
-                    batch = self._queue.get(timeout=_QUEUE_POLL_S)
+                    batch = self._queue.get(timeout=timeout)
                 except queue.Empty:
                     continue
                 if batch is None:
                     return
-                payload = msgpack.packb(batch.to_wire())
-                self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
-                self._kept.append((seq, payload))
-                seq += 1
+                try:
+                    payload = msgpack.packb(batch.to_wire())
+                    self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
+                except (zmq.ZMQError, ValueError, TypeError):  # lose this batch, not the stream
+                    logger.exception("KV events: could not send batch %d", seq)
+                else:
+                    self._kept.append((seq, payload))
+                seq += 1  # a lost batch leaves a gap, so subscribers know they missed it
         finally:
             self._pub.close()
             if self._replay is not None:

@@ -166,3 +166,15 @@ def test_no_observer_no_recorder_work() -> None:
 def test_recorder_rejects_bad_block_size() -> None:
     with pytest.raises(ValueError, match="block_size"):
         BlockEventRecorder(0)
+
+
+@pytest.mark.parametrize(("endpoint", "rank", "want"), [
+    ("tcp://*:5557", 0, "tcp://*:5557"),
+    ("tcp://*:5557", 2, "tcp://*:5559"),
+    ("tcp://10.0.0.1:6000", 1, "tcp://10.0.0.1:6001"),
+    ("inproc://kv", 1, "inproc://kv_dp1"),
+])
+def test_each_data_parallel_rank_publishes_on_its_own_endpoint(endpoint: str, rank: int, want: str) -> None:
+    from radixlm.runtime.scheduler.kv_events_publisher import endpoint_for_rank
+
+    assert endpoint_for_rank(endpoint, rank) == want

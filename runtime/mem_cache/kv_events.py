@@ -22,7 +22,7 @@ class name). `to_wire()` gives exactly these lists:
     AllBlocksCleared ["AllBlocksCleared"]
 `medium` is the last field of both, so a decoder with the older structs (no `medium`: msgspec
 ignores trailing array elements) and one with it (vLLM's `medium: str | None`) both decode it.
-Not followed: newer vLLM (commit 0181ea3) drops `array_like` from its events (maps, with
+Not followed: newer vLLM (commit 0181ea3) drops `array_like` from the batch and events (maps, with
 `lora_name`, `extra_keys`, `group_idx`, ...).
 
 Blocks. The cache holds tokens in 1-token pages along a radix tree's root paths; events speak of

@@ -29,6 +29,7 @@ from radixlm.runtime.mem_cache.kv_events import (
     BlockRemoved,
     BlockStored,
     KVEventBatch,
+    KVEventsConfig,
     block_hash,
     chain_block_hashes,
 )
@@ -178,3 +179,47 @@ def test_each_data_parallel_rank_publishes_on_its_own_endpoint(endpoint: str, ra
     from radixlm.runtime.scheduler.kv_events_publisher import endpoint_for_rank
 
     assert endpoint_for_rank(endpoint, rank) == want
+
+
+def test_publisher_connects_to_a_binding_subscriber_and_numbers_its_batches() -> None:
+    """An endpoint without `*` makes the PUB socket connect (the subscriber binds), as SGLang's."""
+    import json
+    import time
+
+    import zmq
+
+    from radixlm.runtime.scheduler.kv_events_publisher import KVEventStream
+
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    port = sub.bind_to_random_port("tcp://127.0.0.1")
+    sub.setsockopt(zmq.SUBSCRIBE, b"kv")
+    config = KVEventsConfig.from_json(json.dumps({"publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{port}",
+                                                  "topic": "kv", "block_size": 2}))
+    stream = KVEventStream(config)
+    try:
+        cache = RadixCache(KVPool(16, 1, 1, 1, torch.float32), stream.recorder)
+        deadline = time.monotonic() + 60
+        received: list[tuple[int, WireKVEventBatch]] = []
+        while not received:  # a connecting PUB drops what it sends before the link is up
+            assert time.monotonic() < deadline, "no batch arrived"
+            cache.flush()
+            stream.publish_pending()
+            if sub.poll(200):
+                topic, seq, payload = sub.recv_multipart()
+                assert topic == b"kv"
+                received.append((int.from_bytes(seq, "big"), DECODER.decode(payload)))
+        slots = cache.kv_pool.alloc(4)
+        cache.insert([1, 2, 3, 4], slots)
+        stream.publish_pending()
+        want = [WireBlockStored(chain_block_hashes([1, 2, 3, 4], 2), None, [1, 2, 3, 4], 2, None, None)]
+        while received[-1][1].events != want:  # after the handshake's AllBlocksCleared batches
+            assert sub.poll(60_000), "the BlockStored batch did not arrive"
+            topic, seq, payload = sub.recv_multipart()
+            assert int.from_bytes(seq, "big") == received[-1][0] + 1
+            received.append((int.from_bytes(seq, "big"), DECODER.decode(payload)))
+    finally:
+        stream.shutdown()
+        sub.close()
+        ctx.term()

@@ -123,6 +123,8 @@ class Engine:
         with self._lock:
             self.stack.abort_all()
         self.grammar_backend.shutdown()
+        if self.scheduler.kv_events is not None:
+            self.scheduler.kv_events.shutdown()
 
     def __enter__(self) -> Engine:
         return self

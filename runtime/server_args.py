@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from radixlm.reasoning import REASONING_PARSERS
 from radixlm.runtime.constrained.backends import DEFAULT_GRAMMAR_BACKEND, GRAMMAR_BACKENDS
 from radixlm.runtime.envs import RADIXLM_AUTO_QUANTIZATION, RADIXLM_CPU_AUTO_DTYPE
+from radixlm.runtime.mem_cache.kv_events import KVEventsConfig
 
 if TYPE_CHECKING:  # torch and the kernels load where they run, not in every process that reads settings
     import torch
@@ -72,6 +73,7 @@ class ServerArgs:
     timeout_header: float = 10.0  # seconds to receive a request line and headers
     timeout_body: float = 30.0  # seconds a request body may go without a byte
     max_connections: int = 512  # open HTTP connections; one more gets 503
+    kv_events_config: str | None = None  # SGLang's JSON form (KVEventsConfig); None: no KV events
 
     def __post_init__(self) -> None:
         if self.device != "cpu":
@@ -120,6 +122,8 @@ class ServerArgs:
             from radixlm.runtime.constrained.json_schema import check_whitespace_pattern
 
             check_whitespace_pattern(self.constrained_json_whitespace_pattern)
+        if self.kv_events_config is not None:
+            KVEventsConfig.from_json(self.kv_events_config)  # a bad config fails here, at startup
         if self.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
             raise ValueError(f"log_level must be debug, info, warning, error or critical, got {self.log_level!r}")
 
@@ -174,6 +178,14 @@ class ServerArgs:
         from radixlm.kernels import cpu_linear
 
         return "int8" if cpu_linear.cpu_supports_vnni() else "float32"
+
+    @property
+    def kv_events(self) -> KVEventsConfig | None:
+        """The parsed --kv-events-config when it publishes, else None (no recording at all)."""
+        if self.kv_events_config is None:
+            return None
+        config = KVEventsConfig.from_json(self.kv_events_config)
+        return config if config.is_enabled else None
 
     def replace(self, **changes: object) -> ServerArgs:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
@@ -245,6 +257,10 @@ HELP = {
     "grammar_backend": "compiles regex / JSON-schema / EBNF constraints: outlines (token DFA; no EBNF, recursive $ref "
     "expanded 3 times per path), xgrammar (the default) or llguidance (context-free: EBNF via `ebnf`, recursive $ref to any depth); "
     "all close output within max_new_tokens",
+    "kv_events_config": "publish the radix cache's stored / removed / cleared blocks over zmq, as SGLang and vLLM "
+    "do: a JSON object with SGLang's keys, e.g. '{\"publisher\": \"zmq\", \"endpoint\": \"tcp://*:5557\", "
+    "\"topic\": \"kv-events\"}' (also replay_endpoint, buffer_steps, hwm, max_queue_size) and block_size "
+    "(tokens per published block, default 16); README \"KV events\"",
     "disable_adaptive_threads": "on CPU, keep torch's thread count fixed instead of using only the cores other processes "
     "leave free (runtime/model/cpu_threads.py)",
 }

@@ -32,6 +32,10 @@ Tree invariants (verified by `check_invariants`):
   - `_evictable_leaves` is exactly the set of unlocked non-root nodes without children.
 Node handles: a split keeps the node object as the deeper half, so a `last_node` still ends at
 the same position after later splits; an unlocked handle is invalid after `evict` or `flush`.
+
+Observer (`CacheObserver`, optional): told of every change to the set of cached prefixes (a leaf
+added, a node split, a leaf evicted, a flush), e.g. to publish KV events (`kv_events`). Without
+one the cache does no work for it beyond one `is None` test per change.
 """
 
 from __future__ import annotations
@@ -49,6 +53,22 @@ class SlotFreer(Protocol):
     """What the cache needs of the KV pool (`KVPool`): taking back the slots it evicts."""
 
     def free(self, slots: torch.Tensor) -> None: ...
+
+
+class CacheObserver(Protocol):
+    """What RadixCache reports, each call made after the tree has changed."""
+
+    def on_insert(self, leaf: TreeNode, path_ids: tuple[int, ...], start: int) -> None:
+        """A new leaf holds `path_ids[start:]`; its root path spells `path_ids`."""
+
+    def on_split(self, upper: TreeNode, lower: TreeNode) -> None:
+        """`lower`'s first tokens moved to the new node `upper`, now its parent (no prefix changed)."""
+
+    def on_evict(self, leaf: TreeNode) -> None:
+        """`leaf` (whose `parent` is still set) left the tree: its prefixes are no longer cached."""
+
+    def on_flush(self) -> None:
+        """Every prefix left the cache."""
 
 
 class TreeNode:
@@ -154,9 +174,10 @@ class BasePrefixCache(ABC):
 class RadixCache(BasePrefixCache):
     """Radix tree of cached prefixes with LRU eviction of unlocked leaves."""
 
-    def __init__(self, kv_pool: SlotFreer):
+    def __init__(self, kv_pool: SlotFreer, observer: CacheObserver | None = None):
         super().__init__()
         self.kv_pool = kv_pool
+        self.observer = observer
         self._time = 0  # a counter, not a clock: deterministic LRU order
         self._node_ids = itertools.count()
         self._reset()
@@ -201,7 +222,9 @@ class RadixCache(BasePrefixCache):
         while pos < len(key):
             child = node.children.get(key[pos])
             if child is None:
-                self._add_leaf(node, key[pos:], slots[pos:], now)
+                leaf = self._add_leaf(node, key[pos:], slots[pos:], now)
+                if self.observer is not None:
+                    self.observer.on_insert(leaf, key, pos)
                 return pos
             n = _common_prefix_len(child.key, key, pos)
             if n < len(child.key):
@@ -210,7 +233,7 @@ class RadixCache(BasePrefixCache):
             node, pos = child, pos + n
         return pos
 
-    def _add_leaf(self, parent: TreeNode, key: tuple[int, ...], slots: torch.Tensor, now: int) -> None:
+    def _add_leaf(self, parent: TreeNode, key: tuple[int, ...], slots: torch.Tensor, now: int) -> TreeNode:
         value = slots.to(device="cpu", dtype=torch.int64, copy=True)
         leaf = TreeNode(key, value, parent, now, next(self._node_ids))
         parent.children[key[0]] = leaf
@@ -218,6 +241,7 @@ class RadixCache(BasePrefixCache):
         self._evictable_leaves.add(leaf)
         self._evictable_tokens += len(key)
         self._num_nodes += 1
+        return leaf
 
     def _split(self, node: TreeNode, n: int) -> TreeNode:
         """Cut `node` after its first `n` tokens (0 < n < len) and return the new upper half.
@@ -233,6 +257,8 @@ class RadixCache(BasePrefixCache):
         parent.children[node.key[0]] = upper
         node.key, node.value, node.parent = node.key[n:], node.value[n:], upper
         self._num_nodes += 1
+        if self.observer is not None:
+            self.observer.on_split(upper, node)
         return upper
 
     def inc_lock_ref(self, node: TreeNode) -> None:
@@ -280,6 +306,8 @@ class RadixCache(BasePrefixCache):
             self._num_nodes -= 1
             num_evicted += len(leaf.key)
             freed.append(leaf.value)
+            if self.observer is not None:
+                self.observer.on_evict(leaf)
             if parent.parent is not None and not parent.children and parent.lock_ref == 0:
                 self._evictable_leaves.add(parent)
                 heapq.heappush(heap, (parent.last_access_time, parent.node_id, parent))
@@ -297,6 +325,8 @@ class RadixCache(BasePrefixCache):
         if values:
             self.kv_pool.free(torch.cat(values))
         self._reset()
+        if self.observer is not None:
+            self.observer.on_flush()
 
     def _iter_nodes(self) -> Iterator[TreeNode]:
         """Every node except the root (depth first)."""

@@ -31,6 +31,7 @@ import time
 from collections import deque
 from concurrent import futures
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -53,6 +54,9 @@ from radixlm.runtime.scheduler.logprobs import (
 )
 from radixlm.runtime.scheduler.req import FinishReason, Req
 from radixlm.runtime.scheduler.schedule_policy import SchedulePolicy
+
+if TYPE_CHECKING:
+    from radixlm.runtime.scheduler.kv_events_publisher import KVEventStream
 
 GRAMMAR_POLL_S = 0.005
 INIT_NEW_TOKEN_RATIO = 0.7
@@ -110,13 +114,17 @@ STEP_RECORDS_KEPT = 4096
 
 
 class Scheduler:
-    def __init__(self, runner: ModelRunner, cfg: SchedulerConfig, grammar_backend: GrammarBackend | None = None):
+    def __init__(self, runner: ModelRunner, cfg: SchedulerConfig, grammar_backend: GrammarBackend | None = None,
+                 kv_events: KVEventStream | None = None):
         self.runner = runner
+        self.kv_events = kv_events  # publishes the cache's block events after each step and flush
         self.cfg = cfg
         self.grammar_backend = grammar_backend
         self.grammar_waiting: list[Req] = []  # their grammar is compiling (in a worker thread)
         self.kv_pool = runner.kv_pool
-        cache: BasePrefixCache = NoopRadixCache(self.kv_pool) if cfg.disable_radix_cache else RadixCache(self.kv_pool)
+        observer = None if kv_events is None else kv_events.recorder
+        cache: BasePrefixCache = NoopRadixCache(self.kv_pool) if cfg.disable_radix_cache else \
+            RadixCache(self.kv_pool, observer)
         self.bridge = CacheBridge(self.kv_pool, runner.req_to_token_pool, cache)
         self.policy = SchedulePolicy(cfg.schedule_policy, self.bridge, cfg.random_seed)
         self.waiting: list[Req] = []
@@ -174,6 +182,7 @@ class Scheduler:
         if self.running or self.chunked_req:
             return False
         self.cache.flush()
+        self._publish_kv_events()
         return True
 
     def check_integrity(self) -> None:
@@ -188,6 +197,7 @@ class Scheduler:
         self._make_room_for_decode()
         plan = plan_extends(self)
         if not plan.extends and not self.running:
+            self._publish_kv_events()
             return outputs
         start = time.monotonic()
         num_decodes = len(self.running)
@@ -198,7 +208,12 @@ class Scheduler:
         self.num_forwards += 1
         self.recent_steps.append(StepRecord(start, len(plan.extends), sum(e.num_tokens for e in plan.extends),
                                             num_decodes, time.monotonic() - start))
+        self._publish_kv_events()
         return outputs
+
+    def _publish_kv_events(self) -> None:
+        if self.kv_events is not None:
+            self.kv_events.publish_pending()
 
     def _poll_grammars(self) -> None:
         """Requests whose grammar finished compiling join the waiting queue (a failed compile

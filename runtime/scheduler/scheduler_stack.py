@@ -16,6 +16,7 @@ from radixlm.runtime.detokenizer.detokenizer import IncrementalDecoder
 from radixlm.runtime.model.model_config import ModelConfig
 from radixlm.runtime.model.model_runner import ModelRunner, RunnerConfig, quantizes, weights_of
 from radixlm.runtime.sampling.sampling_params import SamplingParams
+from radixlm.runtime.scheduler.kv_events_publisher import KVEventStream
 from radixlm.runtime.scheduler.req import LogprobOptions, Req
 from radixlm.runtime.scheduler.scheduler import Scheduler, SchedulerConfig, grammar_spec
 from radixlm.runtime.scheduler.token_matcher import TokenSequenceMatcher
@@ -61,6 +62,7 @@ class SchedulerStack:
                 random_seed=args.random_seed,
             ),
             grammar_backend,
+            kv_events=None if args.kv_events is None else KVEventStream(args.kv_events),
         )
         eos = set(model_config.eos_token_ids)
         if tokenizer.eos_token_id is not None:

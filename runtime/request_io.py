@@ -16,7 +16,7 @@ from typing import Any
 
 from radixlm.runtime.constrained.backends import DEFAULT_GRAMMAR_BACKEND
 from radixlm.runtime.constrained.backends import validate as validate_grammar
-from radixlm.runtime.constrained.grammar import GrammarError
+from radixlm.runtime.constrained.errors import GrammarError
 from radixlm.runtime.errors import RequestError
 from radixlm.runtime.limits import MAX_BATCH, MAX_N, MAX_RID_CHARS, MAX_SEQUENCES, MAX_TOP_LOGPROBS_NUM
 from radixlm.runtime.protocol import GenerateReqInput, parse_body

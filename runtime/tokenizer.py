@@ -2,17 +2,35 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+# tokenizer_config classes that are transformers' plain fast tokenizer: loaded through that class
+# directly, since `transformers.AutoTokenizer` imports torch (its config module does), ~250 MB
+# in each process that only tokenizes (the HTTP front, the detokenizer)
+_PLAIN_FAST_CLASSES = frozenset({"TokenizersBackend", "PreTrainedTokenizerFast"})
+
+
+def _load(path: Path) -> Any:
+    try:
+        config = json.loads((path / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        config = {}
+    if isinstance(config, dict) and config.get("tokenizer_class") in _PLAIN_FAST_CLASSES and (path / "tokenizer.json").is_file():
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+        return TokenizersBackend.from_pretrained(str(path))
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
+
 
 class Tokenizer:
     def __init__(self, path: str | Path, chat_template: str | None = None):
-        from transformers import AutoTokenizer
-
         try:
-            self._tok = AutoTokenizer.from_pretrained(str(path))
+            self._tok = _load(Path(path))
         except Exception as e:  # transformers raises many types for bad tokenizer files
             raise ValueError(f"{path}: cannot load tokenizer ({e})") from e
         self.vocab_size = len(self._tok)

@@ -48,9 +48,10 @@ import json
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from radixlm.runtime.mem_cache.radix_cache import RadixCache, TreeNode
+if TYPE_CHECKING:  # the settings read KVEventsConfig in every process; the cache (and torch) load where it runs
+    from radixlm.runtime.mem_cache.radix_cache import RadixCache, TreeNode
 
 DEFAULT_BLOCK_SIZE = 16
 PUBLISHERS = ("null", "zmq")

@@ -48,11 +48,22 @@ def _wait_ready(name: str, proc: BaseProcess, conn: Connection) -> dict[str, Any
     raise RuntimeError(f"the {name} process did not start within {CHILD_START_TIMEOUT:.0f}s")
 
 
+def _run_scheduler(*args: Any) -> None:
+    """The scheduler child's entry: its modules (torch, the model) load in the child only."""
+    from radixlm.runtime.scheduler.scheduler_process import run_scheduler_process
+
+    run_scheduler_process(*args)
+
+
+def _run_detokenizer(*args: Any) -> None:
+    from radixlm.runtime.detokenizer.detokenizer_process import run_detokenizer_process
+
+    run_detokenizer_process(*args)
+
+
 def launch_server(args: ServerArgs) -> int:
     """Run the server until a signal or a child's death; returns the process exit code."""
-    from radixlm.runtime.detokenizer.detokenizer_process import run_detokenizer_process
     from radixlm.runtime.ipc import IpcPaths
-    from radixlm.runtime.scheduler.scheduler_process import run_scheduler_process
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     paths = IpcPaths.create()
@@ -60,7 +71,7 @@ def launch_server(args: ServerArgs) -> int:
     children: dict[str, BaseProcess] = {}
     try:
         readers: dict[str, Connection] = {}
-        for name, target in (("scheduler", run_scheduler_process), ("detokenizer", run_detokenizer_process)):
+        for name, target in (("scheduler", _run_scheduler), ("detokenizer", _run_detokenizer)):
             readers[name], writer = ctx.Pipe(duplex=False)
             children[name] = ctx.Process(target=target, args=(args, paths, writer), name=f"radixlm-{name}", daemon=True)
             children[name].start()

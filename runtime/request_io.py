@@ -20,6 +20,7 @@ from radixlm.runtime.constrained.grammar import GrammarError
 from radixlm.runtime.errors import RequestError
 from radixlm.runtime.limits import MAX_BATCH, MAX_N, MAX_RID_CHARS, MAX_SEQUENCES, MAX_TOP_LOGPROBS_NUM
 from radixlm.runtime.protocol import GenerateReqInput, parse_body
+from radixlm.runtime.protocol_sglang import SGLANG_SAMPLING_FIELDS
 from radixlm.runtime.sampling.sampling_params import InvalidSamplingParams, SamplingParams
 from radixlm.runtime.tokenizer import Tokenizer
 
@@ -72,7 +73,8 @@ def parse_generate(body: Any) -> tuple[list[GenerateRequest], bool]:
         raise RequestError("a batch needs 'rid' as a list with one id per prompt")
     if any(rid is not None and len(rid) > MAX_RID_CHARS for rid in rids):
         raise RequestError(f"'rid' is longer than {MAX_RID_CHARS} characters")
-    params_dicts = [None if p is None else p.model_dump(exclude_unset=True) for p in params_list]
+    params_dicts = [None if p is None else p.model_dump(exclude_unset=True, exclude=SGLANG_SAMPLING_FIELDS)
+                    for p in params_list]  # SGLang's fields that have no effect here stay out
     copies = [_num_copies(params) for params in params_dicts]
     if sum(copies) > MAX_SEQUENCES:
         raise RequestError(f"a request generates at most {MAX_SEQUENCES} sequences (prompts x n), got {sum(copies)}")

@@ -176,6 +176,15 @@ class ModelInfo(Out):
     chat_template: dict[str, Any] | None = Field(description="the text around each role's content")
 
 
+class LoadInfo(Out):
+    """One data-parallel rank's load (GET /get_load, as sglang-router reads it)."""
+
+    dp_rank: int
+    num_reqs: int = Field(description="running and waiting")
+    num_waiting_reqs: int
+    num_tokens: int = Field(description="KV tokens held by requests")
+
+
 class KvPoolInfo(Out):
     total_tokens: int
     free_tokens: int

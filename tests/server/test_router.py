@@ -11,10 +11,7 @@ workers healthy, responses counted), with a generous deadline only as a failure 
 
 from __future__ import annotations
 
-import json
 import os
-import random
-import re
 import signal
 import subprocess
 import threading
@@ -28,6 +25,7 @@ import httpx
 import pytest
 from conftest import ServerHandle, free_port, start_server
 
+from radixlm.runtime.bench.router_hits import counter, families, hit_rate, send
 from radixlm.runtime.server.replicas import healthy_workers, router_command
 
 pytest.importorskip("sglang_router", reason="the router extra: pip install 'radixlm[router]'")
@@ -41,8 +39,6 @@ KILL_FLAGS = ("--retry-max-retries", "4", "--retry-initial-backoff-ms", "10", "-
               "--health-check-interval-secs", "1", "--health-failure-threshold", "1",
               "--health-check-timeout-secs", "2", "--cb-failure-threshold", str(CB_FAILURE_THRESHOLD),
               "--cb-success-threshold", "1", "--cb-timeout-duration-secs", "600")
-WORDS = ("amber basalt cedar delta ember fjord granite harbor indigo juniper kelp lagoon meadow nectar onyx "
-         "prairie quartz river sierra tundra umber valley willow xenon yarrow zephyr").split()
 
 
 @dataclass
@@ -114,71 +110,6 @@ def model_name(replicas: list[ServerHandle]) -> str:
     return str(httpx.get(replicas[0].url + "/v1/models").json()["data"][0]["id"])
 
 
-def families(seed: int = 0) -> list[list[str]]:
-    """NUM_FAMILIES families of PER_FAMILY prompts; in each, a shared prefix that is more than
-    half of each prompt's text (cache_aware routes by prefix above its 0.3 cache_threshold)."""
-    rng = random.Random(seed)
-    out = []
-    for f in range(NUM_FAMILIES):
-        prefix = f"Family {f} notes: " + " ".join(rng.choice(WORDS) for _ in range(40)) + "."
-        prompts = [prefix + f" Question {q}: " + " ".join(rng.choice(WORDS) for _ in range(6)) + "?"
-                   for q in range(PER_FAMILY)]
-        assert all(len(prefix) >= len(p) / 2 for p in prompts)
-        out.append(prompts)
-    return out
-
-
-def send(url: str, route: str, prompt: str, model: str, max_new_tokens: int = 2) -> int:
-    """One request through `route` ("generate", "generate-stream", "completions"); the status."""
-    params = {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True}
-    if route == "completions":
-        body = {"model": model, "prompt": prompt, "max_tokens": max_new_tokens, "temperature": 0}
-        resp = httpx.post(url + "/v1/completions", json=body, timeout=DEADLINE)
-        assert resp.status_code != 200 or resp.json()["choices"][0]["finish_reason"] == "length", resp.text
-        return resp.status_code
-    stream = route == "generate-stream"
-    with httpx.stream("POST", url + "/generate", json={"text": prompt, "sampling_params": params, "stream": stream},
-                      timeout=DEADLINE) as resp:
-        body_text = resp.read().decode()
-    if resp.status_code == 200 and stream:
-        events = [line[len("data: "):] for line in body_text.splitlines() if line.startswith("data: ")]
-        assert events[-1] == "[DONE]" and json.loads(events[-2])["meta_info"]["completion_tokens"] == max_new_tokens
-    elif resp.status_code == 200:
-        assert json.loads(body_text)["meta_info"]["completion_tokens"] == max_new_tokens
-    return resp.status_code
-
-
-def counter(server: ServerHandle, name: str) -> float:
-    """A counter of a replica's own /metrics."""
-    text = httpx.get(server.url + "/metrics", timeout=30).text
-    match = re.search(rf"^{name}(?:\{{[^}}]*\}})? (\S+)$", text, re.MULTILINE)
-    assert match, f"{name} not in /metrics"
-    return float(match.group(1))
-
-
-def counters(server: ServerHandle) -> tuple[float, float]:
-    """(prompt tokens, of them served from the prefix cache) from a replica's /metrics."""
-    return counter(server, "radixlm_prompt_tokens_total"), counter(server, "radixlm_cached_tokens_total")
-
-
-def hit_rate(replicas: list[ServerHandle], router: Router, model: str) -> float:
-    """Every replica's cache flushed, the traffic sent through `router` one request at a time
-    (family after family; in each, /generate, streamed /generate, /v1/completions in turn), and
-    the total hit rate over the replicas: cached prompt tokens / prompt tokens."""
-    for server in replicas:
-        assert httpx.post(server.url + "/flush_cache", timeout=30).status_code == 200
-    before = [counters(s) for s in replicas]
-    routes = ("generate", "generate-stream", "completions")
-    for prompts in families():
-        for i, prompt in enumerate(prompts):
-            assert send(router.url, routes[i % len(routes)], prompt, model) == 200
-    after = [counters(s) for s in replicas]
-    prompt_tokens = sum(a[0] - b[0] for a, b in zip(after, before))
-    cached_tokens = sum(a[1] - b[1] for a, b in zip(after, before))
-    assert prompt_tokens > 0
-    return cached_tokens / prompt_tokens
-
-
 def test_cache_aware_keeps_families_together(replicas: list[ServerHandle], model_name: str,
                                              tmp_path: Path) -> None:
     urls = [s.url for s in replicas[:2]]
@@ -186,7 +117,7 @@ def test_cache_aware_keeps_families_together(replicas: list[ServerHandle], model
     for policy in ("round_robin", "cache_aware"):
         router = start_router(urls, policy, tmp_path / f"router-{policy}.log")
         try:
-            rates[policy] = hit_rate(replicas[:2], router, model_name)
+            rates[policy] = hit_rate(urls, router.url, model_name, families(NUM_FAMILIES, PER_FAMILY))
         finally:
             router.stop()
     print(f"\ntotal cache hit rate over {NUM_FAMILIES} families x {PER_FAMILY} requests: "
@@ -248,7 +179,7 @@ def test_a_killed_replica_costs_only_its_in_flight_requests(replicas: list[Serve
     served by the survivor."""
     survivor, doomed = replicas[0], replicas[2]
     router = start_router([survivor.url, doomed.url], "cache_aware", tmp_path / "router.log", *KILL_FLAGS)
-    prompts = [p for family in families(seed=1) for p in family] * 2
+    prompts = [p for family in families(NUM_FAMILIES, PER_FAMILY, seed=1) for p in family] * 2
     lock = threading.Lock()
     started = finished = 0
     statuses: list[int] = []
@@ -274,7 +205,7 @@ def test_a_killed_replica_costs_only_its_in_flight_requests(replicas: list[Serve
             assert one_third_done.wait(DEADLINE), "the first third of the traffic was not answered"
             with lock:
                 in_flight = started - finished
-                doomed_served = counter(doomed, "radixlm_requests_total")
+                doomed_served = counter(doomed.url, "radixlm_requests_total")
                 os.killpg(doomed.proc.pid, signal.SIGKILL)
             for future in futures:
                 future.result(timeout=DEADLINE)
@@ -284,9 +215,9 @@ def test_a_killed_replica_costs_only_its_in_flight_requests(replicas: list[Serve
               f"{failures} of {len(prompts)} failed")
         assert doomed_served > 0  # it was serving its share when it died
         assert failures <= in_flight + CB_FAILURE_THRESHOLD
-        served_before = counter(survivor, "radixlm_requests_total")
+        served_before = counter(survivor.url, "radixlm_requests_total")
         for prompt in prompts[:6]:  # after the kill, everything goes to the survivor
             assert send(router.url, "generate", prompt, model_name) == 200
-        assert counter(survivor, "radixlm_requests_total") == served_before + 6
+        assert counter(survivor.url, "radixlm_requests_total") == served_before + 6
     finally:
         router.stop()

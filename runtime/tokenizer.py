@@ -11,6 +11,7 @@ class Tokenizer:
     def __init__(self, path: str | Path, chat_template: str | None = None):
         from transformers import AutoTokenizer
 
+        self.path = str(path)  # where it was loaded from
         try:
             self._tok = AutoTokenizer.from_pretrained(str(path))
         except Exception as e:  # transformers raises many types for bad tokenizer files

@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m radixlm.runtime.bench.router_hits", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--replica-urls", nargs="+", required=True, help="running radixlm servers")
-    parser.add_argument("--router-port", type=int, default=31990, help="where the routers listen (one at a time)")
+    parser.add_argument("--router-port", type=int, default=31990, help="where the routers listen (one at a time; their Prometheus exporter one up)")
     parser.add_argument("--families", type=int, default=6)
     parser.add_argument("--per-family", type=int, default=3)
     args = parser.parse_args(argv)
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     router_url = f"http://127.0.0.1:{args.router_port}"
     for policy in ("round_robin", "cache_aware"):
         proc = subprocess.Popen(router_command(args.replica_urls, args.router_port, "127.0.0.1", policy,
-                                               "--log-level", "warn"))
+                                               args.router_port + 1, "--log-level", "warn"))
         try:
             wait_until(lambda: healthy_workers(router_url) == len(args.replica_urls), "the router", [proc])
             rates[policy] = hit_rate(args.replica_urls, router_url, model, prompt_families)

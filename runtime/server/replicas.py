@@ -35,10 +35,14 @@ def serve_command(port: int, host: str, serve_flags: list[str]) -> list[str]:
     return [sys.executable, "-m", "radixlm.runtime.server.serve", "--host", host, "--port", str(port), *serve_flags]
 
 
-def router_command(worker_urls: list[str], port: int, host: str, policy: str, *flags: str) -> list[str]:
-    """`sglang-router launch` over `worker_urls` (its CLI; flags as `sglang-router launch --help`)."""
+def router_command(worker_urls: list[str], port: int, host: str, policy: str, prometheus_port: int,
+                   *flags: str) -> list[str]:
+    """`sglang-router launch` over `worker_urls` (its CLI; flags as `sglang-router launch --help`).
+    Its Prometheus exporter gets a port of its own on `host` (by default every router takes
+    29000 on all interfaces, so a second one on the machine would fail to start)."""
     return [sys.executable, "-m", "sglang_router", "launch", "--host", host, "--port", str(port),
-            "--worker-urls", *worker_urls, "--policy", policy, *flags]
+            "--worker-urls", *worker_urls, "--policy", policy, "--prometheus-host", host,
+            "--prometheus-port", str(prometheus_port), *flags]
 
 
 def healthy_workers(router_url: str) -> int:
@@ -70,6 +74,15 @@ def wait_until(condition: Callable[[], bool], what: str, procs: list[subprocess.
         time.sleep(0.1)
 
 
+def default_model_flags(serve_flags: list[str]) -> list[str]:
+    """The embedded default model named by its directory: the router loads its own tokenizer from
+    the model path a replica reports, and would look a name it cannot find on disk up on the hub."""
+    from radixlm.runtime.model.model_files import DEFAULT_MODEL_NAME, default_model_dir
+
+    flags = ["--model-path", str(default_model_dir())]
+    return flags if "--served-model-name" in serve_flags else [*flags, "--served-model-name", DEFAULT_MODEL_NAME]
+
+
 def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
     for proc in procs:
         if proc.poll() is None:
@@ -87,12 +100,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m radixlm.runtime.server.replicas", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--num-replicas", type=int, default=2, help="radixlm servers behind the router")
-    parser.add_argument("--port", type=int, default=30000, help="the router's; replicas take the next ones")
+    parser.add_argument("--port", type=int, default=30000,
+                        help="the router's; the replicas take the next ones, then the router's Prometheus exporter")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--policy", default="cache_aware", help="the router's --policy (cache_aware, round_robin, ...)")
     args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     if args.num_replicas < 1:
         parser.error("--num-replicas must be at least 1")
+    if "--model-path" not in serve_flags:
+        serve_flags = [*default_model_flags(serve_flags), *serve_flags]
     urls = [f"http://{args.host}:{args.port + 1 + i}" for i in range(args.num_replicas)]
     procs: list[subprocess.Popen[bytes]] = []
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -101,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
             procs.append(subprocess.Popen(serve_command(args.port + 1 + i, args.host, serve_flags)))
         for url in urls:
             wait_until(lambda url=url: is_healthy(url), f"the replica at {url}", procs)
-        procs.append(subprocess.Popen(router_command(urls, args.port, args.host, args.policy, "--log-level", "warn")))
+        procs.append(subprocess.Popen(router_command(urls, args.port, args.host, args.policy,
+                                                     args.port + args.num_replicas + 1, "--log-level", "warn")))
         router_url = f"http://{args.host}:{args.port}"
         wait_until(lambda: healthy_workers(router_url) == len(urls), "the router to see every replica", procs)
         print(f"radixlm replicas ready: router ({args.policy}) at {router_url} over {', '.join(urls)}", flush=True)

@@ -61,7 +61,8 @@ def start_router(worker_urls: list[str], policy: str, log_path: Path, *flags: st
     """`sglang-router launch` on a free port, returned once it reports every worker healthy."""
     port = free_port()
     log = open(log_path, "w")
-    proc = subprocess.Popen(router_command(worker_urls, port, "127.0.0.1", policy, "--log-level", "warn", *flags),
+    proc = subprocess.Popen(router_command(worker_urls, port, "127.0.0.1", policy, free_port(), "--log-level", "warn",
+                                           *flags),
                             stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     router = Router(proc, f"http://127.0.0.1:{port}", log_path)
     try:

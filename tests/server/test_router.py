@@ -17,7 +17,6 @@ import subprocess
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,30 +40,14 @@ KILL_FLAGS = ("--retry-max-retries", "4", "--retry-initial-backoff-ms", "10", "-
               "--cb-success-threshold", "1", "--cb-timeout-duration-secs", "600")
 
 
-@dataclass
-class Router:
-    proc: subprocess.Popen[str]
-    url: str
-    log_path: Path
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
-def start_router(worker_urls: list[str], policy: str, log_path: Path, *flags: str) -> Router:
+def start_router(worker_urls: list[str], policy: str, log_path: Path, *flags: str) -> ServerHandle:
     """`sglang-router launch` on a free port, returned once it reports every worker healthy."""
     port = free_port()
     log = open(log_path, "w")
     proc = subprocess.Popen(router_command(worker_urls, port, "127.0.0.1", policy, free_port(), "--log-level", "warn",
                                            *flags),
                             stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    router = Router(proc, f"http://127.0.0.1:{port}", log_path)
+    router = ServerHandle(proc, f"http://127.0.0.1:{port}", log_path)
     try:
         wait_for(lambda: healthy_workers(router.url) == len(worker_urls), "the router to report its workers healthy",
                  router)
@@ -74,7 +57,7 @@ def start_router(worker_urls: list[str], policy: str, log_path: Path, *flags: st
     return router
 
 
-def wait_for(condition: Any, what: str, router: Router | None = None) -> None:
+def wait_for(condition: Any, what: str, router: ServerHandle | None = None) -> None:
     event = threading.Event()
     deadline = threading.Timer(DEADLINE, event.set)
     deadline.start()

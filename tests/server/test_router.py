@@ -133,6 +133,12 @@ def test_router_reads_what_a_worker_answers(replicas: list[ServerHandle], model_
         assert httpx.post(router.url + "/flush_cache").json()["workers_flushed"] == 2
     finally:
         router.stop()
+    assert httpx.get(server.url + "/server_info").json()["dp_size"] == 1
+    router = start_router([s.url for s in live(replicas)], "cache_aware", tmp_path / "router-dp.log", "--dp-aware")
+    try:  # the router reads dp_size and sends each request with data_parallel_rank 0
+        assert send(router.url, "generate", "Hello", model_name) == 200
+    finally:
+        router.stop()
 
 
 def test_chat_completions_through_the_router(replicas: list[ServerHandle], model_name: str,

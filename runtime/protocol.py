@@ -116,7 +116,8 @@ class SamplingParamsInput(Strict, SglangSamplingFields):
 
 class GenerateReqInput(Strict, SglangGenerateFields):
     """POST /generate: one prompt (`text` or `input_ids`) or a batch (a list of them); exactly
-    one of the two. `sampling_params` and `rid` are one for all, or a list with one per prompt."""
+    one of the two. `sampling_params`, `rid` and the three logprob options are one for all, or a
+    list with one per prompt (as SGLang)."""
 
     text: either(str | list[str] | None, "a string or a non-empty list of strings") = None
     input_ids: either(list[TokenId] | list[list[TokenId]] | None,
@@ -124,9 +125,11 @@ class GenerateReqInput(Strict, SglangGenerateFields):
     sampling_params: SamplingParamsInput | list[SamplingParamsInput | None] | None = None
     rid: either(str | list[str | None] | None, "a string or a list with one per prompt") = bounds(
         f"a request id of at most {MAX_RID_CHARS} characters", maxLength=MAX_RID_CHARS)
-    return_logprob: bool | None = None
-    logprob_start_len: Int | None = bounds("-1: no prompt log-probabilities", minimum=-1)
-    top_logprobs_num: Int | None = bounds(minimum=0, maximum=MAX_TOP_LOGPROBS_NUM)
+    return_logprob: either(bool | list[bool] | None, "true, false or a list with one per prompt") = None
+    logprob_start_len: either(Int | list[Int] | None, "an integer or a list with one per prompt") = bounds(
+        "-1: no prompt log-probabilities (or a list with one per prompt)", minimum=-1)
+    top_logprobs_num: either(Int | list[Int] | None, "an integer or a list with one per prompt") = bounds(
+        "(or a list with one per prompt)", minimum=0, maximum=MAX_TOP_LOGPROBS_NUM)
     return_text_in_logprobs: bool | None = None
     stream: bool | None = None
 

@@ -78,9 +78,10 @@ def parse_generate(body: Any) -> tuple[list[GenerateRequest], bool]:
     copies = [_num_copies(params) for params in params_dicts]
     if sum(copies) > MAX_SEQUENCES:
         raise RequestError(f"a request generates at most {MAX_SEQUENCES} sequences (prompts x n), got {sum(copies)}")
-    opts = {name: value for name in _OPTIONS if (value := getattr(req, name)) is not None}
+    per_prompt_opts = {name: _per_prompt(getattr(req, name), len(prompts), name) for name in _OPTIONS}
     reqs = []
-    for prompt, params, rid, n in zip(prompts, params_dicts, rids, copies):
+    for i, (prompt, params, rid, n) in enumerate(zip(prompts, params_dicts, rids, copies)):
+        opts = {name: values[i] for name, values in per_prompt_opts.items() if values[i] is not None}
         params = {k: v for k, v in (params or {}).items() if k != "n"}
         key = "text" if isinstance(prompt, str) else "input_ids"
         value = prompt if isinstance(prompt, str) else tuple(prompt)

@@ -206,6 +206,18 @@ def test_parallel_tool_calls_false_keeps_the_first_call() -> None:
     assert [c.name for c in _split_calls(text, {"f", "g"}, "hermes", is_parallel=False)[1]] == ["f"]
 
 
+def test_logprob_options_one_per_prompt(tiny_server: ServerHandle) -> None:
+    """SGLang's batch form: return_logprob, logprob_start_len and top_logprobs_num as lists."""
+    resp = httpx.post(tiny_server.url + "/generate", timeout=120, json={
+        "text": ["one two three", "four five six"], "sampling_params": {"max_new_tokens": 2},
+        "return_logprob": [True, False], "top_logprobs_num": [2, 0], "logprob_start_len": [0, -1]})
+    assert resp.status_code == 200, resp.text
+    first, second = (r["meta_info"] for r in resp.json())
+    assert len(first["output_token_logprobs"]) == 2 and all(len(t) == 2 for t in first["output_top_logprobs"])
+    assert first["input_token_logprobs"]
+    assert "output_token_logprobs" not in second or not second["output_token_logprobs"]
+
+
 def completion_text(server: ServerHandle, body: dict[str, Any]) -> str:
     resp = httpx.post(server.url + "/v1/completions", json=body, timeout=120)
     assert resp.status_code == 200, resp.text

@@ -15,7 +15,7 @@ field here is one of two kinds:
                  states), got true`).
 
 Besides, a few SGLang fields that this server implements are typed here with their meaning
-(`stop_regex`, `no_stop_trim`, a completion's `response_format`, `continue_final_message`,
+(`log_metrics`, `stop_regex`, `no_stop_trim`, a completion's `response_format`, `continue_final_message`,
 `chat_template_kwargs`, `parallel_tool_calls`); the rest of what it implements is in `protocol`.
 A field that neither module defines is still refused as unknown. Reasoning fields (`separate_reasoning`, `stream_reasoning`, ...) are not here:
 they belong to reasoning separation.
@@ -124,7 +124,7 @@ class SglangGenerateFields(SglangRequestFields):
     return_flat_raw_top_logprobs: refused(bool, "flat top log-probability arrays") = False
     return_flat_raw_output_top_logprobs: refused(bool, "flat top log-probability arrays") = False
     return_flat_raw_top_logprobs_b64: refused(bool, "flat top log-probability arrays") = False
-    log_metrics: ignored(bool, "every request is counted in /metrics") = True
+    log_metrics: bool = Field(default=True, description="false: not counted in /metrics")
     return_indexer_topk: refused(bool, "sparse-attention indexer results") = False
     lora_id: refused(str | list[str | None] | None, "LoRA adapters") = None
     positional_embed_overrides: refused(Any, "embedding overrides") = None

@@ -39,6 +39,7 @@ class GenerateRequest:
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
     stream: bool = False
+    log_metrics: bool = True  # counted in /metrics
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,8 @@ def parse_generate(body: Any) -> tuple[list[GenerateRequest], bool]:
         params = {k: v for k, v in (params or {}).items() if k != "n"}
         key = "text" if isinstance(prompt, str) else "input_ids"
         value = prompt if isinstance(prompt, str) else tuple(prompt)
-        reqs += expand_copies(GenerateRequest(**{key: value}, sampling_params=params, rid=rid, **opts), n)
+        reqs += expand_copies(GenerateRequest(**{key: value}, sampling_params=params, rid=rid,
+                                              log_metrics=req.log_metrics, **opts), n)
     return reqs, is_batch or len(reqs) > 1
 
 

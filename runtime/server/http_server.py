@@ -193,7 +193,8 @@ def create_app(
 
     @app.get("/health_generate")
     async def health_generate() -> Response:
-        req = GenerateRequest(input_ids=(0,), sampling_params={"max_new_tokens": 1, "temperature": 0})
+        req = GenerateRequest(input_ids=(0,), sampling_params={"max_new_tokens": 1, "temperature": 0},
+                              log_metrics=False)  # as SGLang: health checks stay out of /metrics
         async for _ in tm.generate(tm.validator.validate(req)):
             pass
         return Response(status_code=200)

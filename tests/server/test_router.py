@@ -11,7 +11,10 @@ workers healthy, responses counted), with a generous deadline only as a failure 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+import shutil
 import signal
 import subprocess
 import threading
@@ -87,6 +90,19 @@ def replicas(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     finally:
         for server in servers:
             server.stop()  # the killed one has exited already
+
+
+def ipc_dirs_of(pid: int) -> set[Path]:
+    """The radixlm-ipc-* directories of the sockets process `pid` has bound (Linux /proc): what
+    a server killed with SIGKILL cannot remove itself."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            if (match := re.fullmatch(r"socket:\[(\d+)\]", os.readlink(fd))) is not None:
+                inodes.add(match.group(1))
+    paths = [line.split() for line in Path("/proc/net/unix").read_text().splitlines()[1:]]
+    return {Path(p[7]).parent for p in paths if len(p) >= 8 and p[6] in inodes
+            and Path(p[7]).parent.name.startswith("radixlm-ipc-")}
 
 
 def live(replicas: list[ServerHandle]) -> list[ServerHandle]:
@@ -201,10 +217,13 @@ def test_a_killed_replica_costs_only_its_in_flight_requests(replicas: list[Serve
             with lock:
                 in_flight = started - finished
                 doomed_served = counter(doomed.url, "radixlm_requests_total") - doomed_before
+                leftovers = ipc_dirs_of(doomed.proc.pid)
                 os.killpg(doomed.proc.pid, signal.SIGKILL)
             for future in futures:
                 future.result(timeout=DEADLINE)
         doomed.proc.wait(timeout=DEADLINE)
+        for leftover in leftovers:
+            shutil.rmtree(leftover, ignore_errors=True)
         failures = sum(status != 200 for status in statuses)
         print(f"\nreplica killed after serving {doomed_served:g} requests, with {in_flight} in flight: "
               f"{failures} of {len(prompts)} failed")

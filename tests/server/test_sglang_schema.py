@@ -218,6 +218,21 @@ def test_logprob_options_one_per_prompt(tiny_server: ServerHandle) -> None:
     assert "output_token_logprobs" not in second or not second["output_token_logprobs"]
 
 
+def test_log_metrics_false_and_health_checks_stay_out_of_metrics(tiny_server: ServerHandle) -> None:
+    def requests_total() -> float:
+        text = httpx.get(tiny_server.url + "/metrics", timeout=60).text
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("radixlm_requests_total"))
+
+    before = requests_total()
+    body = {"text": "hi", "sampling_params": {"max_new_tokens": 1}}
+    assert httpx.post(tiny_server.url + "/generate", json={**body, "log_metrics": False}, timeout=120).status_code == 200
+    assert httpx.get(tiny_server.url + "/health_generate", timeout=120).status_code == 200
+    assert requests_total() == before
+    assert httpx.post(tiny_server.url + "/generate", json=body, timeout=120).status_code == 200
+    assert requests_total() == before + 1
+
+
 def completion_text(server: ServerHandle, body: dict[str, Any]) -> str:
     resp = httpx.post(server.url + "/v1/completions", json=body, timeout=120)
     assert resp.status_code == 200, resp.text

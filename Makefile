@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.radixlm-installed
 
-.PHONY: setup model serve test lint bench bench-peers clean
+.PHONY: setup model serve serve-replicas test lint bench bench-peers clean
 
 setup: $(STAMP)
 
@@ -24,6 +24,11 @@ model: setup
 
 serve: model
 	$(BIN)/radixlm serve $(ARGS)
+
+# N replicas of `make serve` behind sglang-router (cache_aware) on :30000; replicas on :30001...
+N ?= 2
+serve-replicas: model
+	$(BIN)/python -m radixlm.runtime.server.replicas --num-replicas $(N) $(ROUTER_ARGS) -- $(ARGS)
 
 test: model
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest $(ARGS)

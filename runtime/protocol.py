@@ -11,30 +11,31 @@ its own table), rules that need the model (context length, vocabulary) by
 `SkipValidation`). A `ValidationError` becomes a `RequestError` (HTTP 400) through
 `validation_message`, which names the field (`sampling_params.top_k`, `messages[0].content`).
 
+The rest of SGLang's request schema (fields accepted at their defaults, or without effect here,
+and the few more we implement) comes from the mixins of `protocol_sglang`.
+
 Responses are documented by the response models; the server builds them as plain dicts (the
 suite's schemathesis run checks every response against its model).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
     SkipValidation,
     TypeAdapter,
     ValidationError,
-    WrapValidator,
 )
-from pydantic_core import PydanticCustomError
 
 from radixlm.reasoning import REASONING_PARSERS
 from radixlm.runtime.errors import RequestError
+from radixlm.runtime.json_types import Int, Strict, TokenId, either
 from radixlm.runtime.limits import (
     MAX_N,
     MAX_OPENAI_TOP_LOGPROBS,
@@ -44,29 +45,14 @@ from radixlm.runtime.limits import (
     MAX_STOP_TOKEN_IDS,
     MAX_TOP_LOGPROBS_NUM,
 )
+from radixlm.runtime.protocol_sglang import (
+    SglangChatFields,
+    SglangCompletionFields,
+    SglangGenerateFields,
+    SglangSamplingFields,
+    refused,
+)
 from radixlm.runtime.sampling.sampling_params import FLOAT_RANGES
-
-
-def _integral(value: Any) -> Any:
-    """`5.0` -> 5 (JSON has one number type; JSON Schema counts 5.0 as an integer)."""
-    return int(value) if isinstance(value, float) and value.is_integer() else value
-
-
-Int = Annotated[int, BeforeValidator(_integral)]
-TokenId = Annotated[Int, Field(json_schema_extra={"minimum": 0})]  # the range is checked against the vocabulary
-
-
-def either(kind: Any, expected: str) -> Any:
-    """`kind` (a union) validated as one: a value that fits no member gets one error, "must be
-    `expected`", at the field itself rather than one per member."""
-
-    def check(value: Any, handler: Callable[[Any], Any]) -> Any:
-        try:
-            return handler(value)
-        except ValidationError:
-            raise PydanticCustomError("either", "must be {expected}", {"expected": expected}) from None
-
-    return Annotated[kind, WrapValidator(check)]
 
 
 def _float_range(name: str) -> dict[str, Any]:
@@ -88,12 +74,6 @@ def bounds(description: str | None = None, **schema: Any) -> Any:
     return Field(default=None, description=description, json_schema_extra=schema)
 
 
-class Strict(BaseModel):
-    """A request body: JSON types as sent, unknown fields refused."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
 class Out(BaseModel):
     """A response body: exactly these fields."""
 
@@ -105,7 +85,7 @@ StopStrings = either(str | list[str] | None, "a string or a list of strings")
 STOP_BOUNDS = {"maxItems": MAX_STOP_STRINGS, "items": {"minLength": 1, "maxLength": MAX_STOP_STRING_CHARS}}
 
 
-class SamplingParamsInput(Strict):
+class SamplingParamsInput(Strict, SglangSamplingFields):
     """`sampling_params` of /generate (SGLang's names). A null value means the default."""
 
     max_new_tokens: Int | None = bounds("null: until the context length", minimum=0)
@@ -135,9 +115,10 @@ class SamplingParamsInput(Strict):
         "generation stops where the text first matches one, cut there as at a stop string")
 
 
-class GenerateReqInput(Strict):
+class GenerateReqInput(Strict, SglangGenerateFields):
     """POST /generate: one prompt (`text` or `input_ids`) or a batch (a list of them); exactly
-    one of the two. `sampling_params` and `rid` are one for all, or a list with one per prompt."""
+    one of the two. `sampling_params`, `rid` and the three logprob options are one for all, or a
+    list with one per prompt (as SGLang)."""
 
     text: either(str | list[str] | None, "a string or a non-empty list of strings") = None
     input_ids: either(list[TokenId] | list[list[TokenId]] | None,
@@ -145,9 +126,11 @@ class GenerateReqInput(Strict):
     sampling_params: SamplingParamsInput | list[SamplingParamsInput | None] | None = None
     rid: either(str | list[str | None] | None, "a string or a list with one per prompt") = bounds(
         f"a request id of at most {MAX_RID_CHARS} characters", maxLength=MAX_RID_CHARS)
-    return_logprob: bool | None = None
-    logprob_start_len: Int | None = bounds("-1: no prompt log-probabilities", minimum=-1)
-    top_logprobs_num: Int | None = bounds(minimum=0, maximum=MAX_TOP_LOGPROBS_NUM)
+    return_logprob: either(bool | list[bool] | None, "true, false or a list with one per prompt") = None
+    logprob_start_len: either(Int | list[Int] | None, "an integer or a list with one per prompt") = bounds(
+        "-1: no prompt log-probabilities (or a list with one per prompt)", minimum=-1)
+    top_logprobs_num: either(Int | list[Int] | None, "an integer or a list with one per prompt") = bounds(
+        "(or a list with one per prompt)", minimum=0, maximum=MAX_TOP_LOGPROBS_NUM)
     return_text_in_logprobs: bool | None = None
     stream: bool | None = None
     require_reasoning: bool | None = Field(default=None, description="the output starts with reasoning: with "
@@ -207,6 +190,15 @@ class ModelInfo(Out):
     chat_template: dict[str, Any] | None = Field(description="the text around each role's content")
 
 
+class LoadInfo(Out):
+    """One data-parallel rank's load (GET /get_load, as sglang-router reads it)."""
+
+    dp_rank: int
+    num_reqs: int = Field(description="running and waiting")
+    num_waiting_reqs: int
+    num_tokens: int = Field(description="KV tokens held by requests")
+
+
 class KvPoolInfo(Out):
     total_tokens: int
     free_tokens: int
@@ -255,6 +247,7 @@ class ErrorResponse(Out):
 # ---------------------------------------------------------------- OpenAI API: requests
 class StreamOptions(Strict):
     include_usage: bool = False
+    continuous_usage_stats: refused(bool, "usage in every chunk") = False
 
 
 class FunctionSpec(Strict):
@@ -346,7 +339,7 @@ class SamplingFields(Strict):
     structural_tag: either(str | dict[str, Any] | None, "a structural tag (object or JSON text)") = None
 
 
-class CompletionRequest(SamplingFields):
+class CompletionRequest(SamplingFields, SglangCompletionFields):
     """POST /v1/completions."""
 
     prompt: either(str | list[str] | list[TokenId] | list[list[TokenId]],
@@ -386,7 +379,7 @@ class ChatMessage(Strict):
     tool_call_id: str | None = Field(default=None, description="tool messages")
 
 
-class ChatRequest(SamplingFields):
+class ChatRequest(SamplingFields, SglangChatFields):
     """POST /v1/chat/completions. `tools`, `tool_choice` and `response_format` are checked by
     the tool-call and grammar code (messages naming the field), so their types here document."""
 

@@ -20,6 +20,7 @@ from radixlm.runtime.constrained.errors import GrammarError
 from radixlm.runtime.errors import RequestError
 from radixlm.runtime.limits import MAX_BATCH, MAX_N, MAX_RID_CHARS, MAX_SEQUENCES, MAX_TOP_LOGPROBS_NUM
 from radixlm.runtime.protocol import GenerateReqInput, parse_body
+from radixlm.runtime.protocol_sglang import SGLANG_SAMPLING_FIELDS
 from radixlm.runtime.sampling.sampling_params import InvalidSamplingParams, SamplingParams
 from radixlm.runtime.tokenizer import Tokenizer
 
@@ -39,6 +40,7 @@ class GenerateRequest:
     return_text_in_logprobs: bool = False
     stream: bool = False
     require_reasoning: bool = False  # SGLang's: the output starts with reasoning (see --reasoning-parser)
+    log_metrics: bool = True  # counted in /metrics
 
 
 @dataclass(frozen=True)
@@ -73,17 +75,20 @@ def parse_generate(body: Any) -> tuple[list[GenerateRequest], bool]:
         raise RequestError("a batch needs 'rid' as a list with one id per prompt")
     if any(rid is not None and len(rid) > MAX_RID_CHARS for rid in rids):
         raise RequestError(f"'rid' is longer than {MAX_RID_CHARS} characters")
-    params_dicts = [None if p is None else p.model_dump(exclude_unset=True) for p in params_list]
+    params_dicts = [None if p is None else p.model_dump(exclude_unset=True, exclude=SGLANG_SAMPLING_FIELDS)
+                    for p in params_list]  # SGLang's fields that have no effect here stay out
     copies = [_num_copies(params) for params in params_dicts]
     if sum(copies) > MAX_SEQUENCES:
         raise RequestError(f"a request generates at most {MAX_SEQUENCES} sequences (prompts x n), got {sum(copies)}")
-    opts = {name: value for name in _OPTIONS if (value := getattr(req, name)) is not None}
+    per_prompt_opts = {name: _per_prompt(getattr(req, name), len(prompts), name) for name in _OPTIONS}
     reqs = []
-    for prompt, params, rid, n in zip(prompts, params_dicts, rids, copies):
+    for i, (prompt, params, rid, n) in enumerate(zip(prompts, params_dicts, rids, copies)):
+        opts = {name: values[i] for name, values in per_prompt_opts.items() if values[i] is not None}
         params = {k: v for k, v in (params or {}).items() if k != "n"}
         key = "text" if isinstance(prompt, str) else "input_ids"
         value = prompt if isinstance(prompt, str) else tuple(prompt)
-        reqs += expand_copies(GenerateRequest(**{key: value}, sampling_params=params, rid=rid, **opts), n)
+        reqs += expand_copies(GenerateRequest(**{key: value}, sampling_params=params, rid=rid,
+                                              log_metrics=req.log_metrics, **opts), n)
     return reqs, is_batch or len(reqs) > 1
 
 

@@ -29,6 +29,7 @@ def _load(path: Path) -> Any:
 
 class Tokenizer:
     def __init__(self, path: str | Path, chat_template: str | None = None):
+        self.path = str(path)  # where it was loaded from
         try:
             self._tok = _load(Path(path))
         except Exception as e:  # transformers raises many types for bad tokenizer files
@@ -62,13 +63,18 @@ class Tokenizer:
         return list(self._tok.convert_ids_to_tokens(list(ids)))
 
     def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, chat_template: str | None = None
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, chat_template: str | None = None,
+        continue_final_message: bool = False, template_kwargs: dict[str, Any] | None = None,
     ) -> str:
+        """The prompt text of `messages`. `continue_final_message`: the last message (the
+        assistant's) is left open to be continued, and no generation prompt follows it;
+        `template_kwargs` are variables for the template (SGLang's `chat_template_kwargs`)."""
         template = chat_template or self.chat_template
         if template is None:
             raise ValueError("this model's tokenizer has no chat template; pass --chat-template")
         return self._tok.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt, chat_template=template
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt and not continue_final_message,
+            chat_template=template, continue_final_message=continue_final_message, **(template_kwargs or {}),
         )
 
 

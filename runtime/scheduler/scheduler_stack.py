@@ -95,8 +95,12 @@ class SchedulerStack:
         sched = self.scheduler
         cache = sched.cache
         return {
+            "dp_size": 1, "tp_size": 1,  # as SGLang reports them (sglang-router --dp-aware reads dp_size)
             **self.server_args.public_dict(),
             "model_path": str(self.server_args.model_path or "default:SmolLM2-135M-Instruct"),
+            # as SGLang: the tokenizer's directory even when the flag is unset (sglang-router loads
+            # its own copy from here; a name it cannot find on disk it would look up on the hub)
+            "tokenizer_path": self.tokenizer.path,
             "context_length": self.context_len,
             "kv_pool": {"total_tokens": sched.kv_pool.size, "free_tokens": sched.kv_pool.num_free},
             "radix_cache": {

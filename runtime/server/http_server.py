@@ -2,9 +2,10 @@
 routes are added by `openai_api.register_openai_routes`.
 
 Native API: POST /generate (text or input_ids, single or batch, `n`, logprobs, SSE `stream`),
-GET /get_model_info, GET /get_server_info (= /server_info), POST /flush_cache, GET /health,
-GET /health_generate, POST /abort_request, GET /metrics, POST /separate_reasoning (a text split by
-a named reasoning parser, `radixlm.reasoning`).
+GET /get_model_info (= /model_info), GET /get_server_info (= /server_info), POST (or GET)
+/flush_cache, GET /health, GET /health_generate, POST /abort_request, GET /metrics, GET /get_load
+(what sglang-router reads of a worker's load), POST /separate_reasoning (a text split by a named
+reasoning parser, `radixlm.reasoning`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from radixlm.runtime.protocol import (
     AbortReqInput,
     GenerateOutput,
     GenerateReqInput,
+    LoadInfo,
     ModelInfo,
     OpenAPIDocs,
     Operation,
@@ -197,7 +199,8 @@ def create_app(
 
     @app.get("/health_generate")
     async def health_generate() -> Response:
-        req = GenerateRequest(input_ids=(0,), sampling_params={"max_new_tokens": 1, "temperature": 0})
+        req = GenerateRequest(input_ids=(0,), sampling_params={"max_new_tokens": 1, "temperature": 0},
+                              log_metrics=False)  # as SGLang: health checks stay out of /metrics
         async for _ in tm.generate(tm.validator.validate(req)):
             pass
         return Response(status_code=200)
@@ -205,6 +208,7 @@ def create_app(
     role_wrappers = chat_role_wrappers(tm.tokenizer)
 
     @app.get("/get_model_info")
+    @app.get("/model_info")
     async def get_model_info() -> dict[str, Any]:
         # chat_template: the text around each role's content, for the language's role blocks
         return {"model_path": tm.model_name, "tokenizer_path": tm.model_name, "is_generation": True,
@@ -216,11 +220,20 @@ def create_app(
         return await tm.get_server_info()
 
     @app.post("/flush_cache")
+    @app.get("/flush_cache")
     async def flush_cache() -> Response:
         ok = await tm.flush_cache()
         if not ok:
             return PlainTextResponse("cache not flushed: requests are running", status_code=400)
         return PlainTextResponse("cache flushed", status_code=200)
+
+    @app.get("/get_load")
+    async def get_load() -> list[dict[str, Any]]:
+        """What sglang-router reads of each worker's load: one entry per data-parallel rank."""
+        info = await tm.get_server_info()
+        held = info["kv_pool"]["total_tokens"] - info["kv_pool"]["free_tokens"] - info["radix_cache"]["evictable_tokens"]
+        return [{"dp_rank": 0, "num_reqs": info["num_running_reqs"] + info["num_waiting_reqs"],
+                 "num_waiting_reqs": info["num_waiting_reqs"], "num_tokens": max(0, held)}]
 
     @app.post("/abort_request")
     async def abort_request(request: Request) -> Response:
@@ -274,13 +287,16 @@ def document_native_routes(docs: OpenAPIDocs, secured: bool) -> None:
     unavailable = error_responses(503, *auth)
     docs.add("/health", "get", Operation(responses={200: ("healthy", {}), **error_responses(503)}))
     docs.add("/health_generate", "get", Operation(responses={200: ("generated one token", {}), **unavailable}))
-    docs.add("/get_model_info", "get", Operation(responses={200: ("the model", {JSON: ModelInfo}),
-                                                            **error_responses(*auth)}))
+    for path in ("/get_model_info", "/model_info"):
+        docs.add(path, "get", Operation(responses={200: ("the model", {JSON: ModelInfo}), **error_responses(*auth)}))
+    docs.add("/get_load", "get", Operation(responses={200: ("the load of each data-parallel rank",
+                                                            {JSON: list[LoadInfo]}), **unavailable}))
     for path in ("/get_server_info", "/server_info"):
         docs.add(path, "get", Operation(responses={200: ("settings and state", {JSON: ServerInfo}), **unavailable}))
-    docs.add("/flush_cache", "post", Operation(responses={
-        200: ("flushed", {TEXT: {"type": "string"}}), 400: ("not flushed: requests are running", {TEXT: {"type": "string"}}),
-        **unavailable}))
+    for method in ("get", "post"):
+        docs.add("/flush_cache", method, Operation(responses={
+            200: ("flushed", {TEXT: {"type": "string"}}),
+            400: ("not flushed: requests are running", {TEXT: {"type": "string"}}), **unavailable}))
     docs.add("/abort_request", "post", Operation(AbortReqInput, {200: ("aborted (if it was running)", {}),
                                                                  **error_responses(400, 413, 503, *auth)}))
     docs.add("/separate_reasoning", "post", Operation(SeparateReasoningReqInput, {

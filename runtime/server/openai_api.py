@@ -67,12 +67,14 @@ from radixlm.tool_calls import (
 )
 
 
-def _sampling_params(req: SamplingFields, max_tokens: int | None) -> dict[str, Any]:
+def _sampling_params(req: CompletionRequest | ChatRequest, max_tokens: int | None) -> dict[str, Any]:
     pairs = {
         "max_new_tokens": max_tokens,
         "temperature": req.temperature,
         "top_p": req.top_p,
         "stop": req.stop,
+        "stop_regex": req.stop_regex,
+        "no_stop_trim": req.no_stop_trim,
         "seed": req.seed,
         "presence_penalty": req.presence_penalty,
         "frequency_penalty": req.frequency_penalty,
@@ -190,7 +192,8 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
             **error_responses(400, 404, 413, 503, *auth)}))
 
     def check_model(name: str | None) -> None:
-        if name is not None and name not in (tm.model_name, "default"):
+        # "unknown": what sglang-router sends when its client named no model
+        if name is not None and name not in (tm.model_name, "default", "unknown"):
             raise RequestError(f"model {name!r} is not served here; this server serves {tm.model_name!r}", 404)
 
     @app.get("/v1/models")
@@ -214,7 +217,8 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
             key = "text" if isinstance(prompt, str) else "input_ids"
             value = prompt if isinstance(prompt, str) else tuple(prompt)
             base = GenerateRequest(
-                **{key: value}, sampling_params=_sampling_params(req, req.max_tokens),
+                **{key: value}, sampling_params={**_sampling_params(req, req.max_tokens),
+                                                 **response_format_grammar(req.response_format)},
                 return_logprob=want_logprobs, top_logprobs_num=req.logprobs or 0, return_text_in_logprobs=True,
                 logprob_start_len=0 if req.echo and want_logprobs else -1, stream=req.stream,
             )
@@ -260,7 +264,8 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
             raise RequestError(f"the messages hold {num_chars} characters, more than the context length "
                                f"({tm.context_len} tokens) can hold")
         try:
-            prompt = tm.tokenizer.apply_chat_template(messages)
+            prompt = tm.tokenizer.apply_chat_template(messages, continue_final_message=req.continue_final_message,
+                                                      template_kwargs=req.chat_template_kwargs)
         except Exception as e:  # a template that rejects these messages: the client's problem
             raise RequestError(f"messages: cannot apply the chat template: {e}") from e
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
@@ -287,7 +292,7 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
         choices = []
         for i, r in enumerate(results):
             thought, text = _split_reasoning(r["text"], split)
-            content, calls = _split_calls(text, tool_names, parser)
+            content, calls = _split_calls(text, tool_names, parser, req.parallel_tool_calls)
             message: dict[str, Any] = {"role": "assistant", "content": content}
             if split is not None:
                 message["reasoning_content"] = thought or None
@@ -330,7 +335,7 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
             thought, text = _split_reasoning(item.result["text"], split)
             if thought:
                 yield chunk(index, {"reasoning_content": thought}, None)
-            content, calls = _split_calls(text, tool_names, parser)
+            content, calls = _split_calls(text, tool_names, parser, req.parallel_tool_calls)
             if content:
                 yield chunk(index, {"content": content}, None)
             if calls:
@@ -446,9 +451,12 @@ def _tool_choice_grammar(tool_choice: str | Tool, tools: list[Tool], params: dic
     return {"json_schema": json.dumps(tool_call_schema([t for t in forced if isinstance(t, Tool)]))}
 
 
-def _split_calls(text: str, tool_names: set[str], parser: str) -> tuple[str | None, list[ToolCall]]:
-    """(content, calls) of one choice's text; without tools, the text as is."""
-    return parse_tool_calls(text, tool_names, parser) if tool_names else (text, [])
+def _split_calls(text: str, tool_names: set[str], parser: str,
+                 is_parallel: bool = True) -> tuple[str | None, list[ToolCall]]:
+    """(content, calls) of one choice's text; without tools, the text as is. Not `is_parallel`
+    (`parallel_tool_calls: false`): the first call only."""
+    content, calls = parse_tool_calls(text, tool_names, parser) if tool_names else (text, [])
+    return content, calls if is_parallel else calls[:1]
 
 
 def _content_text(content: str | list[ContentPart] | None) -> str:

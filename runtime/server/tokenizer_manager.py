@@ -39,6 +39,7 @@ class ReqState:
     event: asyncio.Event = field(default_factory=asyncio.Event)
     error: str | None = None
     last_token_time: float | None = None
+    is_counted: bool = True  # in /metrics (SGLang's log_metrics; false for health checks)
 
     @property
     def finished(self) -> bool:
@@ -82,9 +83,11 @@ class TokenizerManager:
         rid = req.rid or f"{uuid.uuid4().hex[:16]}-{next(self._rid_counter)}"
         if rid in self.states:
             raise RequestError(f"request id {rid!r} is already in use")
-        state = ReqState(RequestOutput.of(rid, req, self.token_texts, self.incremental_streaming_output))
+        state = ReqState(RequestOutput.of(rid, req, self.token_texts, self.incremental_streaming_output),
+                         is_counted=req.log_metrics)
         self.states[rid] = state
-        self.metrics.on_request_start(len(ids))
+        if state.is_counted:
+            self.metrics.on_request_start(len(ids))
         await self._to_scheduler.send(io.encode(io.TokenizedGenerateReq(
             rid, tuple(ids), prepared.params, req.return_logprob, req.logprob_start_len,
             req.top_logprobs_num, req.stream, req.require_reasoning,
@@ -106,9 +109,10 @@ class TokenizerManager:
             self.states.pop(rid, None)
             if not state.finished and self.dead_reason is None:
                 await self._to_scheduler.send(io.encode(io.AbortReq(rid)))
-                self.metrics.on_request_end(state.output, aborted=True)
+                if state.is_counted:
+                    self.metrics.on_request_end(state.output, aborted=True)
                 logger.debug("request %s aborted before it finished", rid)  # tests wait for this line
-            elif state.error is None:
+            elif state.error is None and state.is_counted:
                 self.metrics.on_request_end(state.output, aborted=False)
                 _log_request(state.output)
 
@@ -164,7 +168,7 @@ class TokenizerManager:
         if state is None:
             return  # the consumer left already
         now = time.perf_counter()
-        if out.new_token_ids:
+        if out.new_token_ids and state.is_counted:
             if state.last_token_time is not None:
                 self.metrics.on_token(now - state.last_token_time)
             else:

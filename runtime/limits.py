@@ -61,3 +61,7 @@ def json_depth(value: object, limit: int) -> int:
         deepest = max(deepest, depth)
         stack.extend((child, depth) for child in children if isinstance(child, (dict, list)))
     return deepest
+
+# ---------------------------------------------------------------- the dashboard
+MAX_CACHE_TREE_NODES = 1000  # `max_nodes` of GET /cache_tree
+DEFAULT_CACHE_TREE_NODES = 200

@@ -238,6 +238,92 @@ class ServerInfo(BaseModel):
     scheduler_pid: int
 
 
+class CacheTreeNode(Out):
+    id: int = Field(description="the node's id (its creation order in the cache)")
+    parent: int | None = Field(description="the parent's id; null for a child of the root")
+    label: str = Field(description="the text of the node's first tokens")
+    num_tokens: int
+    lock_ref: int = Field(description="running requests reading this node")
+    is_locked: bool = Field(description="locked (lock_ref > 0) or evictable")
+    last_access: int = Field(description="the cache's logical clock at the node's last use (see tree.clock)")
+    num_children: int
+    num_hidden_children: int = Field(description="children not in the answer")
+
+
+class CacheTreeView(Out):
+    nodes: list[CacheTreeNode] = Field(description="the nodes holding the most tokens, parents first")
+    num_nodes: int = Field(description="nodes in the whole cache")
+    total_tokens: int
+    evictable_tokens: int
+    locked_tokens: int
+    clock: int = Field(description="the cache's logical clock now (a counter of cache operations)")
+    num_visited: int = Field(description="nodes read to build this answer (bounded by max_nodes)")
+
+
+class PoolState(Out):
+    total_tokens: int
+    free_tokens: int
+    cached_tokens: int = Field(description="held by the radix cache")
+    used_tokens: int = Field(description="held by running requests (not yet cached)")
+
+
+class CacheCounters(Out):
+    queried_tokens: int = Field(description="prompt tokens looked up in the cache, since the start")
+    matched_tokens: int = Field(description="... of which found cached")
+    hit_rate: float
+    evicted_tokens: int
+
+
+class StepRate(Out):
+    num_forwards: int
+    window_s: float
+    extend_tokens_per_s: float = Field(description="prompt tokens computed per second over the window")
+    decode_tokens_per_s: float = Field(description="tokens decoded per second over the window")
+    steps_per_s: float
+
+
+class GrammarInfo(Out):
+    kind: Literal["json_schema", "regex", "ebnf", "structural_tag"]
+    spec: str = Field(description="the grammar's first characters")
+
+
+class DashboardReq(Out):
+    rid: str
+    state: Literal["running", "prefilling", "waiting", "grammar"]
+    prompt_head: str = Field(description="the text of the prompt's first tokens")
+    prompt_tokens: int
+    cached_tokens: int
+    generated_tokens: int
+    grammar: GrammarInfo | None
+    matched_node: int | None = Field(description="the deepest node of its cached prefix that is in tree.nodes")
+
+
+class ServerCounters(Out):
+    requests_started: int
+    requests_finished: int
+    requests_aborted: int
+    prompt_tokens: int
+    generation_tokens: int = Field(description="of finished and aborted requests")
+    ttft_sum: float = Field(description="seconds, over ttft_count first tokens")
+    ttft_count: int
+    itl_sum: float = Field(description="seconds, over itl_count gaps between output tokens")
+    itl_count: int
+
+
+class CacheTree(Out):
+    """GET /cache_tree: the radix cache, the KV pool and the requests, bounded in size."""
+
+    tree: CacheTreeView
+    pool: PoolState
+    cache: CacheCounters
+    steps: StepRate
+    server: ServerCounters
+    num_running_reqs: int
+    num_waiting_reqs: int
+    running: list[DashboardReq] = Field(description="at most 64")
+    waiting: list[DashboardReq] = Field(description="at most 64 (state grammar: its grammar is compiling)")
+
+
 class SeparateReasoningOutput(Out):
     text: str = Field(description="the answer: the text after the reasoning")
     reasoning_text: str = Field(description="the reasoning, without its markers (empty if there is none)")

@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.radixlm-installed
 
-.PHONY: setup model serve test lint bench bench-peers clean
+.PHONY: setup model browser serve test lint bench bench-peers clean
 
 setup: $(STAMP)
 
@@ -25,7 +25,12 @@ model: setup
 serve: model
 	$(BIN)/radixlm serve $(ARGS)
 
-test: model
+# the dashboard's browser test runs Debian's chromium (CI runs as root, with apt)
+CHROMIUM := /usr/bin/chromium
+browser:
+	test -x $(CHROMIUM) || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
+
+test: model browser
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest $(ARGS)
 
 lint: setup

@@ -4,7 +4,8 @@
 // through textContent, never as markup.
 "use strict";
 
-const POLL_MS = 1000;
+// ?poll_ms=N in the page's address sets the refresh period (at least 100 ms; 1 s by default)
+const POLL_MS = Math.max(100, Number(new URLSearchParams(location.search).get("poll_ms")) || 1000);
 const MAX_NODES = 200;
 const HISTORY = 120; // points kept per series
 const ROW_H = 20;
@@ -105,7 +106,7 @@ function drawChart(svg, lists, fixedMax) {
     let points = "";
     list.forEach((v, j) => {
       if (v === null) return;
-      const x = (j / (HISTORY - 1)) * w;
+      const x = w - ((list.length - 1 - j) / (HISTORY - 1)) * w; // the newest at the right edge
       const y = h - pad - (v / max) * (h - 2 * pad);
       points += x.toFixed(1) + "," + y.toFixed(1) + " ";
     });

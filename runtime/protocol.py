@@ -295,7 +295,8 @@ class DashboardReq(Out):
     cached_tokens: int
     generated_tokens: int
     grammar: GrammarInfo | None
-    matched_node: int | None = Field(description="the deepest node of its cached prefix that is in tree.nodes")
+    matched_node: int | None = Field(
+        description="the deepest node of its cached prefix that is in tree.nodes (null while waiting)")
 
 
 class ServerCounters(Out):

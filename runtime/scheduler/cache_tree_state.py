@@ -70,7 +70,6 @@ def _node_dict(node: NodeView) -> dict[str, Any]:
 
 def _req_state(req: Req, state: str, shown_ids: set[int], decode: Callable[[Sequence[int]], str]) -> dict[str, Any]:
     grammar = grammar_spec(req.params)
-    node = req.last_node if req.last_node is not None else req.prefix_node
     return {
         "rid": req.rid,
         "state": state,
@@ -79,7 +78,7 @@ def _req_state(req: Req, state: str, shown_ids: set[int], decode: Callable[[Sequ
         "cached_tokens": req.cached_tokens,
         "generated_tokens": len(req.output_ids),
         "grammar": None if grammar is None else {"kind": grammar[0], "spec": str(grammar[1])[:GRAMMAR_CHARS]},
-        "matched_node": shown_ancestor(node, shown_ids, MAX_PATH_STEPS),
+        "matched_node": shown_ancestor(req.last_node, shown_ids, MAX_PATH_STEPS),  # None while waiting
     }
 
 

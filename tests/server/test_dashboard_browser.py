@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 from cdp_browser import CHROMIUM, Browser
-from conftest import ServerHandle, start_server
+from conftest import ServerHandle, running_server
 
 KEY = "dashboard-key-5f2"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -27,10 +27,9 @@ ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
-    log = tmp_path_factory.mktemp("dashboard") / "server.log"
-    handle = start_server(tiny_model_dir, log, "--api-key", KEY, "--max-total-tokens", "4096", "--random-seed", "0")
-    yield handle
-    handle.stop()
+    with running_server(tiny_model_dir, tmp_path_factory, "dashboard", "--api-key", KEY, "--max-total-tokens", "4096",
+                        "--random-seed", "0") as handle:
+        yield handle
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +92,8 @@ def test_the_dashboard_shows_the_shared_prefix_and_live_numbers(server: ServerHa
     for suffix in ([5, 6, 7], [8, 9, 10], [11, 12, 13]):
         generate(url, SHARED + suffix)
     # the numbers change: the tree's total, the hit rate, and a root node of exactly the shared prefix
-    shared_row = f"document.querySelector('#tree g.node[data-tokens=\"{len(SHARED)}\"]')"
+    # (unlocked: a picture taken after the last request finished)
+    shared_row = f"document.querySelector('#tree g.node[data-tokens=\"{len(SHARED)}\"][data-locked=\"false\"]')"
     browser.wait_for_function(f"document.getElementById('tree-total').textContent !== '0' && {shared_row} !== null"
                               " && document.getElementById('hit-rate').textContent !== '0.0%'")
     tree = httpx.get(f"{url}/cache_tree", headers=AUTH, timeout=60).json()["tree"]

@@ -43,6 +43,7 @@ from radixlm.runtime.limits import (
     MAX_STOP_STRINGS,
     MAX_STOP_TOKEN_IDS,
     MAX_TOP_LOGPROBS_NUM,
+    MAX_TRACE_CALLS_PER_POST,
 )
 from radixlm.runtime.sampling.sampling_params import FLOAT_RANGES
 
@@ -323,6 +324,37 @@ class CacheTree(Out):
     num_waiting_reqs: int
     running: list[DashboardReq] = Field(description="at most 64")
     waiting: list[DashboardReq] = Field(description="at most 64 (state grammar: its grammar is compiling)")
+
+
+class TraceCall(Strict):
+    """One model call of a program run, as the language's trace records it (`radixlm.trace`;
+    `ProgramTrace.to_calls()`): its counts and times, not its text."""
+
+    program: str = Field(max_length=256)
+    run_id: str = Field(max_length=64)
+    branch: str = Field(max_length=64, description='the fork path ("" for the program itself, "0", "0.1" ...)')
+    index: Int = Field(ge=0, description="order of completion within the run")
+    primitive: Literal["gen", "select", "tool_call"]
+    name: str | None = Field(default=None, max_length=256)
+    prompt_tokens: Int | None = Field(default=None, ge=0)
+    cached_tokens: Int | None = Field(default=None, ge=0)
+    completion_tokens: Int | None = Field(default=None, ge=0)
+    latency_s: float = Field(ge=0)
+    started_at: float = Field(description="Unix time")
+    error: str | None = Field(default=None, max_length=1024)
+
+
+class TracesInput(Strict):
+    entries: list[TraceCall] = Field(max_length=MAX_TRACE_CALLS_PER_POST)
+
+
+class TracesAccepted(Out):
+    accepted: int
+    kept: int = Field(description="entries the server holds now (the newest, at most 2000)")
+
+
+class TracesOutput(Out):
+    entries: list[TraceCall] = Field(description="the newest entries, oldest first")
 
 
 class SeparateReasoningOutput(Out):

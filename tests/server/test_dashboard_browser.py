@@ -1,7 +1,7 @@
 """The dashboard in a real browser (headless Chromium over CDP, `cdp_browser`): the page loads
 open and empty, the API key typed once brings the data in, and after a few shared-prefix requests
 the numbers change and the tree shows the shared prefix with its token count; selecting a running
-request highlights its cached prefix. A screenshot is saved under tests/artifacts/.
+request highlights its cached prefix; a traced program's calls appear on the timeline. A screenshot is saved under tests/artifacts/.
 
 Nothing here waits for a time: each wait is for a condition in the page (deadlines only guard
 against hangs)."""
@@ -18,6 +18,8 @@ import httpx
 import pytest
 from cdp_browser import CHROMIUM, Browser
 from conftest import ServerHandle, running_server
+
+import radixlm as rl
 
 KEY = "dashboard-key-5f2"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -118,5 +120,20 @@ def test_the_dashboard_shows_the_shared_prefix_and_live_numbers(server: ServerHa
     assert seen is not None, "the long request never showed in the page"
     assert seen["path"][0] == len(SHARED) and seen["lockedOnPath"], seen
     assert seen["selection"].startswith(f"{rid}: ") and f"of {len(SHARED) + 2} prompt tokens cached" in seen["selection"]
+
+    # a traced program's calls, sent by the language, appear on the timeline
+    endpoint = rl.RuntimeEndpoint(url, api_key=KEY)
+
+    @rl.function
+    def two_answers(s: Any) -> None:
+        s += "A shared preamble for both questions. " * 4
+        s += "Q1:" + rl.gen("a1", max_tokens=3, temperature=0)
+        s += "Q2:" + rl.gen("a2", max_tokens=3, temperature=0)
+
+    assert endpoint.send_trace(two_answers.run(backend=endpoint, trace=True).trace()) == 2
+    names = browser.wait_for_function(
+        "(() => { const n = [...document.querySelectorAll('#traces rect.call')].map(r => r.dataset.name);"
+        " return n.includes('a2') && n; })()")
+    assert names[-2:] == ["a1", "a2"]
     browser.screenshot(ARTIFACTS / "dashboard.png")
     assert (ARTIFACTS / "dashboard.png").stat().st_size > 10_000

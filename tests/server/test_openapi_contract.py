@@ -57,9 +57,9 @@ def test_every_operation_documents_its_bodies_and_errors(document: dict[str, Any
     ops = {f"{m.upper()} {p}": op for p, methods in document["paths"].items() for m, op in methods.items()}
     assert set(ops) >= {"POST /generate", "POST /v1/completions", "POST /v1/chat/completions", "POST /abort_request",
                         "GET /v1/models", "GET /get_model_info", "GET /get_server_info", "GET /health", "GET /metrics",
-                        "POST /separate_reasoning", "GET /cache_tree", "GET /dashboard"}
+                        "POST /separate_reasoning", "GET /cache_tree", "GET /dashboard", "POST /traces", "GET /traces"}
     for label in ("POST /generate", "POST /v1/completions", "POST /v1/chat/completions", "POST /abort_request",
-                  "POST /separate_reasoning"):
+                  "POST /separate_reasoning", "POST /traces"):
         op = ops[label]
         assert op["requestBody"]["required"] is True
         assert set(op["requestBody"]["content"]) == {"application/json"}

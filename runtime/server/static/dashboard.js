@@ -7,7 +7,9 @@
 // ?poll_ms=N in the page's address sets the refresh period (at least 100 ms; 1 s by default)
 const POLL_MS = Math.max(100, Number(new URLSearchParams(location.search).get("poll_ms")) || 1000);
 const MAX_NODES = 200;
-const HISTORY = 120; // points kept per series
+const HISTORY = 120;
+const MAX_TRACE_CALLS = 300;
+const TRACE_RUNS = 12; // the newest runs drawn // points kept per series
 const ROW_H = 20;
 const INDENT = 16;
 const SVG = "http://www.w3.org/2000/svg";
@@ -50,9 +52,12 @@ async function poll() {
     }
     if (!resp.ok) throw new Error("HTTP " + resp.status);
     const state = await resp.json();
+    const traces = await fetch("/traces?max_entries=" + MAX_TRACE_CALLS, { headers, cache: "no-store" });
+    if (!traces.ok) throw new Error("HTTP " + traces.status + " from /traces");
     page.numPolls += 1;
     record(state);
     render(state);
+    drawTraces((await traces.json()).entries);
     setStatus("live, " + new Date().toLocaleTimeString(), false);
     document.body.dataset.polls = String(page.numPolls); // for tests: answers drawn so far
   } catch (err) {
@@ -253,6 +258,54 @@ function drawTree(tree, onPath) {
     title.textContent = "node " + n.id + ": " + n.num_tokens + " tokens, " + n.num_children + " children, "
       + (n.is_locked ? "locked by " + n.lock_ref + " request(s)" : "evictable");
   });
+}
+
+// ------------------------------------------------------------------ program traces
+function drawTraces(entries) {
+  // one row per (run, branch), newest runs last; bars placed on one time axis
+  const svg = $("traces");
+  svg.replaceChildren();
+  const runs = new Map();
+  for (const e of entries) {
+    if (!runs.has(e.run_id)) runs.set(e.run_id, []);
+    runs.get(e.run_id).push(e);
+  }
+  const shown = [...runs.values()].slice(-TRACE_RUNS);
+  const rows = [];
+  for (const calls of shown) {
+    const branches = [...new Set(calls.map((c) => c.branch))].sort();
+    for (const branch of branches) rows.push({ calls: calls.filter((c) => c.branch === branch), first: calls[0], branch });
+  }
+  const all = shown.flat();
+  const width = 1100, left = 230, rowH = 18;
+  svg.setAttribute("viewBox", "0 0 " + width + " " + Math.max(rowH, rows.length * rowH + 16));
+  svg.setAttribute("height", Math.max(rowH, rows.length * rowH + 16));
+  if (all.length === 0) {
+    svgEl("text", { x: 4, y: 9, class: "axis" }, svg).textContent = "no traces yet";
+    return;
+  }
+  const t0 = Math.min(...all.map((c) => c.started_at));
+  const t1 = Math.max(...all.map((c) => c.started_at + c.latency_s));
+  const scale = (width - left - 8) / Math.max(1e-6, t1 - t0);
+  rows.forEach((row, i) => {
+    const y = i * rowH + rowH / 2;
+    const name = svgEl("text", { x: 2, y }, svg);
+    name.textContent = row.first.program + " " + row.first.run_id.slice(0, 6) + (row.branch ? " fork " + row.branch : "");
+    for (const c of row.calls) {
+      const hit = c.prompt_tokens ? (c.cached_tokens || 0) / c.prompt_tokens : 0;
+      const x = left + (c.started_at - t0) * scale;
+      const w = Math.max(2, c.latency_s * scale);
+      const rect = svgEl("rect", { x, y: y - 6, width: w, height: 12, class: "call" + (c.error ? " error" : ""),
+                                   "fill-opacity": (0.25 + 0.75 * hit).toFixed(2) }, svg);
+      rect.dataset.name = c.name || "";
+      svgEl("title", {}, rect).textContent = c.primitive + " " + (c.name || "") + ": " + fmt(c.cached_tokens) + " of "
+        + fmt(c.prompt_tokens) + " prompt tokens cached, " + fmt(c.completion_tokens) + " generated, "
+        + c.latency_s.toFixed(3) + " s" + (c.error ? ", " + c.error : "");
+      if (w > 40) svgEl("text", { x: x + 3, y }, svg).textContent = c.primitive + " " + (c.name || "");
+    }
+  });
+  const axis = svgEl("text", { x: left, y: rows.length * rowH + 8, class: "axis" }, svg);
+  axis.textContent = "0 s … " + (t1 - t0).toFixed(2) + " s";
 }
 
 $("key-form").addEventListener("submit", connect);

@@ -52,6 +52,7 @@ from radixlm.runtime.bench.llamacpp_peer import (
     print_peer_summary,
     run_llamacpp,
 )
+from radixlm.runtime.bench.plot import plot_ratios, speed_ratio
 from radixlm.runtime.envs import set_omp_defaults
 
 set_omp_defaults()  # before torch loads, for our engine and the baseline alike
@@ -242,12 +243,9 @@ def _print_table(dtype: str, ours: Result, base: Result | None) -> None:
         if base is None or key not in base:
             print(f"| {key} | {value:.2f} | - | - |")
             continue
-        lower_is_better = key.endswith(" s") or key.endswith("s/request")
-        if not (lower_is_better or key.endswith("tok/s")) or min(value, base[key]) <= 0:
-            print(f"| {key} | {value:.2f} | {base[key]:.2f} | - |")  # counts: no ratio
-            continue
-        ratio = base[key] / value if lower_is_better else value / base[key]
-        print(f"| {key} | {value:.2f} | {base[key]:.2f} | {ratio:.2f}x |")
+        ratio = speed_ratio(key, value, base[key])
+        shown = "-" if ratio is None else f"{ratio:.2f}x"  # counts: no ratio
+        print(f"| {key} | {value:.2f} | {base[key]:.2f} | {shown} |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -273,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peer-configs", default="full", help="llama.cpp configurations: full (dtype bf16/q8_0/q4_1 "
                         "x batch 16/32 x flash attention on/off x n_ubatch 512/2048), quick (bf16, q8_0, q4_1 at "
                         "32:on:512) or DTYPE:BATCH:FA:UBATCH,... with * for all (dtypes also f32, f16)")
+    parser.add_argument("--plot", default=None, metavar="OUT.png", help="also draw the table's ratios against "
+                        "transformers per workload into this file (needs matplotlib: the `plot` extra)")
     args = parser.parse_args(argv)
     try:
         grammar_config = grammar_bench.config_from_args(args, prefix="grammar-", repeats=args.repeats,
@@ -324,6 +324,9 @@ def main(argv: list[str] | None = None) -> int:
         print_peer_summary(ours_by_dtype, base_by_dtype, peer)
     if args.grammar:
         grammar_bench.print_table(grammar_config)
+    if args.plot:
+        plot_ratios(args.plot, ours_by_dtype, base_by_dtype)
+        print(f"\nfigure: {args.plot}")
     return 0
 
 

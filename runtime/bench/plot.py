@@ -1,11 +1,14 @@
-"""`--plot out.png` of the engine bench: a figure of its table, radixlm's ratio against
+"""The bench's figures (`--plot out.png`). Engine bench: its table as radixlm's ratio against
 transformers for each metric that has one (throughput: ours / theirs; times: theirs / ours; so
-right of the 1.0 line is radixlm faster), one bar per dtype. Needs matplotlib (the `plot` extra:
-`pip install 'radixlm[plot]'`), imported only when a figure is asked for."""
+right of the 1.0 line is radixlm faster), one bar per dtype. Serving bench (`--serving
+--concurrency 1,8,32`): output throughput and TTFT / inter-token latency against concurrency.
+Needs matplotlib (the `plot` extra: `pip install 'radixlm[plot]'`), imported only when a figure
+is asked for."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 Result = dict[str, float]
 
@@ -30,13 +33,18 @@ def ratios(ours_by_dtype: dict[str, Result], base_by_dtype: dict[str, Result]) -
     return out
 
 
-def plot_ratios(path: str | Path, ours_by_dtype: dict[str, Result], base_by_dtype: dict[str, Result]) -> int:
-    """Write the figure to `path` (PNG, SVG or PDF by its suffix); returns the number of bars."""
+def _pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")  # no display
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def plot_ratios(path: str | Path, ours_by_dtype: dict[str, Result], base_by_dtype: dict[str, Result]) -> int:
+    """Write the figure to `path` (PNG, SVG or PDF by its suffix); returns the number of bars."""
+    plt = _pyplot()
     table = ratios(ours_by_dtype, base_by_dtype)
     metrics = list(table)
     dtypes = [d for d in ours_by_dtype if any(d in row for row in table.values())]
@@ -61,3 +69,34 @@ def plot_ratios(path: str | Path, ours_by_dtype: dict[str, Result], base_by_dtyp
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return num_bars
+
+
+def plot_serving(path: str | Path, served: dict[int, dict[str, dict[str, float]]]) -> int:
+    """`served`: concurrency -> workload -> the serving bench's figures. Left: output tok/s;
+    right: TTFT p50 (solid) and ITL p50 (dashed), against concurrency. Returns the lines drawn."""
+    plt = _pyplot()
+    levels = sorted(served)
+    workloads = sorted({name for by_name in served.values() for name in by_name})
+    fig, (tput, lat) = plt.subplots(1, 2, figsize=(10, 3.8))
+    lines = 0
+    for name in workloads:
+        xs = [c for c in levels if name in served[c]]
+        (line,) = tput.plot(xs, [served[c][name]["output tok/s"] for c in xs], marker="o", label=name)
+        color = line.get_color()  # one colour per workload in both panels
+        lat.plot(xs, [served[c][name]["TTFT p50 s"] for c in xs], marker="o", color=color, label=f"{name} TTFT p50")
+        lat.plot(xs, [served[c][name]["ITL p50 ms"] / 1000 for c in xs], marker="s", linestyle="--", color=color,
+                 label=f"{name} ITL p50")
+        lines += 3
+    for ax, title, ylabel in ((tput, "throughput", "output tokens / s"), (lat, "latency", "seconds")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(levels, [str(c) for c in levels])
+        ax.set_xlabel("concurrent streaming clients")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("radixlm serving bench")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return lines

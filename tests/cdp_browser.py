@@ -94,7 +94,10 @@ class Browser:
 
     def screenshot(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(b64decode(self.cdp("Page.captureScreenshot", format="png", captureBeyondViewport=True)["data"]))
+        width, height = self.evaluate("[document.documentElement.scrollWidth, document.documentElement.scrollHeight]")
+        clip = {"x": 0, "y": 0, "width": width, "height": height, "scale": 1}  # the whole page
+        shot = self.cdp("Page.captureScreenshot", format="png", captureBeyondViewport=True, clip=clip)
+        path.write_bytes(b64decode(shot["data"]))
 
     def close(self) -> None:
         try:

@@ -118,7 +118,7 @@ function drawChart(svg, lists, fixedMax) {
     svgEl("polyline", { points, class: "series-" + i }, svg);
   });
   const label = svgEl("text", { x: 2, y: 9 }, svg);
-  label.textContent = "max " + (max >= 10 ? max.toFixed(0) : max.toPrecision(2));
+  label.textContent = values.length === 0 ? "no data yet" : "max " + (max >= 10 ? max.toFixed(0) : max.toPrecision(2));
 }
 
 // ------------------------------------------------------------------ figures and pool

@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.radixlm-installed
 
-.PHONY: setup model serve serve-replicas test lint bench bench-peers clean
+.PHONY: setup model browser serve serve-replicas test lint bench bench-peers clean
 
 setup: $(STAMP)
 
@@ -30,7 +30,12 @@ N ?= 2
 serve-replicas: model
 	$(BIN)/python -m radixlm.runtime.server.replicas --num-replicas $(N) $(ROUTER_ARGS) -- $(ARGS)
 
-test: model
+# the dashboard's browser test runs Debian's chromium (CI runs as root, with apt)
+CHROMIUM := /usr/bin/chromium
+browser:
+	test -x $(CHROMIUM) || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
+
+test: model browser
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest $(ARGS)
 
 lint: setup

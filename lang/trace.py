@@ -15,6 +15,9 @@ by the chat template; `messages` instead where the backend's API takes chat mess
 the server's counts (None where the API reports none; summed over the requests of an n > 1 gen);
 `latency_s` is the wall time of the call as the program waited for it, `started_at` its Unix
 time; `error` the error's text if the call failed (the run then raises it).
+
+`RuntimeEndpoint.send_trace(state.trace())` sends a run's calls to the server (`POST /traces`,
+without the texts), whose dashboard draws them as a timeline.
 """
 
 from __future__ import annotations
@@ -96,6 +99,11 @@ class ProgramTrace:
             "completion_tokens": sum(e.completion_tokens or 0 for e in self.entries),
             "latency_s": sum(e.latency_s for e in self.entries),
         }
+
+    def to_calls(self) -> list[dict[str, Any]]:
+        """The entries as a server's `POST /traces` takes them (`RuntimeEndpoint.send_trace`):
+        counts and times, without the text sent and received."""
+        return [{k: v for k, v in e.to_dict().items() if k not in ("sent", "received")} for e in self.entries]
 
     def to_jsonl(self) -> str:
         return "".join(json.dumps(e.to_dict(), ensure_ascii=False, default=str) + "\n" for e in self.entries)

@@ -61,3 +61,9 @@ def json_depth(value: object, limit: int) -> int:
         deepest = max(deepest, depth)
         stack.extend((child, depth) for child in children if isinstance(child, (dict, list)))
     return deepest
+
+# ---------------------------------------------------------------- the dashboard
+MAX_CACHE_TREE_NODES = 1000  # `max_nodes` of GET /cache_tree
+DEFAULT_CACHE_TREE_NODES = 200
+MAX_TRACE_CALLS_PER_POST = 256  # entries of one POST /traces (the language sends larger traces in parts)
+TRACE_CALLS_KEPT = 2000  # the server keeps the newest this many (GET /traces `max_entries` at most this)

@@ -2,9 +2,9 @@
 encode/decode pair (pickle: all parties are our own processes on one machine, sockets are ipc://
 in a private directory).
 
-  TokenizerManager --TokenizedGenerateReq / AbortReq / FlushCacheReq / GetInfoReq--> Scheduler
+  TokenizerManager --TokenizedGenerateReq / AbortReq / FlushCacheReq / GetInfoReq / CacheTreeReq--> Scheduler
   Scheduler --BatchTokenIDOut--> Detokenizer --BatchStrOut--> TokenizerManager
-  Scheduler --FlushCacheResp / GetInfoResp--> TokenizerManager
+  Scheduler --FlushCacheResp / GetInfoResp / CacheTreeResp--> TokenizerManager
 
 Data crosses each boundary once, in its final form: sampling parameters travel as the frozen
 `SamplingParams` validated at the door (pickle rebuilds it without running its checks again),
@@ -58,6 +58,18 @@ class GetInfoReq:
 class GetInfoResp:
     request_id: str
     info: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class CacheTreeReq:
+    request_id: str
+    max_nodes: int  # validated at the door (1..MAX_CACHE_TREE_NODES)
+
+
+@dataclass(frozen=True)
+class CacheTreeResp:
+    request_id: str
+    state: dict[str, Any]  # the `CacheTree` body of GET /cache_tree (scheduler.cache_tree_state)
 
 
 TokenLogprob = tuple[float | None, int]  # (logprob, token id); None for the first prompt token

@@ -44,6 +44,7 @@ from radixlm.runtime.limits import (
     MAX_STOP_STRINGS,
     MAX_STOP_TOKEN_IDS,
     MAX_TOP_LOGPROBS_NUM,
+    MAX_TRACE_CALLS_PER_POST,
 )
 from radixlm.runtime.protocol_sglang import (
     SglangChatFields,
@@ -228,6 +229,124 @@ class ServerInfo(BaseModel):
     num_grammar_queue_reqs: int
     num_retractions: int
     scheduler_pid: int
+
+
+class CacheTreeNode(Out):
+    id: int = Field(description="the node's id (its creation order in the cache)")
+    parent: int | None = Field(description="the parent's id; null for a child of the root")
+    label: str = Field(description="the text of the node's first tokens")
+    num_tokens: int
+    lock_ref: int = Field(description="running requests reading this node")
+    is_locked: bool = Field(description="locked (lock_ref > 0) or evictable")
+    last_access: int = Field(description="the cache's logical clock at the node's last use (see tree.clock)")
+    num_children: int
+    num_hidden_children: int = Field(description="children not in the answer")
+
+
+class CacheTreeView(Out):
+    nodes: list[CacheTreeNode] = Field(description="the nodes holding the most tokens, parents first")
+    num_nodes: int = Field(description="nodes in the whole cache")
+    total_tokens: int
+    evictable_tokens: int
+    locked_tokens: int
+    clock: int = Field(description="the cache's logical clock now (a counter of cache operations)")
+    num_visited: int = Field(description="nodes read to build this answer (bounded by max_nodes)")
+
+
+class PoolState(Out):
+    total_tokens: int
+    free_tokens: int
+    cached_tokens: int = Field(description="held by the radix cache")
+    used_tokens: int = Field(description="held by running requests (not yet cached)")
+
+
+class CacheCounters(Out):
+    queried_tokens: int = Field(description="prompt tokens looked up in the cache, since the start")
+    matched_tokens: int = Field(description="... of which found cached")
+    hit_rate: float
+    evicted_tokens: int
+
+
+class StepRate(Out):
+    num_forwards: int
+    window_s: float
+    extend_tokens_per_s: float = Field(description="prompt tokens computed per second over the window")
+    decode_tokens_per_s: float = Field(description="tokens decoded per second over the window")
+    steps_per_s: float
+
+
+class GrammarInfo(Out):
+    kind: Literal["json_schema", "regex", "ebnf", "structural_tag"]
+    spec: str = Field(description="the grammar's first characters")
+
+
+class DashboardReq(Out):
+    rid: str
+    state: Literal["running", "prefilling", "waiting", "grammar"]
+    prompt_head: str = Field(description="the text of the prompt's first tokens")
+    prompt_tokens: int
+    cached_tokens: int
+    generated_tokens: int
+    grammar: GrammarInfo | None
+    matched_node: int | None = Field(
+        description="the deepest node of its cached prefix that is in tree.nodes (null while waiting)")
+
+
+class ServerCounters(Out):
+    requests_started: int
+    requests_finished: int
+    requests_aborted: int
+    prompt_tokens: int
+    generation_tokens: int = Field(description="of finished and aborted requests")
+    ttft_sum: float = Field(description="seconds, over ttft_count first tokens")
+    ttft_count: int
+    itl_sum: float = Field(description="seconds, over itl_count gaps between output tokens")
+    itl_count: int
+
+
+class CacheTree(Out):
+    """GET /cache_tree: the radix cache, the KV pool and the requests, bounded in size."""
+
+    tree: CacheTreeView
+    pool: PoolState
+    cache: CacheCounters
+    steps: StepRate
+    server: ServerCounters
+    num_running_reqs: int
+    num_waiting_reqs: int
+    running: list[DashboardReq] = Field(description="at most 64")
+    waiting: list[DashboardReq] = Field(description="at most 64 (state grammar: its grammar is compiling)")
+
+
+class TraceCall(Strict):
+    """One model call of a program run, as the language's trace records it (`radixlm.trace`;
+    `ProgramTrace.to_calls()`): its counts and times, not its text."""
+
+    program: str = Field(max_length=256)
+    run_id: str = Field(max_length=64)
+    branch: str = Field(max_length=64, description='the fork path ("" for the program itself, "0", "0.1" ...)')
+    index: Int = Field(ge=0, description="order of completion within the run")
+    primitive: Literal["gen", "select", "tool_call"]
+    name: str | None = Field(default=None, max_length=256)
+    prompt_tokens: Int | None = Field(default=None, ge=0)
+    cached_tokens: Int | None = Field(default=None, ge=0)
+    completion_tokens: Int | None = Field(default=None, ge=0)
+    latency_s: float = Field(ge=0)
+    started_at: float = Field(description="Unix time")
+    error: str | None = Field(default=None, max_length=1024)
+
+
+class TracesInput(Strict):
+    entries: list[TraceCall] = Field(max_length=MAX_TRACE_CALLS_PER_POST)
+
+
+class TracesAccepted(Out):
+    accepted: int
+    kept: int = Field(description="entries the server holds now (the newest, at most 2000)")
+
+
+class TracesOutput(Out):
+    entries: list[TraceCall] = Field(description="the newest entries, oldest first")
 
 
 class SeparateReasoningOutput(Out):

@@ -63,6 +63,8 @@ def test_the_wheel_carries_every_kernel_source(wheel: Path) -> None:
     for package in ("radixlm/runtime/server/serve.py", "radixlm/runtime/scheduler/scheduler.py",
                     "radixlm/runtime/mem_cache/radix_cache.py", "radixlm/runtime/bench/__main__.py"):
         assert package in names
+    page = {f"radixlm/runtime/server/static/{p.name}" for p in (ROOT / "runtime" / "server" / "static").iterdir()}
+    assert len(page) == 3 and page <= names, f"the dashboard's page is missing: {sorted(page - names)}"
 
 
 @pytest.mark.skipif(not cpu_linear.cpu_supports_avx512(), reason="the C++ kernels need AVX-512 (this CPU lacks it)")

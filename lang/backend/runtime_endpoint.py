@@ -12,6 +12,8 @@ import httpx
 from radixlm.backend.base import BackendError, NativeBackend
 from radixlm.chat_template import CHATML, ChatTemplate
 
+TRACE_CALLS_PER_POST = 256  # the server's limit (runtime.limits.MAX_TRACE_CALLS_PER_POST)
+
 
 class RuntimeEndpoint(NativeBackend):
     def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 600.0, chat_template: ChatTemplate | None = None):
@@ -53,6 +55,14 @@ class RuntimeEndpoint(NativeBackend):
             return self._client.post("/flush_cache").status_code == 200
         except httpx.TransportError as e:
             raise self._connection_error(e) from e
+
+    def send_trace(self, trace: Any) -> int:
+        """Send a run's trace (`state.trace()`, a ProgramTrace) to the server's `POST /traces`
+        (its dashboard draws it), in parts of at most TRACE_CALLS_PER_POST; returns the count sent."""
+        calls = trace.to_calls()
+        for start in range(0, len(calls), TRACE_CALLS_PER_POST):
+            self._request("POST", "/traces", {"entries": calls[start : start + TRACE_CALLS_PER_POST]})
+        return len(calls)
 
     def get_server_info(self) -> dict[str, Any]:
         return self._request("GET", "/get_server_info")

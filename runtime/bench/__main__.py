@@ -53,6 +53,7 @@ from radixlm.runtime.bench.llamacpp_peer import (
     print_same_precision,
     run_llamacpp,
 )
+from radixlm.runtime.bench.plot import plot_ratios, speed_ratio
 from radixlm.runtime.envs import set_omp_defaults
 
 set_omp_defaults()  # before torch loads, for our engine and the baseline alike
@@ -267,12 +268,16 @@ def _print_table(dtype: str, ours: Result, base: Result | None) -> None:
         if base is None or key not in base:
             print(f"| {key} | {value:.2f} | - | - |")
             continue
-        lower_is_better = key.endswith(" s") or key.endswith("s/request")
-        if not (lower_is_better or key.endswith("tok/s")) or min(value, base[key]) <= 0:
-            print(f"| {key} | {value:.2f} | {base[key]:.2f} | - |")  # counts: no ratio
-            continue
-        ratio = base[key] / value if lower_is_better else value / base[key]
-        print(f"| {key} | {value:.2f} | {base[key]:.2f} | {ratio:.2f}x |")
+        ratio = speed_ratio(key, value, base[key])
+        shown = "-" if ratio is None else f"{ratio:.2f}x"  # counts: no ratio
+        print(f"| {key} | {value:.2f} | {base[key]:.2f} | {shown} |")
+
+
+def _int_list(text: str) -> list[int]:
+    values = [int(part) for part in text.split(",") if part.strip()]
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers separated by commas, got {text!r}")
+    return values
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -289,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="serving mode: concurrent HTTP clients replay W2/W3 against a server")
     parser.add_argument("--url", default=None, help="serving mode: an already running server (default: start "
                         "one); F workloads: run radixlm through this server instead of in-process")
-    parser.add_argument("--concurrency", type=int, default=32, help="serving mode: concurrent clients")
+    parser.add_argument("--concurrency", type=_int_list, default=[32],
+                        help="serving mode: concurrent clients, or a comma-separated sweep (1,8,32)")
     parser.add_argument("--neighbour", action="store_true", help="run every system quiet, then beside one "
                         "CPU-bound process, and print both and each system's slowdown")
     parser.add_argument("--grammar", action="store_true", help="after the other tables, the grammar table "
@@ -300,6 +306,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peer-configs", default="full", help="llama.cpp configurations: full (dtype bf16/q8_0/q4_1 "
                         "x batch 16/32 x flash attention on/off x n_ubatch 512/2048), quick (bf16, q8_0, q4_1 at "
                         "32:on:512) or DTYPE:BATCH:FA:UBATCH,... with * for all (dtypes also f32, f16)")
+    parser.add_argument("--plot", default=None, metavar="OUT.png", help="also draw the table's ratios against "
+                        "transformers per workload (serving mode: throughput and latency against concurrency) "
+                        "into this file (needs matplotlib: the `plot` extra)")
     args = parser.parse_args(argv)
     try:
         grammar_config = grammar_bench.config_from_args(args, prefix="grammar-", repeats=args.repeats,
@@ -309,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.serving:
         from radixlm.runtime.bench.serving import run_serving
 
-        run_serving(args.url, args.concurrency, [], args.repeats)
+        run_serving(args.url, args.concurrency, [], args.repeats, plot=args.plot)
         return 0
     import torch
 
@@ -353,6 +362,9 @@ def main(argv: list[str] | None = None) -> int:
         print_same_precision(ours_by_dtype, peer)
     if args.grammar:
         grammar_bench.print_table(grammar_config)
+    if args.plot:
+        plot_ratios(args.plot, ours_by_dtype, base_by_dtype)
+        print(f"\nfigure: {args.plot}")
     return 0
 
 

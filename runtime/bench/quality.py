@@ -27,7 +27,7 @@ MODES: dict[str, dict[str, Any]] = {
     "bfloat16": {"dtype": "bfloat16", "quantization": "none"},
     "q4_1 weight-only": {"dtype": "float32", "quantization": "gguf", "quantized_activations": "float32"},
     "q4_1 int8": {"dtype": "float32", "quantization": "gguf", "quantized_activations": "int8"},
-    "q4_1 int8, bf16 rest": {"dtype": "bfloat16", "quantization": "gguf", "quantized_activations": "int8"},
+    "q4_1 int8 bf16": {"dtype": "bfloat16", "quantization": "gguf", "quantized_activations": "int8"},
     "q8_0 int8": {"dtype": "float32", "quantization": "q8_0", "quantized_activations": "int8"},
     "q4_0 int8": {"dtype": "float32", "quantization": "q4_0", "quantized_activations": "int8"},
     "w8a8_int8": {"dtype": "float32", "quantization": "w8a8_int8"},

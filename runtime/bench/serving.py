@@ -3,6 +3,8 @@
 Each client streams its requests from /generate (SSE) and records the time to first token and
 the gaps between later tokens. Reports request throughput, output tokens/s, TTFT and inter-token
 latency p50 / p99. Starts its own server (`radixlm serve` on a free port) unless --url is given.
+`--concurrency 1,8,32` sweeps the client counts (a table each); with `--plot out.png`, a figure of
+throughput and latency against concurrency.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import httpx
@@ -129,10 +131,14 @@ def in_process(prompts: list[str], new_tokens: int, repeats: int, dtype: str) ->
     return {"output tok/s": len(prompts) * new_tokens / wall, "wall s": wall}
 
 
-def run_serving(url: str | None, concurrency: int, server_args: list[str], repeats: int = 1) -> None:
-    """Each workload replayed `repeats` times (the median run by output tok/s is shown). With a
-    server of its own (no `url`), the same workloads then run on the in-process Engine with the
-    server's defaults, once the server is gone, and the last column is serving / in-process."""
+def run_serving(url: str | None, concurrency: int | Sequence[int], server_args: list[str], repeats: int = 1,
+                plot: str | None = None) -> dict[int, dict[str, dict[str, float]]]:
+    """Each workload replayed `repeats` times at each concurrency (the median run by output tok/s
+    is shown). With a server of its own (no `url`), the same workloads then run on the in-process
+    Engine with the server's defaults, once the server is gone, and the last column is serving /
+    in-process. `plot`: also draw throughput and latency against concurrency into that file.
+    Returns concurrency -> workload -> figures."""
+    levels = [concurrency] if isinstance(concurrency, int) else list(concurrency)
     proc = None
     if url is None:
         proc, url = start_server(server_args)
@@ -140,17 +146,18 @@ def run_serving(url: str | None, concurrency: int, server_args: list[str], repea
         "W2": (wl.w2_prompts(), wl.W2_NEW_TOKENS),
         "W3": (wl.w3_workload()[1], wl.W3_NEW_TOKENS),
     }
-    served: dict[str, dict[str, float]] = {}
+    served: dict[int, dict[str, dict[str, float]]] = {level: {} for level in levels}
     try:
         for name, (prompts, new_tokens) in workloads.items():
             httpx.post(url + "/flush_cache", timeout=60)
-            asyncio.run(replay(url, prompts[:4], new_tokens, min(4, concurrency)))  # warm-up
+            asyncio.run(replay(url, prompts[:4], new_tokens, min(4, max(levels))))  # warm-up
+            for level in levels:
 
-            def once(prompts: list[str] = prompts, new_tokens: int = new_tokens) -> dict[str, float]:
-                httpx.post(url + "/flush_cache", timeout=60)
-                return asyncio.run(replay(url, prompts, new_tokens, concurrency))
+                def once(prompts: list[str] = prompts, new_tokens: int = new_tokens, level: int = level) -> dict[str, float]:
+                    httpx.post(url + "/flush_cache", timeout=60)
+                    return asyncio.run(replay(url, prompts, new_tokens, level))
 
-            served[name] = _median_run(once, repeats)
+                served[level][name] = _median_run(once, repeats)
     finally:
         if proc is not None:
             proc.terminate()
@@ -159,6 +166,18 @@ def run_serving(url: str | None, concurrency: int, server_args: list[str], repea
     if proc is not None:
         dtype = server_args[server_args.index("--dtype") + 1] if "--dtype" in server_args else "auto"
         local = {name: in_process(prompts, n, repeats, dtype) for name, (prompts, n) in workloads.items()}
+    for level in levels:
+        _print_serving_table(level, url, repeats, served[level], local)
+    if plot is not None:
+        from radixlm.runtime.bench.plot import plot_serving
+
+        plot_serving(plot, served)
+        print(f"\nfigure: {plot}")
+    return served
+
+
+def _print_serving_table(concurrency: int, url: str, repeats: int, served: dict[str, dict[str, float]],
+                         local: dict[str, dict[str, float]]) -> None:
     print(f"\n## serving, {concurrency} concurrent streaming clients, {url}, median of {repeats}")
     print("| workload | requests/s | output tok/s | wall s | TTFT p50 s | TTFT p99 s | ITL p50 ms | ITL p99 ms "
           "| in-process output tok/s | serving / in-process |")

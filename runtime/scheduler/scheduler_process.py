@@ -2,7 +2,7 @@
 
 Loop: drain incoming messages (dispatched by type), run one `Scheduler.step()` when there is
 work (else block on the socket briefly), send each step's token ids to the detokenizer. Replies
-to control requests (flush, info) go straight to the tokenizer manager.
+to control requests (flush, info, cache tree) go straight to the tokenizer manager.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import zmq
 
 from radixlm.runtime import messages as io
 from radixlm.runtime.ipc import IpcPaths, exit_with_parent, pull_socket, push_socket
+from radixlm.runtime.scheduler.cache_tree_state import cache_tree_state
 from radixlm.runtime.scheduler.req import LogprobOptions
 from radixlm.runtime.scheduler.scheduler_stack import SchedulerStack
 from radixlm.runtime.server_args import ServerArgs
@@ -38,6 +39,7 @@ class SchedulerServer:
             io.AbortReq: self.handle_abort,
             io.FlushCacheReq: self.handle_flush_cache,
             io.GetInfoReq: self.handle_get_info,
+            io.CacheTreeReq: self.handle_cache_tree,
         }
 
     def handle(self, msg: object) -> object | None:
@@ -64,6 +66,10 @@ class SchedulerServer:
 
     def handle_get_info(self, msg: io.GetInfoReq) -> io.GetInfoResp:
         return io.GetInfoResp(msg.request_id, {**self.stack.server_info(), "scheduler_pid": os.getpid()})
+
+    def handle_cache_tree(self, msg: io.CacheTreeReq) -> io.CacheTreeResp:
+        return io.CacheTreeResp(msg.request_id, cache_tree_state(
+            self.scheduler, msg.max_nodes, lambda ids: self.stack.tokenizer.decode(ids, skip_special_tokens=False)))
 
     def step(self) -> io.BatchTokenIDOut | None:
         outputs = self.scheduler.step()

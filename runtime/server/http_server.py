@@ -5,7 +5,8 @@ Native API: POST /generate (text or input_ids, single or batch, `n`, logprobs, S
 GET /get_model_info (= /model_info), GET /get_server_info (= /server_info), POST (or GET)
 /flush_cache, GET /health, GET /health_generate, POST /abort_request, GET /metrics, GET /get_load
 (what sglang-router reads of a worker's load), POST /separate_reasoning (a text split by a named
-reasoning parser, `radixlm.reasoning`).
+reasoning parser, `radixlm.reasoning`); the dashboard's GET /cache_tree and GET /dashboard are
+added by `dashboard.register_dashboard_routes`.
 """
 
 from __future__ import annotations
@@ -48,10 +49,11 @@ from radixlm.runtime.protocol import (
 )
 from radixlm.runtime.request_io import GenerateRequest, PreparedRequest, RequestError, parse_generate
 from radixlm.runtime.request_output import OutputChunk
+from radixlm.runtime.server.dashboard import PAGE_FILES, register_dashboard_routes
 from radixlm.runtime.server.tokenizer_manager import ServiceUnavailable, TokenizerManager
 from radixlm.tool_calls import ToolSpecError
 
-OPEN_PATHS = {"/health"}  # reachable without the API key
+OPEN_PATHS = {"/health", *PAGE_FILES}  # reachable without the API key (the dashboard's page holds no data)
 logger = logging.getLogger(__name__)
 
 
@@ -270,6 +272,7 @@ def create_app(
     document_native_routes(docs, secured=api_key is not None)
     register_openai_routes(app, tm, tool_call_parser, docs, secured=api_key is not None,
                            reasoning_parser=reasoning_parser)
+    register_dashboard_routes(app, tm, docs, secured=api_key is not None)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

@@ -130,7 +130,11 @@ class TokenizerManager:
         resp = await self._control_call(io.GetInfoReq(uuid.uuid4().hex))
         return dict(resp.info)
 
-    async def _control_call(self, msg: io.FlushCacheReq | io.GetInfoReq, timeout: float = 30.0) -> Any:
+    async def get_cache_tree(self, max_nodes: int) -> dict[str, Any]:
+        resp = await self._control_call(io.CacheTreeReq(uuid.uuid4().hex, max_nodes))
+        return dict(resp.state)
+
+    async def _control_call(self, msg: io.FlushCacheReq | io.GetInfoReq | io.CacheTreeReq, timeout: float = 30.0) -> Any:
         if self.dead_reason is not None:
             raise ServiceUnavailable(self.dead_reason)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -158,7 +162,7 @@ class TokenizerManager:
             if isinstance(msg, io.BatchStrOut):
                 for out in msg.outputs:
                     self._on_output(out)
-            elif isinstance(msg, (io.FlushCacheResp, io.GetInfoResp)):
+            elif isinstance(msg, (io.FlushCacheResp, io.GetInfoResp, io.CacheTreeResp)):
                 future = self._control.get(msg.request_id)
                 if future is not None and not future.done():
                     future.set_result(msg)

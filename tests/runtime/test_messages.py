@@ -27,6 +27,8 @@ MESSAGES = [
     io.FlushCacheResp("f", True),
     io.GetInfoReq("i"),
     io.GetInfoResp("i", {"num_running_reqs": 0}),
+    io.CacheTreeReq("t", 200),
+    io.CacheTreeResp("t", {"tree": {"nodes": []}, "running": []}),
     io.BatchTokenIDOut(
         (io.ReqOutput("r1", (9,), None, 3, 1, 0, ENTRIES),),
         {"r1": io.DecodeSettings(PARAMS, (2, 3))},

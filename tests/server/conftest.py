@@ -10,6 +10,7 @@ import sys
 import time
 import zipfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,6 +65,17 @@ def start_server(model_path: Path | None, log_path: Path, *extra: str, timeout: 
         time.sleep(0.2)
     proc.kill()
     raise RuntimeError(f"server did not become healthy in {timeout}s:\n{log_path.read_text()}")
+
+
+@contextmanager
+def running_server(model_path: Path | None, tmp_path_factory: pytest.TempPathFactory, name: str,
+                   *flags: str) -> Iterator[ServerHandle]:
+    """A server for a module's tests (its log under a temp folder `name`), stopped at the end."""
+    handle = start_server(model_path, tmp_path_factory.mktemp(name) / "server.log", *flags)
+    try:
+        yield handle
+    finally:
+        handle.stop()
 
 
 @pytest.fixture(scope="session")

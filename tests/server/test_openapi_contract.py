@@ -15,6 +15,7 @@ import pytest
 from conftest import ServerHandle
 
 from radixlm.runtime.bench.fuzz import format_runs, fuzz
+from radixlm.runtime.limits import MAX_CACHE_TREE_NODES
 
 EXAMPLES = 25
 
@@ -56,9 +57,9 @@ def test_every_operation_documents_its_bodies_and_errors(document: dict[str, Any
     ops = {f"{m.upper()} {p}": op for p, methods in document["paths"].items() for m, op in methods.items()}
     assert set(ops) >= {"POST /generate", "POST /v1/completions", "POST /v1/chat/completions", "POST /abort_request",
                         "GET /v1/models", "GET /get_model_info", "GET /get_server_info", "GET /health", "GET /metrics",
-                        "POST /separate_reasoning"}
+                        "POST /separate_reasoning", "GET /cache_tree", "GET /dashboard", "POST /traces", "GET /traces"}
     for label in ("POST /generate", "POST /v1/completions", "POST /v1/chat/completions", "POST /abort_request",
-                  "POST /separate_reasoning"):
+                  "POST /separate_reasoning", "POST /traces"):
         op = ops[label]
         assert op["requestBody"]["required"] is True
         assert set(op["requestBody"]["content"]) == {"application/json"}
@@ -70,6 +71,12 @@ def test_every_operation_documents_its_bodies_and_errors(document: dict[str, Any
         event = ops[label]["responses"]["200"]["content"]["text/event-stream"]["schema"]
         assert event["properties"]["data"]["anyOf"][0] == {"const": "[DONE]"}
     assert set(ops["GET /metrics"]["responses"]["200"]["content"]) == {"text/plain"}
+    (max_nodes,) = ops["GET /cache_tree"]["parameters"]
+    assert max_nodes["name"] == "max_nodes" and max_nodes["in"] == "query"
+    assert (max_nodes["schema"]["minimum"], max_nodes["schema"]["maximum"]) == (1, MAX_CACHE_TREE_NODES)
+    assert ops["GET /cache_tree"]["responses"]["200"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/CacheTree"}
+    assert set(ops["GET /dashboard"]["responses"]["200"]["content"]) == {"text/html"}
     assert "content" not in ops["GET /health"]["responses"]["200"]  # no body, not JSON
     schemas = document["components"]["schemas"]
     assert schemas["GenerateReqInput"]["additionalProperties"] is False  # unknown fields: documented as refused

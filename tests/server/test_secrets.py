@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import ServerHandle, start_server
+from conftest import ServerHandle, running_server
 
 KEY = "sk-radixlm-SECRET-7f3a9c1e"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -32,10 +32,9 @@ BAD_BODIES: list[Any] = [{"text": "hi", "sampling_params": {"bogus": 1}}, {"bogu
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
-    log = tmp_path_factory.mktemp("secrets") / "server.log"
-    handle = start_server(tiny_model_dir, log, "--api-key", KEY, "--log-level", "debug", "--max-total-tokens", "2048")
-    yield handle
-    handle.stop()
+    with running_server(tiny_model_dir, tmp_path_factory, "secrets", "--api-key", KEY, "--log-level", "debug",
+                        "--max-total-tokens", "2048") as handle:
+        yield handle
 
 
 def routes(server: ServerHandle) -> dict[str, set[str]]:

@@ -24,12 +24,12 @@ FOLDERS = {"lang": "radixlm", "runtime": "radixlm.runtime", "kernels": "radixlm.
 
 # The runtime's units, bottom up: a unit may import units of its own layer or below, never above.
 LAYERS: list[set[str]] = [
-    {"errors", "limits", "envs"},
+    {"errors", "limits", "envs", "json_types"},
     {"tokenizer", "ipc"},
     {"mem_cache", "sampling", "constrained"},
     {"server_args"},  # checks a JSON whitespace pattern with constrained/ when built
     {"messages"},  # carry the frozen SamplingParams
-    {"protocol"},  # the HTTP contract's typed bodies, publishing SamplingParams' ranges
+    {"protocol", "protocol_sglang"},  # the HTTP contract's typed bodies (SGLang's whole schema), publishing SamplingParams' ranges
     {"model", "detokenizer"},
     {"scheduler"},
     {"request_io", "request_output", "engine"},

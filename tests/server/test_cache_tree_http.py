@@ -5,9 +5,9 @@ open, with no data in it and nothing from elsewhere."""
 
 from __future__ import annotations
 
-import json
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -75,18 +75,23 @@ def test_a_shared_prefix_is_one_node_with_its_token_count(tiny_server: ServerHan
 
 
 def state_while_running(url: str, rid: str) -> dict[str, Any] | None:
-    """Stream a long constrained request and take /cache_tree pictures after its first output
-    until one shows it running; None if it finished first (a fast machine: the caller retries).
-    Leaving the stream aborts the request."""
-    body = {"input_ids": SHARED + [20, 21, 22], "rid": rid, "stream": True,
-            "sampling_params": {"max_new_tokens": 460, "regex": "[ab]+", "ignore_eos": True, "temperature": 1.0}}
-    with httpx.Client(timeout=120) as client, client.stream("POST", f"{url}/generate", json=body) as stream:
-        for line in stream.iter_lines():
-            if line.startswith("data: {") and json.loads(line[6:])["meta_info"]["completion_tokens"] >= 1:
+    """Send a long constrained request from another thread and take /cache_tree pictures from the
+    moment it is sent until one shows it running (the scheduler answers between its steps); None
+    if it finished first (the caller retries). Then the request is aborted. (Pictures taken only
+    after streamed chunks arrived came too late: the front delivers chunks behind the scheduler,
+    which finished the 460 tokens first.)"""
+    body = {"input_ids": SHARED + [20, 21, 22], "rid": rid,
+            "sampling_params": {"max_new_tokens": 460, "regex": "[ab]+", "ignore_eos": True, "temperature": 0}}
+    with ThreadPoolExecutor(1) as pool:
+        done = pool.submit(httpx.post, f"{url}/generate", json=body, timeout=120)
+        try:
+            while not done.done():
                 state = cache_tree(url)
                 if any(r["rid"] == rid for r in state["running"]):
                     return state
-    return None
+            return None
+        finally:
+            httpx.post(f"{url}/abort_request", json={"rid": rid}, timeout=60)
 
 
 def test_a_running_request_shows_its_counts_grammar_and_locked_path(tiny_server: ServerHandle) -> None:
@@ -106,7 +111,7 @@ def test_a_running_request_shows_its_counts_grammar_and_locked_path(tiny_server:
     assert path[0]["num_tokens"] == len(SHARED)  # the shared prefix, locked while the request reads it
     assert all(n["is_locked"] and n["lock_ref"] >= 1 for n in path)
     assert state["tree"]["locked_tokens"] >= sum(n["num_tokens"] for n in path)
-    # leaving the stream aborted the request; its lock goes with it
+    # the request was aborted; its lock goes with it
     deadline = time.monotonic() + WAIT_GUARD_S
     while cache_tree(url)["tree"]["locked_tokens"] and time.monotonic() < deadline:
         time.sleep(0.05)  # polls for the event (the abort reaching the scheduler), orders nothing

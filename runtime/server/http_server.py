@@ -231,9 +231,7 @@ def create_app(
     async def get_load() -> list[dict[str, Any]]:
         """What sglang-router reads of each worker's load: one entry per data-parallel rank."""
         info = await tm.get_server_info()
-        held = info["kv_pool"]["total_tokens"] - info["kv_pool"]["free_tokens"] - info["radix_cache"]["evictable_tokens"]
-        return [{"dp_rank": 0, "num_reqs": info["num_running_reqs"] + info["num_waiting_reqs"],
-                 "num_waiting_reqs": info["num_waiting_reqs"], "num_tokens": max(0, held)}]
+        return [rank_load(rank, state) for rank, state in enumerate(info.get("internal_states") or [info])]
 
     @app.post("/abort_request")
     async def abort_request(request: Request) -> Response:
@@ -308,6 +306,13 @@ def document_native_routes(docs: OpenAPIDocs, secured: bool) -> None:
         200: ("the result (a list for a batch or n > 1); with stream, server-sent events",
               {JSON: GenerateOutput | list[GenerateOutput], SSE: SseEvents(GenerateOutput)}),
         **error_responses(400, 413, 503, *auth)}))
+
+
+def rank_load(dp_rank: int, info: dict[str, Any]) -> dict[str, Any]:
+    """One rank's /get_load entry from its scheduler info."""
+    held = info["kv_pool"]["total_tokens"] - info["kv_pool"]["free_tokens"] - info["radix_cache"]["evictable_tokens"]
+    return {"dp_rank": dp_rank, "num_reqs": info["num_running_reqs"] + info["num_waiting_reqs"],
+            "num_waiting_reqs": info["num_waiting_reqs"], "num_tokens": max(0, held)}
 
 
 async def prepare_all(tm: TokenizerManager, reqs: list[GenerateRequest]) -> list[PreparedRequest]:

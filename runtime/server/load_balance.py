@@ -9,12 +9,13 @@ Methods (SGLang's names, plus `prefix_affinity`, ours and the default):
   total_tokens     the rank with the fewest prompt tokens in flight
   prefix_affinity  the rank whose cache most likely holds the prompt's prefix (below), unless that
                    rank is overloaded against the least loaded one; a prompt that matches no rank
-                   well goes to the least loaded rank
-Ties go to the rank that has been sent the fewest requests so far, so sequential traffic on an
-idle server alternates.
+                   well goes to the least loaded rank, and among those to the one whose index is
+                   smallest (so new families spread over the ranks)
+Remaining ties go to the rank that has been sent the fewest requests so far, so sequential traffic
+on an idle server alternates.
 
 The prefix index is approximate (as sglang-router's cache_aware tree): per rank, the chained hashes
-of the BLOCK_SIZE-token blocks of the prompts sent there, in LRU order, at most as many blocks as
+of the BLOCK_SIZE-token blocks of the prompts sent there (the KV events' block hashes, README "KV events"), in LRU order, at most as many blocks as
 that rank's KV pool holds. A rank "holds" the first k blocks of a prompt when the hash of each of
 them is in its index. The index never hears of the rank's evictions (they make it optimistic),
 and is cleared when the caches are flushed.
@@ -25,6 +26,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+from radixlm.runtime.mem_cache.kv_events import chain_block_hashes
 
 BLOCK_SIZE = 16  # tokens per indexed block
 PREFIX_MIN_SHARE = 0.3  # a match shorter than this share of the prompt is no match (cache_aware's threshold)
@@ -39,15 +42,6 @@ class RankLoad:
     num_reqs: int = 0  # in flight
     num_tokens: int = 0  # prompt tokens in flight
     num_dispatched_reqs: int = 0  # ever sent here
-
-
-def block_hashes(ids: Sequence[int]) -> list[int]:
-    """Chained hashes of the whole BLOCK_SIZE blocks of `ids`: the k-th stands for ids[:(k+1)*BLOCK_SIZE]."""
-    hashes, prev = [], 0
-    for start in range(0, len(ids) - BLOCK_SIZE + 1, BLOCK_SIZE):
-        prev = hash((prev, tuple(ids[start:start + BLOCK_SIZE])))
-        hashes.append(prev)
-    return hashes
 
 
 class PrefixIndex:
@@ -121,16 +115,23 @@ class LoadBalancer:
         self._next = (rank + 1) % self.dp_size
         return rank
 
-    def _least_loaded(self, ranks: Sequence[int], key: str) -> int:
-        return min(ranks, key=lambda r: (getattr(self.loads[r], key), self.loads[r].num_dispatched_reqs, r))
+    def _least_loaded(self, ranks: Sequence[int], key: str, by_index_size: bool = False) -> int:
+        def order(r: int) -> tuple[int, int, int, int]:
+            index_size = len(self.indexes[r]) if by_index_size else 0
+            return getattr(self.loads[r], key), index_size, self.loads[r].num_dispatched_reqs, r
+
+        return min(ranks, key=order)
 
     def _prefix_affinity(self, ids: Sequence[int]) -> int:
-        hashes = block_hashes(ids)
+        hashes = chain_block_hashes(ids, BLOCK_SIZE)
         matched = [index.num_matched_blocks(hashes) for index in self.indexes]
         best = max(matched)
         all_ranks = range(self.dp_size)
         is_match = best > 0 and best * BLOCK_SIZE >= PREFIX_MIN_SHARE * len(ids)
-        rank = self._least_loaded([r for r in all_ranks if matched[r] == best] if is_match else all_ranks, "num_reqs")
+        if is_match:
+            rank = self._least_loaded([r for r in all_ranks if matched[r] == best], "num_reqs")
+        else:
+            rank = self._least_loaded(all_ranks, "num_reqs", by_index_size=True)
         idlest = self._least_loaded(all_ranks, "num_reqs")
         here, there = self.loads[rank].num_reqs, self.loads[idlest].num_reqs
         if here - there > BALANCE_ABS and here > BALANCE_REL * there:

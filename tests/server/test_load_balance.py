@@ -7,12 +7,12 @@ import random
 
 import pytest
 
+from radixlm.runtime.mem_cache.kv_events import chain_block_hashes
 from radixlm.runtime.server.load_balance import (
     BALANCE_ABS,
     BLOCK_SIZE,
     LoadBalancer,
     PrefixIndex,
-    block_hashes,
 )
 from radixlm.runtime.server.tokenizer_manager import merge_rank_infos
 from radixlm.runtime.server_args import ServerArgs
@@ -87,7 +87,7 @@ def test_prefix_affinity_ignores_a_short_shared_head() -> None:
 
 def test_prefix_index_is_bounded_and_lru() -> None:
     index = PrefixIndex(capacity=4)
-    a, b = block_hashes(list(range(3 * BLOCK_SIZE))), block_hashes(list(range(100, 100 + 3 * BLOCK_SIZE)))
+    a, b = chain_block_hashes(list(range(3 * BLOCK_SIZE)), BLOCK_SIZE), chain_block_hashes(list(range(100, 100 + 3 * BLOCK_SIZE)), BLOCK_SIZE)
     index.insert(a)
     index.insert(b)
     assert len(index) == 4
@@ -95,14 +95,6 @@ def test_prefix_index_is_bounded_and_lru() -> None:
     assert index.num_matched_blocks(a) == 0  # a's first block went first (LRU), so none of a matches
     index.clear()
     assert index.num_matched_blocks(b) == 0
-
-
-def test_block_hashes_chain_the_prefix() -> None:
-    x = list(range(40))
-    y = x[:BLOCK_SIZE] + [999] + x[BLOCK_SIZE + 1:]
-    assert len(block_hashes(x)) == 40 // BLOCK_SIZE
-    assert block_hashes(x)[0] == block_hashes(y)[0]
-    assert block_hashes(x)[1] != block_hashes(y)[1]
 
 
 def test_flush_forgets_every_rank() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -12,6 +13,7 @@ import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -64,6 +66,22 @@ def start_server(model_path: Path | None, log_path: Path, *extra: str, timeout: 
         time.sleep(0.2)
     proc.kill()
     raise RuntimeError(f"server did not become healthy in {timeout}s:\n{log_path.read_text()}")
+
+
+def stream_while_killing(url: str, body: dict[str, Any], pid: int) -> list[Any]:
+    """Stream `body` from `url`/generate, SIGKILL `pid` once the response has started, and return
+    the events read (parsed; the error's type name if the connection drops as the server exits)."""
+    events: list[Any] = []
+    with httpx.stream("POST", url + "/generate", json=body, timeout=120) as resp:
+        assert resp.status_code == 200
+        os.kill(pid, signal.SIGKILL)
+        try:
+            for line in resp.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    events.append(json.loads(line[len("data: "):]))
+        except httpx.HTTPError as e:
+            events.append(type(e).__name__)
+    return events
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import ServerHandle, start_server
+from conftest import ServerHandle, start_server, stream_while_killing
 
 PROMPTS = ["The capital of France is", "One, two, three,", "def fib(n):", "Hello"]
 GREEDY = {"max_new_tokens": 12, "temperature": 0}
@@ -148,17 +148,8 @@ def kill_a_rank(server: ServerHandle) -> None:
     pids = [s["scheduler_pid"] for s in states(server)]
     next_rank = sum(dispatched(server)) % 2  # round_robin: nothing else was sent meanwhile
     os.kill(pids[next_rank], signal.SIGSTOP)
-    events: list[Any] = []
     body = {"text": "go on", "sampling_params": {"max_new_tokens": 200, "ignore_eos": True}, "stream": True}
-    with httpx.stream("POST", server.url + "/generate", json=body, timeout=120) as resp:
-        assert resp.status_code == 200
-        os.kill(pids[next_rank], signal.SIGKILL)
-        try:
-            for line in resp.iter_lines():
-                if line.startswith("data: ") and line != "data: [DONE]":
-                    events.append(json.loads(line[len("data: "):]))
-        except httpx.HTTPError as e:  # the server may drop the connection as it exits
-            events.append(type(e).__name__)
+    events = stream_while_killing(server.url, body, pids[next_rank])
     errors = [e for e in events if isinstance(e, str) or "error" in e]
     assert errors, events
     if isinstance(errors[0], dict):

@@ -140,3 +140,10 @@ def test_bad_values_are_startup_errors(argv: list[str], message: str, capsys: py
 def test_server_args_refuse_an_unknown_method() -> None:
     with pytest.raises(ValueError, match="load_balance_method must be one of prefix_affinity, round_robin"):
         ServerArgs(load_balance_method="random")
+
+
+def test_the_engine_refuses_data_parallelism() -> None:
+    from radixlm.runtime.engine import Engine
+
+    with pytest.raises(ValueError, match="the in-process Engine runs one scheduler"):
+        Engine(dp_size=2)

@@ -64,15 +64,25 @@ def _run_detokenizer(*args: Any) -> None:
     run_detokenizer_process(*args)
 
 
-def _child_specs(args: ServerArgs) -> list[tuple[str, Any, tuple[Any, ...]]]:
-    """(name, target, extra args) of each child: the schedulers (one per data-parallel rank, named
-    by rank when there are several, each given cores / N threads), then the detokenizer."""
+def _child_specs(args: ServerArgs) -> list[tuple[str, Any, ServerArgs, tuple[Any, ...]]]:
+    """(name, target, settings, extra args) of each child: the schedulers (one per data-parallel
+    rank, named by rank when there are several, each given cores / N threads), then the detokenizer."""
     if args.dp_size == 1:
-        schedulers = [("scheduler", _run_scheduler, (0, None))]
+        schedulers = [("scheduler", _run_scheduler, args, (0, None))]
     else:
         threads = max(1, len(os.sched_getaffinity(0)) // args.dp_size)
-        schedulers = [(f"scheduler dp{rank}", _run_scheduler, (rank, threads)) for rank in range(args.dp_size)]
-    return [*schedulers, ("detokenizer", _run_detokenizer, ())]
+        schedulers = [(f"scheduler dp{rank}", _run_scheduler, _rank_args(args), (rank, threads))
+                      for rank in range(args.dp_size)]
+    return [*schedulers, ("detokenizer", _run_detokenizer, args, ())]
+
+
+def _rank_args(args: ServerArgs) -> ServerArgs:
+    """The settings each scheduler gets: with data parallelism and a pool sized from memory, each
+    rank takes 1/N of --mem-fraction-static (they share the host's memory, and all measure what is
+    available before any allocates)."""
+    if args.dp_size == 1 or args.max_total_tokens is not None:
+        return args
+    return args.replace(mem_fraction_static=args.mem_fraction_static / args.dp_size)
 
 
 def launch_server(args: ServerArgs) -> int:
@@ -85,9 +95,9 @@ def launch_server(args: ServerArgs) -> int:
     children: dict[str, BaseProcess] = {}
     try:
         readers: dict[str, Connection] = {}
-        for name, target, extra in _child_specs(args):
+        for name, target, settings, extra in _child_specs(args):
             readers[name], writer = ctx.Pipe(duplex=False)
-            children[name] = ctx.Process(target=target, args=(args, paths, writer, *extra),
+            children[name] = ctx.Process(target=target, args=(settings, paths, writer, *extra),
                                          name=f"radixlm-{name.replace(' ', '-')}", daemon=True)
             children[name].start()
         infos = {name: _wait_ready(name, children[name], conn) for name, conn in readers.items()}

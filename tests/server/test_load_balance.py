@@ -147,3 +147,11 @@ def test_the_engine_refuses_data_parallelism() -> None:
 
     with pytest.raises(ValueError, match="the in-process Engine runs one scheduler"):
         Engine(dp_size=2)
+
+
+def test_ranks_share_the_memory_fraction() -> None:
+    from radixlm.runtime.server.serve import _rank_args
+
+    assert _rank_args(ServerArgs(dp_size=2, mem_fraction_static=0.1)).mem_fraction_static == 0.05
+    assert _rank_args(ServerArgs(dp_size=2, max_total_tokens=4096)).mem_fraction_static == 0.05  # unused, unchanged
+    assert _rank_args(ServerArgs(mem_fraction_static=0.1)).mem_fraction_static == 0.1

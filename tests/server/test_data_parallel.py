@@ -17,7 +17,9 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import ServerHandle, start_server, stream_while_killing
+import zmq
+from conftest import ServerHandle, free_port, start_server, stream_while_killing
+from kv_events_testing import DECODER
 
 PROMPTS = ["The capital of France is", "One, two, three,", "def fib(n):", "Hello"]
 GREEDY = {"max_new_tokens": 12, "temperature": 0}
@@ -42,8 +44,35 @@ def wait_for(condition: Callable[[], bool], timeout: float = 60) -> None:
 
 
 @pytest.fixture(scope="module")
-def dp_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
-    server = start_dp(tiny_model_dir, tmp_path_factory, "prefix_affinity")  # the default, named for the log
+def kv_event_subscribers() -> Iterator[list[zmq.Socket]]:
+    """A SUB socket for each rank's KV events, bound on 127.0.0.1 (ports P and P + 1: rank r's
+    publisher connects to the configured port + r)."""
+    ctx = zmq.Context()
+    for _ in range(20):
+        port = free_port()
+        subs = [ctx.socket(zmq.SUB) for _ in range(2)]
+        try:
+            for rank, sub in enumerate(subs):
+                sub.setsockopt(zmq.LINGER, 0)
+                sub.setsockopt(zmq.SUBSCRIBE, b"kv")
+                sub.bind(f"tcp://127.0.0.1:{port + rank}")
+            break
+        except zmq.ZMQError:  # port + 1 was taken: try another pair
+            for sub in subs:
+                sub.close()
+    yield subs
+    for sub in subs:
+        sub.close()
+    ctx.term()
+
+
+@pytest.fixture(scope="module")
+def dp_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory,
+              kv_event_subscribers: list[zmq.Socket]) -> Iterator[ServerHandle]:
+    port = int(kv_event_subscribers[0].getsockopt(zmq.LAST_ENDPOINT).decode().rsplit(":", 1)[1])
+    events = {"publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{port}", "topic": "kv"}
+    server = start_dp(tiny_model_dir, tmp_path_factory, "prefix_affinity",  # the default, named for the log
+                      "--kv-events-config", json.dumps(events))
     yield server
     server.stop()
 
@@ -115,6 +144,22 @@ def test_every_rank_is_reported(dp_server: ServerHandle) -> None:
     metrics = httpx.get(dp_server.url + "/metrics", timeout=30).text.splitlines()
     [pool] = [line for line in metrics if line.startswith("radixlm_kv_pool_total_tokens{")]
     assert pool.split()[-1] == str(2 * 4096)  # the metrics sum the ranks
+
+
+def test_each_rank_publishes_its_kv_events(dp_server: ServerHandle, kv_event_subscribers: list[zmq.Socket]) -> None:
+    """Each rank publishes on the configured port + its rank, stamped with its rank. A flush
+    reaches every rank, and each publishes AllBlocksCleared; flushed until both have arrived (a
+    subscription is live only some time after the publisher connects)."""
+    ranks: list[set[int]] = [set(), set()]
+    deadline = time.monotonic() + 60
+    while not all(ranks):
+        assert time.monotonic() < deadline, f"KV events seen from ranks {ranks}"
+        assert httpx.post(dp_server.url + "/flush_cache", timeout=30).status_code == 200
+        for got, sub in zip(ranks, kv_event_subscribers):
+            while sub.poll(200):
+                _, _, payload = sub.recv_multipart()
+                got.add(DECODER.decode(payload).data_parallel_rank)
+    assert ranks == [{0}, {1}]
 
 
 def test_prefix_affinity_keeps_each_family_on_one_rank(dp_server: ServerHandle) -> None:

@@ -321,6 +321,8 @@ async def prepare_all(tm: TokenizerManager, reqs: list[GenerateRequest]) -> list
     translating a schema must not stall the event loop, which serves everyone else meanwhile."""
     if tm.dead_reason is not None:
         raise ServiceUnavailable(tm.dead_reason)
+    for req in reqs:
+        tm.check_rank(req.data_parallel_rank)
     return await asyncio.to_thread(lambda: [tm.validator.validate(r) for r in reqs])
 
 

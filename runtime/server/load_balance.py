@@ -92,9 +92,15 @@ class LoadBalancer:
     def dp_size(self) -> int:
         return len(self.loads)
 
-    def select(self, ids: Sequence[int]) -> int:
-        """The rank for a request with prompt `ids`, counted as in flight there until `on_finish`."""
-        rank = 0 if self.dp_size == 1 else self._methods[self.method](ids)
+    def select(self, ids: Sequence[int], requested: int | None = None) -> int:
+        """The rank for a request with prompt `ids` (`requested`, the rank it asked for, if any),
+        counted as in flight there until `on_finish`."""
+        if requested is not None:
+            rank = requested
+            if self.method == "prefix_affinity":
+                self.indexes[rank].insert(chain_block_hashes(ids, BLOCK_SIZE))
+        else:
+            rank = 0 if self.dp_size == 1 else self._methods[self.method](ids)
         load = self.loads[rank]
         load.num_reqs += 1
         load.num_tokens += len(ids)

@@ -94,7 +94,7 @@ class TokenizerManager:
         self.states[rid] = state
         if state.is_counted:
             self.metrics.on_request_start(len(ids))
-        rank = self.balancer.select(ids)
+        rank = self.balancer.select(ids, req.data_parallel_rank)
         try:
             await self._to_schedulers[rank].send(io.encode(io.TokenizedGenerateReq(
                 rid, tuple(ids), prepared.params, req.return_logprob, req.logprob_start_len,
@@ -123,6 +123,12 @@ class TokenizerManager:
             elif state.error is None and state.is_counted:
                 self.metrics.on_request_end(state.output, aborted=False)
                 _log_request(state.output)
+
+    def check_rank(self, dp_rank: int | None) -> None:
+        """A requested data-parallel rank must exist (RequestError, a 400, before anything runs)."""
+        if dp_rank is not None and not 0 <= dp_rank < self.balancer.dp_size:
+            raise RequestError(f"data_parallel_rank {dp_rank}: this server has {self.balancer.dp_size} "
+                               f"data-parallel rank(s), 0 to {self.balancer.dp_size - 1} (radixlm serve --dp-size)")
 
     async def abort(self, rid: str) -> bool:
         if rid not in self.states:

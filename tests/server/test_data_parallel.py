@@ -162,6 +162,20 @@ def test_each_rank_publishes_its_kv_events(dp_server: ServerHandle, kv_event_sub
     assert ranks == [{0}, {1}]
 
 
+def test_a_requested_rank_is_honoured(dp_server: ServerHandle, tiny_server: ServerHandle, tiny_model_name: str) -> None:
+    """SGLang's data_parallel_rank / routed_dp_rank (what a --dp-aware sglang-router sends) pick the
+    rank; a rank the server does not have is a 400 before anything runs."""
+    for rank in (1, 1, 0):
+        assert generate_on_rank(dp_server, {"text": "hi", "sampling_params": GREEDY, "data_parallel_rank": rank})[0] == rank
+    before = dispatched(dp_server)
+    chat = {"model": tiny_model_name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "routed_dp_rank": 1}
+    assert httpx.post(dp_server.url + "/v1/chat/completions", json=chat, timeout=60).status_code == 200
+    assert [a - b for a, b in zip(dispatched(dp_server), before)] == [0, 1]
+    for server, rank in ((dp_server, 2), (tiny_server, 1)):
+        resp = httpx.post(server.url + "/generate", json={"text": "hi", "data_parallel_rank": rank}, timeout=60)
+        assert resp.status_code == 400 and f"data_parallel_rank {rank}: this server has" in resp.text, resp.text
+
+
 def test_prefix_affinity_keeps_each_family_on_one_rank(dp_server: ServerHandle) -> None:
     before = [s["radix_cache"]["num_matched_tokens"] for s in states(dp_server)]
     ranks, cached = family_traffic(dp_server)

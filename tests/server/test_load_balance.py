@@ -155,3 +155,11 @@ def test_ranks_share_the_memory_fraction() -> None:
     assert _rank_args(ServerArgs(dp_size=2, mem_fraction_static=0.1)).mem_fraction_static == 0.05
     assert _rank_args(ServerArgs(dp_size=2, max_total_tokens=4096)).mem_fraction_static == 0.05  # unused, unchanged
     assert _rank_args(ServerArgs(mem_fraction_static=0.1)).mem_fraction_static == 0.1
+
+
+def test_a_requested_rank_wins_and_is_remembered() -> None:
+    lb = LoadBalancer("prefix_affinity", 2, 4096)
+    assert lb.select(prompt(0, 0), requested=1) == 1
+    assert lb.loads[1].num_reqs == 1
+    lb.on_finish(1, 80)
+    assert lb.select(prompt(0, 1)) == 1  # its prefix was indexed on the rank it asked for

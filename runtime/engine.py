@@ -37,6 +37,9 @@ class Engine:
 
     def __init__(self, model_path: str | None = None, **kwargs: Any):
         self.server_args = ServerArgs(model_path=model_path, **kwargs)
+        if self.server_args.dp_size != 1:  # one scheduler in this process; ranks are processes of a server
+            raise ValueError(f"dp_size {self.server_args.dp_size}: the in-process Engine runs one scheduler; "
+                             "data parallelism is a server's (radixlm serve --dp-size N)")
         self.stack = SchedulerStack.build(self.server_args)
         self.model_config = self.stack.model_config
         self.tokenizer = self.stack.tokenizer

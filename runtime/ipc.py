@@ -34,6 +34,10 @@ class IpcPaths:
             tokenizer_manager=f"ipc://{root}/tokenizer_manager",
         )
 
+    def scheduler_for_rank(self, dp_rank: int) -> str:
+        """The endpoint data-parallel rank `dp_rank`'s scheduler PULLs from (rank 0: `scheduler`)."""
+        return self.scheduler if dp_rank == 0 else f"{self.scheduler}-dp{dp_rank}"
+
     def remove(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
 

@@ -209,6 +209,8 @@ class RadixCacheInfo(Out):
     cached_tokens: int
     evictable_tokens: int
     hit_rate: float
+    num_queried_tokens: int = Field(description="prompt tokens looked up (hit_rate's denominator)")
+    num_matched_tokens: int = Field(description="of those, found cached (hit_rate's numerator)")
     evicted_tokens: int
 
 
@@ -229,6 +231,10 @@ class ServerInfo(BaseModel):
     num_grammar_queue_reqs: int
     num_retractions: int
     scheduler_pid: int
+    dp_size: int = Field(description="data-parallel ranks (--dp-size); the counts above are their sums")
+    internal_states: list[dict[str, Any]] | None = Field(
+        None, description="with --dp-size > 1, each rank's own state (its dp_rank, scheduler_pid, kv_pool, "
+        "radix_cache, request counts, and num_dispatched_reqs: requests the front sent it)")
 
 
 class CacheTreeNode(Out):

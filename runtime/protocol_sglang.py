@@ -57,6 +57,8 @@ NO_MEDIA = "no effect without image, audio or video input, which no model served
 MEDIA = "image, audio and video input (the models served here read text)"
 PD = "prefill/decode disaggregation"
 ONE_RANK = "data parallelism: one rank (0) here"
+DP_RANK = Annotated[Int | None, Field(ge=0, description="SGLang's: the data-parallel rank to run on (`radixlm serve "
+                                                        "--dp-size N`); a rank the server does not have is a 400")]
 CACHE_NAMESPACES = "cache namespaces (every request shares one prefix cache)"
 Rank = refused(Int | None, ONE_RANK, 0)
 
@@ -90,8 +92,8 @@ class SglangRequestFields(BaseModel):
     bootstrap_host: refused(str | list[str | None] | None, PD) = None
     bootstrap_port: refused(Int | list[Int | None] | None, PD) = None
     bootstrap_room: refused(Int | list[Int | None] | None, PD) = None
-    routed_dp_rank: Rank = None
-    data_parallel_rank: Rank = None
+    routed_dp_rank: DP_RANK = None
+    data_parallel_rank: DP_RANK = None
     disagg_prefill_dp_rank: Rank = None
     extra_key: refused(str | list[str] | None, CACHE_NAMESPACES) = None
     cache_salt: refused(str | list[str] | None, CACHE_NAMESPACES) = None

@@ -41,6 +41,7 @@ class GenerateRequest:
     stream: bool = False
     require_reasoning: bool = False  # SGLang's: the output starts with reasoning (see --reasoning-parser)
     log_metrics: bool = True  # counted in /metrics
+    data_parallel_rank: int | None = None  # SGLang's: run on this rank (None: the load balancer picks)
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,8 @@ def parse_generate(body: Any) -> tuple[list[GenerateRequest], bool]:
         key = "text" if isinstance(prompt, str) else "input_ids"
         value = prompt if isinstance(prompt, str) else tuple(prompt)
         reqs += expand_copies(GenerateRequest(**{key: value}, sampling_params=params, rid=rid,
-                                              log_metrics=req.log_metrics, **opts), n)
+                                              log_metrics=req.log_metrics, data_parallel_rank=requested_rank(req),
+                                              **opts), n)
     return reqs, is_batch or len(reqs) > 1
 
 
@@ -111,6 +113,12 @@ def _per_prompt(value: Any, count: int, name: str) -> list[Any]:
     if len(value) != count:
         raise RequestError(f"'{name}' must be one value or a list of {count} (one per prompt), got {len(value)}")
     return value
+
+
+def requested_rank(req: Any) -> int | None:
+    """The data-parallel rank a request asks for (SGLang's `data_parallel_rank`, or its newer
+    `routed_dp_rank`), if any."""
+    return req.data_parallel_rank if req.data_parallel_rank is not None else req.routed_dp_rank
 
 
 def expand_copies(base: GenerateRequest, n: int) -> list[GenerateRequest]:

@@ -35,6 +35,8 @@ CUDA_REFUSAL = (
 )
 ATTENTION_BACKENDS = ("torch", "triton")
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs", "lof", "random")
+# --load-balance-method: SGLang's values and ours (prefix_affinity, the default; server/load_balance.py)
+LOAD_BALANCE_METHODS = ("prefix_affinity", "round_robin", "total_requests", "total_tokens")
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,8 @@ class ServerArgs:
     timeout_body: float = 30.0  # seconds a request body may go without a byte
     max_connections: int = 512  # open HTTP connections; one more gets 503
     kv_events_config: str | None = None  # SGLang's JSON form (KVEventsConfig); None: no KV events
+    dp_size: int = 1  # scheduler processes (each its own KV pool and radix cache) behind one HTTP front
+    load_balance_method: str = "prefix_affinity"  # which rank a request goes to when dp_size > 1
 
     def __post_init__(self) -> None:
         if self.device != "cpu":
@@ -124,6 +128,17 @@ class ServerArgs:
             check_whitespace_pattern(self.constrained_json_whitespace_pattern)
         if self.kv_events_config is not None:
             KVEventsConfig.from_json(self.kv_events_config)  # a bad config fails here, at startup
+        if self.dp_size < 1:
+            raise ValueError(f"dp_size must be >= 1, got {self.dp_size}")
+        if self.load_balance_method not in LOAD_BALANCE_METHODS:
+            raise ValueError(f"load_balance_method must be one of {', '.join(LOAD_BALANCE_METHODS)}, "
+                             f"got {self.load_balance_method!r}")
+        if self.dp_size > 1 and self.kv_events is not None:
+            from radixlm.runtime.scheduler.kv_events_publisher import endpoint_for_rank
+
+            for endpoint in (self.kv_events.endpoint, self.kv_events.replay_endpoint):
+                if endpoint is not None:
+                    endpoint_for_rank(endpoint, 1)  # a ValueError names what data parallelism needs
         if self.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
             raise ValueError(f"log_level must be debug, info, warning, error or critical, got {self.log_level!r}")
 
@@ -261,6 +276,11 @@ HELP = {
     "do: a JSON object with SGLang's keys, e.g. '{\"publisher\": \"zmq\", \"endpoint\": \"tcp://*:5557\", "
     "\"topic\": \"kv-events\"}' (also replay_endpoint, buffer_steps, hwm, max_queue_size) and block_size "
     "(tokens per published block, default 16); README \"KV events\"",
+    "dp_size": "data parallelism: N scheduler processes behind one HTTP front, each with its own KV pool and "
+    "radix cache (on CPU each gets cores / N torch threads); /get_load and /server_info report each rank",
+    "load_balance_method": "which rank a request goes to when --dp-size > 1: prefix_affinity (default: the rank "
+    "whose cache most likely holds the prompt's prefix, the least loaded one when none does or that rank is "
+    "overloaded), round_robin, total_requests (fewest requests in flight), total_tokens (fewest prompt tokens in flight)",
     "disable_adaptive_threads": "on CPU, keep torch's thread count fixed instead of using only the cores other processes "
     "leave free (runtime/model/cpu_threads.py)",
 }
@@ -271,7 +291,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     choices = {"dtype": DTYPES, "quantization": QUANTIZATIONS, "quantized_activations": QUANTIZED_ACTIVATIONS,
                "attention_backend": ATTENTION_BACKENDS, "schedule_policy": SCHEDULE_POLICIES,
                "tool_call_parser": ("auto", "hermes", "json"), "grammar_backend": GRAMMAR_BACKENDS,
-               "reasoning_parser": REASONING_PARSERS}
+               "reasoning_parser": REASONING_PARSERS, "load_balance_method": LOAD_BALANCE_METHODS}
     for f in dataclasses.fields(ServerArgs):
         flag = "--" + f.name.replace("_", "-")
         annotation = str(f.type)

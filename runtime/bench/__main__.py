@@ -26,7 +26,8 @@ transformers and llama.cpp with radixlm's ratios.
 With --neighbour: every system runs the W workloads quiet, then beside one CPU-bound process (a
 Python busy loop); the table gives both figures and each system's slowdown.
 With --serving: N concurrent streaming HTTP clients replay W2 and W3 against a server (request
-throughput, output tok/s, TTFT and inter-token latency p50/p99); see radixlm.runtime.bench.serving.
+throughput, output tok/s, TTFT and inter-token latency p50/p99); --server-args "--dp-size 2" passes
+flags to the server it starts; see radixlm.runtime.bench.serving.
 With --grammar: after the other tables, the grammar table of radixlm.runtime.bench.grammar (per
 grammar backend: compile times, mask time, W4 on the first of --dtypes with --repeats, and schema
 coverage; --grammar-quick for a smoke run; --workloads '' for that table alone).
@@ -38,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import time
 from collections.abc import Callable
@@ -296,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
                         "one); F workloads: run radixlm through this server instead of in-process")
     parser.add_argument("--concurrency", type=_int_list, default=[32],
                         help="serving mode: concurrent clients, or a comma-separated sweep (1,8,32)")
+    parser.add_argument("--server-args", default="", help="serving mode: flags for the server it starts, as one "
+                        "string (e.g. \"--dp-size 2\")")
     parser.add_argument("--neighbour", action="store_true", help="run every system quiet, then beside one "
                         "CPU-bound process, and print both and each system's slowdown")
     parser.add_argument("--grammar", action="store_true", help="after the other tables, the grammar table "
@@ -318,7 +322,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.serving:
         from radixlm.runtime.bench.serving import run_serving
 
-        run_serving(args.url, args.concurrency, [], args.repeats, plot=args.plot)
+        if args.server_args and args.url is not None:
+            parser.error("--server-args applies to the server the bench starts; it cannot change --url's")
+        run_serving(args.url, args.concurrency, shlex.split(args.server_args), args.repeats, plot=args.plot)
         return 0
     import torch
 

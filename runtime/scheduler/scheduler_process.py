@@ -30,8 +30,9 @@ POLL_IDLE_MS = 50
 class SchedulerServer:
     """Wraps an in-process Engine's scheduler with message handling (no sockets of its own)."""
 
-    def __init__(self, args: ServerArgs):
-        self.stack = SchedulerStack.build(args)
+    def __init__(self, args: ServerArgs, dp_rank: int = 0):
+        self.dp_rank = dp_rank
+        self.stack = SchedulerStack.build(args, dp_rank)
         self.scheduler = self.stack.scheduler
         self._pending_settings: dict[str, io.DecodeSettings] = {}  # sent with a request's first output
         self.handlers: dict[type, Callable[[Any], object | None]] = {
@@ -65,7 +66,8 @@ class SchedulerServer:
         return io.FlushCacheResp(msg.request_id, self.scheduler.flush_cache())
 
     def handle_get_info(self, msg: io.GetInfoReq) -> io.GetInfoResp:
-        return io.GetInfoResp(msg.request_id, {**self.stack.server_info(), "scheduler_pid": os.getpid()})
+        return io.GetInfoResp(msg.request_id, {**self.stack.server_info(), "dp_rank": self.dp_rank,
+                                                 "scheduler_pid": os.getpid()})
 
     def handle_cache_tree(self, msg: io.CacheTreeReq) -> io.CacheTreeResp:
         return io.CacheTreeResp(msg.request_id, cache_tree_state(
@@ -79,21 +81,28 @@ class SchedulerServer:
         return io.BatchTokenIDOut(tuple(o.to_message() for o in outputs), settings)
 
 
-def run_scheduler_process(args: ServerArgs, paths: IpcPaths, ready: Connection) -> None:
-    """Entry point of the scheduler process (multiprocessing target)."""
+def run_scheduler_process(args: ServerArgs, paths: IpcPaths, ready: Connection, dp_rank: int = 0,
+                          num_threads: int | None = None) -> None:
+    """Entry point of the scheduler process (multiprocessing target): data-parallel rank `dp_rank`,
+    with `num_threads` torch threads (None: torch's default)."""
     exit_with_parent()
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s scheduler %(levelname)s %(message)s")
+    name = "scheduler" if args.dp_size == 1 else f"scheduler-dp{dp_rank}"
+    logging.basicConfig(level=args.log_level.upper(), format=f"%(asctime)s {name} %(levelname)s %(message)s")
     try:
-        server = SchedulerServer(args)
+        if num_threads is not None:
+            import torch
+
+            torch.set_num_threads(num_threads)  # before the runner's thread governor reads its maximum
+        server = SchedulerServer(args, dp_rank)
     except Exception as e:  # report a failed start to the parent instead of dying silently
         ready.send(("error", f"{type(e).__name__}: {e}"))
         raise
     ctx = zmq.Context()
-    recv = pull_socket(ctx, paths.scheduler)
+    recv = pull_socket(ctx, paths.scheduler_for_rank(dp_rank))
     to_detok = push_socket(ctx, paths.detokenizer)
     to_tm = push_socket(ctx, paths.tokenizer_manager)
     ready.send(("ready", {"max_total_tokens": server.scheduler.kv_pool.size, "context_len": server.stack.context_len,
-                          "pid": os.getpid()}))
+                          "pid": os.getpid(), "dp_rank": dp_rank}))
     poller = zmq.Poller()
     poller.register(recv, zmq.POLLIN)
     while True:

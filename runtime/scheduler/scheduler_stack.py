@@ -37,7 +37,7 @@ class SchedulerStack:
     think_end_ids: tuple[int, ...] = ()
 
     @classmethod
-    def build(cls, args: ServerArgs) -> SchedulerStack:
+    def build(cls, args: ServerArgs, dp_rank: int = 0) -> SchedulerStack:
         from radixlm.runtime.model.model_files import resolve_model_path
 
         model_dir = resolve_model_path(args.model_path)
@@ -62,7 +62,7 @@ class SchedulerStack:
                 random_seed=args.random_seed,
             ),
             grammar_backend,
-            kv_events=None if args.kv_events is None else KVEventStream(args.kv_events),
+            kv_events=None if args.kv_events is None else KVEventStream(args.kv_events, dp_rank),
         )
         eos = set(model_config.eos_token_ids)
         if tokenizer.eos_token_id is not None:
@@ -95,7 +95,7 @@ class SchedulerStack:
         sched = self.scheduler
         cache = sched.cache
         return {
-            "dp_size": 1, "tp_size": 1,  # as SGLang reports them (sglang-router --dp-aware reads dp_size)
+            "dp_size": self.server_args.dp_size, "tp_size": 1,  # as SGLang (sglang-router --dp-aware reads dp_size)
             **self.server_args.public_dict(),
             "model_path": str(self.server_args.model_path or "default:SmolLM2-135M-Instruct"),
             # as SGLang: the tokenizer's directory even when the flag is unset (sglang-router loads
@@ -107,6 +107,8 @@ class SchedulerStack:
                 "cached_tokens": cache.total_cached_tokens,
                 "evictable_tokens": cache.evictable_tokens,
                 "hit_rate": cache.hit_rate,
+                "num_queried_tokens": cache.num_queried_tokens,  # hit_rate's denominator and numerator
+                "num_matched_tokens": cache.num_matched_tokens,
                 "evicted_tokens": sched.bridge.num_evicted_tokens,
             },
             "num_running_reqs": len(sched.running) + (1 if sched.chunked_req else 0),

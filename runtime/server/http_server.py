@@ -233,9 +233,7 @@ def create_app(
     async def get_load() -> list[dict[str, Any]]:
         """What sglang-router reads of each worker's load: one entry per data-parallel rank."""
         info = await tm.get_server_info()
-        held = info["kv_pool"]["total_tokens"] - info["kv_pool"]["free_tokens"] - info["radix_cache"]["evictable_tokens"]
-        return [{"dp_rank": 0, "num_reqs": info["num_running_reqs"] + info["num_waiting_reqs"],
-                 "num_waiting_reqs": info["num_waiting_reqs"], "num_tokens": max(0, held)}]
+        return [rank_load(rank, state) for rank, state in enumerate(info.get("internal_states") or [info])]
 
     @app.post("/abort_request")
     async def abort_request(request: Request) -> Response:
@@ -313,12 +311,21 @@ def document_native_routes(docs: OpenAPIDocs, secured: bool) -> None:
         **error_responses(400, 413, 503, *auth)}))
 
 
+def rank_load(dp_rank: int, info: dict[str, Any]) -> dict[str, Any]:
+    """One rank's /get_load entry from its scheduler info."""
+    held = info["kv_pool"]["total_tokens"] - info["kv_pool"]["free_tokens"] - info["radix_cache"]["evictable_tokens"]
+    return {"dp_rank": dp_rank, "num_reqs": info["num_running_reqs"] + info["num_waiting_reqs"],
+            "num_waiting_reqs": info["num_waiting_reqs"], "num_tokens": max(0, held)}
+
+
 async def prepare_all(tm: TokenizerManager, reqs: list[GenerateRequest]) -> list[PreparedRequest]:
     """Validate every request before any runs (a bad batch item fails the whole batch with 400).
     Runs in a worker thread: tokenizing a long prompt (the tokenizer releases the GIL) or
     translating a schema must not stall the event loop, which serves everyone else meanwhile."""
     if tm.dead_reason is not None:
         raise ServiceUnavailable(tm.dead_reason)
+    for req in reqs:
+        tm.check_rank(req.data_parallel_rank)
     return await asyncio.to_thread(lambda: [tm.validator.validate(r) for r in reqs])
 
 

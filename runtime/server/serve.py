@@ -2,6 +2,8 @@
 
   main process   FastAPI on uvicorn (uvloop, h11 with the timeouts and cap of http_protocol.py) + TokenizerManager
   scheduler      model, KV pool, radix cache, scheduler loop      (run_scheduler_process)
+                 with --dp-size N: N of them, one per data-parallel rank, each with cores / N torch
+                 threads; the TokenizerManager's LoadBalancer picks a request's rank
   detokenizer    incremental detokenization                       (run_detokenizer_process)
 joined by zmq over ipc:// sockets in a private temp directory. A watchdog fails every request
 with 503 and stops the server (exit code 1) if a child dies; SIGINT/SIGTERM shut down cleanly
@@ -17,6 +19,7 @@ import asyncio
 import functools
 import logging
 import multiprocessing as mp
+import os
 import signal
 import sys
 import time
@@ -61,6 +64,27 @@ def _run_detokenizer(*args: Any) -> None:
     run_detokenizer_process(*args)
 
 
+def _child_specs(args: ServerArgs) -> list[tuple[str, Any, ServerArgs, tuple[Any, ...]]]:
+    """(name, target, settings, extra args) of each child: the schedulers (one per data-parallel
+    rank, named by rank when there are several, each given cores / N threads), then the detokenizer."""
+    if args.dp_size == 1:
+        schedulers = [("scheduler", _run_scheduler, args, (0, None))]
+    else:
+        threads = max(1, len(os.sched_getaffinity(0)) // args.dp_size)
+        schedulers = [(f"scheduler dp{rank}", _run_scheduler, _rank_args(args), (rank, threads))
+                      for rank in range(args.dp_size)]
+    return [*schedulers, ("detokenizer", _run_detokenizer, args, ())]
+
+
+def _rank_args(args: ServerArgs) -> ServerArgs:
+    """The settings each scheduler gets: with data parallelism and a pool sized from memory, each
+    rank takes 1/N of --mem-fraction-static (they share the host's memory, and all measure what is
+    available before any allocates)."""
+    if args.dp_size == 1 or args.max_total_tokens is not None:
+        return args
+    return args.replace(mem_fraction_static=args.mem_fraction_static / args.dp_size)
+
+
 def launch_server(args: ServerArgs) -> int:
     """Run the server until a signal or a child's death; returns the process exit code."""
     from radixlm.runtime.ipc import IpcPaths
@@ -71,12 +95,15 @@ def launch_server(args: ServerArgs) -> int:
     children: dict[str, BaseProcess] = {}
     try:
         readers: dict[str, Connection] = {}
-        for name, target in (("scheduler", _run_scheduler), ("detokenizer", _run_detokenizer)):
+        for name, target, settings, extra in _child_specs(args):
             readers[name], writer = ctx.Pipe(duplex=False)
-            children[name] = ctx.Process(target=target, args=(args, paths, writer), name=f"radixlm-{name}", daemon=True)
+            children[name] = ctx.Process(target=target, args=(settings, paths, writer, *extra),
+                                         name=f"radixlm-{name.replace(' ', '-')}", daemon=True)
             children[name].start()
         infos = {name: _wait_ready(name, children[name], conn) for name, conn in readers.items()}
-        return _serve_http(args, paths, children, infos["scheduler"])
+        ranks = [info for info in infos.values() if "dp_rank" in info]
+        info = {"context_len": ranks[0]["context_len"], "max_total_tokens": min(i["max_total_tokens"] for i in ranks)}
+        return _serve_http(args, paths, children, info)
     except RuntimeError as e:
         print(f"radixlm: {e}", file=sys.stderr, flush=True)
         return 1
@@ -99,6 +126,7 @@ def _serve_http(args: ServerArgs, paths: Any, children: dict[str, BaseProcess], 
     from radixlm.runtime.model.model_files import resolve_model_path
     from radixlm.runtime.server.http_protocol import TimedH11Protocol
     from radixlm.runtime.server.http_server import create_app
+    from radixlm.runtime.server.load_balance import LoadBalancer
     from radixlm.runtime.server.metrics import Metrics
     from radixlm.runtime.server.tokenizer_manager import TokenizerManager
     from radixlm.runtime.tokenizer import Tokenizer
@@ -113,7 +141,8 @@ def _serve_http(args: ServerArgs, paths: Any, children: dict[str, BaseProcess], 
         nonlocal exit_code
         tm = TokenizerManager(paths, tokenizer, model_name, info["context_len"], vocab_size,
                               info["max_total_tokens"], Metrics(model_name), args.incremental_streaming_output,
-                              args.grammar_backend)
+                              args.grammar_backend,
+                              LoadBalancer(args.load_balance_method, args.dp_size, info["max_total_tokens"]))
         tm.start()
         app = create_app(tm, args.api_key, enable_metrics=args.enable_metrics, tool_call_parser=args.tool_call_parser,
                          reasoning_parser=args.reasoning_parser)

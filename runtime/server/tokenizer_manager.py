@@ -7,6 +7,10 @@ gets the pending deltas coalesced into one chunk, and what waits for it is bound
 output, never a queue of snapshots). A request whose consumer goes away (client disconnect,
 cancelled task) is aborted in the scheduler, which frees its KV. If a child process dies,
 `fail_all` wakes every waiter with an error and new requests are refused with 503.
+
+With data parallelism (`--dp-size N`) there is one scheduler per rank, each behind its own
+socket: a `LoadBalancer` picks each request's rank; control requests (flush, info, abort) go to
+every rank, and their answers merge (`merge_rank_infos`: sums, with each rank's own state kept).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from radixlm.runtime import messages as io
 from radixlm.runtime.ipc import IpcPaths, pull_socket, push_socket
 from radixlm.runtime.request_io import PreparedRequest, RequestError, RequestValidator
 from radixlm.runtime.request_output import OutputChunk, RequestOutput, TokenTexts
+from radixlm.runtime.server.load_balance import LoadBalancer
 from radixlm.runtime.server.metrics import Metrics
 from radixlm.runtime.tokenizer import Tokenizer
 
@@ -53,7 +58,7 @@ class ServiceUnavailable(RuntimeError):
 class TokenizerManager:
     def __init__(self, paths: IpcPaths, tokenizer: Tokenizer, model_name: str, context_len: int,
                  vocab_size: int, max_total_tokens: int, metrics: Metrics, incremental_streaming_output: bool,
-                 grammar_backend: str):
+                 grammar_backend: str, balancer: LoadBalancer | None = None):
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.context_len = context_len
@@ -62,7 +67,8 @@ class TokenizerManager:
         self.token_texts = TokenTexts(tokenizer.decode)
         self.incremental_streaming_output = incremental_streaming_output
         ctx = zmq.asyncio.Context()
-        self._to_scheduler = push_socket(ctx, paths.scheduler)
+        self.balancer = balancer or LoadBalancer("round_robin", 1, max_total_tokens)
+        self._to_schedulers = [push_socket(ctx, paths.scheduler_for_rank(r)) for r in range(self.balancer.dp_size)]
         self._recv = pull_socket(ctx, paths.tokenizer_manager)
         self.states: dict[str, ReqState] = {}
         self._control: dict[str, asyncio.Future[Any]] = {}
@@ -88,12 +94,13 @@ class TokenizerManager:
         self.states[rid] = state
         if state.is_counted:
             self.metrics.on_request_start(len(ids))
-        await self._to_scheduler.send(io.encode(io.TokenizedGenerateReq(
-            rid, tuple(ids), prepared.params, req.return_logprob, req.logprob_start_len,
-            req.top_logprobs_num, req.stream, req.require_reasoning,
-        )))
-        logger.debug("request %s sent to the scheduler", rid)  # tests wait for this line
+        rank = self.balancer.select(ids, req.data_parallel_rank)
         try:
+            await self._to_schedulers[rank].send(io.encode(io.TokenizedGenerateReq(
+                rid, tuple(ids), prepared.params, req.return_logprob, req.logprob_start_len,
+                req.top_logprobs_num, req.stream, req.require_reasoning,
+            )))
+            logger.debug("request %s sent to the scheduler", rid)  # tests wait for this line
             while True:
                 await state.event.wait()
                 state.event.clear()
@@ -107,8 +114,9 @@ class TokenizerManager:
                         return
         finally:
             self.states.pop(rid, None)
+            self.balancer.on_finish(rank, len(ids))
             if not state.finished and self.dead_reason is None:
-                await self._to_scheduler.send(io.encode(io.AbortReq(rid)))
+                await self._to_schedulers[rank].send(io.encode(io.AbortReq(rid)))
                 if state.is_counted:
                     self.metrics.on_request_end(state.output, aborted=True)
                 logger.debug("request %s aborted before it finished", rid)  # tests wait for this line
@@ -116,30 +124,52 @@ class TokenizerManager:
                 self.metrics.on_request_end(state.output, aborted=False)
                 _log_request(state.output)
 
+    def check_rank(self, dp_rank: int | None) -> None:
+        """A requested data-parallel rank must exist (RequestError, a 400, before anything runs)."""
+        if dp_rank is not None and not 0 <= dp_rank < self.balancer.dp_size:
+            raise RequestError(f"data_parallel_rank {dp_rank}: this server has {self.balancer.dp_size} "
+                               f"data-parallel rank(s), 0 to {self.balancer.dp_size - 1} (radixlm serve --dp-size)")
+
     async def abort(self, rid: str) -> bool:
         if rid not in self.states:
             return False
-        await self._to_scheduler.send(io.encode(io.AbortReq(rid)))
+        for sock in self._to_schedulers:  # every rank: aborting a request a rank does not hold is a no-op
+            await sock.send(io.encode(io.AbortReq(rid)))
         return True
 
     async def flush_cache(self) -> bool:
-        resp = await self._control_call(io.FlushCacheReq(uuid.uuid4().hex))
-        return bool(resp.success)
+        """Flush every rank's cache; True only if every rank flushed (a rank with running requests refuses)."""
+        resps = await self._control_all(io.FlushCacheReq)
+        self.balancer.on_flush()  # also when some refused: the index only guides, and a flushed rank holds nothing
+        return all(resp.success for resp in resps)
 
     async def get_server_info(self) -> dict[str, Any]:
-        resp = await self._control_call(io.GetInfoReq(uuid.uuid4().hex))
-        return dict(resp.info)
+        """The scheduler's info; with data parallelism, every rank's merged (`merge_rank_infos`)."""
+        infos = [dict(resp.info) for resp in await self._control_all(io.GetInfoReq)]
+        if len(infos) == 1:
+            return infos[0]
+        for info, load in zip(infos, self.balancer.loads):
+            info["num_dispatched_reqs"] = load.num_dispatched_reqs
+        return merge_rank_infos(infos)
 
     async def get_cache_tree(self, max_nodes: int) -> dict[str, Any]:
-        resp = await self._control_call(io.CacheTreeReq(uuid.uuid4().hex, max_nodes))
+        """Rank 0's cache tree (with data parallelism, the dashboard shows the first rank)."""
+        resp = await self._control_call(io.CacheTreeReq(uuid.uuid4().hex, max_nodes), self._to_schedulers[0])
         return dict(resp.state)
 
-    async def _control_call(self, msg: io.FlushCacheReq | io.GetInfoReq | io.CacheTreeReq, timeout: float = 30.0) -> Any:
+    async def _control_all(self, kind: type[io.FlushCacheReq] | type[io.GetInfoReq]) -> list[Any]:
+        """Send a control request to every rank and gather their replies in rank order."""
+        base = uuid.uuid4().hex
+        return list(await asyncio.gather(*(self._control_call(kind(f"{base}-{rank}"), sock)
+                                           for rank, sock in enumerate(self._to_schedulers))))
+
+    async def _control_call(self, msg: io.FlushCacheReq | io.GetInfoReq | io.CacheTreeReq, sock: zmq.asyncio.Socket,
+                            timeout: float = 30.0) -> Any:
         if self.dead_reason is not None:
             raise ServiceUnavailable(self.dead_reason)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._control[msg.request_id] = future
-        await self._to_scheduler.send(io.encode(msg))
+        await sock.send(io.encode(msg))
         try:
             return await asyncio.wait_for(future, timeout)
         finally:
@@ -180,6 +210,25 @@ class TokenizerManager:
             state.last_token_time = now
         state.output.add(out)
         state.event.set()
+
+
+# summed over ranks in the merged info; a rank's other fields (its settings) are the same on every rank
+_SUMMED = ("num_running_reqs", "num_waiting_reqs", "num_grammar_queue_reqs", "num_retractions")
+
+
+def merge_rank_infos(infos: list[dict[str, Any]]) -> dict[str, Any]:
+    """One server info for N ranks: settings from rank 0, counts and pool / cache sizes summed, the
+    hit rate over all ranks' lookups, and each rank's own info under `internal_states` (SGLang's name)."""
+    merged = {k: v for k, v in infos[0].items() if k not in ("dp_rank", "num_dispatched_reqs")}
+    for key in _SUMMED:
+        merged[key] = sum(info[key] for info in infos)
+    merged["kv_pool"] = {k: sum(info["kv_pool"][k] for info in infos) for k in infos[0]["kv_pool"]}
+    cache = {k: sum(info["radix_cache"][k] for info in infos) for k in infos[0]["radix_cache"] if k != "hit_rate"}
+    queried = cache["num_queried_tokens"]
+    cache["hit_rate"] = cache["num_matched_tokens"] / queried if queried else 0.0
+    merged["radix_cache"] = cache
+    merged["internal_states"] = infos
+    return merged
 
 
 def _log_request(out: RequestOutput) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -76,6 +78,22 @@ def running_server(model_path: Path | None, tmp_path_factory: pytest.TempPathFac
         yield handle
     finally:
         handle.stop()
+
+
+def stream_while_killing(url: str, body: dict[str, Any], pid: int) -> list[Any]:
+    """Stream `body` from `url`/generate, SIGKILL `pid` once the response has started, and return
+    the events read (parsed; the error's type name if the connection drops as the server exits)."""
+    events: list[Any] = []
+    with httpx.stream("POST", url + "/generate", json=body, timeout=120) as resp:
+        assert resp.status_code == 200
+        os.kill(pid, signal.SIGKILL)
+        try:
+            for line in resp.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    events.append(json.loads(line[len("data: "):]))
+        except httpx.HTTPError as e:
+            events.append(type(e).__name__)
+    return events
 
 
 @pytest.fixture(scope="session")

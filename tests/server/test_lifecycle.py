@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
-from conftest import start_server
+from conftest import start_server, stream_while_killing
 
 
 def children_of(pid: int) -> list[int]:
@@ -76,16 +74,7 @@ def test_killed_scheduler_fails_requests_and_exits(tiny_model_dir: Path, tmp_pat
     # kill whatever the machine's speed: the response has started (the server accepted and queued
     # it) and no token can come.
     os.kill(scheduler, signal.SIGSTOP)
-    events: list[Any] = []
-    with httpx.stream("POST", server.url + "/generate", json=long, timeout=120) as resp:
-        assert resp.status_code == 200
-        os.kill(scheduler, signal.SIGKILL)
-        try:
-            for line in resp.iter_lines():
-                if line.startswith("data: ") and line != "data: [DONE]":
-                    events.append(json.loads(line[len("data: "):]))
-        except httpx.HTTPError as e:  # the server may drop the connection as it exits
-            events.append(type(e).__name__)
+    events = stream_while_killing(server.url, long, scheduler)
     finished = [e for e in events if isinstance(e, dict) and (e.get("meta_info") or {}).get("finish_reason")]
     assert not finished, f"the request finished although its scheduler was killed: {finished}"
     errors = [e for e in events if isinstance(e, str) or "error" in e]

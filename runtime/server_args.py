@@ -134,7 +134,7 @@ class ServerArgs:
             raise ValueError(f"load_balance_method must be one of {', '.join(LOAD_BALANCE_METHODS)}, "
                              f"got {self.load_balance_method!r}")
         if self.dp_size > 1 and self.kv_events is not None:
-            from radixlm.runtime.scheduler.kv_events_publisher import endpoint_for_rank
+            from radixlm.runtime.mem_cache.kv_events import endpoint_for_rank
 
             for endpoint in (self.kv_events.endpoint, self.kv_events.replay_endpoint):
                 if endpoint is not None:

@@ -57,6 +57,19 @@ DEFAULT_BLOCK_SIZE = 16
 PUBLISHERS = ("null", "zmq")
 
 
+def endpoint_for_rank(endpoint: str, dp_rank: int) -> str:
+    """The endpoint data-parallel rank `dp_rank` uses: tcp ports offset by the rank."""
+    if dp_rank == 0:
+        return endpoint
+    if endpoint.startswith("inproc://"):
+        return f"{endpoint}_dp{dp_rank}"
+    if endpoint.startswith("tcp://"):
+        host, _, port = endpoint.rpartition(":")
+        return f"{host}:{int(port) + dp_rank}"
+    raise ValueError(f"with data parallelism the KV events endpoint must be tcp:// or inproc://, got {endpoint!r}")
+
+
+
 @dataclass(frozen=True)
 class KVEventsConfig:
     """SGLang's KVEventsConfig fields (same names and defaults), plus our `block_size`."""

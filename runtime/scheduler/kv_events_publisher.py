@@ -25,25 +25,19 @@ from collections import deque
 import msgpack
 import zmq
 
-from radixlm.runtime.mem_cache.kv_events import BlockEventRecorder, KVCacheEvent, KVEventBatch, KVEventsConfig
+from radixlm.runtime.mem_cache.kv_events import (
+    BlockEventRecorder,
+    KVCacheEvent,
+    KVEventBatch,
+    KVEventsConfig,
+    endpoint_for_rank,
+)
 
 logger = logging.getLogger(__name__)
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 _QUEUE_POLL_S = 0.05  # how often the publisher thread looks at the replay socket while idle
 _SHUTDOWN_WAIT_S = 2.0
-
-
-def endpoint_for_rank(endpoint: str, dp_rank: int) -> str:
-    """The endpoint data-parallel rank `dp_rank` uses: tcp ports offset by the rank."""
-    if dp_rank == 0:
-        return endpoint
-    if endpoint.startswith("inproc://"):
-        return f"{endpoint}_dp{dp_rank}"
-    if endpoint.startswith("tcp://"):
-        host, _, port = endpoint.rpartition(":")
-        return f"{host}:{int(port) + dp_rank}"
-    raise ValueError(f"with data parallelism the KV events endpoint must be tcp:// or inproc://, got {endpoint!r}")
 
 
 def _open(ctx: zmq.Context, kind: int, endpoint: str, can_connect: bool, hwm: int | None = None) -> zmq.Socket:

@@ -190,7 +190,8 @@ def test_async_generate_concurrent(engine: Engine) -> None:
 def test_server_info(engine: Engine) -> None:
     info = engine.get_server_info()
     assert info["kv_pool"]["total_tokens"] == 4096
-    assert set(info["radix_cache"]) == {"cached_tokens", "evictable_tokens", "hit_rate", "evicted_tokens"}
+    assert set(info["radix_cache"]) == {"cached_tokens", "evictable_tokens", "hit_rate", "evicted_tokens",
+                                        "num_queried_tokens", "num_matched_tokens"}
     assert info["num_running_reqs"] == 0 and info["num_waiting_reqs"] == 0
 
 

@@ -50,6 +50,7 @@ from radixlm.runtime.bench import grammar as grammar_bench
 from radixlm.runtime.bench import workloads as wl
 from radixlm.runtime.bench.llamacpp_peer import (
     LlamaCppPeer,
+    best_of,
     llamacpp_configs,
     print_peer_summary,
     print_same_precision,
@@ -362,14 +363,17 @@ def main(argv: list[str] | None = None) -> int:
             from radixlm.runtime.bench.frontend import run_frontend
 
             run_frontend(frontend_workloads, dtype, args.repeats, base_repeats, args.no_baseline, args.url)
+    peer_best: dict[str, Result] = {}
     if peer_configs and engine_workloads:
         peer = run_llamacpp(engine_workloads, peer_configs, args.repeats, run_system)
         print_peer_summary(ours_by_dtype, base_by_dtype, peer)
         print_same_precision(ours_by_dtype, peer)
+        best = best_of({config.label(): result for config, result in peer.items()})
+        peer_best["llama.cpp"] = {metric: value for metric, (value, _) in best.items()}
     if args.grammar:
         grammar_bench.print_table(grammar_config)
     if args.plot:
-        plot_ratios(args.plot, ours_by_dtype, base_by_dtype)
+        plot_ratios(args.plot, ours_by_dtype, base_by_dtype, peer_best)
         print(f"\nfigure: {args.plot}")
     return 0
 

@@ -1,6 +1,7 @@
 """The bench's figures (`--plot out.png`). Engine bench: its table as radixlm's ratio against
 transformers for each metric that has one (throughput: ours / theirs; times: theirs / ours; so
-right of the 1.0 line is radixlm faster), one bar per dtype. Serving bench (`--serving
+right of the 1.0 line is radixlm faster), one bar per dtype; with peers (llama.cpp), one more bar
+per peer: radixlm's best over its precisions against the peer's best over its configurations. Serving bench (`--serving
 --concurrency 1,8,32`): output throughput and TTFT / inter-token latency against concurrency.
 Needs matplotlib (the `plot` extra: `pip install 'radixlm[plot]'`), imported only when a figure
 is asked for."""
@@ -42,12 +43,31 @@ def _pyplot() -> Any:
     return plt
 
 
-def plot_ratios(path: str | Path, ours_by_dtype: dict[str, Result], base_by_dtype: dict[str, Result]) -> int:
-    """Write the figure to `path` (PNG, SVG or PDF by its suffix); returns the number of bars."""
+def best_ratios(ours_by_dtype: dict[str, Result], peer_best: Result) -> dict[str, float]:
+    """metric -> radixlm's best figure over its dtypes against a peer's best (`peer_best`)."""
+    out: dict[str, float] = {}
+    for key, theirs in peer_best.items():
+        mine = [r[key] for r in ours_by_dtype.values() if key in r]
+        if not mine:
+            continue
+        lower_is_better = key.endswith(" s") or key.endswith("s/request")
+        ratio = speed_ratio(key, min(mine) if lower_is_better else max(mine), theirs)
+        if ratio is not None:
+            out[key] = ratio
+    return out
+
+
+def plot_ratios(path: str | Path, ours_by_dtype: dict[str, Result], base_by_dtype: dict[str, Result],
+                peers: dict[str, Result] | None = None) -> int:
+    """Write the figure to `path` (PNG, SVG or PDF by its suffix); returns the number of bars.
+    `peers`: peer name -> its best figure per metric (e.g. llama.cpp's over its configurations)."""
     plt = _pyplot()
-    table = ratios(ours_by_dtype, base_by_dtype)
+    table = {key: {f"vs transformers, {d}": r for d, r in row.items()} for key, row in ratios(ours_by_dtype, base_by_dtype).items()}
+    for name, best in (peers or {}).items():
+        for key, ratio in best_ratios(ours_by_dtype, best).items():
+            table.setdefault(key, {})[f"vs {name}, best of each"] = ratio
     metrics = list(table)
-    dtypes = [d for d in ours_by_dtype if any(d in row for row in table.values())]
+    dtypes = list(dict.fromkeys(series for row in table.values() for series in row))
     height = 0.8 / max(1, len(dtypes))
     fig, ax = plt.subplots(figsize=(8, 1.2 + 0.5 * max(1, len(metrics)) * max(1, len(dtypes)) ** 0.5))
     num_bars = 0
@@ -61,10 +81,10 @@ def plot_ratios(path: str | Path, ours_by_dtype: dict[str, Result], base_by_dtyp
     ax.margins(x=0.15)  # room for the bar labels
     ax.set_yticks(range(len(metrics)), metrics)
     ax.invert_yaxis()
-    ax.set_xlabel("radixlm speed / transformers speed (right of 1.0: radixlm faster)")
-    ax.set_title("radixlm against transformers, per workload")
+    ax.set_xlabel("radixlm speed / the other system's speed (right of 1.0: radixlm faster)")
+    ax.set_title("radixlm against " + " and ".join(["transformers", *(peers or {})]) + ", per workload")
     if dtypes:
-        ax.legend(title="dtype", loc="best")
+        ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from radixlm.runtime.bench.plot import plot_ratios, ratios, speed_ratio
+from radixlm.runtime.bench.plot import best_ratios, plot_ratios, ratios, speed_ratio
 
 OURS = {"float32": {"W1 decode tok/s": 100.0, "W1 TTFT s": 0.5, "W4 json_schema valid /16": 16.0,
                     "W4 json_schema s/request": 1.0, "W5 prefill tok/s": 900.0},
@@ -27,9 +27,16 @@ def test_ratios_are_the_tables() -> None:
         "W4 json_schema s/request": {"float32": 2.0}}  # W5: no baseline figure
 
 
+def test_a_peer_is_compared_best_against_best() -> None:
+    """radixlm's best over its dtypes against the peer's best over its configurations."""
+    peer = {"W1 decode tok/s": 120.0, "W1 TTFT s": 0.5, "W3 wall s": 2.0}
+    assert best_ratios(OURS, peer) == {"W1 decode tok/s": 1.25, "W1 TTFT s": 2.0}  # 150 / 120; 0.5 / 0.25; no W3
+
+
 def test_the_figure_is_written(tmp_path: Path) -> None:
     out = tmp_path / "bench.png"
     assert plot_ratios(out, OURS, BASE) == 5
+    assert plot_ratios(tmp_path / "peers.png", OURS, BASE, {"llama.cpp": {"W1 decode tok/s": 120.0}}) == 6
     assert out.read_bytes().startswith(b"\x89PNG") and out.stat().st_size > 5_000
     assert plot_ratios(tmp_path / "empty.png", {"float32": {"W1 decode tok/s": 1.0}}, {}) == 0
 

@@ -105,14 +105,13 @@ __attribute__((target("avx512vnni"))) void int8_pass(const Activations& a, const
     }
     for (int g = 0; g < 2; ++g) {
       const __m512 d = half16(blk[g] + VB);
+      const __m512 m = F == QFormat::kQ4_1 ? half16(blk[g] + VB + 32) : _mm512_setzero_ps();
       for (int r = 0; r < R; ++r) {
         const int64_t i = r * a.nb + b;
         __m512i dt = dot[r][g];
         if constexpr (F != QFormat::kQ4_1) dt = _mm512_sub_epi32(dt, _mm512_set1_epi32(offset_of(F) * a.sq[i]));
         acc[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dt), _mm512_mul_ps(d, _mm512_set1_ps(a.dx[i])), acc[r][g]);
-        if constexpr (F == QFormat::kQ4_1) {
-          acc[r][g] = _mm512_fmadd_ps(half16(blk[g] + VB + 32), _mm512_set1_ps(a.cx[i]), acc[r][g]);
-        }
+        if constexpr (F == QFormat::kQ4_1) acc[r][g] = _mm512_fmadd_ps(m, _mm512_set1_ps(a.cx[i]), acc[r][g]);
       }
     }
   }

@@ -22,6 +22,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from radixlm_testing import wait_until
 from websockets.sync.client import ClientConnection, connect
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -46,14 +47,14 @@ class Browser:
     def _wait_for_port(self) -> int:
         """Chromium writes the port it chose to DevToolsActivePort in the profile."""
         marker = Path(self.profile) / "DevToolsActivePort"
-        deadline = time.monotonic() + START_GUARD_S
-        while time.monotonic() < deadline:
+
+        def written() -> bool:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"chromium exited with {self.proc.returncode}")
-            if marker.exists() and marker.read_text().strip():
-                return int(marker.read_text().split()[0])
-            time.sleep(0.05)  # polls for the file to appear, orders nothing
-        raise RuntimeError("chromium did not open its DevTools port")
+            return marker.exists() and bool(marker.read_text().strip())
+
+        wait_until(written, "chromium opened its DevTools port", START_GUARD_S)
+        return int(marker.read_text().split()[0])
 
     def _page_socket(self, port: int) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=COMMAND_GUARD_S) as resp:

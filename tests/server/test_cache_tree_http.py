@@ -6,13 +6,13 @@ open, with no data in it and nothing from elsewhere."""
 from __future__ import annotations
 
 import re
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 import pytest
 from conftest import ServerHandle
+from radixlm_testing import wait_until
 
 from radixlm.runtime.limits import MAX_CACHE_TREE_NODES
 from radixlm.runtime.protocol import CacheTree
@@ -112,10 +112,8 @@ def test_a_running_request_shows_its_counts_grammar_and_locked_path(tiny_server:
     assert all(n["is_locked"] and n["lock_ref"] >= 1 for n in path)
     assert state["tree"]["locked_tokens"] >= sum(n["num_tokens"] for n in path)
     # the request was aborted; its lock goes with it
-    deadline = time.monotonic() + WAIT_GUARD_S
-    while cache_tree(url)["tree"]["locked_tokens"] and time.monotonic() < deadline:
-        time.sleep(0.05)  # polls for the event (the abort reaching the scheduler), orders nothing
-    assert cache_tree(url)["tree"]["locked_tokens"] == 0
+    wait_until(lambda: cache_tree(url)["tree"]["locked_tokens"] == 0, "the aborted request's lock released",
+               WAIT_GUARD_S)
 
 
 @pytest.mark.parametrize("bad", ["0", str(MAX_CACHE_TREE_NODES + 1), "-3", "many", "2.5"])

@@ -11,7 +11,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ import pytest
 import zmq
 from conftest import ServerHandle, free_port, start_server, stream_while_killing
 from kv_events_testing import DECODER
+from radixlm_testing import wait_until
 
 PROMPTS = ["The capital of France is", "One, two, three,", "def fib(n):", "Hello"]
 GREEDY = {"max_new_tokens": 12, "temperature": 0}
@@ -33,14 +34,6 @@ def start_dp(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory, met
     log = tmp_path_factory.mktemp("dp") / f"{method}.log"
     return start_server(tiny_model_dir, log, "--dp-size", "2", "--load-balance-method", method,
                         "--max-total-tokens", "4096", "--random-seed", "0", *extra)
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 60) -> None:
-    """Wait for an event (the deadline only guards against a hang)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")
@@ -229,7 +222,7 @@ def test_total_tokens_avoids_the_busy_rank(tiny_model_dir: Path, tmp_path_factor
             long = {"text": "word " * 200, "sampling_params": {"max_new_tokens": 100}, "stream": True}
             with httpx.stream("POST", server.url + "/generate", json=long, timeout=120) as resp:
                 assert resp.status_code == 200
-                wait_for(lambda: "sent to the scheduler" in server.log())  # on an idle server, ties go to rank 0
+                wait_until(lambda: "sent to the scheduler" in server.log(), "the request reached a scheduler")  # on an idle server, ties go to rank 0
                 for prompt in PROMPTS:
                     httpx.post(server.url + "/generate", json={"text": prompt, "sampling_params": GREEDY},
                                timeout=60).raise_for_status()

@@ -128,6 +128,7 @@ class Engine:
         self.grammar_backend.shutdown()
         if self.scheduler.kv_events is not None:
             self.scheduler.kv_events.shutdown()
+        self.runner.close()
 
     def __enter__(self) -> Engine:
         return self

@@ -232,6 +232,9 @@ class ServerInfo(BaseModel):
     num_retractions: int
     scheduler_pid: int
     dp_size: int = Field(description="data-parallel ranks (--dp-size); the counts above are their sums")
+    tp_size: int = Field(1, description="tensor-parallel ranks (--tp-size)")
+    tp_worker_pids: list[int] = Field([], description="with --tp-size > 1, the processes of ranks 1..N-1 (rank 0 is "
+                                      "the scheduler)")
     internal_states: list[dict[str, Any]] | None = Field(
         None, description="with --dp-size > 1, each rank's own state (its dp_rank, scheduler_pid, kv_pool, "
         "radix_cache, request counts, and num_dispatched_reqs: requests the front sent it)")

@@ -78,6 +78,7 @@ class ServerArgs:
     kv_events_config: str | None = None  # SGLang's JSON form (KVEventsConfig); None: no KV events
     dp_size: int = 1  # scheduler processes (each its own KV pool and radix cache) behind one HTTP front
     load_balance_method: str = "prefix_affinity"  # which rank a request goes to when dp_size > 1
+    tp_size: int = 1  # tensor parallelism: ranks (processes) each holding 1/N of the heads, MLP and KV pool
 
     def __post_init__(self) -> None:
         if self.device != "cpu":
@@ -133,6 +134,11 @@ class ServerArgs:
         if self.load_balance_method not in LOAD_BALANCE_METHODS:
             raise ValueError(f"load_balance_method must be one of {', '.join(LOAD_BALANCE_METHODS)}, "
                              f"got {self.load_balance_method!r}")
+        if self.tp_size < 1:
+            raise ValueError(f"tp_size must be >= 1, got {self.tp_size}")
+        if self.tp_size > 1 and self.dp_size > 1:
+            raise ValueError(f"--tp-size {self.tp_size} with --dp-size {self.dp_size}: data and tensor parallelism "
+                             "together are not supported; use one of them")
         if self.dp_size > 1 and self.kv_events is not None:
             from radixlm.runtime.mem_cache.kv_events import endpoint_for_rank
 
@@ -281,6 +287,10 @@ HELP = {
     "load_balance_method": "which rank a request goes to when --dp-size > 1: prefix_affinity (default: the rank "
     "whose cache most likely holds the prompt's prefix, the least loaded one when none does or that rank is "
     "overloaded), round_robin, total_requests (fewest requests in flight), total_tokens (fewest prompt tokens in flight)",
+    "tp_size": "tensor parallelism: N ranks (processes, torch.distributed: gloo on CPU), each holding 1/N of the "
+    "attention heads (split by KV group), of the MLP and of the KV pool, one all-reduce after the attention output "
+    "and one after the MLP (on CPU through shared memory when small); the scheduler runs on rank 0. The model's KV "
+    "heads, query heads and MLP width must divide by N",
     "disable_adaptive_threads": "on CPU, keep torch's thread count fixed instead of using only the cores other processes "
     "leave free (runtime/model/cpu_threads.py)",
 }

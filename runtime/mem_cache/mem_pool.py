@@ -26,6 +26,8 @@ class ReqToTokenPool:
         self.max_context_len = max_context_len
         self.req_to_token = torch.zeros((max_reqs, max_context_len), dtype=torch.int32, device=device)
         self._free_rows: list[int] = list(range(max_reqs - 1, -1, -1))
+        # tensor parallel's rank 0 logs every write here, for the other ranks' copies of the table
+        self.write_log: list[tuple[int, int, torch.Tensor]] | None = None
 
     @property
     def num_free(self) -> int:
@@ -43,6 +45,8 @@ class ReqToTokenPool:
     def write(self, row: int, start: int, slots: torch.Tensor) -> None:
         """Record `slots` as the KV slots of positions start .. start+len(slots)-1 of `row`."""
         self.req_to_token[row, start : start + slots.numel()] = slots.to(torch.int32)
+        if self.write_log is not None:
+            self.write_log.append((row, start, slots.to(torch.int32, copy=True)))
 
 
 class KVPool:

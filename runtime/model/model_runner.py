@@ -3,6 +3,7 @@ and executes one prepared ForwardBatch. No scheduling logic lives here."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import ChainMap
@@ -22,9 +23,14 @@ from radixlm.runtime.model.forward_batch import ForwardBatch
 from radixlm.runtime.model.model_config import ModelConfig
 from radixlm.runtime.model.model_files import load_cpu_kernels
 from radixlm.runtime.model.models.llama import LlamaForCausalLM
+from radixlm.runtime.model.tensor_parallel import ShardedWeights, TPGroup, TPWorkers, check_tp_size, shard_config
 from radixlm.runtime.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
+
+# Tensor parallel on CPU: all-reduces of up to this many bytes per rank go through shared memory
+# (tensor_parallel.ShmAllReduce), larger ones through gloo.
+SHM_ALL_REDUCE_BYTES = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -85,12 +91,21 @@ class RunnerConfig:
 
 
 class ModelRunner:
-    def __init__(self, model_cfg: ModelConfig, runner_cfg: RunnerConfig, state_dict: Mapping[str, object]):
+    """With `tp` (tensor_parallel.TPGroup), this rank's shard: 1/tp of the heads, of the MLP and of
+    the KV pool; rank 0 (whose `tp_workers` are ranks 1..N-1) broadcasts each forward to the others."""
+
+    def __init__(self, model_cfg: ModelConfig, runner_cfg: RunnerConfig, state_dict: Mapping[str, object],
+                 tp: TPGroup | None = None, tp_workers: TPWorkers | None = None):
         self.model_cfg = model_cfg
         self.cfg = runner_cfg
+        self.tp, self.tp_workers = tp, tp_workers
         start = time.perf_counter()
+        shard_cfg = model_cfg
+        if tp is not None:
+            shard_cfg = shard_config(model_cfg, tp.size)
+            state_dict = ShardedWeights(state_dict, model_cfg, tp.rank, tp.size)  # type: ignore[arg-type]
         with torch.device("meta"):
-            model = LlamaForCausalLM(model_cfg)
+            model = LlamaForCausalLM(shard_cfg)
         model = model.to_empty(device=runner_cfg.device)
         model.rotary = type(model.rotary)(model_cfg.head_dim, model_cfg.context_len, model_cfg.rope)
         if runner_cfg.device != "cpu" and (runner_cfg.quantize_to or any(
@@ -98,11 +113,12 @@ class ModelRunner:
             raise ValueError("quantized weights run on CPU only (our kernels are AVX-512); use --quantization none")
         model.load_weights(state_dict, runner_cfg.quantize_to, runner_cfg.quant_mode)
         self.model = model.to(runner_cfg.dtype).eval()
+        self.model.set_tensor_parallel(tp)
         self.quantized_layers = sum(1 for m in model.modules() if getattr(m, "qweight", None) is not None)
         self.kv_pool = KVPool(
             runner_cfg.max_total_tokens,
             model_cfg.num_layers,
-            model_cfg.num_kv_heads,
+            shard_cfg.num_kv_heads,
             model_cfg.head_dim,
             runner_cfg.kv_dtype or runner_cfg.dtype,
             runner_cfg.device,
@@ -110,6 +126,8 @@ class ModelRunner:
         self.req_to_token_pool = ReqToTokenPool(
             runner_cfg.max_running_requests, runner_cfg.context_len, runner_cfg.device
         )
+        if tp_workers is not None:
+            self.req_to_token_pool.write_log = []  # sent to the other ranks with the next forward
         # the C++ decode path writes K/V and attends itself, in the torch backend's slot layout
         self.cpu_kernels = (
             runner_cfg.cpu_kernels and runner_cfg.device == "cpu" and runner_cfg.attention_backend == "torch"
@@ -121,9 +139,10 @@ class ModelRunner:
             load_cpu_kernels() if self.cpu_kernels else None,
         )
         logger.info(
-            "model loaded in %.1fs: %s, dtype %s%s%s, KV pool %d tokens (%s)",
+            "model loaded in %.1fs: %s%s, dtype %s%s%s, KV pool %d tokens (%s)",
             time.perf_counter() - start,
             model_cfg.architecture,
+            "" if tp is None else f" (tensor-parallel rank {tp.rank} of {tp.size})",
             runner_cfg.dtype,
             f", {self.quantized_layers} quantized linear layers ({runner_cfg.quant_mode})" if self.quantized_layers else "",
             " (C++ CPU decode kernels)" if self.cpu_kernels else "",
@@ -132,12 +151,40 @@ class ModelRunner:
         )
 
     @classmethod
-    def from_dir(cls, model_dir: Path, runner_cfg: RunnerConfig) -> ModelRunner:
-        return cls(ModelConfig.from_dir(model_dir), runner_cfg, weights_of(model_dir, runner_cfg.quantization))
+    def from_dir(cls, model_dir: Path, runner_cfg: RunnerConfig, tp_size: int = 1,
+                 shm_all_reduce_bytes: int = SHM_ALL_REDUCE_BYTES) -> ModelRunner:
+        """The runner of rank 0; with `tp_size` > 1 it starts ranks 1..tp_size-1 as processes, whose
+        all-reduces of up to `shm_all_reduce_bytes` go through shared memory (0: all through gloo)."""
+        model_cfg = ModelConfig.from_dir(model_dir)
+        if tp_size == 1:
+            return cls(model_cfg, runner_cfg, weights_of(model_dir, runner_cfg.quantization))
+        check_tp_size(model_cfg, tp_size)
+        # each rank its share of the cores, fixed (a rank that waits for cores stalls every all-reduce)
+        torch.set_num_threads(max(1, torch.get_num_threads() // tp_size))
+        runner_cfg = dataclasses.replace(runner_cfg, adaptive_threads=False)
+        workers = TPWorkers(model_dir, runner_cfg, tp_size, shm_all_reduce_bytes)
+        try:
+            runner = cls(model_cfg, runner_cfg, weights_of(model_dir, runner_cfg.quantization), workers.group, workers)
+            workers.wait_ready()
+        except BaseException:
+            workers.close()
+            raise
+        return runner
+
+    def close(self) -> None:
+        """Stop the other tensor-parallel ranks (a no-op without tensor parallelism)."""
+        if self.tp_workers is not None:
+            self.tp_workers.close()
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        """float32 logits `[len(batch.logits_indices), vocab]`."""
+        """float32 logits `[len(batch.logits_indices), vocab]` (on tensor-parallel ranks other than
+        0: an empty tensor, as only rank 0 samples)."""
+        if self.tp_workers is not None:
+            log = self.req_to_token_pool.write_log
+            assert log is not None
+            self.tp_workers.send_step(batch, list(log))
+            log.clear()
         if self.threads is not None:
             self.threads.update(batch.num_tokens)
         if not self.model.runs_in_decode_stack(batch):

@@ -14,7 +14,7 @@ from radixlm.runtime.constrained.llguidance_backend import LLGuidanceBackend
 from radixlm.runtime.constrained.xgrammar_backend import XGrammarBackend
 from radixlm.runtime.detokenizer.detokenizer import IncrementalDecoder
 from radixlm.runtime.model.model_config import ModelConfig
-from radixlm.runtime.model.model_runner import ModelRunner, RunnerConfig, quantizes, weights_of
+from radixlm.runtime.model.model_runner import ModelRunner, RunnerConfig, quantizes
 from radixlm.runtime.sampling.sampling_params import SamplingParams
 from radixlm.runtime.scheduler.kv_events_publisher import KVEventStream
 from radixlm.runtime.scheduler.req import LogprobOptions, Req
@@ -45,7 +45,7 @@ class SchedulerStack:
         tokenizer = Tokenizer(args.tokenizer_path or model_dir)
         runner_cfg = RunnerConfig.from_server_args(args, model_config,
                                                    quantized=quantizes(model_dir, args.resolved_quantization))
-        runner = ModelRunner(model_config, runner_cfg, weights_of(model_dir, runner_cfg.quantization))
+        runner = ModelRunner.from_dir(model_dir, runner_cfg, args.tp_size)
         grammar_backend = grammar_backends.create(
             args.grammar_backend, tokenizer, model_config.vocab_size, num_workers=NUM_GRAMMAR_COMPILE_WORKERS,
             enable_jump_forward=not args.disable_jump_forward,
@@ -95,7 +95,7 @@ class SchedulerStack:
         sched = self.scheduler
         cache = sched.cache
         return {
-            "dp_size": self.server_args.dp_size, "tp_size": 1,  # as SGLang (sglang-router --dp-aware reads dp_size)
+            "dp_size": self.server_args.dp_size, "tp_size": self.server_args.tp_size,  # as SGLang (sglang-router --dp-aware reads dp_size)
             **self.server_args.public_dict(),
             "model_path": str(self.server_args.model_path or "default:SmolLM2-135M-Instruct"),
             # as SGLang: the tokenizer's directory even when the flag is unset (sglang-router loads
@@ -103,6 +103,7 @@ class SchedulerStack:
             "tokenizer_path": self.tokenizer.path,
             "context_length": self.context_len,
             "kv_pool": {"total_tokens": sched.kv_pool.size, "free_tokens": sched.kv_pool.num_free},
+            "tp_worker_pids": [] if self.runner.tp_workers is None else [p.pid for p in self.runner.tp_workers.procs],
             "radix_cache": {
                 "cached_tokens": cache.total_cached_tokens,
                 "evictable_tokens": cache.evictable_tokens,

@@ -29,6 +29,7 @@ import sys
 from collections.abc import Mapping
 from functools import partial
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -41,6 +42,9 @@ from radixlm.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from radixlm.runtime.model.model_config import ModelConfig
 from radixlm.runtime.model.model_files import load_cpu_kernels
 from radixlm.runtime.model.models.rotary import RotaryEmbedding
+
+if TYPE_CHECKING:
+    from radixlm.runtime.model.tensor_parallel import TPGroup
 
 
 class Linear(nn.Module):
@@ -171,6 +175,16 @@ class DecoderLayer(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.has_qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.has_qk_norm else None
         self.ext: ModuleType | None = None  # the C++ kernels' fused SiLU x up, once use_cpu_kernels ran
+        self.tp: TPGroup | None = None  # tensor parallel: o_proj and down_proj give partial sums
+
+    def _output(self, linear: Linear, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """residual + linear(x); under tensor parallelism the sum over ranks of their partial
+        products, rank 0's carrying the residual."""
+        if self.tp is None:
+            return linear.forward_add(x, residual)
+        out = linear.forward_add(x, residual) if self.tp.rank == 0 else linear(x)
+        self.tp.all_reduce(out)
+        return out
 
     def forward(
         self, residual: torch.Tensor, rope: torch.Tensor, attn: BaseAttentionBackend, batch: ForwardBatch
@@ -189,13 +203,13 @@ class DecoderLayer(nn.Module):
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         v = qkv[:, self.q_size + self.kv_size :].view(n, self.num_kv_heads, self.head_dim)
         attn_out = attn.forward(q, k, v, self.layer_id, batch)
-        residual = self.o_proj.forward_add(attn_out.reshape(n, self.q_size), residual)
+        residual = self._output(self.o_proj, attn_out.reshape(n, self.q_size), residual)
         x = self.post_attention_layernorm(residual)
         gate_up = self.gate_up_proj(x)
         if self.ext is not None:
-            return self.down_proj.forward_add(self.ext.silu_mul(gate_up), residual)
+            return self._output(self.down_proj, self.ext.silu_mul(gate_up), residual)
         gate, up = gate_up.chunk(2, dim=-1)
-        return self.down_proj.forward_add(F.silu(gate).mul_(up), residual)
+        return self._output(self.down_proj, F.silu(gate).mul_(up), residual)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -209,6 +223,15 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.context_len, cfg.rope)
         self.decode_stack: object | None = None  # cpu_linear's DecodeStack once use_cpu_kernels ran
+        self.tp: TPGroup | None = None
+
+    def set_tensor_parallel(self, tp: TPGroup | None) -> None:
+        """This model is rank `tp.rank`'s shard (runtime/model/tensor_parallel.py): its layers
+        all-reduce their output products, and only rank 0 projects to the vocabulary."""
+        self.tp = tp
+        for layer in self.layers:
+            assert isinstance(layer, DecoderLayer)
+            layer.tp = tp
 
     def forward(self, batch: ForwardBatch, attn: BaseAttentionBackend) -> torch.Tensor:
         """Logits `[len(batch.logits_indices), vocab]`, float32."""
@@ -218,6 +241,8 @@ class LlamaForCausalLM(nn.Module):
         rope = self.rotary.freqs_for(batch.positions)
         for layer in self.layers:
             residual = layer(residual, rope, attn, batch)
+        if self.tp is not None and self.tp.rank != 0:
+            return residual.new_empty(0)  # rank 0 alone samples
         return self.lm_head(self.norm(residual[batch.logits_indices])).float()
 
     def runs_in_decode_stack(self, batch: ForwardBatch) -> bool:
@@ -252,8 +277,10 @@ class LlamaForCausalLM(nn.Module):
             elif isinstance(module, DecoderLayer):
                 module.ext = ext
         cfg = self.cfg
-        if cfg.head_dim not in cpu_linear.PAGED_ATTENTION_HEAD_DIMS:
-            return True  # DecodeStack attends through the paged kernel: decode steps stay torch ops
+        if cfg.head_dim not in cpu_linear.PAGED_ATTENTION_HEAD_DIMS or self.tp is not None:
+            # DecodeStack attends through the paged kernel, and runs every layer in one call (no
+            # all-reduce between them): decode steps stay per-layer ops
+            return True
         stack = ext.DecodeStack(
             cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size,
             cfg.rms_norm_eps, cfg.head_dim**-0.5,

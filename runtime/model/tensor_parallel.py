@@ -1,0 +1,362 @@
+"""Tensor parallelism (`--tp-size N`) over torch.distributed: gloo on CPU, NCCL on CUDA.
+
+Layout (Megatron's, as SGLang and vLLM shard a Llama):
+- Attention is split by KV group: rank r holds KV heads [r*kv/N, (r+1)*kv/N) and the query heads
+  that read them, i.e. its rows of q/k/v_proj (and their biases), its columns of o_proj, and 1/N of
+  every layer's KV pool (the pool's slots are the same on every rank; each holds its heads).
+- The MLP is split by intermediate column: rows of gate/up_proj, columns of down_proj.
+- o_proj and down_proj give partial sums: one all-reduce after each (rank 0 adds the residual and
+  o_proj's bias, so the sum counts them once). The residual stream is then the same on every rank.
+- The embedding, the norms and lm_head are replicated; only rank 0 projects to the vocabulary
+  (it alone samples).
+- The scheduler runs on rank 0. Each forward, rank 0 broadcasts the ForwardBatch and the
+  request->token rows written since the last one (`ReqToTokenPool.write_log`); ranks 1..N-1
+  (worker processes, `python -m radixlm.runtime.model.tensor_parallel`) apply them and run the
+  same forward.
+- The all-reduce is the process group's (gloo / NCCL), or on CPU, where every rank is a process of
+  this machine, a shared-memory one (`ShmAllReduce`) when measured faster (see the README's
+  "Scaling out").
+
+A head count tp does not divide is refused (`check_tp_size`), never padded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+import os
+import pickle
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from radixlm.kernels.quant import BLOCK, QuantizedTensor
+from radixlm.runtime.model.model_config import ModelConfig
+
+if TYPE_CHECKING:
+    from radixlm.runtime.model.forward_batch import ForwardBatch
+    from radixlm.runtime.model.model_runner import ModelRunner, RunnerConfig
+
+logger = logging.getLogger(__name__)
+
+STARTUP_TIMEOUT_S = 600.0  # a worker that has not loaded its shard by then is reported as failed
+# Ranks wait for rank 0's next step for as long as the server is idle: no op timeout to speak of.
+OP_TIMEOUT = datetime.timedelta(days=365)
+
+
+def check_tp_size(cfg: ModelConfig, tp_size: int) -> None:
+    """ValueError unless `tp_size` ranks can split this model by KV group and MLP column."""
+    if tp_size < 1:
+        raise ValueError(f"tp_size must be >= 1, got {tp_size}")
+    if tp_size == 1:
+        return
+    problems = [f"{what} ({n})" for what, n in (("KV heads", cfg.num_kv_heads), ("query heads", cfg.num_heads),
+                                                 ("MLP intermediate size", cfg.intermediate_size)) if n % tp_size]
+    if problems:
+        raise ValueError(f"--tp-size {tp_size} does not divide this model's {' and '.join(problems)}: tensor "
+                         f"parallelism splits attention by KV group and the MLP by column; tp sizes that fit "
+                         f"this model: {', '.join(str(n) for n in valid_tp_sizes(cfg))}")
+
+
+def valid_tp_sizes(cfg: ModelConfig) -> list[int]:
+    return [n for n in range(1, cfg.num_kv_heads + 1)
+            if cfg.num_kv_heads % n == 0 and cfg.num_heads % n == 0 and cfg.intermediate_size % n == 0]
+
+
+def shard_config(cfg: ModelConfig, tp_size: int) -> ModelConfig:
+    """The shape one rank's layers have: 1/tp of the heads and of the MLP width."""
+    check_tp_size(cfg, tp_size)
+    return dataclasses.replace(cfg, num_heads=cfg.num_heads // tp_size, num_kv_heads=cfg.num_kv_heads // tp_size,
+                               intermediate_size=cfg.intermediate_size // tp_size)
+
+
+Weight = torch.Tensor | QuantizedTensor
+
+
+def row_slice(w: Weight, start: int, stop: int) -> Weight:
+    if isinstance(w, QuantizedTensor):
+        return QuantizedTensor(w.fmt, w.raw[start:stop], w.k)
+    return w[start:stop]
+
+
+def column_slice(w: Weight, start: int, stop: int) -> Weight:
+    """Columns [start, stop) of a [out, in] weight; a block-quantized one keeps its blocks where the
+    cut falls between them, else it is dequantized (logged)."""
+    if not isinstance(w, QuantizedTensor):
+        return w[:, start:stop]
+    if start % BLOCK == 0 and stop % BLOCK == 0:
+        per_block = w.raw.shape[1] // (w.k // BLOCK)
+        return QuantizedTensor(w.fmt, w.raw[:, start // BLOCK * per_block: stop // BLOCK * per_block], stop - start)
+    logger.info("tensor parallel: a cut at column %d is inside a %s block; that weight is dequantized", start, w.fmt)
+    return w.dequantize()[:, start:stop]
+
+
+class ShardedWeights(Mapping[str, Weight]):
+    """An HF-named state dict seen by one rank: each tensor sliced to that rank's part (see the
+    module docstring), read from `full` on access."""
+
+    def __init__(self, full: Mapping[str, Weight], cfg: ModelConfig, rank: int, size: int):
+        self.full, self.cfg, self.rank, self.size = full, cfg, rank, size
+
+    def __getitem__(self, name: str) -> Weight:
+        w = self.full[name]
+        cfg, r, n = self.cfg, self.rank, self.size
+        q_part, kv_part = cfg.num_heads // n * cfg.head_dim, cfg.num_kv_heads // n * cfg.head_dim
+        mlp_part = cfg.intermediate_size // n
+        leaf = name.rsplit(".", 2)[-2:]  # e.g. ["q_proj", "weight"]
+        if leaf[0] == "q_proj":
+            return row_slice(w, r * q_part, (r + 1) * q_part)
+        if leaf[0] in ("k_proj", "v_proj"):
+            return row_slice(w, r * kv_part, (r + 1) * kv_part)
+        if leaf[0] in ("gate_proj", "up_proj"):
+            return row_slice(w, r * mlp_part, (r + 1) * mlp_part)
+        if leaf == ["o_proj", "weight"]:
+            return column_slice(w, r * q_part, (r + 1) * q_part)
+        if leaf == ["down_proj", "weight"]:
+            return column_slice(w, r * mlp_part, (r + 1) * mlp_part)
+        if leaf == ["o_proj", "bias"] and r != 0:
+            assert isinstance(w, torch.Tensor)
+            return torch.zeros_like(w)  # added once, by rank 0
+        return w  # embedding, norms, lm_head: replicated
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.full)
+
+    def __len__(self) -> int:
+        return len(self.full)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.full
+
+
+class ShmAllReduce:
+    """A sum over the ranks of one machine through shared memory: each rank copies its tensor into
+    its slot of a /dev/shm file, marks its flag with the call's sequence number, waits for every
+    other rank's flag, and sums the slots in rank order (so every rank gets bit-identical results).
+    Slots alternate between two halves by sequence parity, so a rank may write call s+1's data while
+    another still reads call s's; a rank reaches call s+2 only after all have finished s (they set
+    flag s+1 after reading s). The wait spins, then yields the core (sched_yield), as the ranks may
+    share cores with the server's other processes. x86's store order makes data visible before the
+    flag written after it; other CPUs would need a fence (the C++ kernels' spin does issue one)."""
+
+    FLAGS = 64  # bytes of flag room per rank (one cache line, so ranks never share one)
+
+    def __init__(self, path: Path, rank: int, size: int, max_bytes: int, create: bool):
+        self.rank, self.size, self.max_bytes = rank, size, max_bytes
+        self.path = path
+        total = self.FLAGS * size + 2 * size * max_bytes
+        if create:
+            with open(path, "wb") as f:
+                f.truncate(total)
+        self.buf = torch.from_file(str(path), shared=True, size=total, dtype=torch.uint8)
+        self.flags = self.buf[: self.FLAGS * size].view(torch.int64).view(size, self.FLAGS // 8)
+        self.data = self.buf[self.FLAGS * size:]
+        self.seq = 0
+        self.calls = 0
+
+    def slot(self, half: int, rank: int, nbytes: int) -> torch.Tensor:
+        start = (half * self.size + rank) * self.max_bytes
+        return self.data[start: start + nbytes]
+
+    def fits(self, t: torch.Tensor) -> bool:
+        return t.numel() * t.element_size() <= self.max_bytes and t.is_contiguous() and t.device.type == "cpu"
+
+    def all_reduce(self, t: torch.Tensor) -> None:
+        self.seq += 1
+        self.calls += 1
+        half, nbytes = self.seq % 2, t.numel() * t.element_size()
+        self.slot(half, self.rank, nbytes).view(t.dtype).view(t.shape).copy_(t)
+        self.flags[self.rank, 0] = self.seq
+        spins = 0
+        while int(self.flags[:, 0].min()) < self.seq:
+            spins += 1
+            if spins > 64:
+                os.sched_yield()
+        parts = [self.slot(half, r, nbytes).view(t.dtype).view(t.shape) for r in range(self.size)]
+        if t.dtype == torch.float32:
+            torch.add(parts[0], parts[1], out=t)
+            for p in parts[2:]:
+                t.add_(p)
+        else:  # sum in float32, round once
+            acc = parts[0].float()
+            for p in parts[1:]:
+                acc.add_(p.float())
+            t.copy_(acc)
+
+
+class TPGroup:
+    """One rank's view of the tensor-parallel group: a gloo (CPU) or NCCL (CUDA) process group
+    built directly on a TCPStore (no global torch.distributed state, so an Engine and a test can
+    each have their own), plus the shared-memory all-reduce on CPU."""
+
+    def __init__(self, rank: int, size: int, store: dist.TCPStore, device: str, shm: ShmAllReduce | None):
+        self.rank, self.size, self.store, self.device = rank, size, store, device
+        if device == "cpu":
+            opts = dist.ProcessGroupGloo._Options()
+            opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+            opts._timeout = OP_TIMEOUT
+            self.pg: Any = dist.ProcessGroupGloo(store, rank, size, opts)
+        else:  # reasoned about only: no GPU here (see the README)
+            self.pg = dist.ProcessGroupNCCL(store, rank, size)
+        self.shm = shm
+        self.num_all_reduces = 0
+
+    def all_reduce(self, t: torch.Tensor) -> None:
+        """Sum `t` over the ranks, in place."""
+        self.num_all_reduces += 1
+        if self.shm is not None and self.shm.fits(t):
+            self.shm.all_reduce(t)
+            return
+        self.pg.allreduce([t]).wait()
+
+    def _broadcast(self, t: torch.Tensor) -> None:
+        opts = dist.BroadcastOptions()
+        opts.rootRank = 0
+        self.pg.broadcast([t], opts).wait()
+
+    def broadcast_object(self, obj: object = None) -> Any:
+        """Rank 0's `obj` (pickled) on every rank."""
+        if self.rank == 0:
+            payload = torch.frombuffer(bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)), dtype=torch.uint8)
+            size = torch.tensor([payload.numel()], dtype=torch.int64)
+        else:
+            size = torch.zeros(1, dtype=torch.int64)
+        self._broadcast(size)
+        if self.rank != 0:
+            payload = torch.empty(int(size.item()), dtype=torch.uint8)
+        self._broadcast(payload)
+        return obj if self.rank == 0 else pickle.loads(payload.numpy().tobytes())
+
+    def close(self) -> None:
+        try:
+            self.pg.shutdown()
+        except Exception:  # the other side may be gone already
+            pass
+
+
+def _shm_path(port: int) -> Path:
+    return Path("/dev/shm") / f"radixlm-tp-{os.getpid() if port == 0 else port}"
+
+
+class TPWorkers:
+    """Rank 0's handle on ranks 1..N-1: starts them, sends each step, stops them."""
+
+    def __init__(self, model_dir: Path, runner_cfg: RunnerConfig, size: int, shm_bytes: int):
+        self.size = size
+        self.store = dist.TCPStore("127.0.0.1", 0, size, True, timeout=datetime.timedelta(seconds=STARTUP_TIMEOUT_S),
+                                   wait_for_workers=False)
+        port = self.store.port
+        self.shm_path = _shm_path(port) if runner_cfg.device == "cpu" and shm_bytes else None
+        shm = None
+        if self.shm_path is not None:
+            shm = ShmAllReduce(self.shm_path, 0, size, shm_bytes, create=True)
+        spec = pickle.dumps({"model_dir": str(model_dir), "runner_cfg": runner_cfg, "size": size, "port": port,
+                             "shm_path": None if self.shm_path is None else str(self.shm_path),
+                             "shm_bytes": shm_bytes, "threads": torch.get_num_threads()})
+        self.procs: list[subprocess.Popen[bytes]] = []
+        for rank in range(1, size):
+            proc = subprocess.Popen([sys.executable, "-m", "radixlm.runtime.model.tensor_parallel", str(rank)],
+                                    stdin=subprocess.PIPE)
+            assert proc.stdin is not None
+            proc.stdin.write(spec)
+            proc.stdin.close()
+            self.procs.append(proc)
+        self._wait_for("joined")
+        self.group = TPGroup(0, size, self.store, runner_cfg.device, shm)
+        self.closed = False
+
+    def _wait_for(self, what: str) -> None:
+        """Until every worker has set its `what` key; a worker's error key or exit raises."""
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        for rank, proc in enumerate(self.procs, start=1):
+            while not self.store.check([f"{what}/{rank}"]):
+                if self.store.check([f"error/{rank}"]):
+                    raise RuntimeError(f"tensor-parallel rank {rank} failed: {self.store.get(f'error/{rank}').decode()}")
+                if proc.poll() is not None:
+                    raise RuntimeError(f"tensor-parallel rank {rank} exited with code {proc.returncode} before it "
+                                       f"was {what}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"tensor-parallel rank {rank} not {what} after {STARTUP_TIMEOUT_S:.0f} s")
+                time.sleep(0.05)  # polling a child's start-up, not ordering events between tests
+
+    def wait_ready(self) -> None:
+        self._wait_for("ready")
+
+    def send_step(self, batch: ForwardBatch, writes: list[tuple[int, int, torch.Tensor]]) -> None:
+        self.group.broadcast_object(("step", batch, writes))
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if all(p.poll() is None for p in self.procs):
+            try:
+                self.group.broadcast_object(("stop",))
+            except Exception:
+                pass
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.group.close()
+        if self.shm_path is not None:
+            self.shm_path.unlink(missing_ok=True)
+
+
+def run_worker(rank: int, spec: dict[str, Any]) -> None:
+    """Rank `rank` (1..N-1): join the group, load this rank's shard, then run every forward rank 0
+    broadcasts until it says stop (or the group breaks: rank 0 is gone)."""
+    from radixlm.runtime.model.model_runner import ModelRunner, weights_of
+
+    size, port = spec["size"], spec["port"]
+    store = dist.TCPStore("127.0.0.1", port, size, False, timeout=datetime.timedelta(seconds=STARTUP_TIMEOUT_S))
+    try:
+        torch.set_num_threads(spec["threads"])
+        runner_cfg: RunnerConfig = spec["runner_cfg"]
+        shm = None if spec["shm_path"] is None else \
+            ShmAllReduce(Path(spec["shm_path"]), rank, size, spec["shm_bytes"], create=False)
+        store.set(f"joined/{rank}", "1")
+        group = TPGroup(rank, size, store, runner_cfg.device, shm)
+        model_dir = Path(spec["model_dir"])
+        runner = ModelRunner(ModelConfig.from_dir(model_dir), runner_cfg, weights_of(model_dir, runner_cfg.quantization),
+                             tp=group)
+    except Exception as e:
+        store.set(f"error/{rank}", f"{type(e).__name__}: {e}")
+        raise
+    store.set(f"ready/{rank}", "1")
+    while True:
+        msg = group.broadcast_object()
+        if msg[0] == "stop":
+            break
+        _, batch, writes = msg
+        for row, start, slots in writes:
+            runner.req_to_token_pool.write(row, start, slots)
+        runner.forward(batch)
+    group.close()
+
+
+def main() -> None:
+    from radixlm.runtime.ipc import exit_with_parent
+
+    exit_with_parent()  # rank 0's process gone: so is this one
+    rank = int(sys.argv[1])
+    logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s tp-rank-{rank} %(levelname)s %(message)s")
+    spec = pickle.loads(sys.stdin.buffer.read())
+    try:
+        run_worker(rank, spec)
+    except Exception:
+        logger.exception("tensor-parallel rank %d stopped", rank)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

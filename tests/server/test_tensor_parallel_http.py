@@ -1,0 +1,74 @@
+"""`radixlm serve --tp-size 2` (tiny model, 4 query / 2 KV heads): the same greedy outputs as tp 1
+on the native, streaming and both OpenAI routes; /server_info names the ranks; rank 1's process
+ends with the server; a size the model's heads do not divide stops the start with a clear message."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from conftest import ServerHandle, start_server
+from radixlm_testing import wait_until
+from test_data_parallel import PROMPTS, stream_texts
+
+GREEDY = {"max_new_tokens": 16, "temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def tp_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
+    server = start_server(tiny_model_dir, tmp_path_factory.mktemp("tp") / "server.log", "--tp-size", "2",
+                          "--max-total-tokens", "4096", "--random-seed", "0")
+    yield server
+    server.stop()
+
+
+def outputs(url: str, model: str) -> list[Any]:
+    native = [o["text"] for o in httpx.post(url + "/generate", json={"text": PROMPTS, "sampling_params": GREEDY},
+                                            timeout=120).json()]
+    streamed = stream_texts(url + "/generate", {"text": PROMPTS[0], "sampling_params": GREEDY, "stream": True})
+    completion = httpx.post(url + "/v1/completions", timeout=120, json={
+        "model": model, "prompt": PROMPTS[1], "max_tokens": 16, "temperature": 0}).json()
+    chat = httpx.post(url + "/v1/chat/completions", timeout=120, json={
+        "model": model, "messages": [{"role": "user", "content": PROMPTS[2]}], "max_tokens": 16,
+        "temperature": 0}).json()
+    return [native, streamed[-1], completion["choices"][0]["text"], chat["choices"][0]["message"]["content"]]
+
+
+def test_same_greedy_outputs_as_tp1(tp_server: ServerHandle, tiny_server: ServerHandle, tiny_model_name: str) -> None:
+    assert outputs(tp_server.url, tiny_model_name) == outputs(tiny_server.url, tiny_model_name)
+
+
+def test_ranks_reported_and_rank_1_ends_with_the_server(tiny_model_dir: Path,
+                                                        tmp_path_factory: pytest.TempPathFactory) -> None:
+    server = start_server(tiny_model_dir, tmp_path_factory.mktemp("tp-stop") / "server.log", "--tp-size", "2",
+                          "--max-total-tokens", "2048")
+    try:
+        info = httpx.get(server.url + "/server_info", timeout=30).json()
+        assert info["tp_size"] == 2 and info["dp_size"] == 1
+        [rank1] = info["tp_worker_pids"]
+        assert rank1 not in (info["scheduler_pid"], server.proc.pid)
+        out = httpx.post(server.url + "/generate", json={"text": "Hello", "sampling_params": GREEDY}, timeout=60)
+        assert out.status_code == 200 and out.json()["meta_info"]["completion_tokens"] == 16
+    finally:
+        server.stop(signal.SIGTERM)
+    wait_until(lambda: not _alive(rank1), "tensor-parallel rank 1 to exit with the server")
+
+
+def test_tp_size_the_heads_do_not_divide_is_refused(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    log = tmp_path_factory.mktemp("tp-bad") / "server.log"
+    with pytest.raises(RuntimeError, match=r"--tp-size 3 does not divide this model's KV heads \(2\) and query heads "
+                                           r"\(4\) and MLP intermediate size \(128\).*tp sizes that fit this model: 1, 2"):
+        start_server(tiny_model_dir, log, "--tp-size", "3")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] != "Z"

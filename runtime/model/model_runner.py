@@ -23,14 +23,16 @@ from radixlm.runtime.model.forward_batch import ForwardBatch
 from radixlm.runtime.model.model_config import ModelConfig
 from radixlm.runtime.model.model_files import load_cpu_kernels
 from radixlm.runtime.model.models.llama import LlamaForCausalLM
-from radixlm.runtime.model.tensor_parallel import ShardedWeights, TPGroup, TPWorkers, check_tp_size, shard_config
+from radixlm.runtime.model.tensor_parallel import ShardedWeights, TPGroup, TPWorkers, check_tp_size, shard_config, vocab_part
 from radixlm.runtime.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 
-# Tensor parallel on CPU: all-reduces of up to this many bytes per rank go through shared memory
-# (tensor_parallel.ShmAllReduce), larger ones through gloo.
-SHM_ALL_REDUCE_BYTES = 4 << 20
+# Tensor parallel on CPU: all-reduces and logit gathers of up to this many bytes per rank go through
+# shared memory (tensor_parallel.ShmAllReduce), larger ones through gloo. 16 MiB holds a 2,048-token
+# prefill's hidden states (hidden 2,048, float32) and 16 decode rows of a 150k vocabulary's logits;
+# the /dev/shm file is sparse, so only pages used take memory.
+SHM_ALL_REDUCE_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -100,12 +102,12 @@ class ModelRunner:
         self.cfg = runner_cfg
         self.tp, self.tp_workers = tp, tp_workers
         start = time.perf_counter()
-        shard_cfg = model_cfg
+        shard_cfg, lm_head_rows = model_cfg, None
         if tp is not None:
-            shard_cfg = shard_config(model_cfg, tp.size)
+            shard_cfg, lm_head_rows = shard_config(model_cfg, tp.size), vocab_part(model_cfg, tp.size)
             state_dict = ShardedWeights(state_dict, model_cfg, tp.rank, tp.size)  # type: ignore[arg-type]
         with torch.device("meta"):
-            model = LlamaForCausalLM(shard_cfg)
+            model = LlamaForCausalLM(shard_cfg, lm_head_rows)
         model = model.to_empty(device=runner_cfg.device)
         model.rotary = type(model.rotary)(model_cfg.head_dim, model_cfg.context_len, model_cfg.rope)
         if runner_cfg.device != "cpu" and (runner_cfg.quantize_to or any(

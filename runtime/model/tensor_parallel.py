@@ -7,8 +7,9 @@ Layout (Megatron's, as SGLang and vLLM shard a Llama):
 - The MLP is split by intermediate column: rows of gate/up_proj, columns of down_proj.
 - o_proj and down_proj give partial sums: one all-reduce after each (rank 0 adds the residual and
   o_proj's bias, so the sum counts them once). The residual stream is then the same on every rank.
-- The embedding, the norms and lm_head are replicated; only rank 0 projects to the vocabulary
-  (it alone samples).
+- The embedding and the norms are replicated. lm_head is split by vocabulary row where the
+  vocabulary divides by N (a tied one: the embedding's rows), and rank 0 gathers the logits; else
+  it is replicated and rank 0 alone projects. Rank 0 alone samples.
 - The scheduler runs on rank 0. Each forward, rank 0 broadcasts the ForwardBatch and the
   request->token rows written since the last one (`ReqToTokenPool.write_log`); ranks 1..N-1
   (worker processes, `python -m radixlm.runtime.model.tensor_parallel`) apply them and run the
@@ -22,11 +23,13 @@ A head count tp does not divide is refused (`check_tp_size`), never padded.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import datetime
 import logging
 import os
 import pickle
+import platform
 import subprocess
 import sys
 import time
@@ -70,6 +73,11 @@ def valid_tp_sizes(cfg: ModelConfig) -> list[int]:
             if cfg.num_kv_heads % n == 0 and cfg.num_heads % n == 0 and cfg.intermediate_size % n == 0]
 
 
+def vocab_part(cfg: ModelConfig, tp_size: int) -> int | None:
+    """Rows of lm_head each rank holds when the vocabulary divides by tp (None: lm_head replicated)."""
+    return cfg.vocab_size // tp_size if tp_size > 1 and cfg.vocab_size % tp_size == 0 else None
+
+
 def shard_config(cfg: ModelConfig, tp_size: int) -> ModelConfig:
     """The shape one rank's layers have: 1/tp of the heads and of the MLP width."""
     check_tp_size(cfg, tp_size)
@@ -104,8 +112,14 @@ class ShardedWeights(Mapping[str, Weight]):
 
     def __init__(self, full: Mapping[str, Weight], cfg: ModelConfig, rank: int, size: int):
         self.full, self.cfg, self.rank, self.size = full, cfg, rank, size
+        # lm_head split by vocabulary row (a tied one is the embedding's rows; the embedding itself
+        # stays whole on every rank, as every rank looks tokens up)
+        self.vocab_part = vocab_part(cfg, size)
 
     def __getitem__(self, name: str) -> Weight:
+        if name == "lm_head.weight" and self.vocab_part is not None:
+            head = self.full["model.embed_tokens.weight" if self.cfg.tie_word_embeddings else name]
+            return row_slice(head, self.rank * self.vocab_part, (self.rank + 1) * self.vocab_part)
         w = self.full[name]
         cfg, r, n = self.cfg, self.rank, self.size
         q_part, kv_part = cfg.num_heads // n * cfg.head_dim, cfg.num_kv_heads // n * cfg.head_dim
@@ -133,33 +147,53 @@ class ShardedWeights(Mapping[str, Weight]):
         return len(self.full)
 
     def __contains__(self, name: object) -> bool:
-        return name in self.full
+        return name in self.full or (name == "lm_head.weight" and self.vocab_part is not None)
+
+
+_SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine())
+_FUTEX_WAIT, _FUTEX_WAKE = 0, 1
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+_WAIT_LIMIT = _Timespec(0, 2_000_000)  # a futex wait re-checks after 2 ms (a lost wake cannot hang a rank)
 
 
 class ShmAllReduce:
     """A sum over the ranks of one machine through shared memory: each rank copies its tensor into
-    its slot of a /dev/shm file, marks its flag with the call's sequence number, waits for every
-    other rank's flag, and sums the slots in rank order (so every rank gets bit-identical results).
-    Slots alternate between two halves by sequence parity, so a rank may write call s+1's data while
-    another still reads call s's; a rank reaches call s+2 only after all have finished s (they set
-    flag s+1 after reading s). The wait spins, then yields the core (sched_yield), as the ranks may
-    share cores with the server's other processes. x86's store order makes data visible before the
-    flag written after it; other CPUs would need a fence (the C++ kernels' spin does issue one)."""
+    its slot of a /dev/shm file, sets its flag to the call's sequence number and wakes the others
+    (futex), waits until every rank's flag has moved past the previous call's, and sums the slots
+    in rank order (so every rank gets bit-identical results).
 
-    FLAGS = 64  # bytes of flag room per rank (one cache line, so ranks never share one)
+    Slots alternate between two halves by sequence parity: a rank may write call s+1's data while
+    another still reads call s's, and it reaches call s+2 only after all have finished s (they set
+    flag s+1 after reading s). So while a rank waits for call s, another's flag is s-1 (not there
+    yet), s or s+1: "arrived" is "not s-1", which holds across the int32 flag's wrap-around.
+    The wait spins briefly (the ranks of a forward arrive close together), then sleeps in the
+    kernel (futex) until woken, as the ranks may share cores with the server's other processes;
+    without futex (another OS) it yields instead. x86's store order makes the data visible before
+    the flag stored after it."""
+
+    FLAG_BYTES = 64  # a cache line per rank's flag, so ranks never write the same line
+    SPINS = 200
 
     def __init__(self, path: Path, rank: int, size: int, max_bytes: int, create: bool):
         self.rank, self.size, self.max_bytes = rank, size, max_bytes
         self.path = path
-        total = self.FLAGS * size + 2 * size * max_bytes
+        total = self.FLAG_BYTES * size + 2 * size * max_bytes
         if create:
             with open(path, "wb") as f:
                 f.truncate(total)
         self.buf = torch.from_file(str(path), shared=True, size=total, dtype=torch.uint8)
-        self.flags = self.buf[: self.FLAGS * size].view(torch.int64).view(size, self.FLAGS // 8)
-        self.data = self.buf[self.FLAGS * size:]
+        self.flags = self.buf[: self.FLAG_BYTES * size].view(torch.int32).view(size, self.FLAG_BYTES // 4)[:, 0]
+        self.flag_addr = [self.flags[r].data_ptr() for r in range(size)]
+        self.data = self.buf[self.FLAG_BYTES * size:]
         self.seq = 0
         self.calls = 0
+        self.waits = 0  # futex sleeps
 
     def slot(self, half: int, rank: int, nbytes: int) -> torch.Tensor:
         start = (half * self.size + rank) * self.max_bytes
@@ -169,17 +203,7 @@ class ShmAllReduce:
         return t.numel() * t.element_size() <= self.max_bytes and t.is_contiguous() and t.device.type == "cpu"
 
     def all_reduce(self, t: torch.Tensor) -> None:
-        self.seq += 1
-        self.calls += 1
-        half, nbytes = self.seq % 2, t.numel() * t.element_size()
-        self.slot(half, self.rank, nbytes).view(t.dtype).view(t.shape).copy_(t)
-        self.flags[self.rank, 0] = self.seq
-        spins = 0
-        while int(self.flags[:, 0].min()) < self.seq:
-            spins += 1
-            if spins > 64:
-                os.sched_yield()
-        parts = [self.slot(half, r, nbytes).view(t.dtype).view(t.shape) for r in range(self.size)]
+        parts = self._exchange(t)
         if t.dtype == torch.float32:
             torch.add(parts[0], parts[1], out=t)
             for p in parts[2:]:
@@ -189,6 +213,38 @@ class ShmAllReduce:
             for p in parts[1:]:
                 acc.add_(p.float())
             t.copy_(acc)
+
+    def gather(self, t: torch.Tensor) -> list[torch.Tensor] | None:
+        """Every rank's `t`, in rank order, on rank 0 (copies); None on the others."""
+        parts = self._exchange(t)
+        return [p.clone() for p in parts] if self.rank == 0 else None
+
+    def _exchange(self, t: torch.Tensor) -> list[torch.Tensor]:
+        """Post `t`, wait for every rank's, and view them all (valid until the call after next)."""
+        prev = self.seq
+        self.seq = (self.seq + 1) & 0x7FFFFFFF
+        self.calls += 1
+        half, nbytes = self.seq % 2, t.numel() * t.element_size()
+        self.slot(half, self.rank, nbytes).view(t.dtype).view(t.shape).copy_(t)
+        self.flags[self.rank] = self.seq
+        if _SYS_FUTEX is not None:
+            _libc.syscall(_SYS_FUTEX, ctypes.c_void_p(self.flag_addr[self.rank]), _FUTEX_WAKE, 0x7FFFFFFF, None, None, 0)
+        self._wait_for_all(prev)
+        return [self.slot(half, r, nbytes).view(t.dtype).view(t.shape) for r in range(self.size)]
+
+    def _wait_for_all(self, prev: int) -> None:
+        for rank in range(self.size):
+            spins = 0
+            while int(self.flags[rank]) == prev:
+                spins += 1
+                if spins < self.SPINS:
+                    continue
+                if _SYS_FUTEX is None:
+                    os.sched_yield()
+                    continue
+                self.waits += 1  # sleeps while the flag still reads `prev`
+                _libc.syscall(_SYS_FUTEX, ctypes.c_void_p(self.flag_addr[rank]), _FUTEX_WAIT, prev,
+                              ctypes.byref(_WAIT_LIMIT), None, 0)
 
 
 class TPGroup:
@@ -215,6 +271,32 @@ class TPGroup:
             self.shm.all_reduce(t)
             return
         self.pg.allreduce([t]).wait()
+
+    def gather_columns(self, t: torch.Tensor) -> torch.Tensor:
+        """Rank 0: every rank's `t` `[rows, cols]` side by side, `[rows, size * cols]`; the others:
+        an empty tensor."""
+        if self.shm is not None and self.shm.fits(t):
+            parts = self.shm.gather(t)
+        else:
+            parts = [torch.empty_like(t) for _ in range(self.size)] if self.rank == 0 else []
+            opts = dist.GatherOptions()
+            opts.rootRank = 0
+            self.pg.gather([parts] if self.rank == 0 else [], [t.contiguous()], opts).wait()
+        return torch.cat(parts, dim=1) if self.rank == 0 else t.new_empty(0)  # type: ignore[arg-type]
+
+    def time_all_reduce(self, t: torch.Tensor, shm: bool, times: int) -> float:
+        """Microseconds per all-reduce of `t` through shared memory or the process group (median of
+        `times`; every rank must call it alike: bench/tensor_parallel.py)."""
+        samples = []
+        for _ in range(times):
+            start = time.perf_counter()
+            if shm:
+                assert self.shm is not None
+                self.shm.all_reduce(t)
+            else:
+                self.pg.allreduce([t]).wait()
+            samples.append(time.perf_counter() - start)
+        return sorted(samples)[len(samples) // 2] * 1e6
 
     def _broadcast(self, t: torch.Tensor) -> None:
         opts = dist.BroadcastOptions()
@@ -256,7 +338,12 @@ class TPWorkers:
         self.shm_path = _shm_path(port) if runner_cfg.device == "cpu" and shm_bytes else None
         shm = None
         if self.shm_path is not None:
-            shm = ShmAllReduce(self.shm_path, 0, size, shm_bytes, create=True)
+            try:
+                shm = ShmAllReduce(self.shm_path, 0, size, shm_bytes, create=True)
+            except (OSError, RuntimeError) as e:  # e.g. a small /dev/shm: gloo does it all
+                logger.warning("tensor parallel: no shared-memory all-reduce (%s); gloo carries every sum", e)
+                self.shm_path.unlink(missing_ok=True)
+                self.shm_path = None
         spec = pickle.dumps({"model_dir": str(model_dir), "runner_cfg": runner_cfg, "size": size, "port": port,
                              "shm_path": None if self.shm_path is None else str(self.shm_path),
                              "shm_bytes": shm_bytes, "threads": torch.get_num_threads()})
@@ -337,6 +424,10 @@ def run_worker(rank: int, spec: dict[str, Any]) -> None:
         msg = group.broadcast_object()
         if msg[0] == "stop":
             break
+        if msg[0] == "time_all_reduce":  # bench/tensor_parallel.py
+            _, rows, hidden, dtype, shm, times = msg
+            group.time_all_reduce(torch.ones(rows, hidden, dtype=dtype), shm, times)
+            continue
         _, batch, writes = msg
         for row, start, slots in writes:
             runner.req_to_token_pool.write(row, start, slots)

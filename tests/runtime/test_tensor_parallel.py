@@ -42,12 +42,14 @@ def tiny_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for kind, overrides in KINDS.items():
         dirs[kind] = tmp_path_factory.mktemp(f"tp-{kind}")
         save_tiny_model(dirs[kind], kind, **overrides)
+    dirs["odd-vocab"] = tmp_path_factory.mktemp("tp-odd-vocab")  # lm_head replicated, not split
+    save_tiny_model(dirs["odd-vocab"], "llama", vocab_size=255)
     return dirs
 
 
 # every kind on the default path (our kernels, shared-memory all-reduce); the other paths on llama
-CASES = [(kind, True, True) for kind in sorted(KINDS)] + [("llama", True, False), ("llama", False, True),
-                                                          ("llama", False, False)]
+CASES = [(kind, True, True) for kind in [*sorted(KINDS), "odd-vocab"]] + [
+    ("llama", True, False), ("llama", False, True), ("llama", False, False)]
 
 
 def runner_cfg(model_dir: Path, **kw: object) -> RunnerConfig:
@@ -86,8 +88,10 @@ def test_tp2_logits_match_tp1(tiny_dirs: dict[str, Path], kind: str, cpu_kernels
         assert tp.tp is not None and tp.model.decode_stack is None
         num_layers = ModelConfig.from_dir(tiny_dir).num_layers
         assert tp.tp.num_all_reduces == 3 * 2 * num_layers  # one after attention, one after the MLP
+        split = kind != "odd-vocab"
+        assert tp.model.lm_head.out_features == (128 if split else 255)  # each rank half the vocabulary
         shm_calls = 0 if tp.tp.shm is None else tp.tp.shm.calls
-        assert shm_calls == (tp.tp.num_all_reduces if shm else 0)
+        assert shm_calls == ((tp.tp.num_all_reduces + 3 * split) if shm else 0)  # + a logit gather per pass
         assert tp.kv_pool.k_buffer[0].shape[1] == 1  # half the KV heads
     finally:
         tp.close()

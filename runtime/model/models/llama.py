@@ -213,14 +213,15 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, lm_head_rows: int | None = None):
+        """`lm_head_rows`: a tensor-parallel rank's share of the vocabulary (default: all of it)."""
         super().__init__()
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList([DecoderLayer(cfg, i) for i in range(cfg.num_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, has_weight=False)  # folded into lm_head
         # its own transposed copy even when tied: the embedding lookup wants [vocab, hidden] rows
-        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, lm_head_rows or cfg.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.context_len, cfg.rope)
         self.decode_stack: object | None = None  # cpu_linear's DecodeStack once use_cpu_kernels ran
         self.tp: TPGroup | None = None
@@ -241,7 +242,11 @@ class LlamaForCausalLM(nn.Module):
         rope = self.rotary.freqs_for(batch.positions)
         for layer in self.layers:
             residual = layer(residual, rope, attn, batch)
-        if self.tp is not None and self.tp.rank != 0:
+        if self.tp is None:
+            return self.lm_head(self.norm(residual[batch.logits_indices])).float()
+        if self.lm_head.out_features != self.cfg.vocab_size:  # each rank its rows of the vocabulary
+            return self.tp.gather_columns(self.lm_head(self.norm(residual[batch.logits_indices])).float())
+        if self.tp.rank != 0:
             return residual.new_empty(0)  # rank 0 alone samples
         return self.lm_head(self.norm(residual[batch.logits_indices])).float()
 

@@ -100,7 +100,9 @@ def load_llama_weights(model: LlamaForCausalLM, state_dict: Mapping[str, Weight]
         model.quantize_embedding(embed)
     else:
         put(model.embed_tokens.weight, embed, "model.embed_tokens.weight")
-    head = embed if cfg.tie_word_embeddings else take("lm_head.weight")
+    # a tensor-parallel rank's lm_head is its rows of the vocabulary (tensor_parallel.ShardedWeights)
+    head = embed if cfg.tie_word_embeddings and getattr(state_dict, "vocab_part", None) is None \
+        else take("lm_head.weight")
     put_linear(model.lm_head, head, "lm_head.weight", model.norm, "model.norm.weight", may_quantize=False)
     if isinstance(embed, QuantizedTensor) and model.lm_head.qweight is not None and head is embed:
         model.share_embedding_with_lm_head()

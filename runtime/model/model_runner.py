@@ -182,11 +182,18 @@ class ModelRunner:
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """float32 logits `[len(batch.logits_indices), vocab]` (on tensor-parallel ranks other than
         0: an empty tensor, as only rank 0 samples)."""
-        if self.tp_workers is not None:
-            log = self.req_to_token_pool.write_log
-            assert log is not None
+        if self.tp_workers is None:
+            return self._forward(batch)
+        log = self.req_to_token_pool.write_log
+        assert log is not None
+        try:
             self.tp_workers.send_step(batch, list(log))
             log.clear()
+            return self._forward(batch)
+        except RuntimeError as e:
+            raise self.tp_workers.failure(e) from e
+
+    def _forward(self, batch: ForwardBatch) -> torch.Tensor:
         if self.threads is not None:
             self.threads.update(batch.num_tokens)
         if not self.model.runs_in_decode_stack(batch):

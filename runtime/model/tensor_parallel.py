@@ -33,7 +33,7 @@ import platform
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -194,6 +194,8 @@ class ShmAllReduce:
         self.seq = 0
         self.calls = 0
         self.waits = 0  # futex sleeps
+        # rank 0 checks its workers are alive while it waits (a dead rank never sets its flag)
+        self.check_peers: Callable[[], None] | None = None
 
     def slot(self, half: int, rank: int, nbytes: int) -> torch.Tensor:
         start = (half * self.size + rank) * self.max_bytes
@@ -243,6 +245,8 @@ class ShmAllReduce:
                     os.sched_yield()
                     continue
                 self.waits += 1  # sleeps while the flag still reads `prev`
+                if self.check_peers is not None and spins % 64 == 0:
+                    self.check_peers()
                 _libc.syscall(_SYS_FUTEX, ctypes.c_void_p(self.flag_addr[rank]), _FUTEX_WAIT, prev,
                               ctypes.byref(_WAIT_LIMIT), None, 0)
 
@@ -254,13 +258,14 @@ class TPGroup:
 
     def __init__(self, rank: int, size: int, store: dist.TCPStore, device: str, shm: ShmAllReduce | None):
         self.rank, self.size, self.store, self.device = rank, size, store, device
-        if device == "cpu":
-            opts = dist.ProcessGroupGloo._Options()
-            opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
-            opts._timeout = OP_TIMEOUT
-            self.pg: Any = dist.ProcessGroupGloo(store, rank, size, opts)
-        else:  # reasoned about only: no GPU here (see the README)
-            self.pg = dist.ProcessGroupNCCL(store, rank, size)
+        opts = dist.ProcessGroupGloo._Options()
+        opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+        opts._timeout = OP_TIMEOUT
+        # gloo carries the steps' pickled batches (host memory) on every device, and the sums on CPU
+        self.cpu_pg: Any = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, size, opts)
+        self.pg: Any = self.cpu_pg
+        if device != "cpu":  # reasoned about only: no GPU here (see the README)
+            self.pg = dist.ProcessGroupNCCL(dist.PrefixStore("nccl", store), rank, size)
         self.shm = shm
         self.num_all_reduces = 0
 
@@ -301,7 +306,7 @@ class TPGroup:
     def _broadcast(self, t: torch.Tensor) -> None:
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
-        self.pg.broadcast([t], opts).wait()
+        self.cpu_pg.broadcast([t], opts).wait()
 
     def broadcast_object(self, obj: object = None) -> Any:
         """Rank 0's `obj` (pickled) on every rank."""
@@ -317,10 +322,11 @@ class TPGroup:
         return obj if self.rank == 0 else pickle.loads(payload.numpy().tobytes())
 
     def close(self) -> None:
-        try:
-            self.pg.shutdown()
-        except Exception:  # the other side may be gone already
-            pass
+        for pg in {id(self.pg): self.pg, id(self.cpu_pg): self.cpu_pg}.values():
+            try:
+                pg.shutdown()
+            except Exception:  # the other side may be gone already
+                pass
 
 
 def _shm_path(port: int) -> Path:
@@ -357,7 +363,29 @@ class TPWorkers:
             self.procs.append(proc)
         self._wait_for("joined")
         self.group = TPGroup(0, size, self.store, runner_cfg.device, shm)
+        if shm is not None:
+            shm.check_peers = self.check_alive
         self.closed = False
+
+    def failure(self, error: Exception) -> RuntimeError:
+        """What to raise when a collective failed on rank 0: the rank that died, if one did (given
+        a moment to be reaped: its sockets close as it exits), else the error."""
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            self.check_alive()
+        except RuntimeError as dead:
+            return dead
+        return RuntimeError(f"tensor-parallel collective failed: {error}")
+
+    def check_alive(self) -> None:
+        """RuntimeError if a worker has exited (its sums would never come)."""
+        for rank, proc in enumerate(self.procs, start=1):
+            if proc.poll() is not None:
+                raise RuntimeError(f"tensor-parallel rank {rank} exited with code {proc.returncode}")
 
     def _wait_for(self, what: str) -> None:
         """Until every worker has set its `what` key; a worker's error key or exit raises."""
@@ -409,6 +437,8 @@ def run_worker(rank: int, spec: dict[str, Any]) -> None:
     try:
         torch.set_num_threads(spec["threads"])
         runner_cfg: RunnerConfig = spec["runner_cfg"]
+        if runner_cfg.device.startswith("cuda"):  # one GPU per rank (not run here: no GPU)
+            runner_cfg = dataclasses.replace(runner_cfg, device=f"cuda:{rank}")
         shm = None if spec["shm_path"] is None else \
             ShmAllReduce(Path(spec["shm_path"]), rank, size, spec["shm_bytes"], create=False)
         store.set(f"joined/{rank}", "1")

@@ -195,3 +195,26 @@ def _alive(pid: int) -> bool:
 
 
 assert set(KINDS) <= set(TINY_CONFIGS)
+
+
+def test_shm_all_reduce_sums_in_rank_order_and_gives_up_on_a_dead_rank(tmp_path: Path) -> None:
+    """Two ranks in one process (rank 1 posts first, so rank 0 finds its flag set): the sum, then
+    a call rank 1 never makes: rank 0's wait asks `check_peers`, whose error ends it."""
+    from radixlm.runtime.model.tensor_parallel import ShmAllReduce
+
+    path = tmp_path / "shm"
+    ranks = [ShmAllReduce(path, 0, 2, 1 << 12, create=True), ShmAllReduce(path, 1, 2, 1 << 12, create=False)]
+    a, b = torch.randn(3, 8), torch.randn(3, 8)
+    ranks[1].slot(1, 1, b.numel() * 4).view(torch.float32).view(3, 8).copy_(b)  # rank 1's post of call 1
+    ranks[1].flags[1] = 1
+    got = a.clone()
+    ranks[0].all_reduce(got)
+    assert torch.equal(got, a + b)
+
+    def dead() -> None:
+        raise RuntimeError("tensor-parallel rank 1 exited with code -9")
+
+    ranks[0].check_peers = dead
+    with pytest.raises(RuntimeError, match="rank 1 exited"):
+        ranks[0].all_reduce(torch.ones(3, 8))
+    assert ranks[0].waits > 0  # it slept in the kernel, not only spun

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import ServerHandle, start_server
+from conftest import ServerHandle, start_server, stream_while_killing
 from radixlm_testing import wait_until
 from test_data_parallel import PROMPTS, stream_texts
 
@@ -72,3 +72,25 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] != "Z"
+
+
+def test_a_dead_rank_stops_the_server_with_503(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Rank 1 is stopped (SIGSTOP) before the request is sent, so the request cannot finish
+    whatever the machine's speed, then killed once the response has started: rank 0, waiting
+    for its sums, sees it gone; the request ends in an error and the server exits non-zero, as
+    when any of its processes dies."""
+    server = start_server(tiny_model_dir, tmp_path_factory.mktemp("tp-kill") / "server.log", "--tp-size", "2",
+                          "--max-total-tokens", "2048")
+    try:
+        [rank1] = httpx.get(server.url + "/server_info", timeout=30).json()["tp_worker_pids"]
+        os.kill(rank1, signal.SIGSTOP)
+        body = {"text": "go on", "sampling_params": {"max_new_tokens": 200, "ignore_eos": True}, "stream": True}
+        events = stream_while_killing(server.url, body, rank1)
+        errors = [e for e in events if isinstance(e, str) or "error" in e]
+        assert errors, events
+        if isinstance(errors[0], dict):
+            assert errors[0]["error"]["code"] == 503, errors[0]
+        assert server.proc.wait(timeout=120) != 0
+        assert "tensor-parallel rank 1 exited" in server.log()
+    finally:
+        server.stop(signal.SIGKILL)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from collections.abc import Callable
@@ -175,6 +176,15 @@ def runner_decode(runner: Any, rows: list[int], seqs: list[list[int]], positions
     for row, pos, slot in zip(rows, positions, slots):
         runner.req_to_token_pool.write(row, pos, slot.view(1))
     return runner.forward(ForwardBatch.decode(rows, [p + 1 for p in positions], [s[p] for s, p in zip(seqs, positions)], slots))
+
+
+def process_alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, exited but not yet reaped, counts as gone)."""
+    try:
+        os.kill(pid, 0)
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except (ProcessLookupError, FileNotFoundError):
+        return False
 
 
 def wait_until(condition: Callable[[], bool], what: str, limit_s: float = 120.0) -> None:

@@ -22,7 +22,7 @@ import torch
 
 from radixlm.runtime.model.forward_batch import ForwardBatch
 from radixlm.runtime.model.model_config import ModelConfig
-from radixlm.runtime.model.model_runner import SHM_ALL_REDUCE_BYTES, ModelRunner, RunnerConfig
+from radixlm.runtime.model.model_runner import ModelRunner, RunnerConfig
 
 SHAPES = {
     "qwen2.5-0.5b": dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_size=896,

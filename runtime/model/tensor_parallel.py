@@ -45,7 +45,7 @@ from radixlm.runtime.model.model_config import ModelConfig
 
 if TYPE_CHECKING:
     from radixlm.runtime.model.forward_batch import ForwardBatch
-    from radixlm.runtime.model.model_runner import ModelRunner, RunnerConfig
+    from radixlm.runtime.model.model_runner import RunnerConfig
 
 logger = logging.getLogger(__name__)
 

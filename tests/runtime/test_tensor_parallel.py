@@ -8,19 +8,31 @@ torch.distributed (gloo on 127.0.0.1); what each path did is read from its count
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-from radixlm_testing import TINY_CONFIGS, runner_decode, runner_extend, save_tiny_model, wait_until
+from radixlm_testing import (
+    TINY_CONFIGS,
+    process_alive,
+    runner_decode,
+    runner_extend,
+    save_tiny_model,
+    wait_until,
+)
 
 from radixlm.kernels import cpu_linear
 from radixlm.kernels.quant import QuantizedTensor, quantize
 from radixlm.runtime.model.model_config import ModelConfig
 from radixlm.runtime.model.model_runner import ModelRunner, RunnerConfig
-from radixlm.runtime.model.tensor_parallel import ShardedWeights, check_tp_size, column_slice, shard_config, valid_tp_sizes
+from radixlm.runtime.model.tensor_parallel import (
+    ShardedWeights,
+    check_tp_size,
+    column_slice,
+    shard_config,
+    valid_tp_sizes,
+)
 
 ATOL = 1e-5
 # every kind with 4 query heads over 2 KV heads (qwen3 and llama3-rope have 1 KV head by default)
@@ -183,15 +195,7 @@ def test_engine_tp2_same_greedy_outputs(tiny_model_dir: Path, tiny_engine: objec
     finally:
         engine.shutdown()
     assert len(pids) == 1
-    wait_until(lambda: not _alive(pids[0]), "rank 1 to exit after shutdown")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] != "Z"
+    wait_until(lambda: not process_alive(pids[0]), "rank 1 to exit after shutdown")
 
 
 assert set(KINDS) <= set(TINY_CONFIGS)

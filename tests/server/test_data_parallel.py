@@ -110,19 +110,22 @@ def stream_texts(url: str, body: dict[str, Any]) -> list[str]:
     return texts
 
 
-def test_same_greedy_outputs_as_dp1(dp_server: ServerHandle, tiny_server: ServerHandle, tiny_model_name: str) -> None:
-    def outputs(url: str) -> list[Any]:
-        native = [o["text"] for o in httpx.post(url + "/generate", json={"text": PROMPTS, "sampling_params": GREEDY},
-                                                timeout=60).json()]
-        streamed = stream_texts(url + "/generate", {"text": PROMPTS[0], "sampling_params": GREEDY, "stream": True})
-        completion = httpx.post(url + "/v1/completions", timeout=60, json={
-            "model": tiny_model_name, "prompt": PROMPTS[1], "max_tokens": 12, "temperature": 0}).json()
-        chat = httpx.post(url + "/v1/chat/completions", timeout=60, json={
-            "model": tiny_model_name, "messages": [{"role": "user", "content": PROMPTS[2]}], "max_tokens": 12,
-            "temperature": 0}).json()
-        return [native, streamed[-1], completion["choices"][0]["text"], chat["choices"][0]["message"]["content"]]
+def greedy_outputs(url: str, model: str, new_tokens: int = 12) -> list[Any]:
+    """Greedy texts of PROMPTS through /generate (batched, and streamed) and both OpenAI routes."""
+    greedy = {"max_new_tokens": new_tokens, "temperature": 0}
+    native = [o["text"] for o in httpx.post(url + "/generate", json={"text": PROMPTS, "sampling_params": greedy},
+                                            timeout=120).json()]
+    streamed = stream_texts(url + "/generate", {"text": PROMPTS[0], "sampling_params": greedy, "stream": True})
+    completion = httpx.post(url + "/v1/completions", timeout=120, json={
+        "model": model, "prompt": PROMPTS[1], "max_tokens": new_tokens, "temperature": 0}).json()
+    chat = httpx.post(url + "/v1/chat/completions", timeout=120, json={
+        "model": model, "messages": [{"role": "user", "content": PROMPTS[2]}], "max_tokens": new_tokens,
+        "temperature": 0}).json()
+    return [native, streamed[-1], completion["choices"][0]["text"], chat["choices"][0]["message"]["content"]]
 
-    assert outputs(dp_server.url) == outputs(tiny_server.url)
+
+def test_same_greedy_outputs_as_dp1(dp_server: ServerHandle, tiny_server: ServerHandle, tiny_model_name: str) -> None:
+    assert greedy_outputs(dp_server.url, tiny_model_name) == greedy_outputs(tiny_server.url, tiny_model_name)
 
 
 def test_every_rank_is_reported(dp_server: ServerHandle) -> None:

@@ -8,13 +8,12 @@ import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 from conftest import ServerHandle, start_server, stream_while_killing
-from radixlm_testing import wait_until
-from test_data_parallel import PROMPTS, stream_texts
+from radixlm_testing import process_alive, wait_until
+from test_data_parallel import greedy_outputs
 
 GREEDY = {"max_new_tokens": 16, "temperature": 0}
 
@@ -27,20 +26,8 @@ def tp_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
     server.stop()
 
 
-def outputs(url: str, model: str) -> list[Any]:
-    native = [o["text"] for o in httpx.post(url + "/generate", json={"text": PROMPTS, "sampling_params": GREEDY},
-                                            timeout=120).json()]
-    streamed = stream_texts(url + "/generate", {"text": PROMPTS[0], "sampling_params": GREEDY, "stream": True})
-    completion = httpx.post(url + "/v1/completions", timeout=120, json={
-        "model": model, "prompt": PROMPTS[1], "max_tokens": 16, "temperature": 0}).json()
-    chat = httpx.post(url + "/v1/chat/completions", timeout=120, json={
-        "model": model, "messages": [{"role": "user", "content": PROMPTS[2]}], "max_tokens": 16,
-        "temperature": 0}).json()
-    return [native, streamed[-1], completion["choices"][0]["text"], chat["choices"][0]["message"]["content"]]
-
-
 def test_same_greedy_outputs_as_tp1(tp_server: ServerHandle, tiny_server: ServerHandle, tiny_model_name: str) -> None:
-    assert outputs(tp_server.url, tiny_model_name) == outputs(tiny_server.url, tiny_model_name)
+    assert greedy_outputs(tp_server.url, tiny_model_name, 16) == greedy_outputs(tiny_server.url, tiny_model_name, 16)
 
 
 def test_ranks_reported_and_rank_1_ends_with_the_server(tiny_model_dir: Path,
@@ -56,7 +43,7 @@ def test_ranks_reported_and_rank_1_ends_with_the_server(tiny_model_dir: Path,
         assert out.status_code == 200 and out.json()["meta_info"]["completion_tokens"] == 16
     finally:
         server.stop(signal.SIGTERM)
-    wait_until(lambda: not _alive(rank1), "tensor-parallel rank 1 to exit with the server")
+    wait_until(lambda: not process_alive(rank1), "tensor-parallel rank 1 to exit with the server")
 
 
 def test_tp_size_the_heads_do_not_divide_is_refused(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
@@ -64,14 +51,6 @@ def test_tp_size_the_heads_do_not_divide_is_refused(tiny_model_dir: Path, tmp_pa
     with pytest.raises(RuntimeError, match=r"--tp-size 3 does not divide this model's KV heads \(2\) and query heads "
                                            r"\(4\) and MLP intermediate size \(128\).*tp sizes that fit this model: 1, 2"):
         start_server(tiny_model_dir, log, "--tp-size", "3")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] != "Z"
 
 
 def test_a_dead_rank_stops_the_server_with_503(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> None:

@@ -23,14 +23,8 @@ from radixlm.runtime.model.forward_batch import ForwardBatch
 from radixlm.runtime.model.model_config import ModelConfig
 from radixlm.runtime.model.model_files import load_cpu_kernels
 from radixlm.runtime.model.models.llama import LlamaForCausalLM
-from radixlm.runtime.model.tensor_parallel import (
-    ShardedWeights,
-    TPGroup,
-    TPWorkers,
-    check_tp_size,
-    shard_config,
-    vocab_part,
-)
+from radixlm.runtime.model.tensor_parallel import TPGroup, TPWorkers
+from radixlm.runtime.model.tp_sharding import ShardedWeights, check_tp_size, shard_config, vocab_part
 from radixlm.runtime.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)

@@ -15,25 +15,23 @@ Layout (Megatron's, as SGLang and vLLM shard a Llama):
   (worker processes, `python -m radixlm.runtime.model.tensor_parallel`) apply them and run the
   same forward.
 - The all-reduce is the process group's (gloo / NCCL), or on CPU, where every rank is a process of
-  this machine, a shared-memory one (`ShmAllReduce`) when measured faster (see the README's
-  "Scaling out").
+  this machine, a shared-memory one (shm_all_reduce.py) for sums that fit its slots (measured
+  ~10x faster than gloo here; the README's "Scaling out").
 
-A head count tp does not divide is refused (`check_tp_size`), never padded.
+How the weights split is tp_sharding.py's; this module has the ranks: the group, rank 0's handle
+on the other ranks (`TPWorkers`), and their loop (`run_worker`).
 """
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import datetime
 import logging
 import os
 import pickle
-import platform
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,8 +39,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from radixlm.kernels.quant import BLOCK, QuantizedTensor
 from radixlm.runtime.model.model_config import ModelConfig
+from radixlm.runtime.model.shm_all_reduce import ShmAllReduce
 
 if TYPE_CHECKING:
     from radixlm.runtime.model.forward_batch import ForwardBatch
@@ -53,203 +51,6 @@ logger = logging.getLogger(__name__)
 STARTUP_TIMEOUT_S = 600.0  # a worker that has not loaded its shard by then is reported as failed
 # Ranks wait for rank 0's next step for as long as the server is idle: no op timeout to speak of.
 OP_TIMEOUT = datetime.timedelta(days=365)
-
-
-def check_tp_size(cfg: ModelConfig, tp_size: int) -> None:
-    """ValueError unless `tp_size` ranks can split this model by KV group and MLP column."""
-    if tp_size < 1:
-        raise ValueError(f"tp_size must be >= 1, got {tp_size}")
-    if tp_size == 1:
-        return
-    problems = [f"{what} ({n})" for what, n in (("KV heads", cfg.num_kv_heads), ("query heads", cfg.num_heads),
-                                                 ("MLP intermediate size", cfg.intermediate_size)) if n % tp_size]
-    if problems:
-        raise ValueError(f"--tp-size {tp_size} does not divide this model's {' and '.join(problems)}: tensor "
-                         f"parallelism splits attention by KV group and the MLP by column; tp sizes that fit "
-                         f"this model: {', '.join(str(n) for n in valid_tp_sizes(cfg))}")
-
-
-def valid_tp_sizes(cfg: ModelConfig) -> list[int]:
-    return [n for n in range(1, cfg.num_kv_heads + 1)
-            if cfg.num_kv_heads % n == 0 and cfg.num_heads % n == 0 and cfg.intermediate_size % n == 0]
-
-
-def vocab_part(cfg: ModelConfig, tp_size: int) -> int | None:
-    """Rows of lm_head each rank holds when the vocabulary divides by tp (None: lm_head replicated)."""
-    return cfg.vocab_size // tp_size if tp_size > 1 and cfg.vocab_size % tp_size == 0 else None
-
-
-def shard_config(cfg: ModelConfig, tp_size: int) -> ModelConfig:
-    """The shape one rank's layers have: 1/tp of the heads and of the MLP width."""
-    check_tp_size(cfg, tp_size)
-    return dataclasses.replace(cfg, num_heads=cfg.num_heads // tp_size, num_kv_heads=cfg.num_kv_heads // tp_size,
-                               intermediate_size=cfg.intermediate_size // tp_size)
-
-
-Weight = torch.Tensor | QuantizedTensor
-
-
-def row_slice(w: Weight, start: int, stop: int) -> Weight:
-    if isinstance(w, QuantizedTensor):
-        return QuantizedTensor(w.fmt, w.raw[start:stop], w.k)
-    return w[start:stop]
-
-
-def column_slice(w: Weight, start: int, stop: int) -> Weight:
-    """Columns [start, stop) of a [out, in] weight; a block-quantized one keeps its blocks where the
-    cut falls between them, else it is dequantized (logged)."""
-    if not isinstance(w, QuantizedTensor):
-        return w[:, start:stop]
-    if start % BLOCK == 0 and stop % BLOCK == 0:
-        per_block = w.raw.shape[1] // (w.k // BLOCK)
-        return QuantizedTensor(w.fmt, w.raw[:, start // BLOCK * per_block: stop // BLOCK * per_block], stop - start)
-    logger.info("tensor parallel: a cut at column %d is inside a %s block; that weight is dequantized", start, w.fmt)
-    return w.dequantize()[:, start:stop]
-
-
-class ShardedWeights(Mapping[str, Weight]):
-    """An HF-named state dict seen by one rank: each tensor sliced to that rank's part (see the
-    module docstring), read from `full` on access."""
-
-    def __init__(self, full: Mapping[str, Weight], cfg: ModelConfig, rank: int, size: int):
-        self.full, self.cfg, self.rank, self.size = full, cfg, rank, size
-        # lm_head split by vocabulary row (a tied one is the embedding's rows; the embedding itself
-        # stays whole on every rank, as every rank looks tokens up)
-        self.vocab_part = vocab_part(cfg, size)
-
-    def __getitem__(self, name: str) -> Weight:
-        if name == "lm_head.weight" and self.vocab_part is not None:
-            head = self.full["model.embed_tokens.weight" if self.cfg.tie_word_embeddings else name]
-            return row_slice(head, self.rank * self.vocab_part, (self.rank + 1) * self.vocab_part)
-        w = self.full[name]
-        cfg, r, n = self.cfg, self.rank, self.size
-        q_part, kv_part = cfg.num_heads // n * cfg.head_dim, cfg.num_kv_heads // n * cfg.head_dim
-        mlp_part = cfg.intermediate_size // n
-        leaf = name.rsplit(".", 2)[-2:]  # e.g. ["q_proj", "weight"]
-        if leaf[0] == "q_proj":
-            return row_slice(w, r * q_part, (r + 1) * q_part)
-        if leaf[0] in ("k_proj", "v_proj"):
-            return row_slice(w, r * kv_part, (r + 1) * kv_part)
-        if leaf[0] in ("gate_proj", "up_proj"):
-            return row_slice(w, r * mlp_part, (r + 1) * mlp_part)
-        if leaf == ["o_proj", "weight"]:
-            return column_slice(w, r * q_part, (r + 1) * q_part)
-        if leaf == ["down_proj", "weight"]:
-            return column_slice(w, r * mlp_part, (r + 1) * mlp_part)
-        if leaf == ["o_proj", "bias"] and r != 0:
-            assert isinstance(w, torch.Tensor)
-            return torch.zeros_like(w)  # added once, by rank 0
-        return w  # embedding, norms, lm_head: replicated
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.full)
-
-    def __len__(self) -> int:
-        return len(self.full)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self.full or (name == "lm_head.weight" and self.vocab_part is not None)
-
-
-_SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine())
-_FUTEX_WAIT, _FUTEX_WAKE = 0, 1
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-class _Timespec(ctypes.Structure):
-    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
-
-
-_WAIT_LIMIT = _Timespec(0, 2_000_000)  # a futex wait re-checks after 2 ms (a lost wake cannot hang a rank)
-
-
-class ShmAllReduce:
-    """A sum over the ranks of one machine through shared memory: each rank copies its tensor into
-    its slot of a /dev/shm file, sets its flag to the call's sequence number and wakes the others
-    (futex), waits until every rank's flag has moved past the previous call's, and sums the slots
-    in rank order (so every rank gets bit-identical results).
-
-    Slots alternate between two halves by sequence parity: a rank may write call s+1's data while
-    another still reads call s's, and it reaches call s+2 only after all have finished s (they set
-    flag s+1 after reading s). So while a rank waits for call s, another's flag is s-1 (not there
-    yet), s or s+1: "arrived" is "not s-1", which holds across the int32 flag's wrap-around.
-    The wait spins briefly (the ranks of a forward arrive close together), then sleeps in the
-    kernel (futex) until woken, as the ranks may share cores with the server's other processes;
-    without futex (another OS) it yields instead. x86's store order makes the data visible before
-    the flag stored after it."""
-
-    FLAG_BYTES = 64  # a cache line per rank's flag, so ranks never write the same line
-    SPINS = 200
-
-    def __init__(self, path: Path, rank: int, size: int, max_bytes: int, create: bool):
-        self.rank, self.size, self.max_bytes = rank, size, max_bytes
-        self.path = path
-        total = self.FLAG_BYTES * size + 2 * size * max_bytes
-        if create:
-            with open(path, "wb") as f:
-                f.truncate(total)
-        self.buf = torch.from_file(str(path), shared=True, size=total, dtype=torch.uint8)
-        self.flags = self.buf[: self.FLAG_BYTES * size].view(torch.int32).view(size, self.FLAG_BYTES // 4)[:, 0]
-        self.flag_addr = [self.flags[r].data_ptr() for r in range(size)]
-        self.data = self.buf[self.FLAG_BYTES * size:]
-        self.seq = 0
-        self.calls = 0
-        self.waits = 0  # futex sleeps
-        # rank 0 checks its workers are alive while it waits (a dead rank never sets its flag)
-        self.check_peers: Callable[[], None] | None = None
-
-    def slot(self, half: int, rank: int, nbytes: int) -> torch.Tensor:
-        start = (half * self.size + rank) * self.max_bytes
-        return self.data[start: start + nbytes]
-
-    def fits(self, t: torch.Tensor) -> bool:
-        return t.numel() * t.element_size() <= self.max_bytes and t.is_contiguous() and t.device.type == "cpu"
-
-    def all_reduce(self, t: torch.Tensor) -> None:
-        parts = self._exchange(t)
-        if t.dtype == torch.float32:
-            torch.add(parts[0], parts[1], out=t)
-            for p in parts[2:]:
-                t.add_(p)
-        else:  # sum in float32, round once
-            acc = parts[0].float()
-            for p in parts[1:]:
-                acc.add_(p.float())
-            t.copy_(acc)
-
-    def gather(self, t: torch.Tensor) -> list[torch.Tensor] | None:
-        """Every rank's `t`, in rank order, on rank 0 (copies); None on the others."""
-        parts = self._exchange(t)
-        return [p.clone() for p in parts] if self.rank == 0 else None
-
-    def _exchange(self, t: torch.Tensor) -> list[torch.Tensor]:
-        """Post `t`, wait for every rank's, and view them all (valid until the call after next)."""
-        prev = self.seq
-        self.seq = (self.seq + 1) & 0x7FFFFFFF
-        self.calls += 1
-        half, nbytes = self.seq % 2, t.numel() * t.element_size()
-        self.slot(half, self.rank, nbytes).view(t.dtype).view(t.shape).copy_(t)
-        self.flags[self.rank] = self.seq
-        if _SYS_FUTEX is not None:
-            _libc.syscall(_SYS_FUTEX, ctypes.c_void_p(self.flag_addr[self.rank]), _FUTEX_WAKE, 0x7FFFFFFF, None, None, 0)
-        self._wait_for_all(prev)
-        return [self.slot(half, r, nbytes).view(t.dtype).view(t.shape) for r in range(self.size)]
-
-    def _wait_for_all(self, prev: int) -> None:
-        for rank in range(self.size):
-            spins = 0
-            while int(self.flags[rank]) == prev:
-                spins += 1
-                if spins < self.SPINS:
-                    continue
-                if _SYS_FUTEX is None:
-                    os.sched_yield()
-                    continue
-                self.waits += 1  # sleeps while the flag still reads `prev`
-                if self.check_peers is not None and spins % 64 == 0:
-                    self.check_peers()
-                _libc.syscall(_SYS_FUTEX, ctypes.c_void_p(self.flag_addr[rank]), _FUTEX_WAIT, prev,
-                              ctypes.byref(_WAIT_LIMIT), None, 0)
 
 
 class TPGroup:

@@ -26,7 +26,8 @@ from radixlm.kernels import cpu_linear
 from radixlm.kernels.quant import QuantizedTensor, quantize
 from radixlm.runtime.model.model_config import ModelConfig
 from radixlm.runtime.model.model_runner import ModelRunner, RunnerConfig
-from radixlm.runtime.model.tensor_parallel import (
+from radixlm.runtime.model.shm_all_reduce import ShmAllReduce
+from radixlm.runtime.model.tp_sharding import (
     ShardedWeights,
     check_tp_size,
     column_slice,
@@ -204,8 +205,6 @@ assert set(KINDS) <= set(TINY_CONFIGS)
 def test_shm_all_reduce_sums_in_rank_order_and_gives_up_on_a_dead_rank(tmp_path: Path) -> None:
     """Two ranks in one process (rank 1 posts first, so rank 0 finds its flag set): the sum, then
     a call rank 1 never makes: rank 0's wait asks `check_peers`, whose error ends it."""
-    from radixlm.runtime.model.tensor_parallel import ShmAllReduce
-
     path = tmp_path / "shm"
     ranks = [ShmAllReduce(path, 0, 2, 1 << 12, create=True), ShmAllReduce(path, 1, 2, 1 << 12, create=False)]
     a, b = torch.randn(3, 8), torch.randn(3, 8)

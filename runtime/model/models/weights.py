@@ -100,7 +100,7 @@ def load_llama_weights(model: LlamaForCausalLM, state_dict: Mapping[str, Weight]
         model.quantize_embedding(embed)
     else:
         put(model.embed_tokens.weight, embed, "model.embed_tokens.weight")
-    # a tensor-parallel rank's lm_head is its rows of the vocabulary (tensor_parallel.ShardedWeights)
+    # a tensor-parallel rank's lm_head is its rows of the vocabulary (tp_sharding.ShardedWeights)
     head = embed if cfg.tie_word_embeddings and getattr(state_dict, "vocab_part", None) is None \
         else take("lm_head.weight")
     put_linear(model.lm_head, head, "lm_head.weight", model.norm, "model.norm.weight", may_quantize=False)

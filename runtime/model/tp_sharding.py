@@ -1,0 +1,113 @@
+"""How a model splits over tensor-parallel ranks (runtime/model/tensor_parallel.py has the ranks):
+attention by KV group, the MLP by column, lm_head by vocabulary row where the vocabulary divides;
+`ShardedWeights` is the HF state dict one rank sees. A head count tp does not divide is refused
+(`check_tp_size`), never padded."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterator, Mapping
+
+import torch
+
+from radixlm.kernels.quant import BLOCK, QuantizedTensor
+from radixlm.runtime.model.model_config import ModelConfig
+
+logger = logging.getLogger(__name__)
+
+
+def check_tp_size(cfg: ModelConfig, tp_size: int) -> None:
+    """ValueError unless `tp_size` ranks can split this model by KV group and MLP column."""
+    if tp_size < 1:
+        raise ValueError(f"tp_size must be >= 1, got {tp_size}")
+    if tp_size == 1:
+        return
+    problems = [f"{what} ({n})" for what, n in (("KV heads", cfg.num_kv_heads), ("query heads", cfg.num_heads),
+                                                 ("MLP intermediate size", cfg.intermediate_size)) if n % tp_size]
+    if problems:
+        raise ValueError(f"--tp-size {tp_size} does not divide this model's {' and '.join(problems)}: tensor "
+                         f"parallelism splits attention by KV group and the MLP by column; tp sizes that fit "
+                         f"this model: {', '.join(str(n) for n in valid_tp_sizes(cfg))}")
+
+
+def valid_tp_sizes(cfg: ModelConfig) -> list[int]:
+    return [n for n in range(1, cfg.num_kv_heads + 1)
+            if cfg.num_kv_heads % n == 0 and cfg.num_heads % n == 0 and cfg.intermediate_size % n == 0]
+
+
+def vocab_part(cfg: ModelConfig, tp_size: int) -> int | None:
+    """Rows of lm_head each rank holds when the vocabulary divides by tp (None: lm_head replicated)."""
+    return cfg.vocab_size // tp_size if tp_size > 1 and cfg.vocab_size % tp_size == 0 else None
+
+
+def shard_config(cfg: ModelConfig, tp_size: int) -> ModelConfig:
+    """The shape one rank's layers have: 1/tp of the heads and of the MLP width."""
+    check_tp_size(cfg, tp_size)
+    return dataclasses.replace(cfg, num_heads=cfg.num_heads // tp_size, num_kv_heads=cfg.num_kv_heads // tp_size,
+                               intermediate_size=cfg.intermediate_size // tp_size)
+
+
+Weight = torch.Tensor | QuantizedTensor
+
+
+def row_slice(w: Weight, start: int, stop: int) -> Weight:
+    if isinstance(w, QuantizedTensor):
+        return QuantizedTensor(w.fmt, w.raw[start:stop], w.k)
+    return w[start:stop]
+
+
+def column_slice(w: Weight, start: int, stop: int) -> Weight:
+    """Columns [start, stop) of a [out, in] weight; a block-quantized one keeps its blocks where the
+    cut falls between them, else it is dequantized (logged)."""
+    if not isinstance(w, QuantizedTensor):
+        return w[:, start:stop]
+    if start % BLOCK == 0 and stop % BLOCK == 0:
+        per_block = w.raw.shape[1] // (w.k // BLOCK)
+        return QuantizedTensor(w.fmt, w.raw[:, start // BLOCK * per_block: stop // BLOCK * per_block], stop - start)
+    logger.info("tensor parallel: a cut at column %d is inside a %s block; that weight is dequantized", start, w.fmt)
+    return w.dequantize()[:, start:stop]
+
+
+class ShardedWeights(Mapping[str, Weight]):
+    """An HF-named state dict seen by one rank: each tensor sliced to that rank's part (see the
+    module docstring), read from `full` on access."""
+
+    def __init__(self, full: Mapping[str, Weight], cfg: ModelConfig, rank: int, size: int):
+        self.full, self.cfg, self.rank, self.size = full, cfg, rank, size
+        # lm_head split by vocabulary row (a tied one is the embedding's rows; the embedding itself
+        # stays whole on every rank, as every rank looks tokens up)
+        self.vocab_part = vocab_part(cfg, size)
+
+    def __getitem__(self, name: str) -> Weight:
+        if name == "lm_head.weight" and self.vocab_part is not None:
+            head = self.full["model.embed_tokens.weight" if self.cfg.tie_word_embeddings else name]
+            return row_slice(head, self.rank * self.vocab_part, (self.rank + 1) * self.vocab_part)
+        w = self.full[name]
+        cfg, r, n = self.cfg, self.rank, self.size
+        q_part, kv_part = cfg.num_heads // n * cfg.head_dim, cfg.num_kv_heads // n * cfg.head_dim
+        mlp_part = cfg.intermediate_size // n
+        leaf = name.rsplit(".", 2)[-2:]  # e.g. ["q_proj", "weight"]
+        if leaf[0] == "q_proj":
+            return row_slice(w, r * q_part, (r + 1) * q_part)
+        if leaf[0] in ("k_proj", "v_proj"):
+            return row_slice(w, r * kv_part, (r + 1) * kv_part)
+        if leaf[0] in ("gate_proj", "up_proj"):
+            return row_slice(w, r * mlp_part, (r + 1) * mlp_part)
+        if leaf == ["o_proj", "weight"]:
+            return column_slice(w, r * q_part, (r + 1) * q_part)
+        if leaf == ["down_proj", "weight"]:
+            return column_slice(w, r * mlp_part, (r + 1) * mlp_part)
+        if leaf == ["o_proj", "bias"] and r != 0:
+            assert isinstance(w, torch.Tensor)
+            return torch.zeros_like(w)  # added once, by rank 0
+        return w  # embedding, norms, lm_head: replicated
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.full)
+
+    def __len__(self) -> int:
+        return len(self.full)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.full or (name == "lm_head.weight" and self.vocab_part is not None)

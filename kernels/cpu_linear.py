@@ -30,8 +30,9 @@ logger = logging.getLogger(__name__)
 PANEL = 64
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = [CSRC / "packed_linear.cpp", CSRC / "decode_stack.cpp", CSRC / "paged_attention.cpp", CSRC / "bf16_gemm.cpp",
-           CSRC / "rows.cpp", CSRC / "amx_attention.cpp", CSRC / "vnni_attention.cpp", CSRC / "quant_gemm.cpp"]
-HEADERS = [CSRC / "packed_gemm.h", CSRC / "decode_stack.h", CSRC / "simd_math.h", CSRC / "bf16_gemm.h",
+           CSRC / "rows.cpp", CSRC / "amx_attention.cpp", CSRC / "vnni_attention.cpp", CSRC / "quant_gemm.cpp",
+           CSRC / "shm_all_reduce.cpp"]
+HEADERS = [CSRC / "packed_gemm.h", CSRC / "decode_stack.h", CSRC / "shm_all_reduce.h", CSRC / "simd_math.h", CSRC / "bf16_gemm.h",
            CSRC / "amx_attention.h", CSRC / "online_softmax.h", CSRC / "quant_gemm.h"]
 _state: dict[str, ModuleType | None] = {}
 

@@ -114,6 +114,8 @@ void DecodeStack::set_quant_mode(int64_t mode) {
 
 int64_t DecodeStack::get_quant_mode() const { return static_cast<int64_t>(quant_mode_); }
 
+void DecodeStack::set_tensor_parallel(std::shared_ptr<ShmAllReduce> comm) { tp_ = std::move(comm); }
+
 DecodeStack::DecodeStack(int64_t hidden, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                          int64_t intermediate, double rms_eps, double scale)
     : hidden_(hidden), num_heads_(num_heads), num_kv_heads_(num_kv_heads), head_dim_(head_dim),
@@ -176,6 +178,14 @@ torch::Tensor DecodeStack::forward(const torch::Tensor& hidden, const torch::Ten
   float *q_p = q_all.data_ptr<float>(), *gu_p = gu.data_ptr<float>(), *act_p = act.data_ptr<float>();
   const float* rope_p = rope.data_ptr<float>();
   const torch::Tensor ones = torch::ones({B}, seq_lens.options()), starts = torch::arange(B, seq_lens.options());
+  TORCH_CHECK(!tp_ || B * Hp <= tp_->max_floats(), "a decode batch of ", B, " rows exceeds the all-reduce's slots");
+  // tensor parallel: a rank's o_proj / down_proj give partial sums; ranks but 0 start them from
+  // zero instead of the residual (which, past the norm before them, nothing else reads)
+  auto reduce_into_residual = [&](auto&& accumulate) {
+    if (tp_ && tp_->rank() != 0) std::memset(res, 0, sizeof(float) * B * Hp);
+    accumulate();
+    if (tp_) tp_->all_reduce(res, B * Hp);
+  };
 
   for (Layer& L : layers_) {
     const bool kv_bf16 = L.k_buf.scalar_type() == at::kBFloat16;
@@ -204,11 +214,11 @@ torch::Tensor DecodeStack::forward(const torch::Tensor& hidden, const torch::Ten
         paged_attention(q_all, L.k_buf, L.v_buf, req_to_token, rows, seq_lens, ones, starts, scale_, false,
                         bf16_path_ == Bf16Path::kAvx512Bf16);  // vdpbf16ps: cascade over a shared prefix
     const float* attn_p = attn.data_ptr<float>();
-    linear(L.o, attn_p, B, Hq * D, res, Hp, res, Hp, L.o_bias);
+    reduce_into_residual([&] { linear(L.o, attn_p, B, Hq * D, res, Hp, res, Hp, L.o_bias); });
     for (int64_t b = 0; b < B; ++b) rms_norm(res + b * Hp, H, eps_, data_or_null(L.ffn_norm), x + b * H);
     linear(L.gate_up, x, B, H, gu_p, Gp, nullptr, 0, torch::Tensor());
     for (int64_t b = 0; b < B; ++b) silu_mul(gu_p + b * Gp, gu_p + b * Gp + I, I, act_p + b * I);
-    linear(L.down, act_p, B, I, res, Hp, res, Hp, torch::Tensor());
+    reduce_into_residual([&] { linear(L.down, act_p, B, I, res, Hp, res, Hp, torch::Tensor()); });
   }
   return residual.narrow(1, 0, H).contiguous();
 }

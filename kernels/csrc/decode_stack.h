@@ -15,7 +15,9 @@
 
 #include "bf16_gemm.h"
 #include "quant_gemm.h"
+#include "shm_all_reduce.h"
 
+#include <memory>
 #include <vector>
 
 namespace radixlm {
@@ -59,6 +61,10 @@ class DecodeStack {
   // The bf16 GEMM path (a Bf16Path; by default the fastest this CPU runs), settable for tests.
   void set_bf16_path(int64_t path);
   int64_t get_bf16_path() const;
+  // Tensor parallel: this stack is rank `comm.rank()`'s shard (its heads and MLP columns); the
+  // outputs of o_proj and down_proj are summed over the ranks through `comm` (rank 0's carrying
+  // the residual), so every rank's residual stream stays the whole one.
+  void set_tensor_parallel(std::shared_ptr<ShmAllReduce> comm);
   // How quantized weights multiply (a QMode; default weight-only float32).
   void set_quant_mode(int64_t mode);
   int64_t get_quant_mode() const;
@@ -75,6 +81,7 @@ class DecodeStack {
   Bf16Path bf16_path_;
   QMode quant_mode_ = QMode::kFloat;
   std::vector<Layer> layers_;
+  std::shared_ptr<ShmAllReduce> tp_;
 };
 
 }  // namespace radixlm

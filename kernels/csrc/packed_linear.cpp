@@ -124,5 +124,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("add_layer", &radixlm::DecodeStack::add_layer)
       .def("forward", &radixlm::DecodeStack::forward)
       .def_property("bf16_path", &radixlm::DecodeStack::get_bf16_path, &radixlm::DecodeStack::set_bf16_path)
-      .def_property("quant_mode", &radixlm::DecodeStack::get_quant_mode, &radixlm::DecodeStack::set_quant_mode);
+      .def_property("quant_mode", &radixlm::DecodeStack::get_quant_mode, &radixlm::DecodeStack::set_quant_mode)
+      .def("set_tensor_parallel", &radixlm::DecodeStack::set_tensor_parallel);
+  pybind11::class_<radixlm::ShmAllReduce, std::shared_ptr<radixlm::ShmAllReduce>>(m, "ShmAllReduce")
+      .def(pybind11::init<torch::Tensor, int64_t, int64_t, int64_t, std::vector<int64_t>>())
+      .def("all_reduce", [](const radixlm::ShmAllReduce& self, torch::Tensor t) {
+        TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous(), "all_reduce takes contiguous float32");
+        self.all_reduce(t.data_ptr<float>(), t.numel());
+      }, "t summed over the ranks, in place (runtime/model/shm_all_reduce.py's protocol)");
 }

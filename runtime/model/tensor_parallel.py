@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 
 from radixlm.runtime.model.model_config import ModelConfig
+from radixlm.runtime.model.model_files import load_cpu_kernels
 from radixlm.runtime.model.shm_all_reduce import ShmAllReduce
 
 if TYPE_CHECKING:
@@ -58,7 +59,10 @@ class TPGroup:
     built directly on a TCPStore (no global torch.distributed state, so an Engine and a test can
     each have their own), plus the shared-memory all-reduce on CPU."""
 
-    def __init__(self, rank: int, size: int, store: dist.TCPStore, device: str, shm: ShmAllReduce | None):
+    def __init__(self, rank: int, size: int, store: dist.TCPStore, device: str, shm: ShmAllReduce | None,
+                 peers: list[int]):
+        """`peers`: processes whose death ends a wait for their sums (rank 0: the workers; a worker:
+        rank 0)."""
         self.rank, self.size, self.store, self.device = rank, size, store, device
         opts = dist.ProcessGroupGloo._Options()
         opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
@@ -69,15 +73,25 @@ class TPGroup:
         if device != "cpu":  # reasoned about only: no GPU here (see the README)
             self.pg = dist.ProcessGroupNCCL(dist.PrefixStore("nccl", store), rank, size)
         self.shm = shm
-        self.num_all_reduces = 0
+        # the C++ side of the shared-memory sum (float32; DecodeStack calls it between layers)
+        ext = load_cpu_kernels() if shm is not None else None
+        self.native_shm = shm.native(ext, peers) if shm is not None and ext is not None else None
+        self.num_all_reduces = 0  # through this object (DecodeStack's own are counted by shm.seq)
 
     def all_reduce(self, t: torch.Tensor) -> None:
         """Sum `t` over the ranks, in place."""
         self.num_all_reduces += 1
         if self.shm is not None and self.shm.fits(t):
-            self.shm.all_reduce(t)
+            self._shm_all_reduce(t)
             return
         self.pg.allreduce([t]).wait()
+
+    def _shm_all_reduce(self, t: torch.Tensor) -> None:
+        assert self.shm is not None
+        if self.native_shm is not None and t.dtype == torch.float32:
+            self.native_shm.all_reduce(t)
+        else:
+            self.shm.all_reduce(t)
 
     def gather_columns(self, t: torch.Tensor) -> torch.Tensor:
         """Rank 0: every rank's `t` `[rows, cols]` side by side, `[rows, size * cols]`; the others:
@@ -98,8 +112,7 @@ class TPGroup:
         for _ in range(times):
             start = time.perf_counter()
             if shm:
-                assert self.shm is not None
-                self.shm.all_reduce(t)
+                self._shm_all_reduce(t)
             else:
                 self.pg.allreduce([t]).wait()
             samples.append(time.perf_counter() - start)
@@ -164,7 +177,7 @@ class TPWorkers:
             proc.stdin.close()
             self.procs.append(proc)
         self._wait_for("joined")
-        self.group = TPGroup(0, size, self.store, runner_cfg.device, shm)
+        self.group = TPGroup(0, size, self.store, runner_cfg.device, shm, [p.pid for p in self.procs])
         if shm is not None:
             shm.check_peers = self.check_alive
         self.closed = False
@@ -259,7 +272,7 @@ def run_worker(rank: int, spec: dict[str, Any]) -> None:
         shm = None if spec["shm_path"] is None else \
             ShmAllReduce(Path(spec["shm_path"]), rank, size, spec["shm_bytes"], create=False)
         store.set(f"joined/{rank}", "1")
-        group = TPGroup(rank, size, store, runner_cfg.device, shm)
+        group = TPGroup(rank, size, store, runner_cfg.device, shm, [os.getppid()])
         model_dir = Path(spec["model_dir"])
         runner = ModelRunner(ModelConfig.from_dir(model_dir), runner_cfg, weights_of(model_dir, runner_cfg.quantization),
                              tp=group)

@@ -242,6 +242,10 @@ class LlamaForCausalLM(nn.Module):
         rope = self.rotary.freqs_for(batch.positions)
         for layer in self.layers:
             residual = layer(residual, rope, attn, batch)
+        return self._logits(residual, batch)
+
+    def _logits(self, residual: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """float32 logits of `batch.logits_indices`' rows (tensor parallel: on rank 0; empty elsewhere)."""
         if self.tp is None:
             return self.lm_head(self.norm(residual[batch.logits_indices])).float()
         if self.lm_head.out_features != self.cfg.vocab_size:  # each rank its rows of the vocabulary
@@ -256,7 +260,12 @@ class LlamaForCausalLM(nn.Module):
         return (
             self.decode_stack is not None and batch.mode is ForwardMode.DECODE
             and batch.batch_size <= self.lm_head.max_rows
+            # tensor parallel: the residual stream's rows fit the shared-memory sum's slots
+            and (self.tp is None or batch.batch_size * self._padded_hidden() * 4 <= self.tp.shm.max_bytes)  # type: ignore[union-attr]
         )
+
+    def _padded_hidden(self) -> int:
+        return -(-self.cfg.hidden_size // cpu_linear.PANEL) * cpu_linear.PANEL
 
     def _forward_decode_stack(self, batch: ForwardBatch, attn: BaseAttentionBackend) -> torch.Tensor:
         hidden = self.embed_tokens(batch.input_ids).float()
@@ -264,7 +273,7 @@ class LlamaForCausalLM(nn.Module):
         residual = self.decode_stack.forward(  # type: ignore[attr-defined]
             hidden, rope, batch.out_cache_loc, attn.req_to_token, batch.req_pool_indices, batch.seq_lens
         )
-        return self.lm_head(self.norm(residual[batch.logits_indices])).float()
+        return self._logits(residual, batch)
 
     def use_cpu_kernels(self, k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor]) -> bool:
         """Route decode-sized products of every linear layer through the packed C++ kernels and
@@ -282,9 +291,10 @@ class LlamaForCausalLM(nn.Module):
             elif isinstance(module, DecoderLayer):
                 module.ext = ext
         cfg = self.cfg
-        if cfg.head_dim not in cpu_linear.PAGED_ATTENTION_HEAD_DIMS or self.tp is not None:
-            # DecodeStack attends through the paged kernel, and runs every layer in one call (no
-            # all-reduce between them): decode steps stay per-layer ops
+        if cfg.head_dim not in cpu_linear.PAGED_ATTENTION_HEAD_DIMS or (
+                self.tp is not None and self.tp.native_shm is None):
+            # DecodeStack attends through the paged kernel, and under tensor parallelism sums its
+            # layers' outputs through the C++ shared-memory all-reduce: else decode steps stay per-layer ops
             return True
         stack = ext.DecodeStack(
             cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size,
@@ -304,6 +314,8 @@ class LlamaForCausalLM(nn.Module):
             linears = (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)
             modes |= {lin.quant_mode for lin in linears if lin.quant_mode is not None}
         stack.bf16_path = cpu_linear.BF16_PATHS.index(bf16_path)
+        if self.tp is not None:
+            stack.set_tensor_parallel(self.tp.native_shm)
         if modes:
             (stack.quant_mode,) = modes  # one mode per model
         self.decode_stack = stack

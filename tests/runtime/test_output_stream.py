@@ -84,3 +84,8 @@ def test_an_aborted_request_is_reported_once_and_holds_nothing(servers: dict[int
     assert len(got["gone"]) == 1 and got["gone"][0].finish_reason is not None
     assert got["gone"][0].finish_reason["type"] == "abort"
     assert [len(m.new_token_ids) for m in got["kept"]] == [1, NEW_TOKENS - 1]
+
+
+def test_a_stream_interval_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="stream_interval must be >= 1"):
+        ServerArgs(stream_interval=0)

@@ -72,6 +72,7 @@ class ServerArgs:
     reasoning_parser: str | None = None  # None: outputs are not split into reasoning and answer
     enable_metrics: bool = True
     incremental_streaming_output: bool = False  # stream chunks carry new text / ids only
+    stream_interval: int = 1  # a streaming request's output leaves the scheduler every this many tokens
     timeout_header: float = 10.0  # seconds to receive a request line and headers
     timeout_body: float = 30.0  # seconds a request body may go without a byte
     max_connections: int = 512  # open HTTP connections; one more gets 503
@@ -105,6 +106,8 @@ class ServerArgs:
             raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
         if self.chunked_prefill_size < 16:
             raise ValueError(f"chunked_prefill_size must be >= 16, got {self.chunked_prefill_size}")
+        if self.stream_interval < 1:
+            raise ValueError(f"stream_interval must be >= 1, got {self.stream_interval}")
         if self.context_length is not None and self.context_length < 2:
             raise ValueError(f"context_length must be >= 2, got {self.context_length}")
         if not 0 <= self.port < 65536:
@@ -266,6 +269,8 @@ HELP = {
     "enable_metrics": "serve Prometheus metrics at /metrics",
     "incremental_streaming_output": "native stream chunks carry only their new text and output_ids "
     "(default: cumulative, as SGLang streams them)",
+    "stream_interval": "a streaming request's new tokens are sent every this many (its first token and its end at "
+    "once); larger: fewer, larger stream chunks and less work per token beside the forwards (default 1)",
     "timeout_header": "seconds a client has to send a request's line and headers, counted from the connection's "
     "opening (or, on a keep-alive connection, from the request's first byte); then the connection is closed, "
     "with a 408 if part of them arrived (default 10)",

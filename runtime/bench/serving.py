@@ -16,8 +16,9 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 
@@ -108,38 +109,36 @@ def start_server(extra: list[str]) -> tuple[subprocess.Popen[bytes], str]:
     raise RuntimeError("the server did not start")
 
 
-def _median_run(fn: Callable[[], dict[str, float]], repeats: int) -> dict[str, float]:
-    """The run whose output tok/s is the median of `repeats`."""
-    runs = sorted((fn() for _ in range(repeats)), key=lambda r: r["output tok/s"])
-    return runs[len(runs) // 2]
+def _median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
 
 
-def in_process(prompts: list[str], new_tokens: int, repeats: int, dtype: str) -> dict[str, float]:
-    """The same prompts submitted together to the in-process Engine (server defaults), median wall."""
-    from radixlm.runtime.engine import Engine
+def _median_run(runs: list[dict[str, float]]) -> dict[str, float]:
+    """The run whose output tok/s is the median."""
+    return sorted(runs, key=lambda r: r["output tok/s"])[len(runs) // 2]
 
+
+def in_process_once(engine: Any, prompts: list[str], new_tokens: int) -> float:
+    """The prompts submitted together to the in-process Engine: output tok/s."""
     params = {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True}
-    walls = []
-    with Engine(dtype=dtype) as engine:
-        engine.generate(prompt=prompts[:4], sampling_params=params)  # warm-up
-        for _ in range(repeats):
-            engine.flush_cache()
-            start = time.perf_counter()
-            engine.generate(prompt=prompts, sampling_params=params)
-            walls.append(time.perf_counter() - start)
-    wall = sorted(walls)[len(walls) // 2]
-    return {"output tok/s": len(prompts) * new_tokens / wall, "wall s": wall}
+    engine.flush_cache()
+    start = time.perf_counter()
+    engine.generate(prompt=prompts, sampling_params=params)
+    return len(prompts) * new_tokens / (time.perf_counter() - start)
 
 
 def run_serving(url: str | None, concurrency: int | Sequence[int], server_args: list[str], repeats: int = 1,
                 plot: str | None = None) -> dict[int, dict[str, dict[str, float]]]:
     """Each workload replayed `repeats` times at each concurrency (the median run by output tok/s
-    is shown). With a server of its own (no `url`), the same workloads then run on the in-process
-    Engine with the server's defaults, once the server is gone, and the last column is serving /
-    in-process. `plot`: also draw throughput and latency against concurrency into that file.
+    is shown). With a server of its own (no `url`), the same workloads also run on an in-process
+    Engine with the server's defaults, interleaved with the served runs (a repeat: the served
+    levels and one in-process run, their order alternating between repeats; the idle server only
+    polls its socket meanwhile), so that each served / in-process ratio compares runs made under
+    the same load of the shared machine; the last column is the median of those ratios. `plot`:
+    also draw throughput and latency against concurrency into that file.
     Returns concurrency -> workload -> figures."""
     levels = [concurrency] if isinstance(concurrency, int) else list(concurrency)
-    proc = None
+    proc = engine = None
     if url is None:
         proc, url = start_server(server_args)
     workloads = {
@@ -147,27 +146,43 @@ def run_serving(url: str | None, concurrency: int | Sequence[int], server_args: 
         "W3": (wl.w3_workload()[1], wl.W3_NEW_TOKENS),
     }
     served: dict[int, dict[str, dict[str, float]]] = {level: {} for level in levels}
+    local: dict[str, dict[str, float]] = {}
+    ratios: dict[int, dict[str, float]] = {level: {} for level in levels}
     try:
+        if proc is not None:
+            from radixlm.runtime.engine import Engine
+
+            dtype = server_args[server_args.index("--dtype") + 1] if "--dtype" in server_args else "auto"
+            engine = Engine(dtype=dtype)
         for name, (prompts, new_tokens) in workloads.items():
             httpx.post(url + "/flush_cache", timeout=60)
             asyncio.run(replay(url, prompts[:4], new_tokens, min(4, max(levels))))  # warm-up
-            for level in levels:
-
-                def once(prompts: list[str] = prompts, new_tokens: int = new_tokens, level: int = level) -> dict[str, float]:
+            if engine is not None:
+                in_process_once(engine, prompts[:4], new_tokens)  # warm-up
+            runs: dict[int, list[dict[str, float]]] = {level: [] for level in levels}
+            local_tps: list[float] = []
+            for i in range(repeats):
+                if engine is not None and i % 2 == 1:
+                    local_tps.append(in_process_once(engine, prompts, new_tokens))
+                for level in levels:
                     httpx.post(url + "/flush_cache", timeout=60)
-                    return asyncio.run(replay(url, prompts, new_tokens, level))
-
-                served[level][name] = _median_run(once, repeats)
+                    runs[level].append(asyncio.run(replay(url, prompts, new_tokens, level)))
+                if engine is not None and i % 2 == 0:
+                    local_tps.append(in_process_once(engine, prompts, new_tokens))
+            for level in levels:
+                served[level][name] = _median_run(runs[level])
+                if local_tps:
+                    ratios[level][name] = _median([r["output tok/s"] / t for r, t in zip(runs[level], local_tps)])
+            if local_tps:
+                local[name] = {"output tok/s": _median(local_tps)}
     finally:
+        if engine is not None:
+            engine.shutdown()
         if proc is not None:
             proc.terminate()
             proc.wait(timeout=60)
-    local = {}
-    if proc is not None:
-        dtype = server_args[server_args.index("--dtype") + 1] if "--dtype" in server_args else "auto"
-        local = {name: in_process(prompts, n, repeats, dtype) for name, (prompts, n) in workloads.items()}
     for level in levels:
-        _print_serving_table(level, url, repeats, served[level], local)
+        _print_serving_table(level, url, repeats, served[level], local, ratios[level])
     if plot is not None:
         from radixlm.runtime.bench.plot import plot_serving
 
@@ -177,13 +192,13 @@ def run_serving(url: str | None, concurrency: int | Sequence[int], server_args: 
 
 
 def _print_serving_table(concurrency: int, url: str, repeats: int, served: dict[str, dict[str, float]],
-                         local: dict[str, dict[str, float]]) -> None:
+                         local: dict[str, dict[str, float]], ratios: dict[str, float]) -> None:
     print(f"\n## serving, {concurrency} concurrent streaming clients, {url}, median of {repeats}")
     print("| workload | requests/s | output tok/s | wall s | TTFT p50 s | TTFT p99 s | ITL p50 ms | ITL p99 ms "
-          "| in-process output tok/s | serving / in-process |")
+          "| in-process output tok/s | serving / in-process (median of paired runs) |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name, r in served.items():
         ours = local.get(name)
-        extra = f"{ours['output tok/s']:.1f} | {r['output tok/s'] / ours['output tok/s']:.2f}" if ours else "- | -"
+        extra = f"{ours['output tok/s']:.1f} | {ratios[name]:.2f}" if ours else "- | -"
         print(f"| {name} | {r['requests/s']:.2f} | {r['output tok/s']:.1f} | {r['wall s']:.2f} | "
               f"{r['TTFT p50 s']:.2f} | {r['TTFT p99 s']:.2f} | {r['ITL p50 ms']:.0f} | {r['ITL p99 ms']:.0f} | {extra} |")

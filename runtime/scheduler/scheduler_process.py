@@ -1,7 +1,8 @@
 """The scheduler process: model, KV pool, radix cache and the scheduler loop, behind zmq.
 
 Loop: drain incoming messages (dispatched by type), run one `Scheduler.step()` when there is
-work (else block on the socket briefly), send each step's token ids to the detokenizer. Replies
+work (else block on the socket briefly), send each step's token ids to the detokenizer (each
+request's every `--stream-interval` tokens, its first and its last: `output_stream`). Replies
 to control requests (flush, info, cache tree) go straight to the tokenizer manager.
 """
 
@@ -18,6 +19,7 @@ import zmq
 from radixlm.runtime import messages as io
 from radixlm.runtime.ipc import IpcPaths, exit_with_parent, pull_socket, push_socket
 from radixlm.runtime.scheduler.cache_tree_state import cache_tree_state
+from radixlm.runtime.scheduler.output_stream import OutputStream
 from radixlm.runtime.scheduler.req import LogprobOptions
 from radixlm.runtime.scheduler.scheduler_stack import SchedulerStack
 from radixlm.runtime.server_args import ServerArgs
@@ -34,6 +36,7 @@ class SchedulerServer:
         self.dp_rank = dp_rank
         self.stack = SchedulerStack.build(args, dp_rank)
         self.scheduler = self.stack.scheduler
+        self.output_stream = OutputStream(args.stream_interval)
         self._pending_settings: dict[str, io.DecodeSettings] = {}  # sent with a request's first output
         self.handlers: dict[type, Callable[[Any], object | None]] = {
             io.TokenizedGenerateReq: self.handle_generate,
@@ -56,6 +59,7 @@ class SchedulerServer:
         req = self.stack.make_req(msg.rid, list(msg.input_ids), msg.sampling_params, logprob, track_text=False,
                                   require_reasoning=msg.require_reasoning)
         self.scheduler.add_request(req)
+        self.output_stream.add(msg.rid, msg.stream)
         logger.debug("request %s arrived (%d prompt tokens)", msg.rid, len(msg.input_ids))
         self._pending_settings[msg.rid] = io.DecodeSettings(msg.sampling_params, msg.input_ids[-8:])
 
@@ -74,11 +78,11 @@ class SchedulerServer:
             self.scheduler, msg.max_nodes, lambda ids: self.stack.tokenizer.decode(ids, skip_special_tokens=False)))
 
     def step(self) -> io.BatchTokenIDOut | None:
-        outputs = self.scheduler.step()
-        if not outputs:
+        messages = self.output_stream.take(self.scheduler.step())
+        if not messages:
             return None
-        settings = {o.req.rid: self._pending_settings.pop(o.req.rid) for o in outputs if o.req.rid in self._pending_settings}
-        return io.BatchTokenIDOut(tuple(o.to_message() for o in outputs), settings)
+        settings = {m.rid: self._pending_settings.pop(m.rid) for m in messages if m.rid in self._pending_settings}
+        return io.BatchTokenIDOut(tuple(messages), settings)
 
 
 def run_scheduler_process(args: ServerArgs, paths: IpcPaths, ready: Connection, dp_rank: int = 0,

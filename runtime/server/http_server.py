@@ -17,14 +17,16 @@ import json
 import logging
 import math
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from radixlm.chat_template import derive_chat_template
 from radixlm.reasoning import UnknownReasoningParser, separate_reasoning
@@ -59,6 +61,28 @@ logger = logging.getLogger(__name__)
 
 def error_response(message: str, status_code: int = 400) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "code": status_code}}, status_code=status_code)
+
+
+class ApiKeyMiddleware:
+    """Refuses (401) a request to any path but OPEN_PATHS without `Authorization: Bearer <api_key>`.
+
+    Plain ASGI, not `@app.middleware("http")`: Starlette's BaseHTTPMiddleware hands every body
+    chunk of a streamed response through an extra task and memory stream, a cost per streamed
+    token on the process that also feeds the scheduler."""
+
+    def __init__(self, app: ASGIApp, api_key: str):
+        self.app = app
+        self.api_key = api_key.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
+            scheme, _, token = Headers(scope=scope).get("authorization", "").partition(" ")
+            # the scheme is case-insensitive (RFC 9110); the key is compared in constant time
+            if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), self.api_key):
+                response = error_response("missing or wrong API key (Authorization: Bearer <key>)", 401)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 # A JSON escape of a UTF-16 surrogate; valid UTF-8 bytes never encode one (the decoder refuses them).
@@ -166,14 +190,8 @@ def create_app(
     app = FastAPI(title="radixlm", version="0.1.0")
     app.state.tm = tm
 
-    @app.middleware("http")
-    async def check_api_key(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        if api_key is not None and request.url.path not in OPEN_PATHS:
-            scheme, _, token = request.headers.get("authorization", "").partition(" ")
-            # the scheme is case-insensitive (RFC 9110); the key is compared in constant time
-            if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), api_key.encode()):
-                return error_response("missing or wrong API key (Authorization: Bearer <key>)", 401)
-        return await call_next(request)
+    if api_key is not None:
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
 
     @app.exception_handler(RequestError)
     async def on_request_error(_: Request, exc: RequestError) -> JSONResponse:

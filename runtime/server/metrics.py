@@ -44,12 +44,13 @@ class Histogram:
     def __post_init__(self) -> None:
         self.counts = [0] * len(self.buckets)
 
-    def observe(self, value: float) -> None:
-        self.total += value
-        self.count += 1
+    def observe(self, value: float, count: int = 1) -> None:
+        """`count` observations of `value`."""
+        self.total += value * count
+        self.count += count
         for i, bound in enumerate(self.buckets):
             if value <= bound:
-                self.counts[i] += 1
+                self.counts[i] += count
 
     def render(self, name: str, help_text: str, labels: str) -> list[str]:
         """`labels`: the rendered common labels (`model_name="..."`), escaped already."""
@@ -79,8 +80,9 @@ class Metrics:
     def on_first_token(self, seconds: float) -> None:
         self.ttft.observe(seconds)
 
-    def on_token(self, seconds: float) -> None:
-        self.itl.observe(seconds)
+    def on_token(self, seconds: float, num_tokens: int = 1) -> None:
+        """`num_tokens` arrived together `seconds` after the previous ones: each counts the mean gap."""
+        self.itl.observe(seconds / num_tokens, num_tokens)
 
     def on_request_end(self, counts: _Counts, aborted: bool) -> None:
         if aborted:

@@ -203,8 +203,8 @@ class TokenizerManager:
             return  # the consumer left already
         now = time.perf_counter()
         if out.new_token_ids and state.is_counted:
-            if state.last_token_time is not None:
-                self.metrics.on_token(now - state.last_token_time)
+            if state.last_token_time is not None:  # several ids: a stream interval, jump-forward, a final message
+                self.metrics.on_token(now - state.last_token_time, len(out.new_token_ids))
             else:
                 self.metrics.on_first_token(now - state.output.created)
             state.last_token_time = now

@@ -261,3 +261,24 @@ def test_heavy_logprob_stream_sends_bytes_in_proportion_to_its_tokens(long_serve
     per_token = num_bytes / 200
     # 101 entries of at most ~60 bytes, plus the cumulative text and ids of one chunk per token
     assert per_token < 101 * 60 + 4_000, f"{num_bytes} bytes for 200 tokens ({per_token:.0f} per token)"
+
+
+def test_stream_interval_sends_the_first_token_then_every_interval_and_counts_each_token(
+        tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """--stream-interval 4: a stream's chunks come at 1, 5, 9 ... tokens and at its end (a slow
+    reader may get some merged, never split); the text equals the unstreamed result; /metrics
+    counts an inter-token gap per token, not per chunk."""
+    from conftest import running_server
+
+    body = {"text": "Count with me:", "sampling_params": {"max_new_tokens": 10, "temperature": 0, "ignore_eos": True}}
+    with running_server(tiny_model_dir, tmp_path_factory, "stream-interval", "--stream-interval", "4",
+                        "--max-total-tokens", "2048") as server:
+        events = stream_events(server.url, body)
+        counts = [e["meta_info"]["completion_tokens"] for e in events]
+        assert counts[0] == 1 and counts[-1] == 10, counts
+        assert set(counts) <= {1, 5, 9, 10}, counts
+        whole = httpx.post(server.url + "/generate", json=body, timeout=HANG_GUARD_S).json()
+        assert events[-1]["text"] == whole["text"]
+        metrics = httpx.get(server.url + "/metrics", timeout=HANG_GUARD_S).text.splitlines()
+        itl_count = next(line for line in metrics if line.startswith("radixlm_inter_token_latency_seconds_count"))
+        assert float(itl_count.rsplit(" ", 1)[1]) == 2 * 9  # two requests, 9 gaps each

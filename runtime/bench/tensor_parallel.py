@@ -3,7 +3,7 @@
 For each tp size: a prefill of `--prefill` tokens (one request), and decode steps at batch 1 and
 `--batch` over contexts of `--context` tokens: milliseconds per forward (median of `--repeats`) and
 tokens/s; then the all-reduce alone (one decode row and one prefill's rows, shared memory and
-gloo) in microseconds. `--shape` picks a random-weight model of a real model's shape whose heads
+gloo; float32) in microseconds. `--shape` picks a random-weight model of a real model's shape whose heads
 divide by 2 (qwen2.5-0.5b: 14 query / 2 KV heads, 24 layers; smollm2-1.7b: 32 / 32, 24 layers),
 or `--model-path` a model directory. On a 2-core machine, tp 2 gives each rank one core, the
 same cores tp 1's two threads use: the bench shows what the split and its all-reduces cost.
@@ -142,7 +142,7 @@ def main() -> None:
             runner = ModelRunner.from_dir(model_dir, runner_cfg, tp)
             try:
                 ms = measure(runner, args.prefill, args.context, args.batch, args.repeats)
-                reduce = all_reduce_us(runner, cfg.hidden_size, args.prefill, dtype) if tp > 1 else ""
+                reduce = all_reduce_us(runner, cfg.hidden_size, args.prefill) if tp > 1 else ""
             finally:
                 runner.close()
             print(f"{tp:>3} {ms['prefill']:>11.1f} ms {args.prefill / ms['prefill'] * 1e3:>8.1f} "
@@ -150,9 +150,10 @@ def main() -> None:
                   f"{args.batch * 1e3 / ms[f'decode_b{args.batch}']:>7.1f}   {reduce}")
 
 
-def all_reduce_us(runner: ModelRunner, hidden: int, rows: int, dtype: torch.dtype) -> str:
-    """The all-reduce alone, on every rank at once: rank 0 sends each case as a "time_all_reduce"
-    message that ranks 1..N-1 run too."""
+def all_reduce_us(runner: ModelRunner, hidden: int, rows: int) -> str:
+    """The all-reduce alone (float32, as DecodeStack's residual stream), on every rank at once:
+    rank 0 sends each case as a "time_all_reduce" message that ranks 1..N-1 run too."""
+    dtype = torch.float32
     group = runner.tp
     assert group is not None and runner.tp_workers is not None
     parts = []

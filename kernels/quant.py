@@ -50,7 +50,7 @@ class QuantizedTensor:
     def shape(self) -> tuple[int, int]:
         return (self.raw.shape[0], self.k)
 
-    def rows(self, order: torch.Tensor) -> QuantizedTensor:
+    def rows(self, order: torch.Tensor | slice) -> QuantizedTensor:
         return QuantizedTensor(self.fmt, self.raw[order], self.k)
 
     @staticmethod

@@ -54,7 +54,6 @@ class ShmAllReduce:
         self.flags = self.buf[: self.FLAG_BYTES * size].view(torch.int32).view(size, self.FLAG_BYTES // 4)[:, 0]
         self.flag_addr = [self.flags[r].data_ptr() for r in range(size)]
         self.data = self.buf[self.FLAG_BYTES * size:]
-        self.calls = 0  # this side's calls (kernels/csrc/shm_all_reduce.h makes others: see `seq`)
         self.waits = 0  # futex sleeps
         # rank 0 checks its workers are alive while it waits (a dead rank never sets its flag)
         self.check_peers: Callable[[], None] | None = None
@@ -97,7 +96,6 @@ class ShmAllReduce:
         """Post `t`, wait for every rank's, and view them all (valid until the call after next)."""
         prev = self.seq
         seq = (prev + 1) & 0x7FFFFFFF
-        self.calls += 1
         half, nbytes = seq % 2, t.numel() * t.element_size()
         self.slot(half, self.rank, nbytes).view(t.dtype).view(t.shape).copy_(t)
         self.flags[self.rank] = seq

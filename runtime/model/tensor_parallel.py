@@ -144,10 +144,6 @@ class TPGroup:
                 pass
 
 
-def _shm_path(port: int) -> Path:
-    return Path("/dev/shm") / f"radixlm-tp-{os.getpid() if port == 0 else port}"
-
-
 class TPWorkers:
     """Rank 0's handle on ranks 1..N-1: starts them, sends each step, stops them."""
 
@@ -156,7 +152,8 @@ class TPWorkers:
         self.store = dist.TCPStore("127.0.0.1", 0, size, True, timeout=datetime.timedelta(seconds=STARTUP_TIMEOUT_S),
                                    wait_for_workers=False)
         port = self.store.port
-        self.shm_path = _shm_path(port) if runner_cfg.device == "cpu" and shm_bytes else None
+        # named by the store's port: unique on this machine while the group lives
+        self.shm_path = Path(f"/dev/shm/radixlm-tp-{port}") if runner_cfg.device == "cpu" and shm_bytes else None
         shm = None
         if self.shm_path is not None:
             try:

@@ -23,8 +23,7 @@ def check_tp_size(cfg: ModelConfig, tp_size: int) -> None:
         raise ValueError(f"tp_size must be >= 1, got {tp_size}")
     if tp_size == 1:
         return
-    problems = [f"{what} ({n})" for what, n in (("KV heads", cfg.num_kv_heads), ("query heads", cfg.num_heads),
-                                                 ("MLP intermediate size", cfg.intermediate_size)) if n % tp_size]
+    problems = [f"{what} ({n})" for what, n in _split_sizes(cfg) if n % tp_size]
     if problems:
         raise ValueError(f"--tp-size {tp_size} does not divide this model's {' and '.join(problems)}: tensor "
                          f"parallelism splits attention by KV group and the MLP by column; tp sizes that fit "
@@ -32,8 +31,13 @@ def check_tp_size(cfg: ModelConfig, tp_size: int) -> None:
 
 
 def valid_tp_sizes(cfg: ModelConfig) -> list[int]:
-    return [n for n in range(1, cfg.num_kv_heads + 1)
-            if cfg.num_kv_heads % n == 0 and cfg.num_heads % n == 0 and cfg.intermediate_size % n == 0]
+    return [tp for tp in range(1, cfg.num_kv_heads + 1) if all(n % tp == 0 for _, n in _split_sizes(cfg))]
+
+
+def _split_sizes(cfg: ModelConfig) -> tuple[tuple[str, int], ...]:
+    """What tensor parallelism divides among the ranks, by name."""
+    return (("KV heads", cfg.num_kv_heads), ("query heads", cfg.num_heads),
+            ("MLP intermediate size", cfg.intermediate_size))
 
 
 def vocab_part(cfg: ModelConfig, tp_size: int) -> int | None:
@@ -52,9 +56,7 @@ Weight = torch.Tensor | QuantizedTensor
 
 
 def row_slice(w: Weight, start: int, stop: int) -> Weight:
-    if isinstance(w, QuantizedTensor):
-        return QuantizedTensor(w.fmt, w.raw[start:stop], w.k)
-    return w[start:stop]
+    return w.rows(slice(start, stop)) if isinstance(w, QuantizedTensor) else w[start:stop]
 
 
 def column_slice(w: Weight, start: int, stop: int) -> Weight:
@@ -104,10 +106,17 @@ class ShardedWeights(Mapping[str, Weight]):
         return w  # embedding, norms, lm_head: replicated
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self.full)
+        yield from self.full
+        if self._adds_lm_head:
+            yield "lm_head.weight"
 
     def __len__(self) -> int:
-        return len(self.full)
+        return len(self.full) + self._adds_lm_head
 
     def __contains__(self, name: object) -> bool:
-        return name in self.full or (name == "lm_head.weight" and self.vocab_part is not None)
+        return name in self.full or (name == "lm_head.weight" and self._adds_lm_head)
+
+    @property
+    def _adds_lm_head(self) -> bool:
+        """A tied checkpoint has no lm_head of its own; split, each rank's is its embedding rows."""
+        return self.vocab_part is not None and "lm_head.weight" not in self.full

@@ -38,8 +38,9 @@ class OutputStream:
         self._is_streaming[rid] = is_streaming
 
     @property
-    def num_held_reqs(self) -> int:
-        return len(self._held)
+    def num_tracked_reqs(self) -> int:
+        """Requests it knows of: added and not yet sent, or holding until their last message."""
+        return len(self._is_streaming) + len(self._held)
 
     def take(self, outputs: list[StepOutput]) -> list[ReqOutput]:
         """The messages to send for one step's outputs; the rest is held for later steps."""
@@ -53,10 +54,15 @@ class OutputStream:
                     self._held[rid] = _Held(self.stream_interval if is_streaming else None)
                 messages.append(out.to_message())
                 continue
-            held.token_ids.extend(out.token_ids)
-            if is_finished or (held.interval is not None and len(held.token_ids) >= held.interval):
-                messages.append(replace(out.to_message(), new_token_ids=tuple(held.token_ids)))
-                held.token_ids = []
+            num_ids = len(held.token_ids) + len(out.token_ids)
+            if is_finished or (held.interval is not None and num_ids >= held.interval):
+                message = out.to_message()
+                if held.token_ids:  # ids held from earlier steps go first (at interval 1 there are none)
+                    message = replace(message, new_token_ids=(*held.token_ids, *out.token_ids))
+                    held.token_ids = []
+                messages.append(message)
+            else:
+                held.token_ids.extend(out.token_ids)
             if is_finished:
                 del self._held[rid]
         return messages

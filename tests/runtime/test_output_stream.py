@@ -37,7 +37,7 @@ def run(server: SchedulerServer, reqs: list[io.TokenizedGenerateReq],
         for rid in batch.decode_settings:
             assert not got[rid][:-1], "decode settings travel with a request's first message"
             settings_for.add(rid)
-    assert server.output_stream.num_held_reqs == 0
+    assert server.output_stream.num_tracked_reqs == 0  # nothing held, nothing left behind
     assert settings_for == {r.rid for r in reqs}
     return got
 

@@ -8,6 +8,7 @@ torch.distributed (gloo on 127.0.0.1); what each path did is read from its count
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -168,6 +169,11 @@ def test_sharded_weights_split_by_kv_group_and_keep_quantized_blocks(tmp_path: P
         down = full["model.layers.0.mlp.down_proj.weight"]
         assert torch.equal(shard["model.layers.0.mlp.down_proj.weight"], down[:, rank * 64: (rank + 1) * 64])
         assert shard["model.embed_tokens.weight"] is full["model.embed_tokens.weight"]  # replicated
+    tied_cfg = dataclasses.replace(cfg, tie_word_embeddings=True)
+    untied = {name: w for name, w in full.items() if name != "lm_head.weight"}  # as a tied checkpoint has
+    tied = ShardedWeights(untied, tied_cfg, 1, 2)  # a tied head: rank 1's is the embedding's second half
+    assert "lm_head.weight" in tied and list(tied).count("lm_head.weight") == 1 and len(tied) == len(full)
+    assert torch.equal(tied["lm_head.weight"], full["model.embed_tokens.weight"][128:])
     quantized = {"w": quantize(torch.randn(8, 128), "q4_1")}  # a cut between blocks keeps them
     aligned = column_slice(quantized["w"], 64, 128)
     assert isinstance(aligned, QuantizedTensor) and aligned.k == 64

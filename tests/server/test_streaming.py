@@ -265,9 +265,11 @@ def test_heavy_logprob_stream_sends_bytes_in_proportion_to_its_tokens(long_serve
 
 def test_stream_interval_sends_the_first_token_then_every_interval_and_counts_each_token(
         tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """--stream-interval 4: a stream's chunks come at 1, 5, 9 ... tokens and at its end (a slow
-    reader may get some merged, never split); the text equals the unstreamed result; /metrics
-    counts an inter-token gap per token, not per chunk."""
+    """--stream-interval 4: a stream's chunks come at 1, 5, 9 ... tokens and at its end. A reader
+    behind the server gets some of them merged (the first with the next, say), never split, so
+    only the set of counts is asserted here; the exact messages, the first token's included, are
+    tests/runtime/test_output_stream.py's. The text equals the unstreamed result; /metrics counts
+    an inter-token gap per token, not per chunk."""
     from conftest import running_server
 
     body = {"text": "Count with me:", "sampling_params": {"max_new_tokens": 10, "temperature": 0, "ignore_eos": True}}
@@ -275,8 +277,8 @@ def test_stream_interval_sends_the_first_token_then_every_interval_and_counts_ea
                         "--max-total-tokens", "2048") as server:
         events = stream_events(server.url, body)
         counts = [e["meta_info"]["completion_tokens"] for e in events]
-        assert counts[0] == 1 and counts[-1] == 10, counts
-        assert set(counts) <= {1, 5, 9, 10}, counts
+        assert counts == sorted(set(counts)) and counts[-1] == 10, counts
+        assert set(counts) <= {1, 5, 9, 10}, counts  # at interval 1 a chunk per token: 2, 3, 4 ... too
         whole = httpx.post(server.url + "/generate", json=body, timeout=HANG_GUARD_S).json()
         assert events[-1]["text"] == whole["text"]
         metrics = httpx.get(server.url + "/metrics", timeout=HANG_GUARD_S).text.splitlines()

@@ -299,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
                         "one); F workloads: run radixlm through this server instead of in-process")
     parser.add_argument("--concurrency", type=_int_list, default=[32],
                         help="serving mode: concurrent clients, or a comma-separated sweep (1,8,32)")
+    parser.add_argument("--client", default="aiohttp", choices=("aiohttp", "httpx"),
+                        help="serving mode: the clients' HTTP library (aiohttp, as SGLang's bench_serving; httpx "
+                        "costs more CPU per streamed event, on the same cores as the server)")
     parser.add_argument("--server-args", default="", help="serving mode: flags for the server it starts, as one "
                         "string (e.g. \"--dp-size 2\")")
     parser.add_argument("--neighbour", action="store_true", help="run every system quiet, then beside one "
@@ -325,7 +328,8 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.server_args and args.url is not None:
             parser.error("--server-args applies to the server the bench starts; it cannot change --url's")
-        run_serving(args.url, args.concurrency, shlex.split(args.server_args), args.repeats, plot=args.plot)
+        run_serving(args.url, args.concurrency, shlex.split(args.server_args), args.repeats, plot=args.plot,
+                    client=args.client)
         return 0
     import torch
 

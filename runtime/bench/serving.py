@@ -1,8 +1,15 @@
 """Serving benchmark: N concurrent HTTP clients replay W2 / W3 against a radixlm server.
 
-Each client streams its requests from /generate (SSE) and records the time to first token and
-the gaps between later tokens. Reports request throughput, output tokens/s, TTFT and inter-token
-latency p50 / p99. Starts its own server (`radixlm serve` on a free port) unless --url is given.
+Each client streams its requests from /generate (SSE), parses every event and records the time to
+first token and the gaps between later tokens. Reports request throughput, output tokens/s, TTFT
+and inter-token latency p50 / p99. Starts its own server (`radixlm serve` on a free port) unless
+--url is given; then it also reports the CPU time each process used during the served runs (the
+server's HTTP front, scheduler and detokenizer, and this process's clients), since on a small
+machine they all share the cores the forwards run on.
+
+The clients are aiohttp's (as SGLang's `bench_serving`; `client="httpx"` for the lighter-featured,
+heavier one: ~140 us of client CPU per event against aiohttp's less, which on 2 cores is taken
+from the server).
 `--concurrency 1,8,32` sweeps the client counts (a table each); with `--plot out.png`, a figure of
 throughput and latency against concurrency.
 """
@@ -11,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import statistics
 import subprocess
@@ -20,9 +28,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 import httpx
 
 from radixlm.runtime.bench import workloads as wl
+
+CLIENTS = ("aiohttp", "httpx")
 
 
 @dataclass
@@ -39,42 +50,75 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
 
 
-async def _one(client: httpx.AsyncClient, url: str, prompt: str, new_tokens: int) -> RequestTiming:
-    body = {"text": prompt, "stream": True,
+def _generate_body(prompt: str, new_tokens: int) -> dict[str, Any]:
+    return {"text": prompt, "stream": True,
             "sampling_params": {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True}}
-    timing = RequestTiming()
-    start = last = time.perf_counter()
-    seen = 0
-    async with client.stream("POST", url + "/generate", json=body) as resp:
+
+
+class _Timer:
+    """A request's timing from the completion_tokens of each event it receives."""
+
+    def __init__(self) -> None:
+        self.timing = RequestTiming()
+        self.start = self.last = time.perf_counter()
+        self.seen = 0
+
+    def on_event(self, data: bytes | str) -> None:
+        count = json.loads(data)["meta_info"]["completion_tokens"]
+        if count > self.seen:
+            now = time.perf_counter()
+            if self.seen == 0:
+                self.timing.ttft = now - self.start
+            else:
+                self.timing.gaps.append((now - self.last) / (count - self.seen))
+            self.seen, self.last = count, now
+
+    def done(self) -> RequestTiming:
+        self.timing.output_tokens = self.seen
+        return self.timing
+
+
+async def _one_httpx(client: httpx.AsyncClient, url: str, prompt: str, new_tokens: int) -> RequestTiming:
+    timer = _Timer()
+    async with client.stream("POST", url + "/generate", json=_generate_body(prompt, new_tokens)) as resp:
         resp.raise_for_status()
         async for line in resp.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            count = json.loads(line[6:])["meta_info"]["completion_tokens"]
-            if count > seen:
-                now = time.perf_counter()
-                if seen == 0:
-                    timing.ttft = now - start
-                else:
-                    timing.gaps.append((now - last) / (count - seen))
-                seen, last = count, now
-    timing.output_tokens = seen
-    return timing
+            if line.startswith("data: ") and line != "data: [DONE]":
+                timer.on_event(line[6:])
+    return timer.done()
 
 
-async def replay(url: str, prompts: list[str], new_tokens: int, concurrency: int) -> dict[str, float]:
+async def _one_aiohttp(session: aiohttp.ClientSession, url: str, prompt: str, new_tokens: int) -> RequestTiming:
+    timer = _Timer()
+    async with session.post(url + "/generate", json=_generate_body(prompt, new_tokens)) as resp:
+        resp.raise_for_status()
+        async for line in resp.content:  # one SSE line at a time, b"\n" included
+            if line.startswith(b"data: ") and not line.startswith(b"data: [DONE]"):
+                timer.on_event(line[6:])
+    return timer.done()
+
+
+async def replay(url: str, prompts: list[str], new_tokens: int, concurrency: int,
+                 client: str = "aiohttp") -> dict[str, float]:
     queue: asyncio.Queue[str] = asyncio.Queue()
     for p in prompts:
         queue.put_nowait(p)
     timings: list[RequestTiming] = []
 
-    async def client_loop(client: httpx.AsyncClient) -> None:
+    async def client_loop(one: Any, session: Any) -> None:
         while not queue.empty():
-            timings.append(await _one(client, url, queue.get_nowait(), new_tokens))
+            timings.append(await one(session, url, queue.get_nowait(), new_tokens))
 
     start = time.perf_counter()
-    async with httpx.AsyncClient(timeout=600) as client:
-        await asyncio.gather(*(client_loop(client) for _ in range(concurrency)))
+    if client == "httpx":
+        async with httpx.AsyncClient(timeout=600) as session:
+            await asyncio.gather(*(client_loop(_one_httpx, session) for _ in range(concurrency)))
+    else:
+        timeout = aiohttp.ClientTimeout(total=600)
+        # read_bufsize: an SSE line (cumulative text, logprobs) may exceed aiohttp's 64 KiB default
+        async with aiohttp.ClientSession(timeout=timeout, read_bufsize=2**22,
+                                         connector=aiohttp.TCPConnector(limit=0)) as session:
+            await asyncio.gather(*(client_loop(_one_aiohttp, session) for _ in range(concurrency)))
     wall = time.perf_counter() - start
     gaps = [g for t in timings for g in t.gaps]
     ttfts = [t.ttft for t in timings]
@@ -109,6 +153,75 @@ def start_server(extra: list[str]) -> tuple[subprocess.Popen[bytes], str]:
     raise RuntimeError("the server did not start")
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used so far (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _descendants(pid: int) -> list[int]:
+    """pid and every process below it (from /proc's parent links)."""
+    parent_of: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parent_of[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    found, frontier = [pid], [pid]
+    while frontier:
+        frontier = [child for child, parent in parent_of.items() if parent in frontier]
+        found.extend(frontier)
+    return found
+
+
+def _is_spawned_child(pid: int) -> bool:
+    """A multiprocessing child started with spawn (not its resource tracker, which idles)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"multiprocessing.spawn" in f.read()
+    except OSError:
+        return False
+
+
+def server_process_groups(front_pid: int, url: str) -> dict[str, list[int]]:
+    """The server's processes by role: the HTTP front (the process `radixlm serve` started), the
+    scheduler(s) with what they started (tensor-parallel ranks, grammar builders), and the front's
+    other spawned children with theirs (the detokenizer)."""
+    info = httpx.get(url + "/get_server_info", timeout=60).json()
+    schedulers = [state["scheduler_pid"] for state in info.get("internal_states") or [info]]
+    scheduler_tree = [p for pid in schedulers for p in _descendants(pid)]
+    others = [p for child in _descendants(front_pid)
+              if child != front_pid and child not in scheduler_tree and _is_spawned_child(child)
+              for p in _descendants(child)]
+    return {"HTTP front": [front_pid], "scheduler": scheduler_tree, "detokenizer": others}
+
+
+class CpuMeter:
+    """CPU seconds each group of processes used between `start()` and `stop()`, summed over runs;
+    "clients" is this process (the bench's clients; the in-process Engine idles meanwhile)."""
+
+    def __init__(self, groups: dict[str, list[int]]):
+        self.groups = {**groups, "clients": [os.getpid()]}
+        self.totals = dict.fromkeys(self.groups, 0.0)
+        self._at_start: dict[str, float] = {}
+
+    def _now(self) -> dict[str, float]:
+        return {name: sum(_cpu_seconds(pid) for pid in pids) for name, pids in self.groups.items()}
+
+    def start(self) -> None:
+        self._at_start = self._now()
+
+    def stop(self) -> None:
+        for name, value in self._now().items():
+            self.totals[name] += value - self._at_start[name]
+
+
 def _median(values: list[float]) -> float:
     return sorted(values)[len(values) // 2]
 
@@ -128,14 +241,15 @@ def in_process_once(engine: Any, prompts: list[str], new_tokens: int) -> float:
 
 
 def run_serving(url: str | None, concurrency: int | Sequence[int], server_args: list[str], repeats: int = 1,
-                plot: str | None = None) -> dict[int, dict[str, dict[str, float]]]:
+                plot: str | None = None, client: str = "aiohttp") -> dict[int, dict[str, dict[str, float]]]:
     """Each workload replayed `repeats` times at each concurrency (the median run by output tok/s
     is shown). With a server of its own (no `url`), the same workloads also run on an in-process
     Engine with the server's defaults, interleaved with the served runs (a repeat: the served
     levels and one in-process run, their order alternating between repeats; the idle server only
     polls its socket meanwhile), so that each served / in-process ratio compares runs made under
     the same load of the shared machine; the last column is the median of those ratios. `plot`:
-    also draw throughput and latency against concurrency into that file.
+    also draw throughput and latency against concurrency into that file. `client`: one of CLIENTS.
+    With its own server it also prints each process's CPU seconds per served run and output token.
     Returns concurrency -> workload -> figures."""
     levels = [concurrency] if isinstance(concurrency, int) else list(concurrency)
     proc = engine = None
@@ -148,15 +262,18 @@ def run_serving(url: str | None, concurrency: int | Sequence[int], server_args: 
     served: dict[int, dict[str, dict[str, float]]] = {level: {} for level in levels}
     local: dict[str, dict[str, float]] = {}
     ratios: dict[int, dict[str, float]] = {level: {} for level in levels}
+    meters: dict[tuple[int, str], CpuMeter] = {}
     try:
         if proc is not None:
             from radixlm.runtime.engine import Engine
+
+            groups = server_process_groups(proc.pid, url)
 
             dtype = server_args[server_args.index("--dtype") + 1] if "--dtype" in server_args else "auto"
             engine = Engine(dtype=dtype)
         for name, (prompts, new_tokens) in workloads.items():
             httpx.post(url + "/flush_cache", timeout=60)
-            asyncio.run(replay(url, prompts[:4], new_tokens, min(4, max(levels))))  # warm-up
+            asyncio.run(replay(url, prompts[:4], new_tokens, min(4, max(levels)), client))  # warm-up
             if engine is not None:
                 in_process_once(engine, prompts[:4], new_tokens)  # warm-up
             runs: dict[int, list[dict[str, float]]] = {level: [] for level in levels}
@@ -166,7 +283,14 @@ def run_serving(url: str | None, concurrency: int | Sequence[int], server_args: 
                     local_tps.append(in_process_once(engine, prompts, new_tokens))
                 for level in levels:
                     httpx.post(url + "/flush_cache", timeout=60)
-                    runs[level].append(asyncio.run(replay(url, prompts, new_tokens, level)))
+                    meter = meters.get((level, name))
+                    if meter is None and proc is not None:
+                        meter = meters[(level, name)] = CpuMeter(groups)
+                    if meter is not None:
+                        meter.start()
+                    runs[level].append(asyncio.run(replay(url, prompts, new_tokens, level, client)))
+                    if meter is not None:
+                        meter.stop()
                 if engine is not None and i % 2 == 0:
                     local_tps.append(in_process_once(engine, prompts, new_tokens))
             for level in levels:
@@ -182,7 +306,9 @@ def run_serving(url: str | None, concurrency: int | Sequence[int], server_args: 
             proc.terminate()
             proc.wait(timeout=60)
     for level in levels:
-        _print_serving_table(level, url, repeats, served[level], local, ratios[level])
+        _print_serving_table(level, url, repeats, served[level], local, ratios[level], client)
+        _print_cpu_table(level, repeats, {name: meters[(level, name)] for name in workloads if (level, name) in meters},
+                         {name: len(prompts) * new_tokens for name, (prompts, new_tokens) in workloads.items()})
     if plot is not None:
         from radixlm.runtime.bench.plot import plot_serving
 
@@ -192,8 +318,8 @@ def run_serving(url: str | None, concurrency: int | Sequence[int], server_args: 
 
 
 def _print_serving_table(concurrency: int, url: str, repeats: int, served: dict[str, dict[str, float]],
-                         local: dict[str, dict[str, float]], ratios: dict[str, float]) -> None:
-    print(f"\n## serving, {concurrency} concurrent streaming clients, {url}, median of {repeats}")
+                         local: dict[str, dict[str, float]], ratios: dict[str, float], client: str) -> None:
+    print(f"\n## serving, {concurrency} concurrent streaming clients ({client}), {url}, median of {repeats}")
     print("| workload | requests/s | output tok/s | wall s | TTFT p50 s | TTFT p99 s | ITL p50 ms | ITL p99 ms "
           "| in-process output tok/s | serving / in-process (median of paired runs) |")
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -202,3 +328,16 @@ def _print_serving_table(concurrency: int, url: str, repeats: int, served: dict[
         extra = f"{ours['output tok/s']:.1f} | {ratios[name]:.2f}" if ours else "- | -"
         print(f"| {name} | {r['requests/s']:.2f} | {r['output tok/s']:.1f} | {r['wall s']:.2f} | "
               f"{r['TTFT p50 s']:.2f} | {r['TTFT p99 s']:.2f} | {r['ITL p50 ms']:.0f} | {r['ITL p99 ms']:.0f} | {extra} |")
+
+
+def _print_cpu_table(concurrency: int, repeats: int, meters: dict[str, CpuMeter], num_tokens: dict[str, int]) -> None:
+    if not meters:
+        return
+    names = list(next(iter(meters.values())).totals)
+    print(f"\nCPU per served run at {concurrency} clients (mean of {repeats}): seconds, and us per output token")
+    print("| workload | " + " | ".join(names) + " |")
+    print("|---|" + "---|" * len(names))
+    for workload, meter in meters.items():
+        cells = [f"{meter.totals[n] / repeats:.2f} s ({meter.totals[n] / repeats / num_tokens[workload] * 1e6:.0f} us)"
+                 for n in names]
+        print(f"| {workload} | " + " | ".join(cells) + " |")

@@ -47,7 +47,8 @@ def test_the_serving_sweep_runs_each_concurrency_and_draws_it(tmp_path: Path, mo
     figure (the HTTP replay is replaced by figures that depend on the level)."""
     from radixlm.runtime.bench import serving
 
-    async def replay(url: str, prompts: list[str], new_tokens: int, concurrency: int) -> dict[str, float]:
+    async def replay(url: str, prompts: list[str], new_tokens: int, concurrency: int,
+                     client: str = "aiohttp") -> dict[str, float]:
         return {"requests/s": concurrency / 2, "output tok/s": 10.0 * concurrency, "wall s": 1.0,
                 "TTFT p50 s": 0.1 * concurrency, "TTFT p99 s": 0.2 * concurrency, "ITL p50 ms": 20.0,
                 "ITL p99 ms": 40.0}

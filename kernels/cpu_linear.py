@@ -17,8 +17,10 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import logging
+import math
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -35,6 +37,7 @@ SOURCES = [CSRC / "packed_linear.cpp", CSRC / "decode_stack.cpp", CSRC / "paged_
 HEADERS = [CSRC / "packed_gemm.h", CSRC / "decode_stack.h", CSRC / "shm_all_reduce.h", CSRC / "simd_math.h", CSRC / "bf16_gemm.h",
            CSRC / "amx_attention.h", CSRC / "online_softmax.h", CSRC / "quant_gemm.h"]
 _state: dict[str, ModuleType | None] = {}
+_bf16_choice: dict[str, bool] = {}
 
 
 def _cpu_flags() -> str:
@@ -54,6 +57,57 @@ def cpu_supports_bf16() -> bool:
     there bf16 weights run torch's and our GEMMs at 2-4x their float32 speed; elsewhere torch
     converts bf16 in software and is slower than float32 at prefill."""
     return " avx512_bf16" in _cpu_flags()
+
+
+# `--dtype auto` takes bfloat16 weights on a CPU where a batched product runs at least this many
+# times faster with them than with float32 ones (bf16_speedup). Measured: AMD Zen 5 ~1.8x
+# (vdpbf16ps: 32 rows 11.2 against 20.7 ms per step), a Xeon with AMX ~3x; an Intel Xeon (family 6
+# model 207) with AVX512-BF16 but no AMX 0.9-1.0x (vdpbf16ps 46.9 and its emulation 42.7 against
+# float32's 40.9 ms at 32 rows): there float32 ran W2 1.43x, W3 1.20x and W5 1.44x faster, bf16
+# only W1 (bandwidth) 1.63x.
+BF16_AUTO_MIN_SPEEDUP = 1.25
+
+
+def bf16_speedup(ext: ModuleType, rows: int = 64, k: int = 576, n: int = 3072, repeats: int = 5) -> float:
+    """How many times faster a product of `rows` rows runs with bf16 weights (the fastest bf16 path
+    this CPU runs) than with float32 ones, both through our kernels, timed now: the minimum of
+    `repeats` alternating runs each, after a warm-up (~10 ms on 2 cores). The shape is the default
+    model's gate/up product; at 64 rows both are bound by arithmetic, which bf16 must speed up
+    (reading half the bytes, it always wins single-row decode)."""
+    generator = torch.Generator().manual_seed(0)
+    weight_t = torch.randn(k, n, generator=generator)
+    x = torch.randn(rows, k, generator=generator)
+    fp32, bf16 = pack(weight_t), pack_vnni(weight_t)
+    path = BF16_PATHS.index(bf16_path(ext))
+    runs = {"float32": lambda: ext.packed_linear(x, fp32, None, None),
+            "bfloat16": lambda: ext.bf16_linear(x, bf16, None, None, path)}
+    best = dict.fromkeys(runs, math.inf)
+    for run in runs.values():
+        run()
+    for _ in range(repeats):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best["float32"] / best["bfloat16"]
+
+
+def prefers_bf16(load_ext: Callable[[], ModuleType | None]) -> bool:
+    """What `--dtype auto` takes on this CPU (True: bfloat16 weights, False: float32): float32
+    without AVX512-BF16 (bf16 would be emulated; `load_ext` is not called); with it, bfloat16 where
+    bf16_speedup, measured once per process, reaches BF16_AUTO_MIN_SPEEDUP, or where our kernels
+    are off (`load_ext()` gives None: torch's oneDNN bf16 GEMMs, as before this measurement)."""
+    if not cpu_supports_bf16():
+        return False
+    ext = load_ext()
+    if ext is None:
+        return True
+    if "choice" not in _bf16_choice:
+        speedup = bf16_speedup(ext)
+        _bf16_choice["choice"] = speedup >= BF16_AUTO_MIN_SPEEDUP
+        logger.info("--dtype auto: a 64-row product with bf16 weights (%s) runs %.2fx float32's here: %s",
+                    bf16_path(ext), speedup, "bfloat16" if _bf16_choice["choice"] else "float32")
+    return _bf16_choice["choice"]
 
 
 def cpu_supports_vnni() -> bool:
@@ -239,8 +293,9 @@ def amx_attention_supported(ext: ModuleType, head_dim: int) -> bool:
 
 
 def vnni_attention_supported(ext: ModuleType, head_dim: int) -> bool:
-    """Whether `paged_attention(..., vnni=True)` runs long extends of this head size with
-    AVX512-BF16 dot products here (the CPU has vdpbf16ps, head_dim 64 or 128)."""
+    """Whether `paged_attention(..., vnni=True)` runs long extends of this head size with the
+    vector kernel (head_dim 64 or 128): with vdpbf16ps or float32 FMAs, whichever the CPU runs
+    faster (`ext.long_extend_uses_fma()`, timed once per process; FMAs where it lacks AVX512-BF16)."""
     return bool(ext.vnni_attention_supported(head_dim))
 
 

@@ -159,12 +159,15 @@ class ServerArgs:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        """`auto`: bfloat16 on CUDA; on CPU bfloat16 where the CPU has AVX512-BF16 (W2 2.1x and
-        W3 1.7x faster than float32 there), float32 elsewhere (torch's software bf16 prefills 3.4x
-        slower); RADIXLM_CPU_AUTO_DTYPE overrides the CPU choice. README, "What `auto` picks"."""
+        """`auto`: bfloat16 on CUDA; on CPU bfloat16 where the CPU has AVX512-BF16 and a batched
+        product measured now runs faster with bf16 weights than with float32 ones
+        (`cpu_linear.prefers_bf16`: Zen 5 ~1.8x, AMX ~3x; an Intel CPU with AVX512-BF16 but no AMX
+        ~0.95x), float32 elsewhere (torch's software bf16 prefills 3.4x slower);
+        RADIXLM_CPU_AUTO_DTYPE overrides the CPU choice. README, "What `auto` picks"."""
         import torch
 
         from radixlm.kernels import cpu_linear
+        from radixlm.runtime.model.model_files import load_cpu_kernels
 
         if self.dtype != "auto":
             return getattr(torch, self.dtype)
@@ -175,7 +178,8 @@ class ServerArgs:
             if forced not in ("float32", "bfloat16"):
                 raise ValueError(f"RADIXLM_CPU_AUTO_DTYPE must be float32 or bfloat16, got {forced!r}")
             return getattr(torch, forced)
-        return torch.bfloat16 if cpu_linear.cpu_supports_bf16() else torch.float32
+        is_bf16 = cpu_linear.prefers_bf16(lambda: None if self.disable_cpu_kernels else load_cpu_kernels())
+        return torch.bfloat16 if is_bf16 else torch.float32
 
     @property
     def resolved_quantization(self) -> str:

@@ -30,10 +30,21 @@ template <typename T>
 void amx_extend_attention(const std::vector<ExtendRequest>& requests, const T* q, T* out, int64_t Hq, int64_t Hkv,
                           int64_t D, const uint16_t* k_buf, const uint16_t* v_buf, float scale);
 
-// True when the vdpbf16ps path serves this head size on this CPU (AVX512-BF16; D 64 or 128).
+// True when the vector path below serves this head size (D 64 or 128; on every AVX-512 CPU,
+// with vdpbf16ps where it has AVX512-BF16 and that is the faster math, else float32 FMAs).
 bool vnni_attention_supported(int64_t head_dim);
 
-// As amx_extend_attention, with vdpbf16ps; units are (request, kv head, 16 rows of (new token,
+// The math of the vector path (vnni_attention.cpp): vdpbf16ps on bf16 operands, or float32 FMAs.
+enum class LongExtendMath : int { kDpbf16 = 0, kFma = 1 };
+
+// Whether the vector path runs in float32 FMAs: always without AVX512-BF16; with it, decided
+// once per process by timing one unit with each math (fma_is_faster), unless set.
+bool long_extend_uses_fma();
+
+// Sets the math (a LongExtendMath; -1: decide again by timing), for tests and benchmarks.
+void set_long_extend_math(int64_t math);
+
+// As amx_extend_attention, with vdpbf16ps or float32 FMAs (long_extend_uses_fma); units are (request, kv head, 16 rows of (new token,
 // query head of the group)).
 template <typename T>
 void vnni_extend_attention(const std::vector<ExtendRequest>& requests, const T* q, T* out, int64_t Hq, int64_t Hkv,

@@ -118,7 +118,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("num_cascade_calls", &radixlm::num_cascade_calls,
         "calls of paged_attention that took the vdpbf16ps cascade over a shared prefix");
   m.def("vnni_attention_supported", &radixlm::vnni_attention_supported,
-        "whether paged_attention(vnni=True) runs long extends of this head_dim with vdpbf16ps here");
+        "whether paged_attention(vnni=True) runs long extends of this head_dim with the vector kernel");
+  m.def("long_extend_uses_fma", &radixlm::long_extend_uses_fma,
+        "whether the vector long-extend kernel runs in float32 FMAs here (else vdpbf16ps): timed once, unless set");
+  m.def("set_long_extend_math", &radixlm::set_long_extend_math,
+        "the vector long-extend kernel's math: 0 vdpbf16ps, 1 float32 FMAs, -1 decide again by timing");
   pybind11::class_<radixlm::DecodeStack>(m, "DecodeStack")
       .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double>())
       .def("add_layer", &radixlm::DecodeStack::add_layer)

@@ -18,11 +18,20 @@
 //                   at a time.
 // q, K, V and the softmax weights enter the products as bfloat16, as in torch's bf16 SDPA and
 // the AMX kernel.
+//
+// The same units and online softmax also run in float32 FMAs (the "fma" math; AVX-512F only, so
+// every machine runs it): each block's keys widened from the pool to float32, the values packed
+// once per (request, kv head) as float32 rows, Q^T and P^T float32 (nothing rounded to bf16), and
+// every product a vfmadd231ps of a broadcast key / value element with 16 rows' lanes. Where
+// vdpbf16ps issues at half the FMA's rate (an Intel Xeon without AMX: a W5 layer 32 ms against
+// ~20), this is the faster math; long_extend_uses_fma() decides once by timing both.
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <limits>
 #include <type_traits>
@@ -62,6 +71,21 @@ void pack_values(const ExtendRequest& r, int64_t g, int64_t kb, int64_t Hkv, int
     }
     const uint16_t* v = v_buf + (static_cast<int64_t>(r.slots[key]) * Hkv + g) * D;
     for (int64_t d = 0; d < D; ++d) vtb[d * kBlock + k] = v[d];
+  }
+}
+
+// The fma math's values: keys [kb*32, kb*32 + 32) of kv head g as float32 rows [32 keys][D],
+// zeros past seq_len.
+void pack_values(const ExtendRequest& r, int64_t g, int64_t kb, int64_t Hkv, int64_t D, const uint16_t* v_buf,
+                 float* vf) {
+  float* block = vf + kb * D * kBlock;
+  for (int64_t k = 0; k < kBlock; ++k) {
+    const int64_t key = kb * kBlock + k;
+    if (key >= r.seq_len) {
+      std::fill(block + k * D, block + (k + 1) * D, 0.0f);
+    } else {
+      to_float(v_buf + (static_cast<int64_t>(r.slots[key]) * Hkv + g) * D, D, block + k * D);
+    }
   }
 }
 
@@ -159,6 +183,90 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void attend_rows(
   for (int64_t i = 0; i < kRows; ++i) lse[i] = mf[i] + std::log(lf[i]);
 }
 
+// attend_rows in float32 FMAs (see the file comment): q rows of type T, the block's keys widened
+// from the bf16 pool, values `vf` packed as float32 rows (pack_values).
+template <int D, typename T>
+void attend_rows_fma(const T* const* q_rows, const int32_t* pos, const int32_t* slots, int64_t num_keys,
+                     int64_t kv_head, int64_t Hkv, const uint16_t* k_buf, const float* vf, float scale, float* o,
+                     float* lse) {
+  alignas(64) float qt[D * kRows];      // Q^T: [dim][row]
+  alignas(64) float kf[kBlock * D];     // the block's keys: [key][dim]
+  alignas(64) float pt[kBlock * kRows];  // P^T: [key][row]
+  alignas(64) float acc[D * kRows];     // O^T: [dim][row]
+  alignas(64) int32_t row_pos[kRows];
+  std::memcpy(row_pos, pos, sizeof row_pos);
+  for (int64_t d0 = 0; d0 < D; d0 += 16) {
+    __m512 w[16];
+    for (int64_t r = 0; r < kRows; ++r) {
+      alignas(64) float row[16];
+      to_float(q_rows[r] + d0, 16, row);
+      w[r] = _mm512_load_ps(row);
+    }
+    transpose16(w);
+    for (int64_t j = 0; j < 16; ++j) _mm512_store_ps(qt + (d0 + j) * kRows, w[j]);
+  }
+  std::fill(acc, acc + D * kRows, 0.0f);
+  const __m512i rpos = _mm512_load_si512(row_pos);
+  const int64_t min_pos = *std::min_element(row_pos, row_pos + kRows);
+  const int64_t max_pos = *std::max_element(row_pos, row_pos + kRows);
+  const __m512 vscale = _mm512_set1_ps(scale);
+  __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity()), l = _mm512_setzero_ps();
+  const int64_t blocks = max_pos / kBlock + 1;
+  for (int64_t kb = 0; kb < blocks; ++kb) {
+    for (int64_t k = 0; k < kBlock; ++k) {
+      const int64_t key = kb * kBlock + k;
+      if (key < num_keys) {
+        to_float(k_buf + (static_cast<int64_t>(slots[key]) * Hkv + kv_head) * D, D, kf + k * D);
+      } else {
+        std::fill(kf + k * D, kf + (k + 1) * D, 0.0f);
+      }
+    }
+    __m512 s[kBlock];
+    for (int64_t half = 0; half < kBlock; half += 16) {  // 16 score vectors + a q vector in registers
+      __m512 h[16];
+      for (int k = 0; k < 16; ++k) h[k] = _mm512_setzero_ps();
+      for (int64_t j = 0; j < D; ++j) {
+        const __m512 qv = _mm512_load_ps(qt + j * kRows);
+        for (int k = 0; k < 16; ++k) h[k] = _mm512_fmadd_ps(_mm512_set1_ps(kf[(half + k) * D + j]), qv, h[k]);
+      }
+      for (int k = 0; k < 16; ++k) s[half + k] = h[k];
+    }
+    __mmask16 keep[kBlock];
+    const __m512 mx = block_max(s, keep, kb * kBlock, kb * kBlock + kBlock - 1 > min_pos, rpos);
+    __m512 alpha;
+    if (move_max(_mm512_mul_ps(mx, vscale), m, l, alpha) && kb > 0) {
+      for (int64_t d = 0; d < D; ++d) _mm512_store_ps(acc + d * kRows, _mm512_mul_ps(_mm512_load_ps(acc + d * kRows), alpha));
+    }
+    for (int64_t k = 0; k < kBlock; ++k) {
+      const __m512 p = _mm512_maskz_mov_ps(keep[k], exp16_coarse(_mm512_fmsub_ps(s[k], vscale, m)));
+      l = _mm512_add_ps(l, p);
+      _mm512_store_ps(pt + k * kRows, p);
+    }
+    const float* vblock = vf + kb * kBlock * D;
+    for (int64_t d0 = 0; d0 < D; d0 += 16) {
+      __m512 a[16];
+      for (int d = 0; d < 16; ++d) a[d] = _mm512_load_ps(acc + (d0 + d) * kRows);
+      for (int64_t k = 0; k < kBlock; ++k) {
+        const __m512 pv = _mm512_load_ps(pt + k * kRows);
+        const float* v = vblock + k * D + d0;
+        for (int d = 0; d < 16; ++d) a[d] = _mm512_fmadd_ps(_mm512_set1_ps(v[d]), pv, a[d]);
+      }
+      for (int d = 0; d < 16; ++d) _mm512_store_ps(acc + (d0 + d) * kRows, a[d]);
+    }
+  }
+  const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.0f), l);  // l >= 1: a row's own key is visible
+  for (int64_t d0 = 0; d0 < D; d0 += 16) {
+    __m512 v[16];
+    for (int64_t i = 0; i < 16; ++i) v[i] = _mm512_mul_ps(_mm512_load_ps(acc + (d0 + i) * kRows), inv);
+    transpose16(v);
+    for (int64_t i = 0; i < 16; ++i) _mm512_storeu_ps(o + i * D + d0, v[i]);
+  }
+  alignas(64) float mf[kRows], lf[kRows];
+  _mm512_store_ps(mf, m);
+  _mm512_store_ps(lf, l);
+  for (int64_t i = 0; i < kRows; ++i) lse[i] = mf[i] + std::log(lf[i]);
+}
+
 template <typename T>
 inline void store_row(const float* src, int64_t D, T* dst) {
   if constexpr (std::is_same_v<T, float>) {
@@ -181,8 +289,19 @@ struct RowBlock {
 
   explicit RowBlock(int64_t D) : o(kRows * D) {}
 
-  void attend(int64_t D, const int32_t* slots, int64_t num_keys, int64_t kv_head, int64_t Hkv, const uint16_t* k_buf,
-              const uint16_t* vt, const uint16_t* zero_row, float scale) {
+  // values: the plan's packing of this (request, kv head): bf16 V^T, or float32 rows with `fma`
+  void attend(bool fma, int64_t D, const int32_t* slots, int64_t num_keys, int64_t kv_head, int64_t Hkv,
+              const uint16_t* k_buf, const void* values, const uint16_t* zero_row, float scale) {
+    if (fma) {
+      const auto* vf = static_cast<const float*>(values);
+      if (D == 64) {
+        attend_rows_fma<64>(q, pos, slots, num_keys, kv_head, Hkv, k_buf, vf, scale, o.data(), lse);
+      } else {
+        attend_rows_fma<128>(q, pos, slots, num_keys, kv_head, Hkv, k_buf, vf, scale, o.data(), lse);
+      }
+      return;
+    }
+    const auto* vt = static_cast<const uint16_t*>(values);
     if (D == 64) {
       attend_rows<64>(q, pos, slots, num_keys, kv_head, Hkv, k_buf, vt, zero_row, scale, o.data(), lse);
     } else {
@@ -191,22 +310,27 @@ struct RowBlock {
   }
 };
 
-// Packed V^T per (request, kv head), and the units over each request's rows.
+// Packed values per (request, kv head) (bf16 V^T, or float32 rows for the fma math), and the
+// units over each request's rows.
 struct Plan {
-  std::vector<int64_t> offset;  // V^T of request i's kv heads starts at offset[i]
+  bool fma = false;
+  std::vector<int64_t> offset;  // the values of request i's kv heads start at offset[i]
   std::vector<uint16_t> packed;
+  std::vector<float> packed_f;
   std::vector<Unit> units;
   int64_t D = 0;
-  const uint16_t* values(const std::vector<ExtendRequest>& requests, int64_t i, int64_t g) const {
-    const int64_t span = (requests[i].seq_len + kBlock - 1) / kBlock * kBlock * D;  // one kv head's V^T
+  const void* values(const std::vector<ExtendRequest>& requests, int64_t i, int64_t g) const {
+    const int64_t span = (requests[i].seq_len + kBlock - 1) / kBlock * kBlock * D;  // one kv head's values
+    if (fma) return packed_f.data() + offset[i] + g * span;
     return packed.data() + offset[i] + g * span;
   }
 };
 
 Plan plan_requests(const std::vector<ExtendRequest>& requests, int64_t Hkv, int64_t D, int64_t group,
-                   const uint16_t* v_buf) {
+                   const uint16_t* v_buf, bool fma) {
   const int64_t R = static_cast<int64_t>(requests.size());
   Plan plan;
+  plan.fma = fma;
   plan.D = D;
   plan.offset.assign(R + 1, 0);
   std::vector<std::array<int64_t, 3>> items;  // (request, kv head, key block) to pack
@@ -219,11 +343,16 @@ Plan plan_requests(const std::vector<ExtendRequest>& requests, int64_t Hkv, int6
       for (int64_t first = 0; first < r.extend_len * group; first += kRows) plan.units.push_back(Unit{i, g, first});
     }
   }
-  plan.packed.resize(plan.offset[R]);
+  (fma ? plan.packed_f.resize(plan.offset[R]) : plan.packed.resize(plan.offset[R]));
   at::parallel_for(0, static_cast<int64_t>(items.size()), 16, [&](int64_t lo, int64_t hi) {
     for (int64_t it = lo; it < hi; ++it) {
       const auto [i, g, kb] = items[it];
-      pack_values(requests[i], g, kb, Hkv, D, v_buf, const_cast<uint16_t*>(plan.values(requests, i, g)));
+      void* values = const_cast<void*>(plan.values(requests, i, g));
+      if (fma) {
+        pack_values(requests[i], g, kb, Hkv, D, v_buf, static_cast<float*>(values));
+      } else {
+        pack_values(requests[i], g, kb, Hkv, D, v_buf, static_cast<uint16_t*>(values));
+      }
     }
   });
   return plan;
@@ -249,7 +378,7 @@ void run_units(const std::vector<ExtendRequest>& requests, const Plan& plan, con
         block.q[i] = q + block.ids[i] * D;
         block.pos[i] = static_cast<int32_t>(r.seq_len - r.extend_len + t);
       }
-      block.attend(D, r.slots, r.seq_len, u.kv_head, Hkv, k_buf, plan.values(requests, u.request, u.kv_head),
+      block.attend(plan.fma, D, r.slots, r.seq_len, u.kv_head, Hkv, k_buf, plan.values(requests, u.request, u.kv_head),
                    zero_row.data(), scale);
       for (int64_t i = 0; i < block.n; ++i) sink(block.ids[i], block.o.data() + i * D, block.lse[i]);
     }
@@ -258,14 +387,71 @@ void run_units(const std::vector<ExtendRequest>& requests, const Plan& plan, con
 
 }  // namespace
 
-bool vnni_attention_supported(int64_t head_dim) {
-  return (head_dim == 64 || head_dim == 128) && cpu_features().avx512bf16;
+bool vnni_attention_supported(int64_t head_dim) { return head_dim == 64 || head_dim == 128; }
+
+namespace {
+
+std::atomic<int> long_extend_math_{-1};  // -1: not decided yet; else a LongExtendMath
+
+// Median-free best of `repeats` runs of one 16-row unit over 512 keys (D 64) with each math, on
+// this thread: what vdpbf16ps and the FMAs cost per product here, including their data movement.
+bool fma_is_faster() {
+  constexpr int64_t kKeys = 512, kD = 64, kRepeats = 7;
+  std::vector<uint16_t> pool(kKeys * kD);
+  for (int64_t i = 0; i < kKeys * kD; ++i) pool[i] = float_to_bf16(static_cast<float>((i * 37) % 101) / 101.0f - 0.5f);
+  std::vector<int32_t> slots(kKeys);
+  for (int64_t i = 0; i < kKeys; ++i) slots[i] = static_cast<int32_t>(i);
+  std::vector<float> qv(kRows * kD, 0.25f), o(kRows * kD);
+  const float* q_rows[kRows];
+  alignas(64) int32_t pos[kRows];
+  for (int64_t r = 0; r < kRows; ++r) {
+    q_rows[r] = qv.data() + r * kD;
+    pos[r] = static_cast<int32_t>(kKeys - 1);
+  }
+  const std::vector<ExtendRequest> one{ExtendRequest{slots.data(), kKeys, 0, 0}};
+  const Plan bf16_plan = plan_requests(one, 1, kD, 1, pool.data(), false);
+  const Plan fma_plan = plan_requests(one, 1, kD, 1, pool.data(), true);
+  const std::vector<uint16_t> zero_row(kD, 0);
+  alignas(64) float lse[kRows];
+  double best[2] = {1e30, 1e30};
+  for (int64_t rep = 0; rep < kRepeats; ++rep) {
+    for (int math = 0; math < 2; ++math) {
+      const auto start = std::chrono::steady_clock::now();
+      if (math == 0) {
+        attend_rows<64>(q_rows, pos, slots.data(), kKeys, 0, 1, pool.data(),
+                        static_cast<const uint16_t*>(bf16_plan.values(one, 0, 0)), zero_row.data(), 0.125f, o.data(), lse);
+      } else {
+        attend_rows_fma<64>(q_rows, pos, slots.data(), kKeys, 0, 1, pool.data(),
+                            static_cast<const float*>(fma_plan.values(one, 0, 0)), 0.125f, o.data(), lse);
+      }
+      best[math] = std::min(best[math], std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+  }
+  return best[1] < best[0];
+}
+
+}  // namespace
+
+bool long_extend_uses_fma() {
+  int math = long_extend_math_.load(std::memory_order_relaxed);
+  if (math < 0) {
+    math = static_cast<int>(!cpu_features().avx512bf16 || fma_is_faster() ? LongExtendMath::kFma : LongExtendMath::kDpbf16);
+    long_extend_math_.store(math, std::memory_order_relaxed);
+  }
+  return math == static_cast<int>(LongExtendMath::kFma);
+}
+
+void set_long_extend_math(int64_t math) {
+  TORCH_CHECK(math >= -1 && math <= static_cast<int64_t>(LongExtendMath::kFma), "unknown long-extend math ", math);
+  TORCH_CHECK(math != static_cast<int64_t>(LongExtendMath::kDpbf16) || cpu_features().avx512bf16,
+              "this CPU lacks AVX512-BF16 (vdpbf16ps)");
+  long_extend_math_.store(static_cast<int>(math), std::memory_order_relaxed);
 }
 
 template <typename T>
 void vnni_extend_attention(const std::vector<ExtendRequest>& requests, const T* q, T* out, int64_t Hq, int64_t Hkv,
                            int64_t D, const uint16_t* k_buf, const uint16_t* v_buf, float scale) {
-  const Plan plan = plan_requests(requests, Hkv, D, Hq / Hkv, v_buf);
+  const Plan plan = plan_requests(requests, Hkv, D, Hq / Hkv, v_buf, long_extend_uses_fma());
   run_units(requests, plan, q, Hq, Hkv, D, k_buf, scale,
             [&](int64_t id, const float* o, float) { store_row(o, D, out + id * D); });
 }
@@ -275,6 +461,7 @@ void vnni_cascade_attention(const std::vector<ExtendRequest>& requests, int64_t 
                             int64_t Hq, int64_t Hkv, int64_t D, const uint16_t* k_buf, const uint16_t* v_buf,
                             float scale) {
   const int64_t R = static_cast<int64_t>(requests.size()), group = Hq / Hkv;
+  const bool fma = long_extend_uses_fma();
   int64_t T_rows = 0;  // q rows covered (the requests' new tokens are q rows [q_start, q_start + extend_len))
   for (const ExtendRequest& r : requests) T_rows = std::max(T_rows, r.q_start + r.extend_len);
   // 1. every row of every request over the shared keys [0, shared_len): the shared V^T is packed
@@ -282,7 +469,7 @@ void vnni_cascade_attention(const std::vector<ExtendRequest>& requests, int64_t 
   std::vector<float> o1(T_rows * Hq * D), lse1(T_rows * Hq), o2(T_rows * Hq * D), lse2(T_rows * Hq);
   {
     const std::vector<ExtendRequest> shared{ExtendRequest{requests[0].slots, shared_len, 0, 0}};
-    const Plan plan = plan_requests(shared, Hkv, D, group, v_buf);
+    const Plan plan = plan_requests(shared, Hkv, D, group, v_buf, fma);
     // rows of the shared pass: (request, token, head in group) listed per kv head
     std::vector<std::array<int64_t, 2>> rows;  // (q row, head in group) in request order
     for (const ExtendRequest& r : requests) {
@@ -304,7 +491,8 @@ void vnni_cascade_attention(const std::vector<ExtendRequest>& requests, int64_t 
           block.q[i] = q + block.ids[i] * D;
           block.pos[i] = static_cast<int32_t>(shared_len - 1);
         }
-        block.attend(D, shared[0].slots, shared_len, g, Hkv, k_buf, plan.values(shared, 0, g), zero_row.data(), scale);
+        block.attend(plan.fma, D, shared[0].slots, shared_len, g, Hkv, k_buf, plan.values(shared, 0, g), zero_row.data(),
+                     scale);
         for (int64_t i = 0; i < block.n; ++i) {
           std::memcpy(o1.data() + block.ids[i] * D, block.o.data() + i * D, D * sizeof(float));
           lse1[block.ids[i]] = block.lse[i];
@@ -318,7 +506,7 @@ void vnni_cascade_attention(const std::vector<ExtendRequest>& requests, int64_t 
     const ExtendRequest& r = requests[i];
     own[i] = ExtendRequest{r.slots + shared_len, r.seq_len - shared_len, r.extend_len, r.q_start};
   }
-  const Plan plan = plan_requests(own, Hkv, D, group, v_buf);
+  const Plan plan = plan_requests(own, Hkv, D, group, v_buf, fma);
   run_units(own, plan, q, Hq, Hkv, D, k_buf, scale, [&](int64_t id, const float* o, float lse) {
     std::memcpy(o2.data() + id * D, o, D * sizeof(float));
     lse2[id] = lse;

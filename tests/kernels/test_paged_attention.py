@@ -126,7 +126,33 @@ def vnni_runs(ext: Any) -> bool:
 def test_long_extend_dispatch_follows_the_cpu(ext: Any) -> None:
     for dim in (16, 32, 64, 80, 128, 256):
         assert cpu_linear.amx_attention_supported(ext, dim) == (amx_runs(ext) and dim in (64, 128, 256))
-        assert cpu_linear.vnni_attention_supported(ext, dim) == (vnni_runs(ext) and dim in (64, 128))
+        assert cpu_linear.vnni_attention_supported(ext, dim) == (dim in (64, 128))  # vdpbf16ps or FMAs
+
+
+@pytest.fixture(autouse=True)
+def _timed_long_extend_math(ext: Any) -> Any:
+    """Each test starts and ends with the vector kernel's math decided by timing (tests set it)."""
+    ext.set_long_extend_math(-1)
+    yield
+    ext.set_long_extend_math(-1)
+
+
+def test_long_extend_math_is_timed_once_and_can_be_set(ext: Any) -> None:
+    """Without AVX512-BF16 the vector kernel always runs in FMAs (vdpbf16ps cannot be asked for);
+    with it, the first use times both maths and keeps the faster one; a set math holds."""
+    measured = ext.long_extend_uses_fma()
+    if not vnni_runs(ext):
+        assert measured
+        with pytest.raises(RuntimeError, match="lacks AVX512-BF16"):
+            ext.set_long_extend_math(0)
+    else:
+        assert ext.long_extend_uses_fma() == measured  # decided once
+        ext.set_long_extend_math(0)
+        assert not ext.long_extend_uses_fma()
+    ext.set_long_extend_math(1)
+    assert ext.long_extend_uses_fma()
+    with pytest.raises(RuntimeError, match="unknown long-extend math"):
+        ext.set_long_extend_math(2)
 
 
 def _reference(q: torch.Tensor, batch: ForwardBatch, args: tuple, dim: int) -> torch.Tensor:
@@ -134,10 +160,16 @@ def _reference(q: torch.Tensor, batch: ForwardBatch, args: tuple, dim: int) -> t
 
 
 def _require_long_path(ext: Any, path: str, dim: int = 64) -> None:
+    """Skips where `path` cannot run here; for the vector kernel ("vnni": vdpbf16ps, "fma":
+    float32 FMAs, every AVX-512 CPU) sets its math. paged_attention then takes amx= / vnni=."""
     if path == "amx" and not amx_runs(ext):
         pytest.skip("this CPU (or its OS) does not let this process use AMX tiles")
-    if path == "vnni" and not cpu_linear.vnni_attention_supported(ext, dim):
-        pytest.skip(f"this CPU lacks AVX512-BF16 (vdpbf16ps), or head_dim {dim} is not served by it")
+    if path == "vnni" and not vnni_runs(ext):
+        pytest.skip("this CPU lacks AVX512-BF16 (vdpbf16ps)")
+    if path in ("vnni", "fma"):
+        if not cpu_linear.vnni_attention_supported(ext, dim):
+            pytest.skip(f"head_dim {dim} is not served by the vector long-extend kernel")
+        ext.set_long_extend_math(int(path == "fma"))
 
 
 LONG_CASES = {name: CASES[name] for name in ("prefill", "extend over a prefix", "mixed lengths")}
@@ -145,20 +177,20 @@ LONG_CASES["long prompts beside decodes"] = ([0, 7, 0, 33], [700, 1, 129, 16])
 LONG_CASES["short extends over a long prefix"] = ([976, 976, 980], [20, 17, 21])
 
 
-@pytest.mark.parametrize("path", ["amx", "vnni"])
+@pytest.mark.parametrize("path", ["amx", "vnni", "fma"])
 @pytest.mark.parametrize("case", sorted(LONG_CASES))
 @pytest.mark.parametrize("q_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (2, 1, 128), (2, 2, 256), (4, 4, 64)])
 def test_long_extend_paths_match_reference(ext: Any, path: str, case: str, q_dtype: torch.dtype, heads: int,
                                            kv_heads: int, dim: int) -> None:
-    """The AMX kernel and the vdpbf16ps one (rows = (token, query head of the group): 20 tokens x
-    3 heads fill 4 units, the last one partly) against the float32 reference."""
+    """The AMX kernel and the vector one, with vdpbf16ps or FMAs (rows = (token, query head of the
+    group): 20 tokens x 3 heads fill 4 units, the last one partly) against the float32 reference."""
     _require_long_path(ext, path, dim)
     pool, reqs, batch, q = scattered_batch(*LONG_CASES[case], heads, kv_heads, dim, torch.bfloat16)
     q = q.to(q_dtype)
     args = (pool.k_buffer[0], pool.v_buffer[0], reqs.req_to_token, batch.req_pool_indices, batch.seq_lens)
     got = cpu_linear.paged_attention(ext, q, *args, batch.extend_lens, batch.extend_start_loc, dim**-0.5,
-                                     amx=path == "amx", vnni=path == "vnni")
+                                     amx=path == "amx", vnni=path != "amx")
     assert got.dtype == q_dtype
     # q, K, V and the softmax weights enter the products as bfloat16
     assert (got.float() - _reference(q, batch, args, dim)).abs().max().item() < 1.6e-2
@@ -174,16 +206,17 @@ CASCADE_CASES = {  # (prefix lengths, extend lengths, shared slots, whether the 
 }
 
 
+@pytest.mark.parametrize("math", ["vnni", "fma"])
 @pytest.mark.parametrize("case", sorted(CASCADE_CASES))
 @pytest.mark.parametrize("q_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (2, 1, 128)])
-def test_vnni_cascade_over_a_shared_prefix_matches_reference(ext: Any, case: str, q_dtype: torch.dtype, heads: int,
-                                                            kv_heads: int, dim: int) -> None:
+def test_vnni_cascade_over_a_shared_prefix_matches_reference(ext: Any, math: str, case: str, q_dtype: torch.dtype,
+                                                            heads: int, kv_heads: int, dim: int) -> None:
     """With vnni, a batch whose requests share 64+ leading slots, 4x their other keys, attends in
     two passes (every row over the shared keys, packed once; each request over its own keys)
     whose softmaxes are merged; otherwise (fewer shared slots, a shorter share, one request) the
     per-request paths run. Each equals the float32 reference within bf16 rounding."""
-    _require_long_path(ext, "vnni", dim)
+    _require_long_path(ext, math, dim)
     prefix_lens, extend_lens, shared, cascade = CASCADE_CASES[case]
     pool, reqs, batch, q = scattered_batch(prefix_lens, extend_lens, heads, kv_heads, dim, torch.bfloat16,
                                            shared_len=shared)
@@ -196,7 +229,7 @@ def test_vnni_cascade_over_a_shared_prefix_matches_reference(ext: Any, case: str
     assert (got.float() - _reference(q, batch, args, dim)).abs().max().item() < 1.6e-2
 
 
-@pytest.mark.parametrize("path", ["amx", "vnni"])
+@pytest.mark.parametrize("path", ["amx", "vnni", "fma"])
 def test_long_extend_paths_are_as_close_as_torch_bf16_sdpa(ext: Any, path: str) -> None:
     """W5's shape (one 2,000-token prompt, the default model's heads): each long-extend path's
     largest error against float32 is no larger than torch's own bfloat16 SDPA's on the same inputs."""
@@ -205,7 +238,7 @@ def test_long_extend_paths_are_as_close_as_torch_bf16_sdpa(ext: Any, path: str) 
     args = (pool.k_buffer[0], pool.v_buffer[0], reqs.req_to_token, batch.req_pool_indices, batch.seq_lens)
     want = _reference(q, batch, args, 64)
     got = cpu_linear.paged_attention(ext, q, *args, batch.extend_lens, batch.extend_start_loc, 64**-0.5,
-                                     amx=path == "amx", vnni=path == "vnni")
+                                     amx=path == "amx", vnni=path != "amx")
     k_ctx, v_ctx = (buf[reqs.req_to_token[batch.req_pool_indices[0], :2000].long()].transpose(0, 1)[None]
                     for buf in args[:2])
     torch_bf16 = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k_ctx, v_ctx, is_causal=True,

@@ -40,18 +40,19 @@ def test_serve_refuses_cuda_with_a_clear_message() -> None:
 
 
 def test_auto_dtype_follows_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`--dtype auto` on CPU: bfloat16 where the CPU has AVX512-BF16, float32 elsewhere (both
-    branches, whatever this CPU is); RADIXLM_CPU_AUTO_DTYPE overrides; named dtypes are kept."""
+    """`--dtype auto` on CPU: bfloat16 where the CPU has AVX512-BF16 and bf16 products measured
+    faster than float32 ones, float32 elsewhere (both branches, whatever this CPU is);
+    RADIXLM_CPU_AUTO_DTYPE overrides; named dtypes are kept."""
     import torch
 
     from radixlm.kernels import cpu_linear
+    from radixlm.runtime.model.model_files import load_cpu_kernels
 
     monkeypatch.delenv("RADIXLM_CPU_AUTO_DTYPE", raising=False)
-    with open("/proc/cpuinfo") as f:
-        has_bf16 = "avx512_bf16" in f.read().split()
-    assert ServerArgs().torch_dtype == (torch.bfloat16 if has_bf16 else torch.float32)
-    for hardware, expected in [(True, torch.bfloat16), (False, torch.float32)]:
-        monkeypatch.setattr(cpu_linear, "cpu_supports_bf16", lambda hardware=hardware: hardware)
+    measured = cpu_linear.prefers_bf16(load_cpu_kernels)
+    assert ServerArgs().torch_dtype == (torch.bfloat16 if measured else torch.float32)
+    for prefers, expected in [(True, torch.bfloat16), (False, torch.float32)]:
+        monkeypatch.setattr(cpu_linear, "prefers_bf16", lambda load_ext, prefers=prefers: prefers)
         assert ServerArgs().torch_dtype == expected
         assert ServerArgs(dtype="float32").torch_dtype == torch.float32
         assert ServerArgs(dtype="bfloat16").torch_dtype == torch.bfloat16
@@ -60,3 +61,42 @@ def test_auto_dtype_follows_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RADIXLM_CPU_AUTO_DTYPE", "half")
     with pytest.raises(ValueError, match="RADIXLM_CPU_AUTO_DTYPE must be float32 or bfloat16, got 'half'"):
         _ = ServerArgs().torch_dtype
+
+
+def test_auto_dtype_rule_measures_only_where_the_cpu_has_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`prefers_bf16`: no AVX512-BF16 -> float32 without loading the kernels; with it, the measured
+    speedup against BF16_AUTO_MIN_SPEEDUP (measured once per process), or bfloat16 when our
+    kernels are off."""
+    from radixlm.kernels import cpu_linear
+
+    def never() -> None:
+        raise AssertionError("the kernels were loaded on a CPU without AVX512-BF16")
+
+    monkeypatch.setattr(cpu_linear, "_bf16_choice", {})
+    monkeypatch.setattr(cpu_linear, "cpu_supports_bf16", lambda: False)
+    assert cpu_linear.prefers_bf16(never) is False
+    monkeypatch.setattr(cpu_linear, "cpu_supports_bf16", lambda: True)
+    assert cpu_linear.prefers_bf16(lambda: None) is True
+    ext = object()
+    for speedup, expected in [(cpu_linear.BF16_AUTO_MIN_SPEEDUP + 0.5, True), (cpu_linear.BF16_AUTO_MIN_SPEEDUP - 0.3, False)]:
+        monkeypatch.setattr(cpu_linear, "_bf16_choice", {})
+        monkeypatch.setattr(cpu_linear, "bf16_speedup", lambda e, speedup=speedup: speedup)
+        monkeypatch.setattr(cpu_linear, "bf16_path", lambda e: "avx512bf16")
+        assert cpu_linear.prefers_bf16(lambda: ext) is expected
+        monkeypatch.setattr(cpu_linear, "bf16_speedup", lambda e: never())
+        assert cpu_linear.prefers_bf16(lambda: ext) is expected  # decided once
+
+
+def test_bf16_speedup_is_measured_on_this_cpu() -> None:
+    """The probe runs here on the bf16 path this CPU has (emulated where it lacks AVX512-BF16)
+    and gives a finite ratio; no assertion on its size, which is the machine's fact."""
+    import math
+
+    from radixlm.kernels import cpu_linear
+    from radixlm.runtime.model.model_files import load_cpu_kernels
+
+    ext = load_cpu_kernels()
+    if ext is None:
+        pytest.skip("the C++ CPU kernels cannot run here (no AVX-512 or no compiler)")
+    speedup = cpu_linear.bf16_speedup(ext, rows=8, k=64, n=128, repeats=2)
+    assert math.isfinite(speedup) and speedup > 0

@@ -159,6 +159,7 @@ def test_quantized_auto_dtype_is_float32_over_a_bf16_pool_where_the_cpu_has_it(m
     cfg = _tiny_config()
     for bf16 in (True, False):
         monkeypatch.setattr(cpu_linear, "cpu_supports_bf16", lambda bf16=bf16: bf16)
+        monkeypatch.setattr(cpu_linear, "prefers_bf16", lambda load_ext, bf16=bf16: bf16)
         quantized = RunnerConfig.from_server_args(ServerArgs(max_total_tokens=64), cfg, quantized=True)
         assert quantized.dtype == torch.float32
         assert quantized.kv_dtype == (torch.bfloat16 if bf16 else torch.float32)

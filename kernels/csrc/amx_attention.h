@@ -44,23 +44,23 @@ bool long_extend_uses_fma();
 // Sets the math (a LongExtendMath; -1: decide again by timing), for tests and benchmarks.
 void set_long_extend_math(int64_t math);
 
-// As amx_extend_attention, with vdpbf16ps or float32 FMAs (long_extend_uses_fma); units are (request, kv head, 16 rows of (new token,
-// query head of the group)).
-template <typename T>
+// As amx_extend_attention, with vdpbf16ps or float32 FMAs (long_extend_uses_fma), over a bf16
+// pool (P = uint16_t) or a float32 one (P = float: always FMAs); units are (request, kv head, 16
+// rows of (new token, query head of the group)).
+template <typename T, typename P>
 void vnni_extend_attention(const std::vector<ExtendRequest>& requests, const T* q, T* out, int64_t Hq, int64_t Hkv,
-                           int64_t D, const uint16_t* k_buf, const uint16_t* v_buf, float scale);
+                           int64_t D, const P* k_buf, const P* v_buf, float scale);
 
-// Cascade attention with vdpbf16ps for a batch whose requests share their first `shared_len` KV
-// slots (a prefix the radix cache shares; none of them a new token's): every row of every request
-// attends over the shared keys in one pass (their V^T packed once, rows of all requests filling
-// the vector lanes), then over its own request's remaining keys, and the two partial softmaxes
+// Cascade attention with the vector kernel (its math and pools as above) for a batch whose
+// requests share their first `shared_len` KV slots (a prefix the radix cache shares; none of them
+// a new token's): every row of every request attends over the shared keys in one pass (their
+// values packed once, rows of all requests filling the vector lanes), then over its own request's remaining keys, and the two partial softmaxes
 // are merged per row. Any extend lengths, decodes included. paged_attention() takes this path
 // when at least kCascadeMinShared slots are shared and they are 4x the requests' other keys.
 constexpr int64_t kCascadeMinShared = 64;
 
-template <typename T>
+template <typename T, typename P>
 void vnni_cascade_attention(const std::vector<ExtendRequest>& requests, int64_t shared_len, const T* q, T* out,
-                            int64_t Hq, int64_t Hkv, int64_t D, const uint16_t* k_buf, const uint16_t* v_buf,
-                            float scale);
+                            int64_t Hq, int64_t Hkv, int64_t D, const P* k_buf, const P* v_buf, float scale);
 
 }  // namespace radixlm

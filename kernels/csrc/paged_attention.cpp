@@ -218,11 +218,12 @@ torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& k_buf
   const int64_t *row = rows.data_ptr<int64_t>(), *seq = seq_lens.data_ptr<int64_t>();
   const int64_t *ext = extend_lens.data_ptr<int64_t>(), *start = extend_start.data_ptr<int64_t>();
   const int32_t* r2t = req_to_token.data_ptr<int32_t>();
-  // long extends over a bf16 pool: AMX tiles if the caller asks and the CPU runs them, else
-  // vdpbf16ps if the caller asks and the CPU has it
+  // long extends: over a bf16 pool AMX tiles if the caller asks and the CPU runs them, else the
+  // vector kernel if the caller asks (vdpbf16ps or float32 FMAs, long_extend_uses_fma); over a
+  // float32 pool (and float32 q) the vector kernel in FMAs if the caller asks
   const bool bf16_pool = k_buf.scalar_type() == at::kBFloat16;
   const bool use_amx = amx && bf16_pool && amx_attention_supported(D);
-  const bool use_vnni = vnni && !use_amx && bf16_pool && vnni_attention_supported(D);
+  const bool use_vnni = vnni && !use_amx && vnni_attention_supported(D) && (bf16_pool || q.scalar_type() == at::kFloat);
   const bool long_kernel = use_amx || use_vnni;
   for (int64_t b = 0; b < B; ++b) {
     TORCH_CHECK(row[b] >= 0 && row[b] < req_to_token.size(0) && seq[b] >= 1 && seq[b] <= context && ext[b] >= 1 &&
@@ -255,13 +256,19 @@ torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& k_buf
       for (int64_t b = 0; b < B; ++b) all.push_back(ExtendRequest{r2t + row[b] * context, seq[b], ext[b], start[b]});
       auto out = torch::empty_like(q);
       const float sc = static_cast<float>(scale);
+      if (!bf16_pool) {
+        vnni_cascade_attention<float, float>(all, shared, q.data_ptr<float>(), out.data_ptr<float>(), Hq, Hkv, D,
+                                             k_buf.data_ptr<float>(), v_buf.data_ptr<float>(), sc);
+        return out;
+      }
       const auto* kp = static_cast<const uint16_t*>(k_buf.data_ptr());
       const auto* vp = static_cast<const uint16_t*>(v_buf.data_ptr());
       if (q.scalar_type() == at::kFloat) {
-        vnni_cascade_attention<float>(all, shared, q.data_ptr<float>(), out.data_ptr<float>(), Hq, Hkv, D, kp, vp, sc);
+        vnni_cascade_attention<float, uint16_t>(all, shared, q.data_ptr<float>(), out.data_ptr<float>(), Hq, Hkv, D, kp,
+                                                vp, sc);
       } else {
-        vnni_cascade_attention<uint16_t>(all, shared, static_cast<const uint16_t*>(q.data_ptr()),
-                                         static_cast<uint16_t*>(out.data_ptr()), Hq, Hkv, D, kp, vp, sc);
+        vnni_cascade_attention<uint16_t, uint16_t>(all, shared, static_cast<const uint16_t*>(q.data_ptr()),
+                                                   static_cast<uint16_t*>(out.data_ptr()), Hq, Hkv, D, kp, vp, sc);
       }
       return out;
     }
@@ -278,14 +285,17 @@ torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& k_buf
   }
   auto out = torch::empty_like(q);  // in q's dtype
   const float sc = static_cast<float>(scale);
-  if (!amx_requests.empty()) {
+  if (!amx_requests.empty() && !bf16_pool) {
+    vnni_extend_attention<float, float>(amx_requests, q.data_ptr<float>(), out.data_ptr<float>(), Hq, Hkv, D,
+                                        k_buf.data_ptr<float>(), v_buf.data_ptr<float>(), sc);
+  } else if (!amx_requests.empty()) {
     const auto* kp = static_cast<const uint16_t*>(k_buf.data_ptr());
     const auto* vp = static_cast<const uint16_t*>(v_buf.data_ptr());
     if (q.scalar_type() == at::kFloat) {
-      (use_amx ? amx_extend_attention<float> : vnni_extend_attention<float>)(
+      (use_amx ? amx_extend_attention<float> : vnni_extend_attention<float, uint16_t>)(
           amx_requests, q.data_ptr<float>(), out.data_ptr<float>(), Hq, Hkv, D, kp, vp, sc);
     } else {
-      (use_amx ? amx_extend_attention<uint16_t> : vnni_extend_attention<uint16_t>)(
+      (use_amx ? amx_extend_attention<uint16_t> : vnni_extend_attention<uint16_t, uint16_t>)(
           amx_requests, static_cast<const uint16_t*>(q.data_ptr()), static_cast<uint16_t*>(out.data_ptr()), Hq, Hkv, D,
           kp, vp, sc);
     }

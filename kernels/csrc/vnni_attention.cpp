@@ -75,9 +75,9 @@ void pack_values(const ExtendRequest& r, int64_t g, int64_t kb, int64_t Hkv, int
 }
 
 // The fma math's values: keys [kb*32, kb*32 + 32) of kv head g as float32 rows [32 keys][D],
-// zeros past seq_len.
-void pack_values(const ExtendRequest& r, int64_t g, int64_t kb, int64_t Hkv, int64_t D, const uint16_t* v_buf,
-                 float* vf) {
+// zeros past seq_len (P: the pool's element, bfloat16 bits or float).
+template <typename P>
+void pack_values(const ExtendRequest& r, int64_t g, int64_t kb, int64_t Hkv, int64_t D, const P* v_buf, float* vf) {
   float* block = vf + kb * D * kBlock;
   for (int64_t k = 0; k < kBlock; ++k) {
     const int64_t key = kb * kBlock + k;
@@ -183,11 +183,11 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void attend_rows(
   for (int64_t i = 0; i < kRows; ++i) lse[i] = mf[i] + std::log(lf[i]);
 }
 
-// attend_rows in float32 FMAs (see the file comment): q rows of type T, the block's keys widened
-// from the bf16 pool, values `vf` packed as float32 rows (pack_values).
-template <int D, typename T>
+// attend_rows in float32 FMAs (see the file comment): q rows of type T, the block's keys read
+// (widened from a bf16 pool) from a pool of P, values `vf` packed as float32 rows (pack_values).
+template <int D, typename T, typename P>
 void attend_rows_fma(const T* const* q_rows, const int32_t* pos, const int32_t* slots, int64_t num_keys,
-                     int64_t kv_head, int64_t Hkv, const uint16_t* k_buf, const float* vf, float scale, float* o,
+                     int64_t kv_head, int64_t Hkv, const P* k_buf, const float* vf, float scale, float* o,
                      float* lse) {
   alignas(64) float qt[D * kRows];      // Q^T: [dim][row]
   alignas(64) float kf[kBlock * D];     // the block's keys: [key][dim]
@@ -290,9 +290,10 @@ struct RowBlock {
   explicit RowBlock(int64_t D) : o(kRows * D) {}
 
   // values: the plan's packing of this (request, kv head): bf16 V^T, or float32 rows with `fma`
+  template <typename P>
   void attend(bool fma, int64_t D, const int32_t* slots, int64_t num_keys, int64_t kv_head, int64_t Hkv,
-              const uint16_t* k_buf, const void* values, const uint16_t* zero_row, float scale) {
-    if (fma) {
+              const P* k_buf, const void* values, const uint16_t* zero_row, float scale) {
+    if (fma || !std::is_same_v<P, uint16_t>) {
       const auto* vf = static_cast<const float*>(values);
       if (D == 64) {
         attend_rows_fma<64>(q, pos, slots, num_keys, kv_head, Hkv, k_buf, vf, scale, o.data(), lse);
@@ -301,11 +302,13 @@ struct RowBlock {
       }
       return;
     }
-    const auto* vt = static_cast<const uint16_t*>(values);
-    if (D == 64) {
-      attend_rows<64>(q, pos, slots, num_keys, kv_head, Hkv, k_buf, vt, zero_row, scale, o.data(), lse);
-    } else {
-      attend_rows<128>(q, pos, slots, num_keys, kv_head, Hkv, k_buf, vt, zero_row, scale, o.data(), lse);
+    if constexpr (std::is_same_v<P, uint16_t>) {
+      const auto* vt = static_cast<const uint16_t*>(values);
+      if (D == 64) {
+        attend_rows<64>(q, pos, slots, num_keys, kv_head, Hkv, k_buf, vt, zero_row, scale, o.data(), lse);
+      } else {
+        attend_rows<128>(q, pos, slots, num_keys, kv_head, Hkv, k_buf, vt, zero_row, scale, o.data(), lse);
+      }
     }
   }
 };
@@ -326,8 +329,9 @@ struct Plan {
   }
 };
 
-Plan plan_requests(const std::vector<ExtendRequest>& requests, int64_t Hkv, int64_t D, int64_t group,
-                   const uint16_t* v_buf, bool fma) {
+template <typename P>
+Plan plan_requests(const std::vector<ExtendRequest>& requests, int64_t Hkv, int64_t D, int64_t group, const P* v_buf,
+                   bool fma) {
   const int64_t R = static_cast<int64_t>(requests.size());
   Plan plan;
   plan.fma = fma;
@@ -348,11 +352,13 @@ Plan plan_requests(const std::vector<ExtendRequest>& requests, int64_t Hkv, int6
     for (int64_t it = lo; it < hi; ++it) {
       const auto [i, g, kb] = items[it];
       void* values = const_cast<void*>(plan.values(requests, i, g));
-      if (fma) {
-        pack_values(requests[i], g, kb, Hkv, D, v_buf, static_cast<float*>(values));
-      } else {
-        pack_values(requests[i], g, kb, Hkv, D, v_buf, static_cast<uint16_t*>(values));
+      if constexpr (std::is_same_v<P, uint16_t>) {
+        if (!fma) {
+          pack_values(requests[i], g, kb, Hkv, D, v_buf, static_cast<uint16_t*>(values));
+          continue;
+        }
       }
+      pack_values(requests[i], g, kb, Hkv, D, v_buf, static_cast<float*>(values));
     }
   });
   return plan;
@@ -361,9 +367,9 @@ Plan plan_requests(const std::vector<ExtendRequest>& requests, int64_t Hkv, int6
 // Every unit of `plan`; sink(row index (q row * Hq + head), o row, lse) for each valid row.
 // Units interleaved from both ends (0, n-1, 1, n-2, ...): under a causal mask a request's late
 // rows cost more, and parallel_for hands each thread one contiguous range.
-template <typename T, typename Sink>
+template <typename T, typename P, typename Sink>
 void run_units(const std::vector<ExtendRequest>& requests, const Plan& plan, const T* q, int64_t Hq, int64_t Hkv,
-               int64_t D, const uint16_t* k_buf, float scale, const Sink& sink) {
+               int64_t D, const P* k_buf, float scale, const Sink& sink) {
   const int64_t n = static_cast<int64_t>(plan.units.size()), group = Hq / Hkv;
   const std::vector<uint16_t> zero_row(D, 0);
   at::parallel_for(0, n, 1, [&](int64_t lo, int64_t hi) {
@@ -448,20 +454,29 @@ void set_long_extend_math(int64_t math) {
   long_extend_math_.store(static_cast<int>(math), std::memory_order_relaxed);
 }
 
-template <typename T>
+namespace {
+
+// A float32 pool always takes the FMAs; a bf16 one the math long_extend_uses_fma() picks.
+template <typename P>
+bool is_fma() {
+  return !std::is_same_v<P, uint16_t> || long_extend_uses_fma();
+}
+
+}  // namespace
+
+template <typename T, typename P>
 void vnni_extend_attention(const std::vector<ExtendRequest>& requests, const T* q, T* out, int64_t Hq, int64_t Hkv,
-                           int64_t D, const uint16_t* k_buf, const uint16_t* v_buf, float scale) {
-  const Plan plan = plan_requests(requests, Hkv, D, Hq / Hkv, v_buf, long_extend_uses_fma());
+                           int64_t D, const P* k_buf, const P* v_buf, float scale) {
+  const Plan plan = plan_requests(requests, Hkv, D, Hq / Hkv, v_buf, is_fma<P>());
   run_units(requests, plan, q, Hq, Hkv, D, k_buf, scale,
             [&](int64_t id, const float* o, float) { store_row(o, D, out + id * D); });
 }
 
-template <typename T>
+template <typename T, typename P>
 void vnni_cascade_attention(const std::vector<ExtendRequest>& requests, int64_t shared_len, const T* q, T* out,
-                            int64_t Hq, int64_t Hkv, int64_t D, const uint16_t* k_buf, const uint16_t* v_buf,
-                            float scale) {
+                            int64_t Hq, int64_t Hkv, int64_t D, const P* k_buf, const P* v_buf, float scale) {
   const int64_t R = static_cast<int64_t>(requests.size()), group = Hq / Hkv;
-  const bool fma = long_extend_uses_fma();
+  const bool fma = is_fma<P>();
   int64_t T_rows = 0;  // q rows covered (the requests' new tokens are q rows [q_start, q_start + extend_len))
   for (const ExtendRequest& r : requests) T_rows = std::max(T_rows, r.q_start + r.extend_len);
   // 1. every row of every request over the shared keys [0, shared_len): the shared V^T is packed
@@ -523,13 +538,18 @@ void vnni_cascade_attention(const std::vector<ExtendRequest>& requests, int64_t 
   });
 }
 
-template void vnni_extend_attention<float>(const std::vector<ExtendRequest>&, const float*, float*, int64_t, int64_t,
-                                           int64_t, const uint16_t*, const uint16_t*, float);
-template void vnni_extend_attention<uint16_t>(const std::vector<ExtendRequest>&, const uint16_t*, uint16_t*, int64_t,
-                                              int64_t, int64_t, const uint16_t*, const uint16_t*, float);
-template void vnni_cascade_attention<float>(const std::vector<ExtendRequest>&, int64_t, const float*, float*, int64_t,
-                                            int64_t, int64_t, const uint16_t*, const uint16_t*, float);
-template void vnni_cascade_attention<uint16_t>(const std::vector<ExtendRequest>&, int64_t, const uint16_t*, uint16_t*,
-                                               int64_t, int64_t, int64_t, const uint16_t*, const uint16_t*, float);
+template void vnni_extend_attention<float, uint16_t>(const std::vector<ExtendRequest>&, const float*, float*, int64_t,
+                                                     int64_t, int64_t, const uint16_t*, const uint16_t*, float);
+template void vnni_extend_attention<uint16_t, uint16_t>(const std::vector<ExtendRequest>&, const uint16_t*, uint16_t*,
+                                                        int64_t, int64_t, int64_t, const uint16_t*, const uint16_t*, float);
+template void vnni_extend_attention<float, float>(const std::vector<ExtendRequest>&, const float*, float*, int64_t,
+                                                  int64_t, int64_t, const float*, const float*, float);
+template void vnni_cascade_attention<float, uint16_t>(const std::vector<ExtendRequest>&, int64_t, const float*, float*,
+                                                      int64_t, int64_t, int64_t, const uint16_t*, const uint16_t*, float);
+template void vnni_cascade_attention<uint16_t, uint16_t>(const std::vector<ExtendRequest>&, int64_t, const uint16_t*,
+                                                         uint16_t*, int64_t, int64_t, int64_t, const uint16_t*,
+                                                         const uint16_t*, float);
+template void vnni_cascade_attention<float, float>(const std::vector<ExtendRequest>&, int64_t, const float*, float*,
+                                                   int64_t, int64_t, int64_t, const float*, const float*, float);
 
 }  // namespace radixlm

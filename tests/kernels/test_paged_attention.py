@@ -196,6 +196,21 @@ def test_long_extend_paths_match_reference(ext: Any, path: str, case: str, q_dty
     assert (got.float() - _reference(q, batch, args, dim)).abs().max().item() < 1.6e-2
 
 
+@pytest.mark.parametrize("case", sorted(LONG_CASES))
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (2, 1, 128), (4, 4, 64)])
+def test_long_extends_over_a_float32_pool_run_in_fmas_within_float32_rounding(ext: Any, case: str, heads: int,
+                                                                             kv_heads: int, dim: int) -> None:
+    """Over a float32 pool the vector kernel always runs in FMAs (whatever the math set for bf16
+    pools): nothing is rounded to bf16, so it matches the float32 reference as closely as the
+    per-row kernel does."""
+    ext.set_long_extend_math(0 if vnni_runs(ext) else 1)  # a bf16 pool's math must not matter here
+    pool, reqs, batch, q = scattered_batch(*LONG_CASES[case], heads, kv_heads, dim, torch.float32)
+    args = (pool.k_buffer[0], pool.v_buffer[0], reqs.req_to_token, batch.req_pool_indices, batch.seq_lens)
+    got = cpu_linear.paged_attention(ext, q, *args, batch.extend_lens, batch.extend_start_loc, dim**-0.5, vnni=True)
+    assert got.dtype == torch.float32
+    assert (got - _reference(q, batch, args, dim)).abs().max().item() < 1e-5
+
+
 CASCADE_CASES = {  # (prefix lengths, extend lengths, shared slots, whether the cascade runs)
     "decodes sharing 976 tokens": ([976 + 3 * i for i in range(32)], [1] * 32, 976, True),
     "extends and decodes sharing 500": ([500, 507, 520, 600], [20, 1, 33, 17], 500, True),
@@ -206,7 +221,7 @@ CASCADE_CASES = {  # (prefix lengths, extend lengths, shared slots, whether the 
 }
 
 
-@pytest.mark.parametrize("math", ["vnni", "fma"])
+@pytest.mark.parametrize("math", ["vnni", "fma", "fma-float32-pool"])
 @pytest.mark.parametrize("case", sorted(CASCADE_CASES))
 @pytest.mark.parametrize("q_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (2, 1, 128)])
@@ -216,17 +231,20 @@ def test_vnni_cascade_over_a_shared_prefix_matches_reference(ext: Any, math: str
     two passes (every row over the shared keys, packed once; each request over its own keys)
     whose softmaxes are merged; otherwise (fewer shared slots, a shorter share, one request) the
     per-request paths run. Each equals the float32 reference within bf16 rounding."""
-    _require_long_path(ext, math, dim)
+    f32_pool = math == "fma-float32-pool"
+    if f32_pool and q_dtype != torch.float32:
+        pytest.skip("a float32 pool's model runs float32 q")
+    _require_long_path(ext, "fma" if f32_pool else math, dim)
     prefix_lens, extend_lens, shared, cascade = CASCADE_CASES[case]
-    pool, reqs, batch, q = scattered_batch(prefix_lens, extend_lens, heads, kv_heads, dim, torch.bfloat16,
-                                           shared_len=shared)
+    pool, reqs, batch, q = scattered_batch(prefix_lens, extend_lens, heads, kv_heads, dim,
+                                           torch.float32 if f32_pool else torch.bfloat16, shared_len=shared)
     q = q.to(q_dtype)
     args = (pool.k_buffer[0], pool.v_buffer[0], reqs.req_to_token, batch.req_pool_indices, batch.seq_lens)
     before = ext.num_cascade_calls()
     got = cpu_linear.paged_attention(ext, q, *args, batch.extend_lens, batch.extend_start_loc, dim**-0.5, vnni=True)
     assert ext.num_cascade_calls() - before == int(cascade)
     assert got.dtype == q_dtype
-    assert (got.float() - _reference(q, batch, args, dim)).abs().max().item() < 1.6e-2
+    assert (got.float() - _reference(q, batch, args, dim)).abs().max().item() < (1e-5 if f32_pool else 1.6e-2)
 
 
 @pytest.mark.parametrize("path", ["amx", "vnni", "fma"])
@@ -268,3 +286,20 @@ def test_backend_sends_long_prompts_to_a_long_extend_path(ext: Any, monkeypatch:
         got = backend.forward(q, k, v, 0, batch).float()
         assert backend.num_paged_forwards == int(backend.amx or backend.vnni)
         assert (got - want).abs().max().item() < 1.6e-2
+
+
+def test_backend_sends_long_prompts_over_a_float32_pool_to_the_fma_kernel(ext: Any) -> None:
+    """A float32 pool (head_dim 64): every batch runs the paged kernel, a long prompt in the vector
+    kernel's FMAs, within float32 rounding of torch's SDPA on the gathered context."""
+    pool, reqs, batch, q = scattered_batch([0], [DENSE_PREFILL_MIN_LEN], 9, 3, 64, torch.float32)
+    k = pool.k_buffer[0][batch.out_cache_loc].clone()
+    v = pool.v_buffer[0][batch.out_cache_loc].clone()
+    plain = TorchAttentionBackend(pool, reqs, 64**-0.5)
+    fast = TorchAttentionBackend(pool, reqs, 64**-0.5, ext)
+    assert fast.vnni and not fast.amx
+    outs = []
+    for backend in (plain, fast):
+        backend.init_forward_metadata(batch)
+        outs.append(backend.forward(q, k, v, 0, batch))
+    assert fast.num_paged_forwards == 1 and plain.num_paged_forwards == 0
+    assert (outs[0] - outs[1]).abs().max().item() < 1e-5

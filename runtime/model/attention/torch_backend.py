@@ -2,11 +2,13 @@
 
 * Paged kernel (when the C++ CPU kernels load, `kernels/csrc/paged_attention.cpp`): every new
   token of any batch (decode, extend, mixed) attends over its request's context read in place
-  from the pool: no gather, no padding, no mask. Over a bf16 pool, requests with 16 or more new
-  tokens take its AMX tile kernel (`csrc/amx_attention.cpp`) on a CPU with AMX, or its
-  vdpbf16ps kernel (`csrc/vnni_attention.cpp`) on one with AVX512-BF16, and every batch runs
-  here; elsewhere (a float32 pool, or no AVX512-BF16), batches holding a long extend (a long
-  prompt or a chunk of one) run torch's own SDPA, which is faster there than the vector kernel.
+  from the pool: no gather, no padding, no mask. Requests with 16 or more new tokens take a
+  flash-style kernel: over a bf16 pool its AMX tile kernel (`csrc/amx_attention.cpp`) on a CPU
+  with AMX, or its vector kernel (`csrc/vnni_attention.cpp`: vdpbf16ps or float32 FMAs,
+  whichever that CPU runs faster) on one with AVX512-BF16; over a float32 pool the vector kernel
+  in FMAs on every AVX-512 CPU; then every batch runs here. Elsewhere (a bf16 pool without
+  AVX512-BF16), batches holding a long extend (a long prompt or a chunk of one) run torch's own
+  SDPA, which is faster there than the per-row kernel.
 * Torch: gather each request's K/V rows from the pool by slot index, pad the batch to a
   rectangle, and run one `scaled_dot_product_attention` with a mask (cascade attention over a
   prefix every request shares). Metadata per forward (shared by all layers): the padded slot
@@ -73,12 +75,15 @@ class TorchAttentionBackend(BaseAttentionBackend):
         head_dim = kv_pool.k_buffer[0].shape[-1]
         fits = head_dim in PAGED_ATTENTION_HEAD_DIMS and kv_pool.device.type == "cpu"
         self.cpu_kernels = cpu_kernels if fits else None
-        # long extends over a bf16 pool on AMX tiles, or with vdpbf16ps on a CPU without AMX (the
-        # bf16 GEMM path, which RADIXLM_BF16_PATH may force, names the instructions allowed)
+        # long extends over a bf16 pool on AMX tiles, or in the vector kernel on a CPU with
+        # AVX512-BF16 but no AMX (the bf16 GEMM path, which RADIXLM_BF16_PATH may force, names the
+        # instructions allowed); over a float32 pool in the vector kernel's FMAs
         bf16_pool = self.cpu_kernels is not None and kv_pool.k_buffer[0].dtype == torch.bfloat16
+        f32_pool = self.cpu_kernels is not None and kv_pool.k_buffer[0].dtype == torch.float32
         path = resolve_bf16_path(self.cpu_kernels, RADIXLM_BF16_PATH.get()) if bf16_pool else None
         self.amx = bf16_pool and path == "amx" and amx_attention_supported(self.cpu_kernels, head_dim)
-        self.vnni = bf16_pool and path == "avx512bf16" and vnni_attention_supported(self.cpu_kernels, head_dim)
+        self.vnni = (f32_pool or (bf16_pool and path == "avx512bf16")) and \
+            vnni_attention_supported(self.cpu_kernels, head_dim)
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         """Paged kernel where it is faster (see the module docstring); else torch's path, where

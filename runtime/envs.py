@@ -28,7 +28,8 @@ class EnvStr:
 RADIXLM_CACHE = EnvStr("RADIXLM_CACHE")
 
 # What `--dtype auto` means on CPU: float32 or bfloat16; default: by the CPU (bfloat16 where it
-# has AVX512-BF16, float32 elsewhere; ServerArgs.torch_dtype). The test suite sets float32, the
+# has AVX512-BF16 and a bf16 product times 1.25x float32's, float32 elsewhere; ServerArgs.torch_dtype,
+# cpu_linear.prefers_bf16). The test suite sets float32, the
 # dtype its checks against transformers' float32 logits need.
 RADIXLM_CPU_AUTO_DTYPE = EnvStr("RADIXLM_CPU_AUTO_DTYPE")
 

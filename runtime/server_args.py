@@ -17,6 +17,8 @@ from radixlm.runtime.envs import RADIXLM_AUTO_QUANTIZATION, RADIXLM_CPU_AUTO_DTY
 from radixlm.runtime.mem_cache.kv_events import KVEventsConfig
 
 if TYPE_CHECKING:  # torch and the kernels load where they run, not in every process that reads settings
+    from collections.abc import Callable
+
     import torch
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -157,17 +159,14 @@ class ServerArgs:
             return self.attention_backend
         return "triton" if self.device.startswith("cuda") else "torch"
 
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        """`auto`: bfloat16 on CUDA; on CPU bfloat16 where the CPU has AVX512-BF16 and a batched
-        product measured now runs faster with bf16 weights than with float32 ones
-        (`cpu_linear.prefers_bf16`: Zen 5 ~1.8x, AMX ~3x; an Intel CPU with AVX512-BF16 but no AMX
-        ~0.95x), float32 elsewhere (torch's software bf16 prefills 3.4x slower);
-        RADIXLM_CPU_AUTO_DTYPE overrides the CPU choice. README, "What `auto` picks"."""
+    def torch_dtype(self, cpu_prefers_bf16: Callable[[], bool]) -> torch.dtype:
+        """`auto`: bfloat16 on CUDA; on CPU bfloat16 where `cpu_prefers_bf16()` (the model layer
+        passes `cpu_linear.prefers_bf16` over its kernels: AVX512-BF16 and a batched bf16 product
+        measured 1.25x float32's, as on Zen 5 ~1.8x and AMX ~3x, not on an Intel CPU with
+        AVX512-BF16 but no AMX, ~0.6x), float32 elsewhere (torch's software bf16 prefills 3.4x
+        slower); RADIXLM_CPU_AUTO_DTYPE overrides the CPU choice, and then `cpu_prefers_bf16` is
+        not called. README, "What `auto` picks"."""
         import torch
-
-        from radixlm.kernels import cpu_linear
-        from radixlm.runtime.model.model_files import load_cpu_kernels
 
         if self.dtype != "auto":
             return getattr(torch, self.dtype)
@@ -178,8 +177,7 @@ class ServerArgs:
             if forced not in ("float32", "bfloat16"):
                 raise ValueError(f"RADIXLM_CPU_AUTO_DTYPE must be float32 or bfloat16, got {forced!r}")
             return getattr(torch, forced)
-        is_bf16 = cpu_linear.prefers_bf16(lambda: None if self.disable_cpu_kernels else load_cpu_kernels())
-        return torch.bfloat16 if is_bf16 else torch.float32
+        return torch.bfloat16 if cpu_prefers_bf16() else torch.float32
 
     @property
     def resolved_quantization(self) -> str:

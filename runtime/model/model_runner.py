@@ -60,11 +60,13 @@ class RunnerConfig:
         prefill) over a bfloat16 KV pool where the CPU has AVX512-BF16 (the paged attention kernel
         then takes every extend)."""
         context_len = min(args.context_length or model_cfg.context_len, model_cfg.context_len)
-        dtype = kv_dtype = args.torch_dtype
         if quantized and args.dtype == "auto" and args.device == "cpu":
             dtype = torch.float32
             kv_dtype = torch.bfloat16 if cpu_linear.cpu_supports_bf16() and RADIXLM_CPU_AUTO_DTYPE.get() != "float32" \
                 else torch.float32
+        else:
+            dtype = kv_dtype = args.torch_dtype(lambda: cpu_linear.prefers_bf16(
+                lambda: None if args.disable_cpu_kernels else load_cpu_kernels()))
         per_token = KVPool.bytes_per_token(model_cfg.num_layers, model_cfg.num_kv_heads, model_cfg.head_dim, kv_dtype)
         max_total_tokens = args.max_total_tokens or max(
             1024, int(_available_memory_bytes() * args.mem_fraction_static) // per_token

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -40,27 +41,39 @@ def test_serve_refuses_cuda_with_a_clear_message() -> None:
 
 
 def test_auto_dtype_follows_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`--dtype auto` on CPU: bfloat16 where the CPU has AVX512-BF16 and bf16 products measured
-    faster than float32 ones, float32 elsewhere (both branches, whatever this CPU is);
-    RADIXLM_CPU_AUTO_DTYPE overrides; named dtypes are kept."""
+    """`--dtype auto` on CPU: bfloat16 where the model layer's probe says bf16 products run faster
+    (`cpu_linear.prefers_bf16`), float32 elsewhere (both branches, whatever this CPU is; the runner
+    config asks the real probe); RADIXLM_CPU_AUTO_DTYPE overrides without probing; named dtypes are
+    kept."""
+    import tempfile
+
     import torch
+    from radixlm_testing import save_tiny_model
 
     from radixlm.kernels import cpu_linear
+    from radixlm.runtime.model.model_config import ModelConfig
     from radixlm.runtime.model.model_files import load_cpu_kernels
+    from radixlm.runtime.model.model_runner import RunnerConfig
+
+    def never() -> bool:
+        raise AssertionError("the probe ran although the dtype was given")
 
     monkeypatch.delenv("RADIXLM_CPU_AUTO_DTYPE", raising=False)
-    measured = cpu_linear.prefers_bf16(load_cpu_kernels)
-    assert ServerArgs().torch_dtype == (torch.bfloat16 if measured else torch.float32)
     for prefers, expected in [(True, torch.bfloat16), (False, torch.float32)]:
-        monkeypatch.setattr(cpu_linear, "prefers_bf16", lambda load_ext, prefers=prefers: prefers)
-        assert ServerArgs().torch_dtype == expected
-        assert ServerArgs(dtype="float32").torch_dtype == torch.float32
-        assert ServerArgs(dtype="bfloat16").torch_dtype == torch.bfloat16
+        assert ServerArgs().torch_dtype(lambda prefers=prefers: prefers) == expected
+        assert ServerArgs(dtype="float32").torch_dtype(never) == torch.float32
+        assert ServerArgs(dtype="bfloat16").torch_dtype(never) == torch.bfloat16
+    with tempfile.TemporaryDirectory() as d:
+        save_tiny_model(Path(d), "llama")
+        cfg = ModelConfig.from_dir(d)
+    measured = cpu_linear.prefers_bf16(load_cpu_kernels)
+    runner = RunnerConfig.from_server_args(ServerArgs(max_total_tokens=64), cfg)
+    assert runner.dtype == (torch.bfloat16 if measured else torch.float32)
     monkeypatch.setenv("RADIXLM_CPU_AUTO_DTYPE", "float32")
-    assert ServerArgs().torch_dtype == torch.float32
+    assert ServerArgs().torch_dtype(never) == torch.float32
     monkeypatch.setenv("RADIXLM_CPU_AUTO_DTYPE", "half")
     with pytest.raises(ValueError, match="RADIXLM_CPU_AUTO_DTYPE must be float32 or bfloat16, got 'half'"):
-        _ = ServerArgs().torch_dtype
+        ServerArgs().torch_dtype(never)
 
 
 def test_auto_dtype_rule_measures_only_where_the_cpu_has_bf16(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -120,6 +120,22 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void scores16(cons
   }
 }
 
+// The end of a unit: o [16][D] = O^T / l transposed back to rows, lse = m + log(l) per row.
+template <int D>
+inline void finish_rows(const float* acc, __m512 m, __m512 l, float* o, float* lse) {
+  const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.0f), l);  // l >= 1: a row's own key is visible
+  for (int64_t d0 = 0; d0 < D; d0 += 16) {
+    __m512 v[16];
+    for (int64_t i = 0; i < 16; ++i) v[i] = _mm512_mul_ps(_mm512_load_ps(acc + (d0 + i) * kRows), inv);
+    transpose16(v);
+    for (int64_t i = 0; i < 16; ++i) _mm512_storeu_ps(o + i * D + d0, v[i]);
+  }
+  alignas(64) float mf[kRows], lf[kRows];
+  _mm512_store_ps(mf, m);
+  _mm512_store_ps(lf, l);
+  for (int64_t i = 0; i < kRows; ++i) lse[i] = mf[i] + std::log(lf[i]);
+}
+
 // The core: up to 16 query rows of one kv head over keys [0, num_keys) of `slots` (positions
 // relative to slots[0]); row i sees the keys at positions <= pos[i] (< num_keys). Rows past n
 // repeat row n - 1. Writes o [16][D] (normalized, float32) and lse [16] (log of the softmax's sum,
@@ -170,17 +186,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void attend_rows(
       for (int d = 0; d < 16; ++d) _mm512_store_ps(acc + (d0 + d) * kRows, a[d]);
     }
   }
-  const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.0f), l);  // l >= 1: a row's own key is visible
-  for (int64_t d0 = 0; d0 < D; d0 += 16) {
-    __m512 v[16];
-    for (int64_t i = 0; i < 16; ++i) v[i] = _mm512_mul_ps(_mm512_load_ps(acc + (d0 + i) * kRows), inv);
-    transpose16(v);
-    for (int64_t i = 0; i < 16; ++i) _mm512_storeu_ps(o + i * D + d0, v[i]);
-  }
-  alignas(64) float mf[kRows], lf[kRows];
-  _mm512_store_ps(mf, m);
-  _mm512_store_ps(lf, l);
-  for (int64_t i = 0; i < kRows; ++i) lse[i] = mf[i] + std::log(lf[i]);
+  finish_rows<D>(acc, m, l, o, lse);
 }
 
 // attend_rows in float32 FMAs (see the file comment): q rows of type T, the block's keys read
@@ -254,17 +260,7 @@ void attend_rows_fma(const T* const* q_rows, const int32_t* pos, const int32_t* 
       for (int d = 0; d < 16; ++d) _mm512_store_ps(acc + (d0 + d) * kRows, a[d]);
     }
   }
-  const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.0f), l);  // l >= 1: a row's own key is visible
-  for (int64_t d0 = 0; d0 < D; d0 += 16) {
-    __m512 v[16];
-    for (int64_t i = 0; i < 16; ++i) v[i] = _mm512_mul_ps(_mm512_load_ps(acc + (d0 + i) * kRows), inv);
-    transpose16(v);
-    for (int64_t i = 0; i < 16; ++i) _mm512_storeu_ps(o + i * D + d0, v[i]);
-  }
-  alignas(64) float mf[kRows], lf[kRows];
-  _mm512_store_ps(mf, m);
-  _mm512_store_ps(lf, l);
-  for (int64_t i = 0; i < kRows; ++i) lse[i] = mf[i] + std::log(lf[i]);
+  finish_rows<D>(acc, m, l, o, lse);
 }
 
 template <typename T>

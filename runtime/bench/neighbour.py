@@ -1,5 +1,5 @@
 """`python -m radixlm.runtime.bench --neighbour`: each system runs its workloads on a quiet machine,
-then again while one CPU-bound process (a Python busy loop) runs beside it; the table gives both
+then again while one CPU-bound process (a Python busy loop, started SETTLE_S before) runs beside it; the table gives both
 figures and each system's slowdown (how many times slower it became under the neighbour), so
 radixlm's slowdown compares with transformers' in the same run."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -16,13 +17,21 @@ Result = dict[str, float]
 BUSY_LOOP = "print('busy', flush=True)\nwhile True: pass"
 
 
+# How long the neighbour runs before the block starts: a neighbour of the kind measured here is
+# long-lived, and our thread governor reads the machine every CHECK_INTERVAL_S (0.25 s), so the
+# first forwards of a block that began with the neighbour measured its reaction time (two TTFT
+# runs of four at two threads: 0.24 and 0.12 s against 0.11 after), not the slowdown beside it.
+SETTLE_S = 1.0
+
+
 @contextmanager
-def busy_neighbour() -> Iterator[subprocess.Popen[bytes]]:
+def busy_neighbour(settle_s: float = 0.0) -> Iterator[subprocess.Popen[bytes]]:
     """One CPU-bound process (`while True: pass`) for the duration of the block, which starts
-    once the process is in its loop."""
+    once the process is in its loop and has run `settle_s` seconds."""
     proc = subprocess.Popen([sys.executable, "-c", BUSY_LOOP], stdout=subprocess.PIPE)
     try:
         assert proc.stdout is not None and proc.stdout.readline() == b"busy\n"
+        time.sleep(settle_s)
         yield proc
     finally:
         proc.kill()
@@ -34,7 +43,7 @@ def busy_neighbour() -> Iterator[subprocess.Popen[bytes]]:
 def quiet_and_loaded(run: Callable[[], Result]) -> tuple[Result, Result]:
     """`run()`'s figures on the quiet machine, then beside a busy neighbour."""
     quiet = run()
-    with busy_neighbour():
+    with busy_neighbour(SETTLE_S):
         loaded = run()
     return quiet, loaded
 

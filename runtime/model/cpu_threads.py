@@ -7,7 +7,10 @@ region waits for whichever of our threads the OS has just descheduled: single-st
 never waits at a barrier. So before a forward, at most every `interval` seconds, the governor reads
 the machine's CPU time (/proc/stat) and this process's (/proc/self/stat), and sets torch's thread
 count to the cores left once other processes' use over the last interval is taken off, rounded,
-at least 1. Our own threads never count against us; the server's other processes (HTTP,
+at least 1. The machine is sampled by a daemon thread every interval, not only before forwards:
+a forward after an idle spell must see the last interval, not an average over the spell (a busy
+neighbour that started a moment ago would vanish in it, and the first forwards beside it ran two
+threads: W1's time to first token took 2.90x longer beside a neighbour instead of ~1.8x). Our own threads never count against us; the server's other processes (HTTP,
 tokenizer, detokenizer) do, as they compete for the same cores. Large forwards (prefills) take
 every core whatever the window says (LARGE_FORWARD_TOKENS).
 """
@@ -15,6 +18,7 @@ every core whatever the window says (LARGE_FORWARD_TOKENS).
 from __future__ import annotations
 
 import os
+import threading
 import time
 from dataclasses import dataclass
 
@@ -66,7 +70,10 @@ def threads_for(free: float, max_threads: int) -> int:
 class ThreadGovernor:
     """Sets torch's intra-op thread count (our C++ kernels' too) to the cores others leave free."""
 
-    def __init__(self, max_threads: int | None = None, interval: float = CHECK_INTERVAL_S):
+    def __init__(self, max_threads: int | None = None, interval: float = CHECK_INTERVAL_S,
+                 sample_in_background: bool = True):
+        """`sample_in_background` (with interval > 0): a daemon thread samples every `interval`
+        (stopped by `close`); else `update` samples when `interval` has passed since the last."""
         self.num_cpus = len(os.sched_getaffinity(0))
         self.max_threads = max_threads or torch.get_num_threads()
         self.interval = interval
@@ -75,16 +82,37 @@ class ThreadGovernor:
         self._last = read_sample()
         self._last_time = time.monotonic()
         self.num_changes = 0
+        self.num_samples = 0
+        self._stop = threading.Event()
+        self._sampler: threading.Thread | None = None
+        if sample_in_background and interval > 0:
+            self._sampler = threading.Thread(target=self._sample_every_interval, name="radixlm-thread-governor",
+                                             daemon=True)
+            self._sampler.start()
+
+    def _sample(self) -> None:
+        sample = read_sample()
+        if sample is not None and self._last is not None:
+            self.wanted = threads_for(free_cores(self._last, sample, self.num_cpus), self.max_threads)
+        self._last, self._last_time = sample, time.monotonic()
+        self.num_samples += 1
+
+    def _sample_every_interval(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+    def close(self) -> None:
+        """Stop the background sampling (idempotent)."""
+        self._stop.set()
+        if self._sampler is not None:
+            self._sampler.join(timeout=5)
 
     def update(self, num_tokens: int = 1) -> int:
-        """The thread count for the next forward of `num_tokens` new tokens (cheap unless
-        `interval` has passed). A forward of LARGE_FORWARD_TOKENS or more takes every thread."""
-        now = time.monotonic()
-        if now - self._last_time >= self.interval:
-            sample = read_sample()
-            if sample is not None and self._last is not None:
-                self.wanted = threads_for(free_cores(self._last, sample, self.num_cpus), self.max_threads)
-            self._last, self._last_time = sample, now
+        """The thread count for the next forward of `num_tokens` new tokens (a read of the last
+        window's verdict; without the background thread, a sample when `interval` has passed).
+        A forward of LARGE_FORWARD_TOKENS or more takes every thread."""
+        if self._sampler is None and time.monotonic() - self._last_time >= self.interval:
+            self._sample()
         threads = self.max_threads if num_tokens >= LARGE_FORWARD_TOKENS else self.wanted
         if threads != self.threads:
             torch.set_num_threads(threads)

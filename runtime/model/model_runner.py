@@ -177,7 +177,10 @@ class ModelRunner:
         return runner
 
     def close(self) -> None:
-        """Stop the other tensor-parallel ranks (a no-op without tensor parallelism)."""
+        """Stop the other tensor-parallel ranks (a no-op without tensor parallelism) and the
+        thread governor's sampling."""
+        if self.threads is not None:
+            self.threads.close()
         if self.tp_workers is not None:
             self.tp_workers.close()
 

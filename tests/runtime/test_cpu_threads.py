@@ -6,6 +6,7 @@ real test waits for the governor to see the neighbour, however long the machine 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable
 
@@ -15,6 +16,8 @@ import torch
 from radixlm.runtime.bench.neighbour import busy_neighbour
 from radixlm.runtime.model import cpu_threads
 from radixlm.runtime.model.cpu_threads import CpuSample, ThreadGovernor
+
+HANG_GUARD_S = 120  # a bound on waiting for the sampler, never an assertion on speed
 
 
 def test_free_cores_leave_out_our_own_time() -> None:
@@ -47,8 +50,8 @@ def test_a_busy_neighbour_takes_a_thread_and_gives_it_back() -> None:
     if cpus < 2:
         pytest.skip("one CPU: there is no thread to give up")
     original = torch.get_num_threads()
+    governor = ThreadGovernor(max_threads=cpus, interval=0.2)
     try:
-        governor = ThreadGovernor(max_threads=cpus, interval=0.2)
         assert governor.threads == cpus
         with busy_neighbour():
             assert _wait_for(governor, lambda n: n < cpus) == cpus - 1
@@ -57,6 +60,7 @@ def test_a_busy_neighbour_takes_a_thread_and_gives_it_back() -> None:
         assert torch.get_num_threads() == cpus
         assert governor.num_changes >= 2
     finally:
+        governor.close()
         torch.set_num_threads(original)
 
 
@@ -100,3 +104,43 @@ def test_small_forwards_follow_the_window_large_ones_take_every_core(monkeypatch
         seen.append(governor.update(tokens))
     assert seen == [1, 2, 1, 2, 2]
     assert applied == [1, 2, 1, 2] and governor.num_changes == 4
+
+
+def test_a_forward_after_an_idle_spell_sees_the_last_interval(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The background sampler keeps the window fresh while no forward runs: a neighbour that
+    started near the end of a long idle spell takes a thread from the first forward after it
+    (a window over the whole spell would have averaged it away). Waits on sample counts, never
+    on time."""
+    ticks = {"busy": 0, "total": 0}
+    lock = threading.Lock()
+
+    def fake_sample() -> CpuSample:  # each read: 2 CPUs x 100 ticks; others busy on one core or none
+        with lock:
+            ticks["total"] += 200
+            ticks["busy"] += 100 if ticks.get("neighbour") else 0
+            return CpuSample(busy=ticks["busy"], total=ticks["total"], ours=0)
+
+    monkeypatch.setattr(cpu_threads, "read_sample", fake_sample)
+    applied: list[int] = []
+    monkeypatch.setattr(torch, "set_num_threads", applied.append)
+    governor = ThreadGovernor(max_threads=2, interval=0.01)
+    try:
+        governor.num_cpus = 2
+
+        def samples_after(count: int) -> None:
+            deadline = time.monotonic() + HANG_GUARD_S
+            while governor.num_samples < count and time.monotonic() < deadline:
+                time.sleep(0.005)
+            assert governor.num_samples >= count
+
+        samples_after(20)  # a quiet idle spell of 20 windows
+        assert governor.update() == 2
+        with lock:
+            ticks["neighbour"] = 1
+        samples_after(governor.num_samples + 2)  # the neighbour's first whole window
+        assert governor.update() == 1 and applied == [1]
+    finally:
+        governor.close()
+    assert governor._sampler is not None and not governor._sampler.is_alive()
+    count = governor.num_samples
+    assert governor.update() == 1 and governor.num_samples == count  # closed: update reads, never samples

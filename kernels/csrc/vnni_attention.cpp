@@ -343,7 +343,11 @@ Plan plan_requests(const std::vector<ExtendRequest>& requests, int64_t Hkv, int6
       for (int64_t first = 0; first < r.extend_len * group; first += kRows) plan.units.push_back(Unit{i, g, first});
     }
   }
-  (fma ? plan.packed_f.resize(plan.offset[R]) : plan.packed.resize(plan.offset[R]));
+  if (fma) {
+    plan.packed_f.resize(plan.offset[R]);
+  } else {
+    plan.packed.resize(plan.offset[R]);
+  }
   at::parallel_for(0, static_cast<int64_t>(items.size()), 16, [&](int64_t lo, int64_t hi) {
     for (int64_t it = lo; it < hi; ++it) {
       const auto [i, g, kb] = items[it];
@@ -395,7 +399,7 @@ namespace {
 
 std::atomic<int> long_extend_math_{-1};  // -1: not decided yet; else a LongExtendMath
 
-// Median-free best of `repeats` runs of one 16-row unit over 512 keys (D 64) with each math, on
+// The best of kRepeats runs of one 16-row unit over 512 keys (D 64) with each math, on
 // this thread: what vdpbf16ps and the FMAs cost per product here, including their data movement.
 bool fma_is_faster() {
   constexpr int64_t kKeys = 512, kD = 64, kRepeats = 7;

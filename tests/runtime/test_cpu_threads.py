@@ -111,33 +111,35 @@ def test_a_forward_after_an_idle_spell_sees_the_last_interval(monkeypatch: pytes
     started near the end of a long idle spell takes a thread from the first forward after it
     (a window over the whole spell would have averaged it away). Waits on sample counts, never
     on time."""
-    ticks = {"busy": 0, "total": 0}
-    lock = threading.Lock()
+    ticks = {"busy": 0, "total": 0, "reads": 0, "neighbour": 0}
+    read = threading.Condition()
 
     def fake_sample() -> CpuSample:  # each read: 2 CPUs x 100 ticks; others busy on one core or none
-        with lock:
+        with read:
             ticks["total"] += 200
-            ticks["busy"] += 100 if ticks.get("neighbour") else 0
+            ticks["busy"] += 100 * ticks["neighbour"]
+            ticks["reads"] += 1
+            read.notify_all()
             return CpuSample(busy=ticks["busy"], total=ticks["total"], ours=0)
+
+    def reads_reach(count: int) -> None:
+        """Block until the sampler has read /proc `count` times (read k + 1 starts only after
+        sample k's verdict is stored); the timeout only stops a broken sampler."""
+        with read:
+            assert read.wait_for(lambda: ticks["reads"] >= count, timeout=HANG_GUARD_S)
 
     monkeypatch.setattr(cpu_threads, "read_sample", fake_sample)
     applied: list[int] = []
     monkeypatch.setattr(torch, "set_num_threads", applied.append)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     governor = ThreadGovernor(max_threads=2, interval=0.01)
     try:
-        governor.num_cpus = 2
-
-        def samples_after(count: int) -> None:
-            deadline = time.monotonic() + HANG_GUARD_S
-            while governor.num_samples < count and time.monotonic() < deadline:
-                time.sleep(0.005)
-            assert governor.num_samples >= count
-
-        samples_after(20)  # a quiet idle spell of 20 windows
+        reads_reach(21)  # a quiet idle spell of 20 windows
         assert governor.update() == 2
-        with lock:
+        with read:
             ticks["neighbour"] = 1
-        samples_after(governor.num_samples + 2)  # the neighbour's first whole window
+            first_busy = ticks["reads"] + 1
+        reads_reach(first_busy + 1)  # the neighbour's first whole window, and its verdict stored
         assert governor.update() == 1 and applied == [1]
     finally:
         governor.close()

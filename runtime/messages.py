@@ -2,7 +2,7 @@
 encode/decode pair (pickle: all parties are our own processes on one machine, sockets are ipc://
 in a private directory).
 
-  TokenizerManager --TokenizedGenerateReq / AbortReq / FlushCacheReq / GetInfoReq / CacheTreeReq--> Scheduler
+  TokenizerManager --TokenizedGenerateReq (or several: BatchTokenizedGenerateReq) / AbortReq / FlushCacheReq / GetInfoReq / CacheTreeReq--> Scheduler
   Scheduler --BatchTokenIDOut--> Detokenizer --BatchStrOut--> TokenizerManager
   Scheduler --FlushCacheResp / GetInfoResp / CacheTreeResp--> TokenizerManager
 
@@ -31,6 +31,13 @@ class TokenizedGenerateReq:
     top_logprobs_num: int = 0
     stream: bool = False
     require_reasoning: bool = False  # with --reasoning-parser: the grammar waits for the reasoning's end
+
+
+@dataclass(frozen=True)
+class BatchTokenizedGenerateReq:
+    """Requests that arrived together (`server.arrival_gate`), taken by the scheduler before its next step."""
+
+    reqs: tuple[TokenizedGenerateReq, ...]
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
 """The scheduler process: model, KV pool, radix cache and the scheduler loop, behind zmq.
 
-Loop: drain incoming messages (dispatched by type), run one `Scheduler.step()` when there is
-work (else block on the socket briefly), send each step's token ids to the detokenizer (each
-request's every `--stream-interval` tokens, its first and its last: `output_stream`). Replies
-to control requests (flush, info, cache tree) go straight to the tokenizer manager.
+Loop: drain incoming messages (dispatched by type; a batch of generate requests one by one), run
+one `Scheduler.step()` when there is work (else block on the socket briefly), send each step's
+token ids to the detokenizer (each request's every `--stream-interval` tokens, its first and its
+last: `output_stream`). Replies to control requests (flush, info, cache tree) go straight to the
+tokenizer manager.
 """
 
 from __future__ import annotations
@@ -117,9 +118,10 @@ def run_scheduler_process(args: ServerArgs, paths: IpcPaths, ready: Connection, 
                     msg = io.decode(recv.recv(zmq.NOBLOCK))
                 except zmq.Again:
                     break
-                reply = _handle_safely(server, msg, to_detok)
-                if reply is not None:
-                    to_tm.send(io.encode(reply))
+                for one in msg.reqs if isinstance(msg, io.BatchTokenizedGenerateReq) else (msg,):
+                    reply = _handle_safely(server, one, to_detok)
+                    if reply is not None:
+                        to_tm.send(io.encode(reply))
         if server.scheduler.has_work:
             num_forwards = server.scheduler.num_forwards
             batch = server.step()

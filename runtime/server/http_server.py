@@ -343,12 +343,14 @@ def rank_load(dp_rank: int, info: dict[str, Any]) -> dict[str, Any]:
 async def prepare_all(tm: TokenizerManager, reqs: list[GenerateRequest]) -> list[PreparedRequest]:
     """Validate every request before any runs (a bad batch item fails the whole batch with 400).
     Runs in a worker thread: tokenizing a long prompt (the tokenizer releases the GIL) or
-    translating a schema must not stall the event loop, which serves everyone else meanwhile."""
+    translating a schema must not stall the event loop, which serves everyone else meanwhile.
+    Requests whose preparations overlap reach the scheduler together (`tm.arrivals`)."""
     if tm.dead_reason is not None:
         raise ServiceUnavailable(tm.dead_reason)
     for req in reqs:
         tm.check_rank(req.data_parallel_rank)
-    return await asyncio.to_thread(lambda: [tm.validator.validate(r) for r in reqs])
+    with tm.arrivals.preparing(len(reqs)):
+        return await asyncio.to_thread(lambda: [tm.validator.validate(r) for r in reqs])
 
 
 async def run_all(tm: TokenizerManager, reqs: list[PreparedRequest], request: Request | None) -> list[OutputChunk]:

@@ -1,10 +1,11 @@
 """The TokenizerManager (main process): sends validated requests to the scheduler and hands each
 request's outputs (text deltas from the detokenizer) to whoever awaits them.
 
-Per request: a `RequestOutput` that appends each delta as it arrives, and an `asyncio.Event`
-set whenever one does; `generate` takes what accumulated each time it wakes (so a slow reader
-gets the pending deltas coalesced into one chunk, and what waits for it is bounded by its own
-output, never a queue of snapshots). A request whose consumer goes away (client disconnect,
+Generate requests go to the scheduler through an `ArrivalGate` (those prepared together leave
+together, as one message). Per request: a `RequestOutput` that appends each delta as it
+arrives, and an `asyncio.Event` set whenever one does; `generate` takes what accumulated each
+time it wakes (so a slow reader gets the pending deltas coalesced into one chunk, and what waits
+for it is bounded by its own output, never a queue of snapshots). A request whose consumer goes away (client disconnect,
 cancelled task) is aborted in the scheduler, which frees its KV. If a child process dies,
 `fail_all` wakes every waiter with an error and new requests are refused with 503.
 
@@ -31,6 +32,7 @@ from radixlm.runtime import messages as io
 from radixlm.runtime.ipc import IpcPaths, pull_socket, push_socket
 from radixlm.runtime.request_io import PreparedRequest, RequestError, RequestValidator
 from radixlm.runtime.request_output import OutputChunk, RequestOutput, TokenTexts
+from radixlm.runtime.server.arrival_gate import ArrivalGate
 from radixlm.runtime.server.load_balance import LoadBalancer
 from radixlm.runtime.server.metrics import Metrics
 from radixlm.runtime.tokenizer import Tokenizer
@@ -70,6 +72,7 @@ class TokenizerManager:
         self.balancer = balancer or LoadBalancer("round_robin", 1, max_total_tokens)
         self._to_schedulers = [push_socket(ctx, paths.scheduler_for_rank(r)) for r in range(self.balancer.dp_size)]
         self._recv = pull_socket(ctx, paths.tokenizer_manager)
+        self.arrivals = ArrivalGate(self._send_generate)
         self.states: dict[str, ReqState] = {}
         self._control: dict[str, asyncio.Future[Any]] = {}
         self.dead_reason: str | None = None
@@ -96,11 +99,10 @@ class TokenizerManager:
             self.metrics.on_request_start(len(ids))
         rank = self.balancer.select(ids, req.data_parallel_rank)
         try:
-            await self._to_schedulers[rank].send(io.encode(io.TokenizedGenerateReq(
+            self.arrivals.submit(rank, io.TokenizedGenerateReq(
                 rid, tuple(ids), prepared.params, req.return_logprob, req.logprob_start_len,
                 req.top_logprobs_num, req.stream, req.require_reasoning,
-            )))
-            logger.debug("request %s sent to the scheduler", rid)  # tests wait for this line
+            ))
             while True:
                 await state.event.wait()
                 state.event.clear()
@@ -116,6 +118,7 @@ class TokenizerManager:
             self.states.pop(rid, None)
             self.balancer.on_finish(rank, len(ids))
             if not state.finished and self.dead_reason is None:
+                self.arrivals.flush()  # a held request goes before its abort, not after
                 await self._to_schedulers[rank].send(io.encode(io.AbortReq(rid)))
                 if state.is_counted:
                     self.metrics.on_request_end(state.output, aborted=True)
@@ -123,6 +126,13 @@ class TokenizerManager:
             elif state.error is None and state.is_counted:
                 self.metrics.on_request_end(state.output, aborted=False)
                 _log_request(state.output)
+
+    def _send_generate(self, rank: int, reqs: list[io.TokenizedGenerateReq]) -> None:
+        msg = reqs[0] if len(reqs) == 1 else io.BatchTokenizedGenerateReq(tuple(reqs))
+        sent = self._to_schedulers[rank].send(io.encode(msg))  # a PUSH socket queues it at once
+        sent.add_done_callback(_log_send_failure)
+        for req in reqs:
+            logger.debug("request %s sent to the scheduler", req.rid)  # tests wait for this line
 
     def check_rank(self, dp_rank: int | None) -> None:
         """A requested data-parallel rank must exist (RequestError, a 400, before anything runs)."""
@@ -133,6 +143,7 @@ class TokenizerManager:
     async def abort(self, rid: str) -> bool:
         if rid not in self.states:
             return False
+        self.arrivals.flush()
         for sock in self._to_schedulers:  # every rank: aborting a request a rank does not hold is a no-op
             await sock.send(io.encode(io.AbortReq(rid)))
         return True
@@ -229,6 +240,11 @@ def merge_rank_infos(infos: list[dict[str, Any]]) -> dict[str, Any]:
     merged["radix_cache"] = cache
     merged["internal_states"] = infos
     return merged
+
+
+def _log_send_failure(sent: asyncio.Future[Any]) -> None:
+    if not sent.cancelled() and sent.exception() is not None:
+        logger.error("could not send requests to the scheduler: %s", sent.exception())
 
 
 def _log_request(out: RequestOutput) -> None:

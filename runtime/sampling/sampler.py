@@ -157,6 +157,24 @@ def has_penalties(params: SamplingParams) -> bool:
     return params.frequency_penalty != 0.0 or params.presence_penalty != 0.0 or params.repetition_penalty != 1.0
 
 
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:
+    """int64[B]: the index of each row's maximum of `x[B, V]`, as `x.argmax(dim=-1)` (the first
+    index of the maximum; a row with a NaN gives its first NaN). A float32 CPU tensor goes through
+    numpy, whose argmax is vectorized: over the default model's 49,152-token rows on 2 cores, 5 us
+    for one row and 0.22 ms for 32, where torch's took 86 us and 1.55 ms (~3% of a 32-row decode
+    step, all greedy). Anything else (bf16, CUDA) is torch's."""
+    if x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2 and x.shape[1] > 0:
+        return torch.from_numpy(x.numpy().argmax(axis=1).astype("int64", copy=False))
+    return x.argmax(dim=-1)
+
+
+def is_plain_greedy(params: SamplingParams, num_output_tokens: int) -> bool:
+    """True when a row's next token is the argmax of its raw logits: greedy, without penalties,
+    and no stop token masked by min_new_tokens (a vocab mask aside). A step of such rows only
+    (decoding single-stream at temperature 0, say) skips `SamplingBatch.build`: ~8 small tensors."""
+    return params.is_greedy and not has_penalties(params) and num_output_tokens >= params.min_new_tokens
+
+
 def count_tokens(token_ids: Sequence[int], vocab_size: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """float32[V]: times each id occurs in `token_ids` (all < vocab_size). A request's penalty
     counts start as this, once; then the owner adds 1 per accepted token (`counts[token] += 1`)."""
@@ -367,16 +385,16 @@ def sample(
         raise ValueError(f"sample: vocab_mask must be bool{tuple(logits.shape)}")
     logits = _adjusted_logits(logits, batch, vocab_mask)
     if batch.is_all_greedy:
-        next_ids = logits.argmax(dim=-1)
+        next_ids = argmax_rows(logits)
         return _output(next_ids, torch.log_softmax(logits, dim=-1) if return_logprob else None)
 
     scaled = logits / batch.temperatures
     vocab_logprobs = torch.log_softmax(scaled, dim=-1) if return_logprob else None
     probs = vocab_logprobs.exp() if vocab_logprobs is not None else torch.softmax(scaled, dim=-1)
     probs = filter_probs(probs, batch)
-    next_ids = (probs / _exponential_noise(probs, batch, generator)).argmax(dim=-1)
+    next_ids = argmax_rows(probs / _exponential_noise(probs, batch, generator))
     if batch.has_greedy_rows:
-        next_ids = torch.where(batch.is_greedy_rows, logits.argmax(dim=-1), next_ids)
+        next_ids = torch.where(batch.is_greedy_rows, argmax_rows(logits), next_ids)
     return _output(next_ids, vocab_logprobs)
 
 

@@ -11,8 +11,10 @@ import torch
 from radixlm.runtime.sampling.sampler import (
     SamplingBatch,
     apply_penalties_,
+    argmax_rows,
     count_tokens,
     has_penalties,
+    is_plain_greedy,
     mix_seed,
     sample,
     top_logprobs,
@@ -177,6 +179,36 @@ def test_greedy_equals_argmax_without_randomness() -> None:
     out = sample(logits, batch, generator=generator)
     assert torch.equal(out.next_ids, logits.argmax(-1)) and out.logprobs is None
     assert torch.equal(generator.get_state(), state)
+
+
+def test_argmax_rows_is_torchs_argmax() -> None:
+    """The numpy path (float32 on CPU) and the torch one pick as `argmax(dim=-1)`: the first
+    index of the maximum, the first NaN of a row with NaNs, index 0 of an all -inf row."""
+    x = torch.randn(33, 49_152, generator=torch.Generator().manual_seed(3))
+    x[1, 17] = x[1, 4_000] = x[1].max() + 1  # a tie: the first
+    x[2, 300] = x[2, 200] = float("nan")
+    x[3] = float("-inf")
+    x[4, 5] = float("inf")
+    for t in (x, x[:, :1_000], x[::2, 7:], x.to(torch.bfloat16), x[:1]):
+        got = argmax_rows(t)
+        assert got.dtype == torch.int64 and torch.equal(got, t.argmax(dim=-1))
+    with torch.inference_mode():  # as the scheduler calls it
+        assert torch.equal(argmax_rows(x.clone()), x.argmax(dim=-1))
+
+
+def test_plain_greedy_rows() -> None:
+    """The scheduler's shortcut (argmax, no SamplingBatch) only for rows whose token is the raw
+    argmax: greedy, no penalties, nothing masked by min_new_tokens."""
+    assert is_plain_greedy(SamplingParams(temperature=0.0), 0)
+    assert is_plain_greedy(SamplingParams(top_k=1), 3)
+    assert not is_plain_greedy(SamplingParams(temperature=0.7), 0)
+    assert not is_plain_greedy(SamplingParams(temperature=0.0, repetition_penalty=1.1), 5)
+    assert not is_plain_greedy(SamplingParams(temperature=0.0, frequency_penalty=0.5), 5)
+    assert not is_plain_greedy(SamplingParams(temperature=0.0, min_new_tokens=2), 1)
+    assert is_plain_greedy(SamplingParams(temperature=0.0, min_new_tokens=2), 2)
+    logits = torch.randn(4, V, generator=torch.Generator().manual_seed(1))
+    plain = [SamplingParams(temperature=0.0)] * 4
+    assert torch.equal(sample(logits, build(plain)).next_ids, argmax_rows(logits))
 
 
 def test_temperature_matches_softmax_statistically() -> None:

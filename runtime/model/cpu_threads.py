@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -71,15 +72,17 @@ class ThreadGovernor:
     """Sets torch's intra-op thread count (our C++ kernels' too) to the cores others leave free."""
 
     def __init__(self, max_threads: int | None = None, interval: float = CHECK_INTERVAL_S,
-                 sample_in_background: bool = True):
+                 sample_in_background: bool = True, read: Callable[[], CpuSample | None] = read_sample):
         """`sample_in_background` (with interval > 0): a daemon thread samples every `interval`
-        (stopped by `close`); else `update` samples when `interval` has passed since the last."""
+        (stopped by `close`); else `update` samples when `interval` has passed since the last.
+        `read`: where samples come from (tests give their own; each governor reads only its own)."""
+        self._read = read
         self.num_cpus = len(os.sched_getaffinity(0))
         self.max_threads = max_threads or torch.get_num_threads()
         self.interval = interval
         self.threads = self.max_threads  # the count torch has now
         self.wanted = self.max_threads  # the count for small forwards, from the last window
-        self._last = read_sample()
+        self._last = read()
         self._last_time = time.monotonic()
         self.num_changes = 0
         self.num_samples = 0
@@ -91,7 +94,7 @@ class ThreadGovernor:
             self._sampler.start()
 
     def _sample(self) -> None:
-        sample = read_sample()
+        sample = self._read()
         if sample is not None and self._last is not None:
             self.wanted = threads_for(free_cores(self._last, sample, self.num_cpus), self.max_threads)
         self._last, self._last_time = sample, time.monotonic()

@@ -91,11 +91,10 @@ def test_small_forwards_follow_the_window_large_ones_take_every_core(monkeypatch
         ticks["total"] += 200
         ticks["busy"] += 100 if others_busy else 0
 
-    monkeypatch.setattr(cpu_threads, "read_sample",
-                        lambda: CpuSample(busy=ticks["busy"], total=ticks["total"], ours=0))
     applied: list[int] = []
     monkeypatch.setattr(torch, "set_num_threads", applied.append)
-    governor = ThreadGovernor(max_threads=2, interval=0.0)
+    governor = ThreadGovernor(max_threads=2, interval=0.0,
+                              read=lambda: CpuSample(busy=ticks["busy"], total=ticks["total"], ours=0))
     governor.num_cpus = 2
     seen = []
     for others_busy, tokens in [(True, 1), (True, cpu_threads.LARGE_FORWARD_TOKENS), (True, 40), (False, 1),
@@ -128,11 +127,10 @@ def test_a_forward_after_an_idle_spell_sees_the_last_interval(monkeypatch: pytes
         with read:
             assert read.wait_for(lambda: ticks["reads"] >= count, timeout=HANG_GUARD_S)
 
-    monkeypatch.setattr(cpu_threads, "read_sample", fake_sample)
     applied: list[int] = []
     monkeypatch.setattr(torch, "set_num_threads", applied.append)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
-    governor = ThreadGovernor(max_threads=2, interval=0.01)
+    governor = ThreadGovernor(max_threads=2, interval=0.01, read=fake_sample)  # never another governor's reads
     try:
         reads_reach(21)  # a quiet idle spell of 20 windows
         assert governor.update() == 2

@@ -27,10 +27,20 @@ SHARED = list(range(300, 340))  # the 40 prompt tokens every request starts with
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
 
 
+LONG_CONTEXT = 16_384  # the running request's room: it runs until the test aborts it
+
+
 @pytest.fixture(scope="module")
-def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
-    with running_server(tiny_model_dir, tmp_path_factory, "dashboard", "--api-key", KEY, "--max-total-tokens", "4096",
-                        "--random-seed", "0") as handle:
+def server(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
+    """The tiny random model with a long context (a request that would outrun the page's polls on
+    a fast machine now runs until it is aborted)."""
+    from radixlm_testing import save_tiny_model
+
+    model_dir = tmp_path_factory.mktemp("tiny-long-llama")
+    save_tiny_model(model_dir, "llama", vocab_size=49152, tokenizer_dir=default_model_dir,
+                    max_position_embeddings=LONG_CONTEXT)
+    with running_server(model_dir, tmp_path_factory, "dashboard", "--api-key", KEY, "--max-total-tokens",
+                        str(LONG_CONTEXT + 1024), "--random-seed", "0") as handle:
         yield handle
 
 
@@ -49,8 +59,11 @@ def generate(url: str, input_ids: list[int]) -> None:
 
 
 def stream_long_request(url: str, rid: str, done: threading.Event) -> None:
+    """A request with room for the whole context and nothing to end it sooner (no grammar, whose
+    end would stop it, EOS ignored): the test aborts it once the page listed it."""
     body = {"input_ids": SHARED + [50, 51], "rid": rid, "stream": True,
-            "sampling_params": {"max_new_tokens": 460, "ignore_eos": True, "regex": "[ab]+", "temperature": 1.0}}
+            "sampling_params": {"max_new_tokens": LONG_CONTEXT - len(SHARED) - 3, "ignore_eos": True,
+                                "temperature": 1.0}}
     try:
         with httpx.stream("POST", f"{url}/generate", headers=AUTH, json=body, timeout=120) as resp:
             assert resp.status_code == 200
@@ -108,15 +121,14 @@ def test_the_dashboard_shows_the_shared_prefix_and_live_numbers(server: ServerHa
     browser.wait_for_function(f"Number(document.body.dataset.polls) > {polls}")  # it keeps polling
 
     # a running request: its row, when selected, highlights its cached prefix (locked while it runs)
-    seen = None
-    for attempt in range(5):  # a fast machine may finish the request between two polls: try again
-        rid, done = f"dash-browser-{attempt}", threading.Event()
-        thread = threading.Thread(target=stream_long_request, args=(url, rid, done), daemon=True)
-        thread.start()
+    rid, done = "dash-browser", threading.Event()
+    thread = threading.Thread(target=stream_long_request, args=(url, rid, done), daemon=True)
+    thread.start()
+    try:
         seen = click_when_listed(browser, rid, done)
+    finally:
+        httpx.post(f"{url}/abort_request", headers=AUTH, json={"rid": rid}, timeout=60)
         thread.join(timeout=120)
-        if seen is not None:
-            break
     assert seen is not None, "the long request never showed in the page"
     assert seen["path"][0] == len(SHARED) and seen["lockedOnPath"], seen
     assert seen["selection"].startswith(f"{rid}: ") and f"of {len(SHARED) + 2} prompt tokens cached" in seen["selection"]

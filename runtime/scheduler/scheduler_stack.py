@@ -5,13 +5,11 @@ process, so both build the same stack and make requests the same way."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from radixlm.reasoning import reasoning_format
 from radixlm.runtime.constrained import backends as grammar_backends
 from radixlm.runtime.constrained.grammar import NUM_GRAMMAR_COMPILE_WORKERS, GrammarBackend
-from radixlm.runtime.constrained.llguidance_backend import LLGuidanceBackend
-from radixlm.runtime.constrained.xgrammar_backend import XGrammarBackend
 from radixlm.runtime.detokenizer.detokenizer import IncrementalDecoder
 from radixlm.runtime.model.model_config import ModelConfig
 from radixlm.runtime.model.model_runner import ModelRunner, RunnerConfig, quantizes
@@ -22,6 +20,11 @@ from radixlm.runtime.scheduler.scheduler import Scheduler, SchedulerConfig, gram
 from radixlm.runtime.scheduler.token_matcher import TokenSequenceMatcher
 from radixlm.runtime.server_args import ServerArgs
 from radixlm.runtime.tokenizer import Tokenizer
+
+if TYPE_CHECKING:  # the backends load with their library, only when chosen (`grammar_backends.create`):
+    # importing llguidance.torch alone took ~2 s of every scheduler's start
+    from radixlm.runtime.constrained.llguidance_backend import LLGuidanceBackend
+    from radixlm.runtime.constrained.xgrammar_backend import XGrammarBackend
 
 
 @dataclass

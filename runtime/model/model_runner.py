@@ -112,7 +112,6 @@ class ModelRunner:
         with torch.device("meta"):
             model = LlamaForCausalLM(shard_cfg, lm_head_rows)
         model = model.to_empty(device=runner_cfg.device)
-        model.rotary = type(model.rotary)(model_cfg.head_dim, model_cfg.context_len, model_cfg.rope)
         if runner_cfg.device != "cpu" and (runner_cfg.quantize_to or any(
                 isinstance(w, QuantizedTensor) for w in state_dict.values())):
             raise ValueError("quantized weights run on CPU only (our kernels are AVX-512); use --quantization none")

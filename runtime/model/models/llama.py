@@ -217,12 +217,16 @@ class LlamaForCausalLM(nn.Module):
         """`lm_head_rows`: a tensor-parallel rank's share of the vocabulary (default: all of it)."""
         super().__init__()
         self.cfg = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # built on the meta device and loaded after: no random init (nn.Embedding's normal_ on a meta
+        # tensor goes through torch's reference ops, whose first call imports torch._dynamo: ~1 s)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
+                                         _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
         self.layers = nn.ModuleList([DecoderLayer(cfg, i) for i in range(cfg.num_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, has_weight=False)  # folded into lm_head
         # its own transposed copy even when tied: the embedding lookup wants [vocab, hidden] rows
         self.lm_head = Linear(cfg.hidden_size, lm_head_rows or cfg.vocab_size, bias=False)
-        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.context_len, cfg.rope)
+        with torch.device("cpu"):  # a table, not a parameter: real even when the layers are built on meta
+            self.rotary = RotaryEmbedding(cfg.head_dim, cfg.context_len, cfg.rope)
         self.decode_stack: object | None = None  # cpu_linear's DecodeStack once use_cpu_kernels ran
         self.tp: TPGroup | None = None
 

@@ -10,9 +10,10 @@ count to the cores left once other processes' use over the last interval is take
 at least 1. The machine is sampled by a daemon thread every interval, not only before forwards:
 a forward after an idle spell must see the last interval, not an average over the spell (a busy
 neighbour that started a moment ago would vanish in it, and the first forwards beside it ran two
-threads: W1's time to first token took 2.90x longer beside a neighbour instead of ~1.8x). Our own threads never count against us; the server's other processes (HTTP,
-tokenizer, detokenizer) do, as they compete for the same cores. Large forwards (prefills) take
-every core whatever the window says (LARGE_FORWARD_TOKENS).
+threads: W1's time to first token took 2.90x longer beside a neighbour instead of ~1.8x). Our own
+threads never count against us; the server's other processes (HTTP, tokenizer, detokenizer) do,
+as they compete for the same cores. Large forwards (prefills) take every core whatever the
+window says (LARGE_FORWARD_TOKENS).
 """
 
 from __future__ import annotations

@@ -168,13 +168,6 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     return x.argmax(dim=-1)
 
 
-def is_plain_greedy(params: SamplingParams, num_output_tokens: int) -> bool:
-    """True when a row's next token is the argmax of its raw logits: greedy, without penalties,
-    and no stop token masked by min_new_tokens (a vocab mask aside). A step of such rows only
-    (decoding single-stream at temperature 0, say) skips `SamplingBatch.build`: ~8 small tensors."""
-    return params.is_greedy and not has_penalties(params) and num_output_tokens >= params.min_new_tokens
-
-
 def count_tokens(token_ids: Sequence[int], vocab_size: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """float32[V]: times each id occurs in `token_ids` (all < vocab_size). A request's penalty
     counts start as this, once; then the owner adds 1 per accepted token (`counts[token] += 1`)."""

@@ -41,15 +41,7 @@ from radixlm.runtime.mem_cache.radix_cache import BasePrefixCache, NoopRadixCach
 from radixlm.runtime.messages import ReqOutput
 from radixlm.runtime.model.forward_batch import ForwardBatch
 from radixlm.runtime.model.model_runner import ModelRunner
-from radixlm.runtime.sampling.sampler import (
-    SampleOutput,
-    SamplingBatch,
-    argmax_rows,
-    count_tokens,
-    has_penalties,
-    is_plain_greedy,
-    sample,
-)
+from radixlm.runtime.sampling.sampler import SampleOutput, SamplingBatch, count_tokens, has_penalties, sample
 from radixlm.runtime.sampling.sampling_params import SamplingParams
 from radixlm.runtime.scheduler.admission import AdmissionPlan, plan_extends
 from radixlm.runtime.scheduler.cache_bridge import CacheBridge
@@ -360,12 +352,13 @@ class Scheduler:
         drafts = [r.jump_forward_ids for r in reqs]
         row_reqs = [r for r, draft in zip(reqs, drafts) for _ in range(len(draft) + 1)]
         want_logprob = any(r.logprob.return_logprob for r in reqs)
-        vocab_mask = grammar_mask(reqs, logits.shape[-1], self.cfg.context_len)
-        if vocab_mask is None and not want_logprob and all(is_plain_greedy(r.params, len(r.output_ids)) for r in reqs):
-            result = SampleOutput(argmax_rows(logits.float()), None, None)  # what `sample` picks, without its batch
-        else:
-            result = sample(logits, sampling_batch(reqs, logits.shape[-1], logits.device), vocab_mask=vocab_mask,
-                            generator=self.generator, return_logprob=want_logprob)
+        result = sample(
+            logits,
+            sampling_batch(reqs, logits.shape[-1], logits.device),
+            vocab_mask=grammar_mask(reqs, logits.shape[-1], self.cfg.context_len),
+            generator=self.generator,
+            return_logprob=want_logprob,
+        )
         next_ids = result.next_ids.tolist()
         outputs, kept_rows, row = [], [], 0
         for req, draft in zip(reqs, drafts):

@@ -39,7 +39,6 @@ class ArrivalGate:
         self._held: list[tuple[int, io.TokenizedGenerateReq]] = []
         self._held_since = 0.0
         self._wake: asyncio.TimerHandle | asyncio.Handle | None = None
-        self.num_sends = 0  # messages sent (a statistic for tests)
 
     @contextmanager
     def preparing(self, num_requests: int) -> Iterator[None]:
@@ -64,9 +63,6 @@ class ArrivalGate:
         self._held.append((rank, req))
         self._review()
 
-    def is_held(self, rid: str) -> bool:
-        return any(req.rid == rid for _, req in self._held)
-
     def flush(self) -> None:
         """Send every held request now (each rank's in one message, in the order submitted)."""
         self._cancel_wake()
@@ -75,7 +71,6 @@ class ArrivalGate:
         for rank, req in held:
             by_rank.setdefault(rank, []).append(req)
         for rank, reqs in by_rank.items():
-            self.num_sends += 1
             self._send(rank, reqs)
 
     def _review(self) -> None:

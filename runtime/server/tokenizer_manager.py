@@ -5,9 +5,10 @@ Generate requests go to the scheduler through an `ArrivalGate` (those prepared t
 together, as one message). Per request: a `RequestOutput` that appends each delta as it
 arrives, and an `asyncio.Event` set whenever one does; `generate` takes what accumulated each
 time it wakes (so a slow reader gets the pending deltas coalesced into one chunk, and what waits
-for it is bounded by its own output, never a queue of snapshots). A request whose consumer goes away (client disconnect,
-cancelled task) is aborted in the scheduler, which frees its KV. If a child process dies,
-`fail_all` wakes every waiter with an error and new requests are refused with 503.
+for it is bounded by its own output, never a queue of snapshots). A request whose consumer goes
+away (client disconnect, cancelled task) is aborted in the scheduler, which frees its KV. If a
+child process dies, `fail_all` wakes every waiter with an error and new requests are refused
+with 503.
 
 With data parallelism (`--dp-size N`) there is one scheduler per rank, each behind its own
 socket: a `LoadBalancer` picks each request's rank; control requests (flush, info, abort) go to

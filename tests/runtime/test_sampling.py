@@ -14,7 +14,6 @@ from radixlm.runtime.sampling.sampler import (
     argmax_rows,
     count_tokens,
     has_penalties,
-    is_plain_greedy,
     mix_seed,
     sample,
     top_logprobs,
@@ -194,21 +193,6 @@ def test_argmax_rows_is_torchs_argmax() -> None:
         assert got.dtype == torch.int64 and torch.equal(got, t.argmax(dim=-1))
     with torch.inference_mode():  # as the scheduler calls it
         assert torch.equal(argmax_rows(x.clone()), x.argmax(dim=-1))
-
-
-def test_plain_greedy_rows() -> None:
-    """The scheduler's shortcut (argmax, no SamplingBatch) only for rows whose token is the raw
-    argmax: greedy, no penalties, nothing masked by min_new_tokens."""
-    assert is_plain_greedy(SamplingParams(temperature=0.0), 0)
-    assert is_plain_greedy(SamplingParams(top_k=1), 3)
-    assert not is_plain_greedy(SamplingParams(temperature=0.7), 0)
-    assert not is_plain_greedy(SamplingParams(temperature=0.0, repetition_penalty=1.1), 5)
-    assert not is_plain_greedy(SamplingParams(temperature=0.0, frequency_penalty=0.5), 5)
-    assert not is_plain_greedy(SamplingParams(temperature=0.0, min_new_tokens=2), 1)
-    assert is_plain_greedy(SamplingParams(temperature=0.0, min_new_tokens=2), 2)
-    logits = torch.randn(4, V, generator=torch.Generator().manual_seed(1))
-    plain = [SamplingParams(temperature=0.0)] * 4
-    assert torch.equal(sample(logits, build(plain)).next_ids, argmax_rows(logits))
 
 
 def test_temperature_matches_softmax_statistically() -> None:

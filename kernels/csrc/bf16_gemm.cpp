@@ -101,64 +101,68 @@ inline __m512i pair_of(const uint16_t* xb, int64_t p) {
   return _mm512_set1_epi32(pair);
 }
 
-// One pass of the vector paths: R rows x the 64 columns of panels a and b (adjacent), with
-// vdpbf16ps...
-template <int R>
+// One pass of the vector paths: R rows x the 32 * NP columns of NP adjacent panels from a (b = a's
+// second panel), with vdpbf16ps...
+template <int R, int NP>
 __attribute__((target("avx512bf16"))) void native_pass(const uint16_t* xb, int64_t Kp, const uint16_t* a,
                                                        const uint16_t* b, float* out, int64_t ld_out, const float* res,
                                                        int64_t ld_res, const float* bias) {
-  __m512 acc[4 * R];
-  init_acc<4>(acc, R, res, ld_res, bias);
+  constexpr int V = 2 * NP;
+  __m512 acc[V * R];
+  init_acc<V>(acc, R, res, ld_res, bias);
   for (int64_t p = 0; p < Kp / 2; ++p) {
-    const __m512i w0 = _mm512_loadu_si512(a + p * 64), w1 = _mm512_loadu_si512(a + p * 64 + 32);
-    const __m512i w2 = _mm512_loadu_si512(b + p * 64), w3 = _mm512_loadu_si512(b + p * 64 + 32);
+    __m512i w[V];
+    for (int v = 0; v < V; ++v) w[v] = _mm512_loadu_si512((v < 2 ? a : b) + p * 64 + (v % 2) * 32);
+    prefetch_ahead<2>(a + p * 64);
+    if constexpr (NP == 2) prefetch_ahead<2>(b + p * 64);
     for (int r = 0; r < R; ++r) {
       const __m512bh xp = (__m512bh)pair_of(xb + r * Kp, p);
-      acc[4 * r] = _mm512_dpbf16_ps(acc[4 * r], xp, (__m512bh)w0);
-      acc[4 * r + 1] = _mm512_dpbf16_ps(acc[4 * r + 1], xp, (__m512bh)w1);
-      acc[4 * r + 2] = _mm512_dpbf16_ps(acc[4 * r + 2], xp, (__m512bh)w2);
-      acc[4 * r + 3] = _mm512_dpbf16_ps(acc[4 * r + 3], xp, (__m512bh)w3);
+      for (int v = 0; v < V; ++v) acc[V * r + v] = _mm512_dpbf16_ps(acc[V * r + v], xp, (__m512bh)w[v]);
     }
   }
-  store_acc<4>(acc, R, out, ld_out);
+  store_acc<V>(acc, R, out, ld_out);
 }
 
 // ... or with vdpbf16ps emulated in AVX-512F: per lane, acc += x_odd * w_odd, then
 // acc += x_even * w_even (bf16 products are exact in float32, so each step rounds once, as the
 // instruction does).
-template <int R>
+template <int R, int NP>
 void emulated_pass(const uint16_t* xb, int64_t Kp, const uint16_t* a, const uint16_t* b, float* out, int64_t ld_out,
                    const float* res, int64_t ld_res, const float* bias) {
-  __m512 acc[4 * R];
-  init_acc<4>(acc, R, res, ld_res, bias);
+  constexpr int V = 2 * NP;
+  __m512 acc[V * R];
+  init_acc<V>(acc, R, res, ld_res, bias);
   const __m512i odd_mask = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
   for (int64_t p = 0; p < Kp / 2; ++p) {
-    __m512 even[4], odd[4];
-    for (int v = 0; v < 4; ++v) {
+    __m512 even[V], odd[V];
+    for (int v = 0; v < V; ++v) {
       const __m512i w = _mm512_loadu_si512((v < 2 ? a : b) + p * 64 + (v % 2) * 32);
       even[v] = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
       odd[v] = _mm512_castsi512_ps(_mm512_and_si512(w, odd_mask));
     }
+    prefetch_ahead<2>(a + p * 64);
+    if constexpr (NP == 2) prefetch_ahead<2>(b + p * 64);
     for (int r = 0; r < R; ++r) {
       const __m512 xe = _mm512_set1_ps(bf16_to_float(xb[r * Kp + 2 * p]));
       const __m512 xo = _mm512_set1_ps(bf16_to_float(xb[r * Kp + 2 * p + 1]));
-      for (int v = 0; v < 4; ++v) acc[4 * r + v] = _mm512_fmadd_ps(xe, even[v], _mm512_fmadd_ps(xo, odd[v], acc[4 * r + v]));
+      for (int v = 0; v < V; ++v) acc[V * r + v] = _mm512_fmadd_ps(xe, even[v], _mm512_fmadd_ps(xo, odd[v], acc[V * r + v]));
     }
   }
-  store_acc<4>(acc, R, out, ld_out);
+  store_acc<V>(acc, R, out, ld_out);
 }
 
-template <int R>
+template <int R, int NP>
 void vector_pass(bool native, const uint16_t* xb, int64_t Kp, const uint16_t* a, const uint16_t* b, float* out,
                  int64_t ld_out, const float* res, int64_t ld_res, const float* bias) {
   if constexpr (R <= kRowsEmulated) {
-    if (!native) return emulated_pass<R>(xb, Kp, a, b, out, ld_out, res, ld_res, bias);
+    if (!native) return emulated_pass<R, NP>(xb, Kp, a, b, out, ld_out, res, ld_res, bias);
   }
-  native_pass<R>(xb, Kp, a, b, out, ld_out, res, ld_res, bias);
+  native_pass<R, NP>(xb, Kp, a, b, out, ld_out, res, ld_res, bias);
 }
 
-// Rows [m0, m1) x the 64 columns of panels a, b, in passes of at most kRowsNative (kRowsEmulated)
-// rows, as even as they can be (32 rows: 6, 6, 5, 5, 5, 5, not 6 x 5 + 2).
+// Rows [m0, m1) x the columns of NP adjacent panels (a, then b), in passes of at most kRowsNative
+// (kRowsEmulated) rows, as even as they can be (32 rows: 6, 6, 5, 5, 5, 5, not 6 x 5 + 2).
+template <int NP>
 void vector_unit(bool native, const uint16_t* xb, int64_t m0, int64_t m1, int64_t Kp, const uint16_t* a,
                  const uint16_t* b, float* out, int64_t ld_out, const float* res, int64_t ld_res, const float* bias) {
   const int64_t max_rows = native ? kRowsNative : kRowsEmulated;
@@ -169,12 +173,12 @@ void vector_unit(bool native, const uint16_t* xb, int64_t m0, int64_t m1, int64_
     float* o = out + r0 * ld_out;
     const float* rs = res ? res + r0 * ld_res : nullptr;
     switch (rows) {
-      case 1: vector_pass<1>(native, x, Kp, a, b, o, ld_out, rs, ld_res, bias); break;
-      case 2: vector_pass<2>(native, x, Kp, a, b, o, ld_out, rs, ld_res, bias); break;
-      case 3: vector_pass<3>(native, x, Kp, a, b, o, ld_out, rs, ld_res, bias); break;
-      case 4: vector_pass<4>(native, x, Kp, a, b, o, ld_out, rs, ld_res, bias); break;
-      case 5: vector_pass<5>(native, x, Kp, a, b, o, ld_out, rs, ld_res, bias); break;
-      default: vector_pass<6>(native, x, Kp, a, b, o, ld_out, rs, ld_res, bias); break;
+      case 1: vector_pass<1, NP>(native, x, Kp, a, b, o, ld_out, rs, ld_res, bias); break;
+      case 2: vector_pass<2, NP>(native, x, Kp, a, b, o, ld_out, rs, ld_res, bias); break;
+      case 3: vector_pass<3, NP>(native, x, Kp, a, b, o, ld_out, rs, ld_res, bias); break;
+      case 4: vector_pass<4, NP>(native, x, Kp, a, b, o, ld_out, rs, ld_res, bias); break;
+      case 5: vector_pass<5, NP>(native, x, Kp, a, b, o, ld_out, rs, ld_res, bias); break;
+      default: vector_pass<6, NP>(native, x, Kp, a, b, o, ld_out, rs, ld_res, bias); break;
     }
     r0 += rows;
   }
@@ -294,22 +298,42 @@ void bf16_gemm(const float* x, int64_t M, int64_t K, const uint16_t* w, int64_t 
     });
     return;
   }
-  // Vector paths: units of 64 columns x a chunk of rows. A product with few column blocks (576
-  // output columns are 9) is also split by rows, so both threads get equal work; the second
-  // reader of a block finds its weights in the shared cache.
+  // Vector paths. A product of few rows (one chunk) gives each thread an equal run of panels,
+  // computed two at a time (a lone panel at a run's end by itself): 576 output columns are 18
+  // panels, 9 a thread, where units of two panels would split them 10 : 8.
   TORCH_CHECK(panels % 2 == 0, "VNNI panels come in pairs (N padded to a multiple of 64)");
+  const bool native = path == Bf16Path::kAvx512Bf16;
   const int64_t blocks = panels / 2;
   int64_t chunk = kRowChunk;
   if (M <= kRowChunk && blocks < 8 * at::get_num_threads() && M >= 2 * kRowsNative) chunk = (M + 1) / 2;
+  if (chunk >= M) {
+    at::parallel_for(0, panels, 1, [&](int64_t first, int64_t last) {
+      for (int64_t p = first; p < last; p += 2) {
+        const uint16_t* a = w + p * panel_elems;
+        const int64_t col = p * kVnniPanel;
+        float* o = out + col;
+        const float* rs = residual ? residual + col : nullptr;
+        const float* bs = bias ? bias + col : nullptr;
+        if (p + 1 < last) {
+          vector_unit<2>(native, xb, 0, M, Kp, a, a + panel_elems, o, ld_out, rs, ld_res, bs);
+        } else {
+          vector_unit<1>(native, xb, 0, M, Kp, a, nullptr, o, ld_out, rs, ld_res, bs);
+        }
+      }
+    });
+    return;
+  }
+  // Else units of 64 columns x a chunk of rows. A product with few column blocks is also split by
+  // rows, so both threads get equal work; the second reader of a block finds its weights in the
+  // shared cache.
   const int64_t chunks = (M + chunk - 1) / chunk;
-  const bool native = path == Bf16Path::kAvx512Bf16;
   at::parallel_for(0, blocks * chunks, 1, [&](int64_t first, int64_t last) {
     for (int64_t u = first; u < last; ++u) {
       const int64_t blk = u / chunks, m0 = (u % chunks) * chunk, m1 = std::min(M, m0 + chunk);
       const uint16_t* a = w + 2 * blk * panel_elems;
       const int64_t col = blk * kBlockCols;
-      vector_unit(native, xb, m0, m1, Kp, a, a + panel_elems, out + col, ld_out, residual ? residual + col : nullptr,
-                  ld_res, bias ? bias + col : nullptr);
+      vector_unit<2>(native, xb, m0, m1, Kp, a, a + panel_elems, out + col, ld_out, residual ? residual + col : nullptr,
+                     ld_res, bias ? bias + col : nullptr);
     }
   });
 }

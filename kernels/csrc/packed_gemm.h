@@ -1,9 +1,9 @@
 // The float32 packed-panel GEMM core shared by packed_linear.cpp and decode_stack.cpp:
 // out[M, N] = x[M, K] @ W (+ bias) (+ residual), W[k, 64*b + j] = packed[b][k][j]. Each panel is
-// one contiguous stream the CPU prefetches, read once for up to 6 rows of x (24 accumulators: 4
-// FMAs per weight vector loaded, enough independent sums for the FMA latency); the panels (and,
-// for a product with few panels, the rows) are split across threads. (bfloat16 weights take
-// bf16_gemm.h.)
+// one contiguous stream (read ahead in software: simd_math.h), read once for up to 6 rows of x
+// (24 accumulators: 4 FMAs per weight vector loaded, enough independent sums for the FMA
+// latency); the panels (and, for a product with few panels, the rows) are split across threads.
+// (bfloat16 weights take bf16_gemm.h.)
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -11,6 +11,8 @@
 
 #include <algorithm>
 #include <cstdint>
+
+#include "simd_math.h"
 
 namespace radixlm {
 
@@ -31,6 +33,7 @@ inline void panel(const float* x, int64_t K, const float* w, int64_t w_offset, f
     const int64_t at = w_offset + k * kPanel;
     const __m512 w0 = _mm512_loadu_ps(w + at), w1 = _mm512_loadu_ps(w + at + 16);
     const __m512 w2 = _mm512_loadu_ps(w + at + 32), w3 = _mm512_loadu_ps(w + at + 48);
+    prefetch_ahead<4>(w + at);
     for (int r = 0; r < kRows; ++r) {
       const __m512 xk = _mm512_set1_ps(x[r * K + k]);
       acc[r][0] = _mm512_fmadd_ps(w0, xk, acc[r][0]);

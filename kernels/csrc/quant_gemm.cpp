@@ -12,6 +12,8 @@
 #include <cstring>
 #include <vector>
 
+#include "simd_math.h"
+
 namespace radixlm {
 namespace {
 
@@ -22,6 +24,8 @@ constexpr int64_t kQRowChunk = 96;  // rows of one work unit of a large product
 
 constexpr int64_t value_bytes(QFormat f) { return f == QFormat::kQ8_0 ? 512 : 256; }
 constexpr int64_t block_bytes(QFormat f) { return value_bytes(f) + (f == QFormat::kQ4_1 ? 64 : 32); }
+template <QFormat F>
+constexpr int kBlockLines = static_cast<int>((block_bytes(F) + 63) / 64);  // cache lines a block spans
 constexpr int32_t offset_of(QFormat f) { return f == QFormat::kQ8_0 ? 128 : f == QFormat::kQ4_0 ? 8 : 0; }
 
 std::atomic<int64_t> vnni_calls{0};
@@ -91,6 +95,8 @@ __attribute__((target("avx512vnni"))) void int8_pass(const Activations& a, const
   init_acc<R>(acc, res, ld_res, bias);
   for (int64_t b = 0; b < a.nb; ++b) {
     const uint8_t* blk[2] = {g0 + b * BB, g1 + b * BB};
+    prefetch_ahead<kBlockLines<F>>(blk[0]);
+    prefetch_ahead<kBlockLines<F>>(blk[1]);
     __m512i dot[R][2];
     for (int r = 0; r < R; ++r) dot[r][0] = dot[r][1] = _mm512_setzero_si512();
     for (int t = 0; t < 8; ++t) {
@@ -144,6 +150,8 @@ void float_pass(const Activations& a, const uint8_t* g0, const uint8_t* g1, floa
   init_acc<R>(acc, res, ld_res, bias);
   for (int64_t b = 0; b < a.nb; ++b) {
     const uint8_t* blk[2] = {g0 + b * BB, g1 + b * BB};
+    prefetch_ahead<kBlockLines<F>>(blk[0]);
+    prefetch_ahead<kBlockLines<F>>(blk[1]);
     const __m512 d0 = half16(blk[0] + VB), d1 = half16(blk[1] + VB);
     __m512 m0 = _mm512_setzero_ps(), m1 = _mm512_setzero_ps();
     if constexpr (F == QFormat::kQ4_1) {

@@ -94,7 +94,7 @@ def test_vector_paths_sum_exactly_as_vdpbf16ps(ext: Any, path: str) -> None:
 
 
 @pytest.mark.parametrize("path", cpu_linear.BF16_PATHS)
-@pytest.mark.parametrize(("m", "k", "n"), [(1, 576, 960), (5, 64, 100), (16, 96, 64), (17, 576, 576),
+@pytest.mark.parametrize(("m", "k", "n"), [(1, 576, 960), (1, 576, 576), (5, 64, 100), (16, 96, 64), (17, 576, 576),
                                            (33, 1536, 64), (130, 100, 192), (300, 64, 128)])
 @pytest.mark.parametrize("extras", ["none", "both"])
 def test_paths_match_torch(ext: Any, path: str, m: int, k: int, n: int, extras: str) -> None:
@@ -115,6 +115,29 @@ def test_paths_match_torch(ext: Any, path: str, m: int, k: int, n: int, extras: 
         ref += residual.double()
     assert out.shape == (m, n) and out.dtype == torch.float32
     torch.testing.assert_close(out.double(), ref, atol=2e-5 * (k ** 0.5), rtol=1e-5)
+
+
+@pytest.mark.parametrize("path", ["emulated", "avx512bf16"])
+def test_every_split_of_the_panels_gives_the_same_bits(ext: Any, path: str) -> None:
+    """A product of few rows gives each thread an equal run of panels, computed two at a time
+    and a lone one at an odd run's end: 18 panels (576 columns) split 9 : 9, or 6 : 6 : 6 on three
+    threads. Each column's sum is the same sequence of vdpbf16ps steps however the panels fall,
+    so every thread count gives the same bits (and the single-thread run is checked exactly)."""
+    _require(ext, path)
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(3, 576, generator=gen).bfloat16()
+    w = (torch.randn(576, 576, generator=gen) * 0.05).bfloat16()
+    packed = cpu_linear.pack_vnni(w)
+    threads = torch.get_num_threads()
+    try:
+        outs = []
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            outs.append(cpu_linear.bf16_linear(ext, x.float(), packed, 576, path=path))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(outs[0], _vdpbf16ps_model(x, w))
+    assert torch.equal(outs[1], outs[0]) and torch.equal(outs[2], outs[0])
 
 
 def test_bf16_input_gives_bf16_output_and_residual_may_be_strided(ext: Any) -> None:

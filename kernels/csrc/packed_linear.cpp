@@ -1,6 +1,6 @@
 // The Python entry points of the extension: packed_linear (one linear layer through the packed
 // GEMM of packed_gemm.h), bf16_linear (through the VNNI-panel GEMM of bf16_gemm.h), the CPU's
-// bf16 features, q_linear (block-quantized weights, quant_gemm.h), and DecodeStack
+// bf16 features, q_linear and q_columns (block-quantized weights, quant_gemm.h), and DecodeStack
 // (decode_stack.h: every decoder layer of a decode step).
 #include <torch/extension.h>
 
@@ -85,6 +85,19 @@ torch::Tensor q_linear(const torch::Tensor& x, const torch::Tensor& packed, int6
   return out;
 }
 
+// packed uint8 quant groups [N/16, K/32, block bytes]; cols int64 [T]. Returns [T, K] float32:
+// those columns dequantized (a tied embedding's rows).
+torch::Tensor q_columns(const torch::Tensor& packed, const torch::Tensor& cols) {
+  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kByte && packed.is_contiguous(),
+              "packed must be contiguous uint8 quant groups [N/16, K/32, block bytes]");
+  TORCH_CHECK(cols.dim() == 1 && cols.scalar_type() == at::kLong && cols.is_contiguous(), "cols must be contiguous int64 [T]");
+  const int64_t nb = packed.size(1), T = cols.size(0);
+  auto out = torch::empty({T, nb * radixlm::kQBlock}, torch::dtype(torch::kFloat32));
+  radixlm::q_columns(packed.data_ptr<uint8_t>(), packed.size(0), nb, radixlm::q_format_of(packed.size(2)),
+                     cols.data_ptr<int64_t>(), T, out.data_ptr<float>());
+  return out;
+}
+
 pybind11::dict cpu_features() {
   const radixlm::CpuFeatures& f = radixlm::cpu_features();
   pybind11::dict d;
@@ -104,6 +117,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q_linear", &q_linear, "x @ W (+ bias) (+ residual) with W block-quantized (Q8_0, Q4_0, Q4_1) in quant groups",
         pybind11::arg("x"), pybind11::arg("packed"), pybind11::arg("mode") = 0, pybind11::arg("residual") = pybind11::none(),
         pybind11::arg("bias") = pybind11::none());
+  m.def("q_columns", &q_columns, "columns of block-quantized quant groups dequantized to float32 (a tied embedding's rows)",
+        pybind11::arg("packed"), pybind11::arg("cols"));
   m.def("num_vnni_calls", &radixlm::num_vnni_calls, "quantized products that ran in an int8 (vpdpbusd) mode");
   m.def("cpu_features", &cpu_features, "the CPU's bf16 features and the bf16 GEMM path taken (0 emulated, 1 AVX512-BF16, 2 AMX)");
   m.def("rms_norm", &radixlm::rms_norm, "x / sqrt(mean(x^2) + eps) (* weight) per row, float32 arithmetic, x's dtype");

@@ -4,6 +4,7 @@
 
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
+#include <c10/util/Half.h>
 #include <cpuid.h>
 #include <immintrin.h>
 
@@ -284,6 +285,47 @@ bool cpu_has_vnni() {
 }
 
 int64_t num_vnni_calls() { return vnni_calls.load(); }
+
+// d * (u - offset) is exact in float32 (an 11-bit float16 significand times at most 8 bits), so
+// Q4_1's + m rounds once whether or not the compiler fuses it: GGUF's value either way.
+void q_columns(const uint8_t* w, int64_t groups, int64_t nb, QFormat format, const int64_t* cols, int64_t T,
+               float* out) {
+  for (int64_t t = 0; t < T; ++t) {
+    TORCH_CHECK(cols[t] >= 0 && cols[t] < groups * kQGroup, "column ", cols[t], " is out of range [0, ",
+                groups * kQGroup, ")");
+  }
+  const int64_t BB = block_bytes(format), VB = value_bytes(format);
+  const int32_t offset = offset_of(format);
+  auto half = [](const uint8_t* p) {
+    uint16_t bits;
+    std::memcpy(&bits, p, sizeof bits);
+    return c10::detail::fp16_ieee_to_fp32_value(bits);
+  };
+  at::parallel_for(0, T, 64, [&](int64_t first, int64_t last) {
+    for (int64_t t = first; t < last; ++t) {
+      const int64_t g = cols[t] / kQGroup, c = cols[t] % kQGroup;
+      float* row = out + t * nb * kQBlock;
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = w + (g * nb + b) * BB;
+        const float d = half(blk + VB + 2 * c);
+        const float m = format == QFormat::kQ4_1 ? half(blk + VB + 32 + 2 * c) : 0.0f;
+        for (int k = 0; k < kQBlock; ++k) {
+          const int quad = k / 4, j = k % 4;
+          int32_t u;
+          if (format == QFormat::kQ8_0) {
+            u = blk[quad * 64 + 4 * c + j];
+          } else {
+            const uint8_t byte = blk[(quad / 2) * 64 + 4 * c + j];
+            u = quad % 2 == 0 ? byte & 0x0F : byte >> 4;
+          }
+          float v = d * static_cast<float>(u - offset);
+          if (format == QFormat::kQ4_1) v = v + m;
+          row[b * kQBlock + k] = v;
+        }
+      }
+    }
+  });
+}
 
 void q_gemm(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t groups, QFormat format, QMode mode,
             float* out, int64_t ld_out, const float* residual, int64_t ld_res, const float* bias) {

@@ -52,4 +52,9 @@ int64_t num_vnni_calls();
 void q_gemm(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t groups, QFormat format, QMode mode,
             float* out, int64_t ld_out, const float* residual, int64_t ld_res, const float* bias);
 
+// out [T, nb*32] float32 = columns cols[0..T) of quant groups w ([groups][nb][block bytes]),
+// dequantized as GGUF's dequantizer does (d * (u - offset), or d * u + m): for a tied embedding,
+// the rows of tokens cols.
+void q_columns(const uint8_t* w, int64_t groups, int64_t nb, QFormat format, const int64_t* cols, int64_t T, float* out);
+
 }  // namespace radixlm

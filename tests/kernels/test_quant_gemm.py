@@ -50,6 +50,24 @@ def test_packed_blocks_dequantize_as_gguf_does(fmt: str, shape: tuple[int, int])
     assert torch.equal(quant.unpack_columns(packed, picked), qt.dequantize()[picked])
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_kernel_columns_dequantize_as_gguf_does(ext: Any, fmt: str, shape: tuple[int, int]) -> None:
+    """`q_columns` (the quantized embedding's lookup with the C++ kernels) gives gguf's values bit
+    for bit, for every column, repeated and unordered picks and more than one thread's worth of
+    rows; a column past the groups is refused."""
+    n, k = shape
+    qt = quant.quantize(_weight(n, k, 1), fmt)
+    packed = quant.pack(qt)
+    reference = qt.dequantize()
+    assert torch.equal(ext.q_columns(packed, torch.arange(n)), reference)
+    picked = torch.tensor([n - 1, 0, n // 2, n - 1] * 40)
+    assert torch.equal(ext.q_columns(packed, picked), reference[picked])
+    assert ext.q_columns(packed, torch.tensor([], dtype=torch.int64)).shape == (0, k)
+    with pytest.raises(RuntimeError, match="out of range"):
+        ext.q_columns(packed, torch.tensor([packed.shape[0] * quant.GROUP]))
+
+
 def test_w8a8_weights_are_per_channel_int8() -> None:
     w = _weight(24, 96, 2)
     deq = quant.quantize(w, "w8a8_int8").dequantize()

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "simd_math.h"
 
@@ -19,38 +20,38 @@ namespace radixlm {
 constexpr int64_t kPanel = 64;
 constexpr int64_t kRowsPerPass = 6;
 
-template <int kRows>
+// kRows rows x V vectors of 16 columns (V = 4: a whole panel; 2: one half of it) starting at
+// w + w_offset; out, residual and bias start at the same columns.
+template <int kRows, int V = 4>
 inline void panel(const float* x, int64_t K, const float* w, int64_t w_offset, float* out, int64_t ld_out,
            const float* residual, int64_t ld_res, const float* bias) {
-  __m512 acc[kRows][4];
+  __m512 acc[kRows][V];
   for (int r = 0; r < kRows; ++r) {
-    for (int v = 0; v < 4; ++v) {
+    for (int v = 0; v < V; ++v) {
       __m512 a = residual ? _mm512_loadu_ps(residual + r * ld_res + v * 16) : _mm512_setzero_ps();
       acc[r][v] = bias ? _mm512_add_ps(a, _mm512_loadu_ps(bias + v * 16)) : a;
     }
   }
   for (int64_t k = 0; k < K; ++k) {
     const int64_t at = w_offset + k * kPanel;
-    const __m512 w0 = _mm512_loadu_ps(w + at), w1 = _mm512_loadu_ps(w + at + 16);
-    const __m512 w2 = _mm512_loadu_ps(w + at + 32), w3 = _mm512_loadu_ps(w + at + 48);
-    prefetch_ahead<4>(w + at);
+    __m512 wv[V];
+    for (int v = 0; v < V; ++v) wv[v] = _mm512_loadu_ps(w + at + 16 * v);
+    prefetch_ahead<V>(w + at);
     for (int r = 0; r < kRows; ++r) {
       const __m512 xk = _mm512_set1_ps(x[r * K + k]);
-      acc[r][0] = _mm512_fmadd_ps(w0, xk, acc[r][0]);
-      acc[r][1] = _mm512_fmadd_ps(w1, xk, acc[r][1]);
-      acc[r][2] = _mm512_fmadd_ps(w2, xk, acc[r][2]);
-      acc[r][3] = _mm512_fmadd_ps(w3, xk, acc[r][3]);
+      for (int v = 0; v < V; ++v) acc[r][v] = _mm512_fmadd_ps(wv[v], xk, acc[r][v]);
     }
   }
   for (int r = 0; r < kRows; ++r) {
-    for (int v = 0; v < 4; ++v) _mm512_storeu_ps(out + r * ld_out + v * 16, acc[r][v]);
+    for (int v = 0; v < V; ++v) _mm512_storeu_ps(out + r * ld_out + v * 16, acc[r][v]);
   }
 }
 
-// Rows [m0, m1) x panel b, in passes of at most kRowsPerPass rows, as even as they can be.
+// Rows [m0, m1) x panel b (half = -1), or x its columns 0-31 (half = 0) or 32-63 (half = 1), in
+// passes of at most kRowsPerPass rows, as even as they can be.
 inline void packed_unit(const float* x, int64_t m0, int64_t m1, int64_t K, const float* w, int64_t b, float* out,
-                        int64_t ld_out, const float* residual, int64_t ld_res, const float* bias) {
-  const int64_t col = b * kPanel;
+                        int64_t ld_out, const float* residual, int64_t ld_res, const float* bias, int half = -1) {
+  const int64_t col = b * kPanel + (half == 1 ? kPanel / 2 : 0), w_offset = b * K * kPanel + (half == 1 ? kPanel / 2 : 0);
   int64_t passes = (m1 - m0 + kRowsPerPass - 1) / kRowsPerPass;
   for (int64_t r0 = m0; r0 < m1; --passes) {
     const int64_t rows = (m1 - r0 + passes - 1) / passes;
@@ -58,24 +59,48 @@ inline void packed_unit(const float* x, int64_t m0, int64_t m1, int64_t K, const
     float* o = out + r0 * ld_out + col;
     const float* res = residual ? residual + r0 * ld_res + col : nullptr;
     const float* bb = bias ? bias + col : nullptr;
+    auto run = [&](auto rows_c) {
+      constexpr int R = decltype(rows_c)::value;
+      if (half < 0) {
+        panel<R>(xr, K, w, w_offset, o, ld_out, res, ld_res, bb);
+      } else {
+        panel<R, 2>(xr, K, w, w_offset, o, ld_out, res, ld_res, bb);
+      }
+    };
     switch (rows) {
-      case 1: panel<1>(xr, K, w, b * K * kPanel, o, ld_out, res, ld_res, bb); break;
-      case 2: panel<2>(xr, K, w, b * K * kPanel, o, ld_out, res, ld_res, bb); break;
-      case 3: panel<3>(xr, K, w, b * K * kPanel, o, ld_out, res, ld_res, bb); break;
-      case 4: panel<4>(xr, K, w, b * K * kPanel, o, ld_out, res, ld_res, bb); break;
-      case 5: panel<5>(xr, K, w, b * K * kPanel, o, ld_out, res, ld_res, bb); break;
-      default: panel<6>(xr, K, w, b * K * kPanel, o, ld_out, res, ld_res, bb); break;
+      case 1: run(std::integral_constant<int, 1>{}); break;
+      case 2: run(std::integral_constant<int, 2>{}); break;
+      case 3: run(std::integral_constant<int, 3>{}); break;
+      case 4: run(std::integral_constant<int, 4>{}); break;
+      case 5: run(std::integral_constant<int, 5>{}); break;
+      default: run(std::integral_constant<int, 6>{}); break;
     }
     r0 += rows;
   }
 }
 
 // x [M, K] (row stride K); out and residual rows `ld_out` / `ld_res` apart, N = panels * 64.
-// Units are (panel, half of the rows) when there are few panels (576 columns are 9), so both
-// threads get equal work; else whole panels.
+// Units are (panel, half of the rows) when there are few panels (576 columns are 9) and rows
+// enough, so both threads get equal work. A product of few rows instead splits the columns in
+// 32-column halves, each thread an equal run of them (9 panels: 4.5 each, where whole panels
+// would split 5 : 4); whole panels where a run covers both halves.
 inline void packed_gemm(const float* x, int64_t M, int64_t K, const float* w, int64_t panels, float* out, int64_t ld_out,
          const float* residual, int64_t ld_res, const float* bias) {
   const int64_t chunks = panels < 8 * at::get_num_threads() && M >= 2 * kRowsPerPass ? 2 : 1;
+  if (chunks == 1) {
+    at::parallel_for(0, 2 * panels, 1, [&](int64_t first, int64_t last) {
+      for (int64_t h = first; h < last;) {
+        if (h % 2 == 0 && h + 1 < last) {
+          packed_unit(x, 0, M, K, w, h / 2, out, ld_out, residual, ld_res, bias);
+          h += 2;
+        } else {
+          packed_unit(x, 0, M, K, w, h / 2, out, ld_out, residual, ld_res, bias, static_cast<int>(h % 2));
+          h += 1;
+        }
+      }
+    });
+    return;
+  }
   const int64_t chunk = (M + chunks - 1) / chunks;
   at::parallel_for(0, panels * chunks, 1, [&](int64_t first, int64_t last) {
     for (int64_t u = first; u < last; ++u) {

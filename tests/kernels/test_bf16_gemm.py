@@ -118,7 +118,7 @@ def test_paths_match_torch(ext: Any, path: str, m: int, k: int, n: int, extras: 
 
 
 @pytest.mark.parametrize("path", ["emulated", "avx512bf16"])
-def test_every_split_of_the_panels_gives_the_same_bits(ext: Any, path: str) -> None:
+def test_every_split_of_the_panels_gives_the_same_bits(ext: Any, path: str, on_thread_counts: Any) -> None:
     """A product of few rows gives each thread an equal run of panels, computed two at a time
     and a lone one at an odd run's end: 18 panels (576 columns) split 9 : 9, or 6 : 6 : 6 on three
     threads. Each column's sum is the same sequence of vdpbf16ps steps however the panels fall,
@@ -128,14 +128,7 @@ def test_every_split_of_the_panels_gives_the_same_bits(ext: Any, path: str) -> N
     x = torch.randn(3, 576, generator=gen).bfloat16()
     w = (torch.randn(576, 576, generator=gen) * 0.05).bfloat16()
     packed = cpu_linear.pack_vnni(w)
-    threads = torch.get_num_threads()
-    try:
-        outs = []
-        for n in (1, 2, 3):
-            torch.set_num_threads(n)
-            outs.append(cpu_linear.bf16_linear(ext, x.float(), packed, 576, path=path))
-    finally:
-        torch.set_num_threads(threads)
+    outs = on_thread_counts(lambda: cpu_linear.bf16_linear(ext, x.float(), packed, 576, path=path))
     assert torch.equal(outs[0], _vdpbf16ps_model(x, w))
     assert torch.equal(outs[1], outs[0]) and torch.equal(outs[2], outs[0])
 

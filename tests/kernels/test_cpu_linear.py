@@ -38,7 +38,7 @@ def test_packed_linear_matches_torch(ext: Any, k: int, n: int, m: int, extras: s
 
 
 @pytest.mark.parametrize("n", [576, 320])
-def test_every_split_of_the_columns_gives_the_same_bits(ext: Any, n: int) -> None:
+def test_every_split_of_the_columns_gives_the_same_bits(ext: Any, n: int, on_thread_counts: Any) -> None:
     """A product of few rows splits its columns in 32-column halves of panels between threads
     (9 panels on 2 threads: 4.5 each; 5 panels on 3 threads: halves at both ends of a run), with
     bias and residual. Each column's sum is the same sequence of FMAs however the columns fall,
@@ -48,14 +48,7 @@ def test_every_split_of_the_columns_gives_the_same_bits(ext: Any, n: int) -> Non
     x = torch.randn(3, 576, generator=gen)
     bias, residual = torch.randn(n, generator=gen), torch.randn(3, n, generator=gen)
     packed = cpu_linear.pack(w)
-    threads = torch.get_num_threads()
-    try:
-        outs = []
-        for t in (1, 2, 3):
-            torch.set_num_threads(t)
-            outs.append(cpu_linear.packed_linear(ext, x, packed, n, residual, bias))
-    finally:
-        torch.set_num_threads(threads)
+    outs = on_thread_counts(lambda: cpu_linear.packed_linear(ext, x, packed, n, residual, bias))
     torch.testing.assert_close(outs[0], x @ w + bias + residual, atol=1e-4, rtol=0)
     assert torch.equal(outs[1], outs[0]) and torch.equal(outs[2], outs[0])
 

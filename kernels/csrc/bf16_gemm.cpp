@@ -23,7 +23,8 @@ constexpr long kXfeatureXtileData = 18;     // the AMX tile data component
 // panels side by side): 4 accumulators a row, so a pass does 4 x rows dot products per k-pair
 // for 4 weight loads and `rows` broadcasts (24 : 10 at 6 rows), and holds 24 independent sums,
 // enough to cover the instruction's latency at two per cycle. The emulation needs 8 weight
-// registers (even and odd halves), so it takes 4 rows.
+// registers (even and odd halves), so it takes 4 rows. A lone panel (the end of a thread's odd
+// run of panels) takes the same pass over 32 columns, 2 accumulators a row.
 constexpr int kRowsNative = 6;
 constexpr int kRowsEmulated = 4;
 constexpr int64_t kBlockCols = 2 * kVnniPanel;

@@ -104,6 +104,7 @@ def test_default_model_q4_1_weight_only_within_1e3_of_its_dequantized_float32(de
     assert all(m.qweight is not None and m.weight_t is None for m in linears)
     assert isinstance(model.embed_tokens, QuantizedEmbedding)
     assert model.embed_tokens.packed.data_ptr() == model.lm_head.qweight.data_ptr()  # tied: one copy
+    assert (model.embed_tokens.ext is not None) == runner.cpu_kernels  # the logits above looked rows up in C++
     gguf_bytes = sum(t.nbytes for t in load_quantized(default_model_dir).values())
     held = sum(m.qweight.numel() for m in linears)
     assert held <= 1.1 * gguf_bytes

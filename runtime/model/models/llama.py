@@ -158,7 +158,7 @@ class QuantizedEmbedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         flat = ids.reshape(-1)
-        if self.ext is not None and self.packed.device.type == "cpu":
+        if self.ext is not None:  # set by use_cpu_kernels, on CPU only
             rows = self.ext.q_columns(self.packed, flat.to(torch.int64).contiguous())
         else:
             rows = quant.unpack_columns(self.packed, flat)

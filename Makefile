@@ -35,7 +35,13 @@ CHROMIUM := /usr/bin/chromium
 browser:
 	test -x $(CHROMIUM) || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
 
-test: model browser
+# the C++ vector layer's aarch64 test (tests/kernels/test_vec_layer.py) cross-compiles and runs under
+# qemu-user: Debian's aarch64 g++ and qemu-user, installed when missing
+arm-tools:
+	command -v aarch64-linux-gnu-g++ >/dev/null && command -v qemu-aarch64 >/dev/null || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++-aarch64-linux-gnu qemu-user)
+
+test: model browser arm-tools
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest $(ARGS)
 
 lint: setup
@@ -48,9 +54,15 @@ bench: model
 # from source for this CPU (~10 min on 2 cores, once; pip skips it when installed). torch is named
 # beside it so that pip keeps the pinned CPU build whatever the peer's dependencies ask for.
 LLAMA_CPP_PYTHON := llama-cpp-python==0.3.36
+# A second build for the AVX2 level beside the native one (into the cache's peers/), which the
+# bench takes when RADIXLM_CPU_ISA=avx2 caps radixlm at that level (runtime/bench/llamacpp_peer.py).
+PEERS_DIR := $(or $(RADIXLM_CACHE),$(HOME)/.cache/radixlm)/peers
+LLAMA_CPP_AVX2 := -DGGML_NATIVE=OFF -DGGML_AVX512=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX_VNNI=OFF
 bench-peers: model
 	CMAKE_ARGS="-DGGML_NATIVE=ON $(CMAKE_ARGS)" $(BIN)/python -m pip install \
 		--no-binary llama-cpp-python '$(LLAMA_CPP_PYTHON)' torch==2.13.0
+	test -d $(PEERS_DIR)/llama-cpp-avx2/llama_cpp || CMAKE_ARGS="$(LLAMA_CPP_AVX2)" $(BIN)/python -m pip install \
+		--no-binary llama-cpp-python --no-deps --target $(PEERS_DIR)/llama-cpp-avx2 '$(LLAMA_CPP_PYTHON)'
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,15 +1,18 @@
-"""C++ CPU kernels: linear layers over weights packed in panels, float32 (csrc/packed_gemm.h, read
-once per step for up to 6 rows) or bfloat16 (csrc/bf16_gemm.h: AMX tiles, AVX512-BF16 vdpbf16ps,
-or vdpbf16ps emulated in AVX-512F, whichever the CPU runs), or block-quantized (csrc/quant_gemm.h,
-kernels/quant.py: GGUF Q8_0 / Q4_0 / Q4_1, weight-only or int8 x int8 with VNNI); DecodeStack (csrc/decode_stack.h),
-every decoder layer of a decode step in one call; paged attention (csrc/paged_attention.cpp),
-causal attention of any batch's new tokens reading K/V in place from the KV pool; and fused
-row-wise RMSNorm and SiLU x up for prefill-sized steps (csrc/rows.cpp).
+"""C++ CPU kernels (csrc/): linear layers over weights packed in panels, float32
+(kernels/packed_gemm.h) or bfloat16 (kernels/bf16_gemm.h: AMX tiles, AVX512-BF16 vdpbf16ps, or
+vdpbf16ps emulated over the vector layer, whichever the CPU runs), or block-quantized
+(kernels/quant_gemm.h, kernels/quant.py: GGUF Q8_0 / Q4_0 / Q4_1, weight-only or int8 x int8);
+DecodeStack (kernels/decode_stack.h), every decoder layer of a decode step in one call; paged
+attention (kernels/paged_attention.cpp), causal attention of any batch's new tokens reading K/V
+in place from the KV pool; and fused row-wise RMSNorm and SiLU x up (kernels/rows.cpp).
 
-Built on first use with torch's C++ extension tooling (gcc, ninja from the `ninja` wheel) into
-`build_root` (the runtime passes its cache's `extensions/` folder), keyed by the source and torch version, under a file lock so concurrent
-processes build once. `load()` returns None (and says why, once) where it cannot run: no
-AVX-512 (avx512f + avx512bw), no compiler, a failed build; callers then keep torch's matmul.
+Each kernel is written once over the vector layer (csrc/simd/vec.h) and built once per ISA
+build (isa.BUILD_FLAGS: generic, avx2, avx512, neon) as its own extension module, on first use,
+with torch's C++ extension tooling (a C++ compiler, ninja from the `ninja` wheel), into
+`build_root` (the runtime passes its cache's `extensions/` folder), keyed by the sources, the
+flags and torch's version, under a file lock so concurrent processes build once. `load()` gives
+the module of the highest level the CPU runs (isa.py), or None (and says why, once) where none
+can: no compiler, a failed build; callers then keep torch's ops.
 """
 
 from __future__ import annotations
@@ -27,36 +30,17 @@ from types import ModuleType
 
 import torch
 
+from radixlm.kernels import isa
+
 logger = logging.getLogger(__name__)
 
 PANEL = 64
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = [CSRC / "packed_linear.cpp", CSRC / "decode_stack.cpp", CSRC / "paged_attention.cpp", CSRC / "bf16_gemm.cpp",
-           CSRC / "rows.cpp", CSRC / "amx_attention.cpp", CSRC / "vnni_attention.cpp", CSRC / "quant_gemm.cpp",
-           CSRC / "shm_all_reduce.cpp"]
-HEADERS = [CSRC / "packed_gemm.h", CSRC / "decode_stack.h", CSRC / "shm_all_reduce.h", CSRC / "simd_math.h", CSRC / "bf16_gemm.h",
-           CSRC / "amx_attention.h", CSRC / "online_softmax.h", CSRC / "quant_gemm.h"]
-_state: dict[str, ModuleType | None] = {}
+# every build compiles the bindings and the kernels; the hash of a build covers every source
+SOURCES = [CSRC / "bindings" / "torch_ops.cpp", *sorted((CSRC / "kernels").glob("*.cpp"))]
+HEADERS = sorted(CSRC.glob("**/*.h"))
+_state: dict[str, ModuleType | None] = {}  # build name -> its module (None: it cannot run here)
 _bf16_choice: dict[str, bool] = {}
-
-
-def _cpu_flags() -> str:
-    try:
-        return Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return ""
-
-
-def cpu_supports_avx512() -> bool:
-    flags = _cpu_flags()
-    return " avx512f" in flags and " avx512bw" in flags
-
-
-def cpu_supports_bf16() -> bool:
-    """Whether the CPU multiplies bfloat16 in hardware (AVX512-BF16; every AMX CPU has it too):
-    there bf16 weights run torch's and our GEMMs at 2-4x their float32 speed; elsewhere torch
-    converts bf16 in software and is slower than float32 at prefill."""
-    return " avx512_bf16" in _cpu_flags()
 
 
 # `--dtype auto` takes bfloat16 weights on a CPU where a batched product runs at least this many
@@ -92,12 +76,12 @@ def bf16_speedup(ext: ModuleType, rows: int = 64, k: int = 576, n: int = 3072, r
     return best["float32"] / best["bfloat16"]
 
 
-def prefers_bf16(load_ext: Callable[[], ModuleType | None]) -> bool:
+def prefers_bf16(bf16_in_hardware: bool, load_ext: Callable[[], ModuleType | None]) -> bool:
     """What `--dtype auto` takes on this CPU (True: bfloat16 weights, False: float32): float32
-    without AVX512-BF16 (bf16 would be emulated; `load_ext` is not called); with it, bfloat16 where
+    without bf16 in hardware (it would be emulated; `load_ext` is not called); with it, bfloat16 where
     bf16_speedup, measured once per process, reaches BF16_AUTO_MIN_SPEEDUP, or where our kernels
     are off (`load_ext()` gives None: torch's oneDNN bf16 GEMMs, as before this measurement)."""
-    if not cpu_supports_bf16():
+    if not bf16_in_hardware:
         return False
     ext = load_ext()
     if ext is None:
@@ -110,34 +94,47 @@ def prefers_bf16(load_ext: Callable[[], ModuleType | None]) -> bool:
     return _bf16_choice["choice"]
 
 
-def cpu_supports_vnni() -> bool:
-    """Whether the CPU has AVX512-VNNI (vpdpbusd: int8 dot products), which the int8 quantized
-    products need."""
-    return " avx512_vnni" in _cpu_flags()
-
-
-def load(build_root: Path) -> ModuleType | None:
-    """The compiled extension, or None if it cannot be used here (the reason is logged once).
-    The first call builds (or finds) it under `build_root`; later calls return that result."""
-    if "ext" not in _state:
-        _state["ext"] = _build(build_root)
-    return _state["ext"]
-
-
-def _build(build_root: Path) -> ModuleType | None:
-    if not cpu_supports_avx512():
-        logger.info("packed CPU linear kernel off: this CPU lacks avx512f/avx512bw")
+def load(build_root: Path, cap: str | None = None) -> ModuleType | None:
+    """The compiled extension for the highest ISA level this CPU runs, at most `cap` (a level
+    of isa.ladder(), e.g. RADIXLM_CPU_ISA), or None if no build can run here (the reason is
+    logged once). The first call builds (or finds) it under `build_root`."""
+    features = isa.probe(build_root)
+    if features is None:
         return None
+    return load_level(build_root, isa.choose_level(features, cap).name)
+
+
+def load_level(build_root: Path, level_name: str) -> ModuleType | None:
+    """The extension built for ISA level `level_name`, its kernels told which features they may
+    use (the CPU's, within the level's). Levels that share a build share its module: it follows
+    the level of the last call. A level above this CPU is a ValueError."""
+    features = isa.probe(build_root)
+    if features is None:
+        return None
+    level = isa.level_named(level_name)
+    if level not in isa.runnable_levels(features):
+        raise ValueError(f"CPU ISA level {level_name!r} cannot run on this CPU (features: {', '.join(sorted(features.present))})")
+    if level.build not in _state:
+        _state[level.build] = _build(build_root, level.build)
+    ext = _state[level.build]
+    if ext is not None:
+        ext.set_cpu_features(features.mask_of(level.allows), level.name)
+    return ext
+
+
+def _build(build_root: Path, build: str) -> ModuleType | None:
     from torch.utils.cpp_extension import load as load_extension
 
+    flags = list(isa.BUILD_FLAGS[build])
     # keyed by the sources' bytes and their place: torch's loader rebuilds when the source paths
     # change, so two checkouts (or a checkout and an installed wheel) sharing one folder would
     # rebuild over each other
     digest = hashlib.sha256(torch.__version__.encode())
+    digest.update(" ".join(flags).encode())
     for path in SOURCES + HEADERS:
         digest.update(str(path.resolve()).encode())
         digest.update(path.read_bytes())
-    build_dir = build_root / f"cpu_kernels-{digest.hexdigest()[:16]}"
+    build_dir = build_root / f"cpu_kernels-{build}-{digest.hexdigest()[:16]}"
     build_dir.mkdir(parents=True, exist_ok=True)
     try:
         import ninja  # the wheel's binary; the venv's bin/ is not necessarily on PATH
@@ -151,16 +148,20 @@ def _build(build_root: Path) -> ModuleType | None:
             # torch's own build baton (a plain file it polls for, forever) left by a builder that was
             # killed: every builder of this folder holds our lock first, so a baton seen now is stale
             (build_dir / "lock").unlink(missing_ok=True)
+            # hidden visibility: each build's inline functions and statics stay its own, so two
+            # builds loaded in one process (the tests of every level) never share code
             return load_extension(
-                name="radixlm_cpu_kernels",
+                name=f"radixlm_cpu_kernels_{build}",
                 sources=[str(path) for path in SOURCES],
                 build_directory=str(build_dir),
-                extra_cflags=["-O3", "-mavx512f", "-mavx512bw", "-fopenmp"],
+                extra_include_paths=[str(CSRC)],
+                extra_cflags=["-O3", "-fopenmp", "-fvisibility=hidden", *flags],
                 extra_ldflags=["-fopenmp"],
                 verbose=False,
             )
     except Exception as e:  # a missing compiler or ninja, a failed build: fall back to torch
-        logger.warning("packed CPU linear kernel off: build failed (%s)", str(e).splitlines()[0] if str(e) else type(e).__name__)
+        logger.warning("C++ CPU kernels (%s build) off: build failed (%s)", build,
+                       str(e).splitlines()[0] if str(e) else type(e).__name__)
         return None
 
 
@@ -238,15 +239,13 @@ def pack_vnni(weight_t: torch.Tensor) -> torch.Tensor:
 
 def bf16_path(ext: ModuleType) -> str:
     """The fastest bf16 GEMM path this CPU runs: 'amx', 'avx512bf16' or 'emulated' (vdpbf16ps
-    emulated in AVX-512F)."""
+    emulated over the vector layer, at every ISA level)."""
     return BF16_PATHS[ext.cpu_features()["bf16_path"]]
 
 
 def available_bf16_paths(ext: ModuleType) -> list[str]:
-    """The bf16 GEMM paths this CPU (and OS) can run, slowest first."""
-    features = ext.cpu_features()
-    ok = {"emulated": True, "avx512bf16": features["avx512bf16"], "amx": features["amx_permitted"]}
-    return [path for path in BF16_PATHS if ok[path]]
+    """The bf16 GEMM paths this build runs on this CPU (and OS), slowest first."""
+    return [BF16_PATHS[i] for i in ext.cpu_features()["bf16_paths"]]
 
 
 def resolve_bf16_path(ext: ModuleType, requested: str | None) -> str:

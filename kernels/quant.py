@@ -1,4 +1,4 @@
-"""Block-quantized weights as our kernels read them (csrc/quant_gemm.h): GGUF's Q8_0, Q4_0 and
+"""Block-quantized weights as our kernels read them (csrc/kernels/quant_gemm.h): GGUF's Q8_0, Q4_0 and
 Q4_1 blocks (32 k of one column, float16 scale d, Q4_1 also a float16 minimum m), repacked into
 "quant groups" `[N/16, K/32, block bytes]` uint8, the file's bytes per weight exactly.
 
@@ -22,7 +22,7 @@ N_MULTIPLE = 64  # packed weights are padded to this many columns (the decode st
 
 # format -> (GGUF bytes per block, packed value bytes per block of a group, offset of the values)
 FORMATS: dict[str, tuple[int, int, int]] = {"q8_0": (34, 512, 128), "q4_0": (18, 256, 8), "q4_1": (20, 256, 0)}
-# how each kernel mode feeds x to the products (csrc/quant_gemm.h QMode)
+# how each kernel mode feeds x to the products (csrc/kernels/quant_gemm.h QMode; the int8 ones run at every ISA level)
 MODES = {"float32": 0, "int8": 1, "int8_row": 2}
 
 

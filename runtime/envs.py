@@ -47,6 +47,11 @@ RADIXLM_ADAPTIVE_THREADS = EnvStr("RADIXLM_ADAPTIVE_THREADS", "1")
 # the fastest this CPU runs. For tests and comparisons; a path the CPU cannot run is an error.
 RADIXLM_BF16_PATH = EnvStr("RADIXLM_BF16_PATH")
 
+# The highest ISA level the C++ CPU kernels may run at (kernels/isa.py LADDERS: generic, avx2,
+# avx2_vnni, avx512 on x86-64; generic, neon, neon_dotprod, neon_i8mm on aarch64); default: the
+# highest this CPU runs. A level above the CPU's runs the CPU's own.
+RADIXLM_CPU_ISA = EnvStr("RADIXLM_CPU_ISA")
+
 
 @dataclass(frozen=True)
 class EnvFloat:

@@ -231,6 +231,13 @@ class ServerInfo(BaseModel):
     num_grammar_queue_reqs: int
     num_retractions: int
     scheduler_pid: int
+    resolved_dtype: str = Field(description="the dtype the weights run in (what `--dtype auto` resolved to)")
+    resolved_kv_dtype: str = Field(description="the KV pool's dtype")
+    quantized_activations_mode: str | None = Field(
+        description="how quantized layers multiply (float32, int8, int8_row); null without quantized layers")
+    cpu_isa: str | None = Field(description="the ISA level the C++ CPU kernels run at (generic, avx2, avx2_vnni, avx512; "
+                                "generic, neon, neon_dotprod, neon_i8mm); null where torch ops do all the work")
+    cpu_isa_features: list[str] = Field(description="the CPU features those kernels use at that level")
     dp_size: int = Field(description="data-parallel ranks (--dp-size); the counts above are their sums")
     tp_size: int = Field(1, description="tensor-parallel ranks (--tp-size)")
     tp_worker_pids: list[int] = Field([], description="with --tp-size > 1, the processes of ranks 1..N-1 (rank 0 is "

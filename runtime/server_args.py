@@ -193,17 +193,15 @@ class ServerArgs:
             return forced
         return "auto" if self.dtype == "auto" else "none"
 
-    def quant_mode(self) -> str:
+    def quant_mode(self, int8_dot_is_fast: bool) -> str:
         """How quantized layers multiply (kernels/quant.py MODES): w8a8_int8 int8 per token; else
-        --quantized-activations, whose `auto` is int8 per 32-block where the CPU has AVX512-VNNI
-        (2.0-3.5x faster than float32 activations, README "Quantized weights"), float32 elsewhere."""
+        --quantized-activations, whose `auto` is int8 per 32-block where the CPU multiplies int8
+        in hardware (`int8_dot_is_fast`: the model layer's kernel_policy), float32 elsewhere."""
         if self.quantization == "w8a8_int8":
             return "int8_row"
         if self.quantized_activations != "auto":
             return self.quantized_activations
-        from radixlm.kernels import cpu_linear
-
-        return "int8" if cpu_linear.cpu_supports_vnni() else "float32"
+        return "int8" if int8_dot_is_fast else "float32"
 
     @property
     def kv_events(self) -> KVEventsConfig | None:
@@ -281,7 +279,7 @@ HELP = {
     "max_connections": "HTTP connections open at once, idle and half-sent ones included; a connection opened while "
     "this many are open gets 503 at once and is closed (default 512; uvicorn's limit_concurrency is not used: it counts "
     "open connections and running requests only when a request arrives, and refuses whichever request asks)",
-    "disable_cpu_kernels": "run decode steps as torch ops instead of the C++ AVX-512 kernels (DecodeStack, packed linear)",
+    "disable_cpu_kernels": "run decode steps as torch ops instead of the C++ CPU kernels (DecodeStack, packed linear)",
     "grammar_backend": "compiles regex / JSON-schema / EBNF constraints: outlines (token DFA; no EBNF, recursive $ref "
     "expanded 3 times per path), xgrammar (the default) or llguidance (context-free: EBNF via `ebnf`, recursive $ref to any depth); "
     "all close output within max_new_tokens",

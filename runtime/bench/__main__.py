@@ -333,7 +333,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import torch
 
+    from radixlm.runtime.model.kernel_policy import cpu_isa
+
     torch.set_num_threads(2)
+    chosen = cpu_isa()
+    print(f"radixlm's C++ CPU kernels: ISA level {chosen.level if chosen else 'none (torch ops)'}"
+          + (f" ({', '.join(sorted(chosen.features))})" if chosen and chosen.features else "")
+          + " (RADIXLM_CPU_ISA caps it)")
     workloads = [w for w in args.workloads.split(",") if w]
     unknown = [w for w in workloads if w not in ("W1", "W2", "W3", "W4", "W5", "F1", "F2", "F3", "F4")]
     if unknown:

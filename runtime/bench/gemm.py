@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from radixlm.kernels import cpu_linear, quant
-from radixlm.runtime.model.model_files import load_cpu_kernels
+from radixlm.runtime.model.kernel_policy import load_cpu_kernels
 
 LAYERS, HIDDEN, INTERMEDIATE, QKV = 30, 576, 1536, 960
 SHAPES = [(HIDDEN, QKV), (HIDDEN, HIDDEN), (HIDDEN, 2 * INTERMEDIATE), (INTERMEDIATE, HIDDEN)]
@@ -56,7 +56,7 @@ def main(argv: list[str]) -> None:
     vnni = [[cpu_linear.pack_vnni(w) for w in layer] for layer in weights]
     quantized = {fmt: [[quant.pack(quant.quantize(w.t(), fmt)) for w in layer] for layer in weights]
                  for fmt in ("q8_0", "q4_1")}
-    modes = ["float32"] + (["int8"] if ext.cpu_features()["avx512vnni"] else [])
+    modes = ["float32", "int8"]
     print(f"CPU: {ext.cpu_features()}; torch threads {torch.get_num_threads()}; {params / 1e6:.0f}M weights")
     print("rows  kernel                ms   GFLOP/s  weights GB/s")
     for rows in rows_list:

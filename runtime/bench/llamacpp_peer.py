@@ -190,12 +190,39 @@ def ensure_gguf(dtype: str, out_dir: Path | None = None) -> Path:
     return target
 
 
+# llama.cpp built for one ISA level below the machine's, beside the native build (`make
+# bench-peers`): compared with radixlm capped at the same level (RADIXLM_CPU_ISA). ggml's CPU
+# switches of that build: GGML_NATIVE=OFF GGML_AVX512=OFF GGML_AVX2=ON GGML_FMA=ON GGML_F16C=ON.
+LEVEL_PEER_DIRS = {"avx2": "llama-cpp-avx2"}
+
+
+def peer_build_dir(level: str | None) -> Path | None:
+    """Where the llama.cpp built for radixlm's ISA level `level` lives (None: the native build in
+    the environment); a level with no build of its own (above avx2) runs the native one."""
+    from radixlm.runtime.model import model_files
+
+    name = LEVEL_PEER_DIRS.get(level or "")
+    return None if name is None else model_files.cache_dir() / "peers" / name
+
+
 def import_llama_cpp() -> Any:
-    """The llama_cpp module, quiet (its log goes to llama-cpp-python's logger, errors only)."""
+    """The llama_cpp module built for radixlm's ISA level (RADIXLM_CPU_ISA: avx2 takes the AVX2
+    build, other levels the native one), quiet (its log goes to llama-cpp-python's logger,
+    errors only)."""
+    from radixlm.runtime.envs import RADIXLM_CPU_ISA
+
+    build = peer_build_dir(RADIXLM_CPU_ISA.get())
+    if build is not None:
+        if not (build / "llama_cpp").is_dir():
+            raise RuntimeError(f"no llama.cpp built for {RADIXLM_CPU_ISA.get()} in {build}: run `make bench-peers`")
+        if "llama_cpp" not in sys.modules:
+            sys.path.insert(0, str(build))
     try:
         import llama_cpp
     except ImportError as e:
         raise RuntimeError(INSTALL_HINT) from e
+    if build is not None and not Path(llama_cpp.__file__).is_relative_to(build):
+        raise RuntimeError(f"llama_cpp was imported from {llama_cpp.__file__} before the {build} build could be")
     logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
     return llama_cpp
 
@@ -400,6 +427,8 @@ class LlamaCppPeer:
 def run_llamacpp(workloads: Sequence[str], configs: Sequence[PeerConfig], repeats: int,
                  run_system: Callable[[Any, list[str], int], Result]) -> dict[PeerConfig, Result]:
     """Figures of every configuration, each on the workloads that depend on its knobs."""
+    lib = import_llama_cpp()
+    print(f"llama.cpp peer: {lib.__file__}; {lib.llama_print_system_info().decode().strip()}", flush=True)
     results: dict[PeerConfig, Result] = {}
     for config in configs:
         todo = [w for w in workloads if config in configs_for(w, configs)]

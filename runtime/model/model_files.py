@@ -31,7 +31,6 @@ import tempfile
 import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from radixlm.runtime.envs import RADIXLM_CACHE
@@ -61,13 +60,6 @@ def cache_dir() -> Path:
     """Root of the converted-model cache: $RADIXLM_CACHE, else ~/.cache/radixlm (not created here)."""
     override = RADIXLM_CACHE.get()
     return Path(override).expanduser() if override else Path.home() / ".cache" / "radixlm"
-
-
-def load_cpu_kernels() -> ModuleType | None:
-    """The C++ CPU kernels (radixlm.kernels.cpu_linear), built once into this cache."""
-    from radixlm.kernels import cpu_linear
-
-    return cpu_linear.load(cache_dir() / "extensions")
 
 
 def resolve_model_path(model_path: str | os.PathLike[str] | None) -> Path:
@@ -358,7 +350,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     if args.build_kernels:
+        from radixlm.runtime.model.kernel_policy import cpu_isa, load_cpu_kernels
+
         ext = load_cpu_kernels()
+        chosen = cpu_isa()
+        print(f"CPU ISA level: {chosen.level if chosen else 'none (no compiler)'}")
         print(f"C++ CPU kernels: {ext.__file__ if ext is not None else 'not available here (torch ops are used)'}")
         return 0
     try:

@@ -20,8 +20,8 @@ from radixlm.runtime.mem_cache.mem_pool import KVPool, ReqToTokenPool
 from radixlm.runtime.model.attention.base import create_attention_backend
 from radixlm.runtime.model.cpu_threads import ThreadGovernor
 from radixlm.runtime.model.forward_batch import ForwardBatch
+from radixlm.runtime.model.kernel_policy import cpu_isa, load_cpu_kernels
 from radixlm.runtime.model.model_config import ModelConfig
-from radixlm.runtime.model.model_files import load_cpu_kernels
 from radixlm.runtime.model.models.llama import LlamaForCausalLM
 from radixlm.runtime.model.tensor_parallel import TPGroup, TPWorkers
 from radixlm.runtime.model.tp_sharding import ShardedWeights, check_tp_size, shard_config, vocab_part
@@ -60,22 +60,22 @@ class RunnerConfig:
         prefill) over a bfloat16 KV pool where the CPU has AVX512-BF16 (the paged attention kernel
         then takes every extend)."""
         context_len = min(args.context_length or model_cfg.context_len, model_cfg.context_len)
+        quantization = args.resolved_quantization
+        if quantized and args.device == "cpu" and load_cpu_kernels() is None:
+            quantized, quantization = False, _without_quantized_kernels(args.quantization, quantization)
+        chosen = cpu_isa()
+        bf16_in_hardware = chosen is not None and chosen.bf16_in_hardware
         if quantized and args.dtype == "auto" and args.device == "cpu":
             dtype = torch.float32
-            kv_dtype = torch.bfloat16 if cpu_linear.cpu_supports_bf16() and RADIXLM_CPU_AUTO_DTYPE.get() != "float32" \
-                else torch.float32
+            kv_dtype = torch.bfloat16 if bf16_in_hardware and RADIXLM_CPU_AUTO_DTYPE.get() != "float32" else torch.float32
         else:
             dtype = kv_dtype = args.torch_dtype(lambda: cpu_linear.prefers_bf16(
-                lambda: None if args.disable_cpu_kernels else load_cpu_kernels()))
+                bf16_in_hardware, lambda: None if args.disable_cpu_kernels else load_cpu_kernels()))
         per_token = KVPool.bytes_per_token(model_cfg.num_layers, model_cfg.num_kv_heads, model_cfg.head_dim, kv_dtype)
         max_total_tokens = args.max_total_tokens or max(
             1024, int(_available_memory_bytes() * args.mem_fraction_static) // per_token
         )
-        quantization = args.resolved_quantization
-        quant_mode = args.quant_mode()
-        if quantized and quant_mode != "float32" and not cpu_linear.cpu_supports_vnni():
-            raise ValueError("int8 quantized activations need AVX512-VNNI, which this CPU lacks; "
-                             "use --quantized-activations float32")
+        quant_mode = args.quant_mode(chosen is not None and chosen.int8_dot_is_fast)
         return cls(
             dtype=dtype,
             kv_dtype=kv_dtype,
@@ -114,7 +114,7 @@ class ModelRunner:
         model = model.to_empty(device=runner_cfg.device)
         if runner_cfg.device != "cpu" and (runner_cfg.quantize_to or any(
                 isinstance(w, QuantizedTensor) for w in state_dict.values())):
-            raise ValueError("quantized weights run on CPU only (our kernels are AVX-512); use --quantization none")
+            raise ValueError("quantized weights run on CPU only (in our C++ CPU kernels); use --quantization none")
         model.load_weights(state_dict, runner_cfg.quantize_to, runner_cfg.quant_mode)
         self.model = model.to(runner_cfg.dtype).eval()
         self.model.set_tensor_parallel(tp)
@@ -204,6 +204,17 @@ class ModelRunner:
         if not self.model.runs_in_decode_stack(batch):
             self.attn_backend.init_forward_metadata(batch)
         return self.model(batch, self.attn_backend)
+
+
+def _without_quantized_kernels(requested: str, resolved: str) -> str:
+    """The quantization to load with where no quantized kernel can run (no compiler, a failed
+    build): float weights for `auto`, with one log line; an explicit request is refused."""
+    if requested != "auto":
+        raise ValueError(f"--quantization {requested} needs the C++ CPU kernels, which cannot run here (no C++ "
+                         "compiler, or their build failed: see the log above); use --quantization none")
+    logger.warning("--quantization auto: the model's quantized weights are loaded as float32 instead, since the C++ "
+                   "CPU kernels cannot run here (see the log above): ~4-7x the memory and a slower decode step")
+    return "none"
 
 
 def quantizes(model_dir: Path, quantization: str) -> bool:

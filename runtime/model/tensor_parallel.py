@@ -39,8 +39,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from radixlm.runtime.model.kernel_policy import load_cpu_kernels
 from radixlm.runtime.model.model_config import ModelConfig
-from radixlm.runtime.model.model_files import load_cpu_kernels
 from radixlm.runtime.model.shm_all_reduce import ShmAllReduce
 
 if TYPE_CHECKING:

@@ -11,6 +11,7 @@ from radixlm.reasoning import reasoning_format
 from radixlm.runtime.constrained import backends as grammar_backends
 from radixlm.runtime.constrained.grammar import NUM_GRAMMAR_COMPILE_WORKERS, GrammarBackend
 from radixlm.runtime.detokenizer.detokenizer import IncrementalDecoder
+from radixlm.runtime.model.kernel_policy import cpu_isa
 from radixlm.runtime.model.model_config import ModelConfig
 from radixlm.runtime.model.model_runner import ModelRunner, RunnerConfig, quantizes
 from radixlm.runtime.sampling.sampling_params import SamplingParams
@@ -119,6 +120,21 @@ class SchedulerStack:
             "num_waiting_reqs": len(sched.waiting),
             "num_grammar_queue_reqs": len(sched.grammar_waiting),  # waiting for their grammar to compile
             "num_retractions": sched.num_retractions,
+            **self._kernel_info(),
+        }
+
+    def _kernel_info(self) -> dict[str, Any]:
+        """What the model runs in: the resolved dtype and, on CPU, the C++ kernels' ISA level and
+        the features they use (null where torch ops do all the work)."""
+        runner = self.runner
+        uses_kernels = runner.cfg.device == "cpu" and (runner.cpu_kernels or runner.quantized_layers > 0)
+        chosen = cpu_isa() if uses_kernels else None
+        return {
+            "resolved_dtype": str(runner.cfg.dtype).removeprefix("torch."),
+            "resolved_kv_dtype": str(runner.kv_pool.dtype).removeprefix("torch."),
+            "quantized_activations_mode": runner.cfg.quant_mode if runner.quantized_layers else None,
+            "cpu_isa": chosen.level if chosen else None,
+            "cpu_isa_features": sorted(chosen.features) if chosen else [],
         }
 
     def abort_all(self) -> None:

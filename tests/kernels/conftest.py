@@ -1,5 +1,6 @@
-"""Fixtures of the C++ CPU kernel tests: the built extension (the tests that use it skip, with
-the reason, on a CPU without AVX-512)."""
+"""Fixtures of the C++ CPU kernel tests: the extension at every ISA level this CPU runs
+(kernels/isa.py: an AVX-512 machine also checks its AVX2 and generic builds; levels above the
+CPU are not offered, they are not skipped tests)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,25 @@ from typing import Any
 import pytest
 import torch
 
-from radixlm.runtime.model.model_files import load_cpu_kernels
+from radixlm.kernels import cpu_linear, isa
+from radixlm.runtime.model.model_files import cache_dir
 
 
-@pytest.fixture(scope="session")
-def ext() -> Any:
-    module = load_cpu_kernels()
-    assert module is not None, "AVX-512 is present, so the kernels must build (see the log for why they did not)"
+def _runnable_levels() -> list[str]:
+    features = isa.probe(cache_dir() / "extensions")
+    assert features is not None, "the CPU probe must build here (a C++ compiler is part of the test machine)"
+    return [level.name for level in isa.runnable_levels(features)]
+
+
+LEVELS = _runnable_levels()
+
+
+@pytest.fixture(params=LEVELS)
+def ext(request: pytest.FixtureRequest) -> Any:
+    """The kernels built for one ISA level, told the features of that level (levels sharing a
+    build share its module, so this is set anew for each test)."""
+    module = cpu_linear.load_level(cache_dir() / "extensions", request.param)
+    assert module is not None, f"the {request.param} build must load here (see the log for why it did not)"
     return module
 
 

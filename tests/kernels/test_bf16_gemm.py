@@ -1,8 +1,10 @@
-"""The bf16 GEMM (kernels/csrc/bf16_gemm.cpp) on each of its paths: AMX tiles, AVX512-BF16
-vdpbf16ps, and vdpbf16ps emulated in AVX-512F. Every machine runs the emulation (the same blocking,
-packing and epilogue as the native vector path) and checks it bit for bit against a scalar model
-of the instruction; the paths this CPU runs are checked against it and against torch; the
-dispatch follows the CPU's flags. (Engine-level runs on each path: test_cpu_linear.py.)"""
+"""The bf16 GEMM (kernels/csrc/kernels/bf16_gemm.cpp) on each of its paths: AMX tiles, AVX512-BF16
+vdpbf16ps, and vdpbf16ps emulated over the vector layer, at every ISA level this CPU runs. Every
+level runs the emulation (with its own tile shape; the same packing and epilogue as the native
+vector path) and checks it bit for bit against a scalar model of the instruction; the paths a
+level runs here are checked against it and against torch; the dispatch follows the CPU's flags
+and the level (the hardware paths only in the avx512 build). (Engine-level runs on each path:
+test_cpu_linear.py.)"""
 
 from __future__ import annotations
 
@@ -14,12 +16,11 @@ import torch
 
 from radixlm.kernels import cpu_linear
 
-pytestmark = pytest.mark.skipif(not cpu_linear.cpu_supports_avx512(), reason="the kernels need AVX-512 (this CPU lacks it)")
-
 
 def _require(ext: Any, path: str) -> None:
     if path not in cpu_linear.available_bf16_paths(ext):
-        pytest.skip(f"this CPU cannot run the {path} bf16 path (the emulated path, tested here too, runs its logic)")
+        level = ext.cpu_features()["isa"]
+        pytest.skip(f"the {level} build cannot run the {path} bf16 path here (the emulated path, tested too, runs its logic)")
 
 
 def _cpu_flags() -> set[str]:
@@ -29,16 +30,18 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
-def test_dispatch_follows_the_cpu_flags(ext: Any) -> None:
+def test_dispatch_follows_the_cpu_flags_and_the_level(ext: Any) -> None:
+    """The hardware paths exist only in the avx512 build, and run where the CPU has them (AMX:
+    where the OS also lets this process use tiles); the emulation runs everywhere."""
     flags = _cpu_flags()
     features = ext.cpu_features()
-    assert features["avx512bf16"] == ("avx512_bf16" in flags)
-    assert features["amx_bf16"] == ({"amx_tile", "amx_bf16"} <= flags)
-    assert not features["amx_permitted"] or features["amx_bf16"]
-    expected = "amx" if features["amx_permitted"] else "avx512bf16" if features["avx512bf16"] else "emulated"
-    assert cpu_linear.bf16_path(ext) == expected
-    assert cpu_linear.available_bf16_paths(ext)[-1] == expected
-    assert cpu_linear.resolve_bf16_path(ext, None) == expected
+    avx512 = features["build"] == "avx512"
+    assert features["avx512_bf16"] == (avx512 and "avx512_bf16" in flags)
+    assert not features["amx_bf16"] or (avx512 and {"amx_tile", "amx_bf16"} <= flags)
+    expected = ["emulated"] + ["avx512bf16"] * features["avx512_bf16"] + ["amx"] * features["amx_bf16"]
+    assert cpu_linear.available_bf16_paths(ext) == expected
+    assert cpu_linear.bf16_path(ext) == expected[-1]
+    assert cpu_linear.resolve_bf16_path(ext, None) == expected[-1]
     assert cpu_linear.resolve_bf16_path(ext, "emulated") == "emulated"
     with pytest.raises(ValueError, match="known paths: emulated, avx512bf16, amx"):
         cpu_linear.resolve_bf16_path(ext, "avx2")
@@ -50,15 +53,18 @@ def test_dispatch_follows_the_cpu_flags(ext: Any) -> None:
     assert cpu_linear.kernel_max_rows(torch.float32, "amx") > 1 << 30
 
 
-def test_a_path_the_cpu_cannot_run_is_refused(ext: Any) -> None:
+def test_a_path_the_level_cannot_run_is_refused(ext: Any) -> None:
+    """By the C++ side too (a path index passed past resolve_bf16_path), naming what it needs."""
     missing = [path for path in cpu_linear.BF16_PATHS if path not in cpu_linear.available_bf16_paths(ext)]
     if not missing:
-        pytest.skip("this CPU runs every bf16 path")
+        pytest.skip("this level runs every bf16 path here")
     w = cpu_linear.pack_vnni(torch.randn(64, 64))
-    with pytest.raises(RuntimeError, match="AMX|AVX512-BF16"):
-        cpu_linear.bf16_linear(ext, torch.randn(2, 64), w, 64, path=missing[-1])
-    with pytest.raises(ValueError, match="cannot run here"):
-        cpu_linear.resolve_bf16_path(ext, missing[-1])
+    for path, needs in [("avx512bf16", "AVX512-BF16"), ("amx", "AMX")]:
+        if path in missing:
+            with pytest.raises(RuntimeError, match=needs):
+                cpu_linear.bf16_linear(ext, torch.randn(2, 64), w, 64, path=path)
+            with pytest.raises(ValueError, match="cannot run here"):
+                cpu_linear.resolve_bf16_path(ext, path)
 
 
 def test_vnni_packing_layout() -> None:
@@ -84,10 +90,14 @@ def _vdpbf16ps_model(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("path", ["emulated", "avx512bf16"])
-def test_vector_paths_sum_exactly_as_vdpbf16ps(ext: Any, path: str) -> None:
+@pytest.mark.parametrize("m", [1, 2, 3, 11])
+def test_vector_paths_sum_exactly_as_vdpbf16ps(ext: Any, path: str, m: int) -> None:
+    """Every tile width a level's passes take (passes of 1-2 rows span whole panels, of more rows
+    narrower tiles where a level has few registers: bf16_gemm.cpp's Bf16Tile) sums each column
+    exactly as the instruction."""
     _require(ext, path)
     gen = torch.Generator().manual_seed(7)
-    x = torch.randn(11, 96, generator=gen).bfloat16()
+    x = torch.randn(m, 96, generator=gen).bfloat16()
     w = (torch.randn(96, 64, generator=gen) * 0.1).bfloat16()
     out = cpu_linear.bf16_linear(ext, x.float(), cpu_linear.pack_vnni(w), 64, path=path)
     assert torch.equal(out, _vdpbf16ps_model(x, w))

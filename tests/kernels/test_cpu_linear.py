@@ -1,6 +1,8 @@
-"""The C++ CPU kernels (kernels/csrc): the packed linear kernel against torch, and bfloat16 models
-running through it and through DecodeStack against the float32 torch path. (The float32 runner
-with these kernels is checked against transformers in tests/runtime/test_model_runner.py.)"""
+"""The C++ CPU kernels (kernels/csrc): the packed linear kernel against torch at every ISA level
+this CPU runs (each level has its own tile shape: kernels/csrc/kernels/packed_gemm.h), and
+bfloat16 models running through it and through DecodeStack against the float32 torch path. (The
+float32 runner with these kernels is checked against transformers in
+tests/runtime/test_model_runner.py.)"""
 
 from __future__ import annotations
 
@@ -12,16 +14,27 @@ import torch
 
 from radixlm.kernels import cpu_linear
 
-pytestmark = pytest.mark.skipif(not cpu_linear.cpu_supports_avx512(), reason="the kernels need AVX-512 (this CPU lacks it)")
+
+@pytest.fixture
+def runner_at_level(ext: Any, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The model runner's kernels at `ext`'s level for this test (the runtime's choice, made once
+    per process in kernel_policy, is replaced for its duration); gives the level's name."""
+    from radixlm.runtime.model import kernel_policy
+
+    features = ext.cpu_features()
+    allowed = frozenset(name for name, on in features.items() if on is True)
+    monkeypatch.setitem(kernel_policy._chosen, "isa", kernel_policy.CpuIsa(features["isa"], allowed))
+    return features["isa"]
 
 
-
-@pytest.mark.parametrize(("k", "n", "m"), [(576, 960, 1), (576, 960, 4), (1536, 576, 7), (64, 100, 16), (96, 64, 5),
-                                           (576, 576, 13), (100, 3072, 37), (64, 192, 300)])
+@pytest.mark.parametrize(("k", "n", "m"), [(576, 960, 1), (576, 960, 2), (64, 192, 3), (576, 960, 4), (1536, 576, 7),
+                                           (64, 100, 16), (96, 64, 5), (576, 576, 13), (100, 3072, 37), (64, 192, 300)])
 @pytest.mark.parametrize("extras", ["none", "bias", "residual", "both"])
 def test_packed_linear_matches_torch(ext: Any, k: int, n: int, m: int, extras: str) -> None:
-    """Rows in passes of 1-6 (13 = 5 + 4 + 4, each half of the rows its own unit where there are
-    few panels: 576 columns are 9), K and N tails, a prefill-sized product."""
+    """Rows in passes of 1 up to the level's tile rows (13 at 6: 5 + 4 + 4, each half of the rows
+    its own unit where there are few panels: 576 columns are 9), each pass as wide as the level's
+    registers allow for its rows (packed_gemm.h's PackedTile: 64, 32 or 16 columns), K and N
+    tails, a prefill-sized product."""
     gen = torch.Generator().manual_seed(k * n + m)
     w = torch.randn(k, n, generator=gen) * 0.05
     x = torch.randn(m, k, generator=gen)
@@ -62,7 +75,8 @@ def test_residual_with_a_row_stride(ext: Any) -> None:
     torch.testing.assert_close(out, x @ w + residual, atol=1e-4, rtol=0)
 
 
-def test_bfloat16_engine_decodes_through_the_kernel(ext: Any, tiny_model_dir: Path) -> None:
+def test_bfloat16_engine_decodes_through_the_kernel(tiny_model_dir: Path) -> None:
+    """End to end at the process's own level (the levels' kernels: the other tests here)."""
     from radixlm.runtime.engine import Engine
 
     prompt_ids = list(range(100, 112))  # 12 tokens: the prefill, too, takes the kernel's path
@@ -84,13 +98,14 @@ def test_bfloat16_engine_decodes_through_the_kernel(ext: Any, tiny_model_dir: Pa
 
 
 @pytest.mark.parametrize("path", cpu_linear.BF16_PATHS)
-def test_bfloat16_decode_stack_against_float32(ext: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str) -> None:
+def test_bfloat16_decode_stack_against_float32(ext: Any, runner_at_level: str, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch, path: str) -> None:
     """A prompt's extend (32 new tokens: the AMX attention path where it runs) and then teacher-
     forced decode steps (batched, different lengths) of a bfloat16 model through DecodeStack, on
-    each bf16 GEMM path this CPU runs, stay as close to the float32 model as bfloat16 torch ops
-    do, or closer."""
+    each ISA level and bf16 GEMM path this CPU runs, stay as close to the float32 model as
+    bfloat16 torch ops do, or closer."""
     if path not in cpu_linear.available_bf16_paths(ext):
-        pytest.skip(f"this CPU cannot run the {path} bf16 path (its emulation runs here: the same kernel logic)")
+        pytest.skip(f"the {runner_at_level} build cannot run the {path} bf16 path here (its emulation runs: the same blocking)")
     monkeypatch.setenv("RADIXLM_BF16_PATH", path)
     from radixlm_testing import runner_decode, runner_extend, save_tiny_model
     from safetensors.torch import load_file
@@ -109,6 +124,7 @@ def test_bfloat16_decode_stack_against_float32(ext: Any, tmp_path: Path, monkeyp
                              load_file(tmp_path / "model.safetensors"))
         assert runner.cpu_kernels == kernels
         if kernels:
+            assert type(runner.model.decode_stack).__module__ == ext.__name__  # the level under test
             assert runner.model.decode_stack.bf16_path == cpu_linear.BF16_PATHS.index(path)
             assert runner.attn_backend.amx == (path == "amx")
         rows = [runner.req_to_token_pool.alloc() for _ in seqs]

@@ -1,26 +1,35 @@
-"""The C++ paged attention kernel (kernels/csrc/paged_attention.cpp) against the plain torch
-reference (kernels/reference.py): decode, extend and mixed batches over scattered pool slots,
-float32 and bfloat16 pools, every supported head size, GQA; its AMX tile path for long extends
-over a bfloat16 pool (csrc/amx_attention.cpp; skipped, with the reason, where the CPU has no
-AMX); and the attention backend's choice of path (the kernel for batches; torch's SDPA for one
-long uncached prompt unless the AMX path runs)."""
+"""The C++ paged attention kernel (kernels/csrc/kernels/paged_attention.cpp) against the plain
+torch reference (kernels/reference.py), at every ISA level this CPU runs (the `ext` fixture):
+decode, extend and mixed batches over scattered pool slots, float32 and bfloat16 pools, every
+supported head size, GQA; its long-extend kernels over a bfloat16 pool (the vector one in
+float32 FMAs at every level, with vdpbf16ps where the level and CPU have AVX512-BF16:
+csrc/kernels/vnni_attention.cpp; AMX tiles where the CPU has them: csrc/kernels/amx_attention.cpp;
+the paths a level cannot run are skipped, with the reason); and the attention backend's choice
+of path (the kernel for batches; torch's SDPA for one long uncached prompt unless a long-extend
+path runs). The long-extend vector kernels also run without torch in a C++ driver
+(tests/kernels/csrc/test_attention.cpp), natively per x86 level and for aarch64 under qemu."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
+from test_vec_layer import (  # the C++ drivers' build and run
+    ARM_LEVELS,
+    REPO,
+    X86_LEVELS,
+    _arm_case,
+    _x86_case,
+)
 
 from radixlm.kernels import cpu_linear
 from radixlm.kernels.reference import extend_attention_ref
 from radixlm.runtime.mem_cache.mem_pool import KVPool, ReqToTokenPool
 from radixlm.runtime.model.attention.torch_backend import DENSE_PREFILL_MIN_LEN, TorchAttentionBackend
 from radixlm.runtime.model.forward_batch import ForwardBatch
-
-pytestmark = pytest.mark.skipif(not cpu_linear.cpu_supports_avx512(), reason="the kernels need AVX-512 (this CPU lacks it)")
-
 
 
 def scattered_batch(prefix_lens: list[int], extend_lens: list[int], heads: int, kv_heads: int, dim: int,
@@ -71,6 +80,20 @@ CASES = {
 @pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (4, 4, 16), (8, 2, 80), (2, 1, 128)])
 def test_paged_attention_matches_reference(ext: Any, case: str, dtype: torch.dtype, heads: int, kv_heads: int,
                                            dim: int) -> None:
+    _check_paged_attention(ext, case, dtype, heads, kv_heads, dim)
+
+
+@pytest.mark.parametrize("case", ["decode 7", "extend over a prefix", "mixed lengths"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(2, 2, 32), (6, 2, 96), (3, 1, 256)])
+def test_paged_attention_of_the_other_head_sizes(ext: Any, case: str, dtype: torch.dtype, heads: int, kv_heads: int,
+                                                 dim: int) -> None:
+    """A row's D/16 accumulator vectors are folded in passes that fit the level's registers
+    (one pass of 16 on AVX-512; on AVX2 96 in one pass of 6, 256 in four of 4)."""
+    _check_paged_attention(ext, case, dtype, heads, kv_heads, dim)
+
+
+def _check_paged_attention(ext: Any, case: str, dtype: torch.dtype, heads: int, kv_heads: int, dim: int) -> None:
     pool, reqs, batch, q = scattered_batch(*CASES[case], heads, kv_heads, dim, dtype)
     args = (pool.k_buffer[0], pool.v_buffer[0], reqs.req_to_token, batch.req_pool_indices, batch.seq_lens)
     got = cpu_linear.paged_attention(ext, q, *args, batch.extend_lens, batch.extend_start_loc, dim**-0.5)
@@ -116,11 +139,13 @@ def test_backend_picks_its_path_and_both_agree(ext: Any, prefix_lens: list[int],
 
 
 def amx_runs(ext: Any) -> bool:
-    return "amx" in cpu_linear.available_bf16_paths(ext)
+    """AMX tiles at this level (the avx512 build on a CPU with AMX-BF16)."""
+    return bool(ext.cpu_features()["amx_bf16"])
 
 
 def vnni_runs(ext: Any) -> bool:
-    return "avx512bf16" in cpu_linear.available_bf16_paths(ext)
+    """vdpbf16ps at this level (the avx512 build on a CPU with AVX512-BF16)."""
+    return bool(ext.cpu_features()["avx512_bf16"])
 
 
 def test_long_extend_dispatch_follows_the_cpu(ext: Any) -> None:
@@ -130,8 +155,13 @@ def test_long_extend_dispatch_follows_the_cpu(ext: Any) -> None:
 
 
 @pytest.fixture(autouse=True)
-def _timed_long_extend_math(ext: Any) -> Any:
-    """Each test starts and ends with the vector kernel's math decided by timing (tests set it)."""
+def _timed_long_extend_math(request: pytest.FixtureRequest) -> Any:
+    """Each test of the module starts and ends with the vector kernel's math decided by timing
+    (tests set it); the C++ drivers' tests, which take no `ext`, are not run once per level."""
+    if "ext" not in request.fixturenames:
+        yield
+        return
+    ext = request.getfixturevalue("ext")
     ext.set_long_extend_math(-1)
     yield
     ext.set_long_extend_math(-1)
@@ -165,7 +195,7 @@ def _require_long_path(ext: Any, path: str, dim: int = 64) -> None:
     if path == "amx" and not amx_runs(ext):
         pytest.skip("this CPU (or its OS) does not let this process use AMX tiles")
     if path == "vnni" and not vnni_runs(ext):
-        pytest.skip("this CPU lacks AVX512-BF16 (vdpbf16ps)")
+        pytest.skip("vdpbf16ps does not run at this level (the avx512 build on a CPU with AVX512-BF16)")
     if path in ("vnni", "fma"):
         if not cpu_linear.vnni_attention_supported(ext, dim):
             pytest.skip(f"head_dim {dim} is not served by the vector long-extend kernel")
@@ -303,3 +333,19 @@ def test_backend_sends_long_prompts_over_a_float32_pool_to_the_fma_kernel(ext: A
         outs.append(backend.forward(q, k, v, 0, batch))
     assert fast.num_paged_forwards == 1 and plain.num_paged_forwards == 0
     assert (outs[0] - outs[1]).abs().max().item() < 1e-5
+
+
+# the driver links the long-extend kernels alone: kernels/parallel.h on OpenMP
+DRIVER = ["-DRADIXLM_NO_TORCH", "-fopenmp", str(REPO / "kernels" / "csrc" / "kernels" / "vnni_attention.cpp")]
+
+
+@pytest.mark.parametrize("level", list(X86_LEVELS))
+def test_long_extend_driver_x86(level: str, tmp_path: Path) -> None:
+    """Every math of the level (FMAs; vdpbf16ps in the avx512 build where the CPU has AVX512-BF16),
+    extends and cascades, against float64, and the same bits on 1-3 threads."""
+    _x86_case(level, "test_attention.cpp", rf"attention {level}: \d+ checks passed", tmp_path, DRIVER)
+
+
+@pytest.mark.parametrize("test_id", ["generic", "neon"])
+def test_long_extend_driver_aarch64(test_id: str, tmp_path: Path) -> None:
+    _arm_case(test_id, "test_attention.cpp", rf"attention {ARM_LEVELS[test_id][0]}: \d+ checks passed", tmp_path, DRIVER)

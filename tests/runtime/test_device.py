@@ -51,8 +51,8 @@ def test_auto_dtype_follows_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     from radixlm_testing import save_tiny_model
 
     from radixlm.kernels import cpu_linear
+    from radixlm.runtime.model.kernel_policy import cpu_isa, load_cpu_kernels
     from radixlm.runtime.model.model_config import ModelConfig
-    from radixlm.runtime.model.model_files import load_cpu_kernels
     from radixlm.runtime.model.model_runner import RunnerConfig
 
     def never() -> bool:
@@ -66,7 +66,8 @@ def test_auto_dtype_follows_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     with tempfile.TemporaryDirectory() as d:
         save_tiny_model(Path(d), "llama")
         cfg = ModelConfig.from_dir(d)
-    measured = cpu_linear.prefers_bf16(load_cpu_kernels)
+    chosen = cpu_isa()
+    measured = cpu_linear.prefers_bf16(chosen is not None and chosen.bf16_in_hardware, load_cpu_kernels)
     runner = RunnerConfig.from_server_args(ServerArgs(max_total_tokens=64), cfg)
     assert runner.dtype == (torch.bfloat16 if measured else torch.float32)
     monkeypatch.setenv("RADIXLM_CPU_AUTO_DTYPE", "float32")
@@ -77,7 +78,7 @@ def test_auto_dtype_follows_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_auto_dtype_rule_measures_only_where_the_cpu_has_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`prefers_bf16`: no AVX512-BF16 -> float32 without loading the kernels; with it, the measured
+    """`prefers_bf16`: no bf16 in hardware -> float32 without loading the kernels; with it, the measured
     speedup against BF16_AUTO_MIN_SPEEDUP (measured once per process), or bfloat16 when our
     kernels are off."""
     from radixlm.kernels import cpu_linear
@@ -86,18 +87,16 @@ def test_auto_dtype_rule_measures_only_where_the_cpu_has_bf16(monkeypatch: pytes
         raise AssertionError("the kernels were loaded on a CPU without AVX512-BF16")
 
     monkeypatch.setattr(cpu_linear, "_bf16_choice", {})
-    monkeypatch.setattr(cpu_linear, "cpu_supports_bf16", lambda: False)
-    assert cpu_linear.prefers_bf16(never) is False
-    monkeypatch.setattr(cpu_linear, "cpu_supports_bf16", lambda: True)
-    assert cpu_linear.prefers_bf16(lambda: None) is True
+    assert cpu_linear.prefers_bf16(False, never) is False
+    assert cpu_linear.prefers_bf16(True, lambda: None) is True
     ext = object()
     for speedup, expected in [(cpu_linear.BF16_AUTO_MIN_SPEEDUP + 0.5, True), (cpu_linear.BF16_AUTO_MIN_SPEEDUP - 0.3, False)]:
         monkeypatch.setattr(cpu_linear, "_bf16_choice", {})
         monkeypatch.setattr(cpu_linear, "bf16_speedup", lambda e, speedup=speedup: speedup)
         monkeypatch.setattr(cpu_linear, "bf16_path", lambda e: "avx512bf16")
-        assert cpu_linear.prefers_bf16(lambda: ext) is expected
+        assert cpu_linear.prefers_bf16(True, lambda: ext) is expected
         monkeypatch.setattr(cpu_linear, "bf16_speedup", lambda e: never())
-        assert cpu_linear.prefers_bf16(lambda: ext) is expected  # decided once
+        assert cpu_linear.prefers_bf16(True, lambda: ext) is expected  # decided once
 
 
 def test_bf16_speedup_is_measured_on_this_cpu() -> None:
@@ -106,10 +105,9 @@ def test_bf16_speedup_is_measured_on_this_cpu() -> None:
     import math
 
     from radixlm.kernels import cpu_linear
-    from radixlm.runtime.model.model_files import load_cpu_kernels
+    from radixlm.runtime.model.kernel_policy import load_cpu_kernels
 
     ext = load_cpu_kernels()
-    if ext is None:
-        pytest.skip("the C++ CPU kernels cannot run here (no AVX-512 or no compiler)")
+    assert ext is not None, "the C++ CPU kernels run on every test machine (it has a compiler)"
     speedup = cpu_linear.bf16_speedup(ext, rows=8, k=64, n=128, repeats=2)
     assert math.isfinite(speedup) and speedup > 0

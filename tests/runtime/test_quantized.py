@@ -1,8 +1,8 @@
 """Quantized weights in whole models: the runner with block-quantized linear layers (quantized at
 load, or kept from the default model's Q4_1 GGUF) against the same model holding the
 dequantized weights in float32, through the torch path (prefill, extend) and DecodeStack (decode);
-the int8 (VNNI) mode; what `--quantization auto` picks; and that no float copy of a quantized
-weight exists. (The kernels alone: tests/kernels/test_quant_gemm.py; through the server:
+the int8 mode; what `--quantization auto` picks (and where no kernel can run); and that no
+float copy of a quantized weight exists. (The kernels alone: tests/kernels/test_quant_gemm.py; through the server:
 tests/server/test_quantized_http.py.)"""
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from radixlm_testing import runner_decode, runner_extend, save_tiny_model
 from safetensors.torch import load_file
 
 from radixlm.kernels import cpu_linear, quant
+from radixlm.runtime.model import model_runner
+from radixlm.runtime.model.kernel_policy import CpuIsa
 from radixlm.runtime.model.model_config import ModelConfig
 from radixlm.runtime.model.model_runner import ModelRunner, RunnerConfig, weights_of
 from radixlm.runtime.model.models.llama import Linear, QuantizedEmbedding
 from radixlm.runtime.server_args import ServerArgs
-
-pytestmark = pytest.mark.skipif(not cpu_linear.cpu_supports_avx512(), reason="quantized weights run in our AVX-512 kernels")
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -58,10 +58,9 @@ def test_weight_only_matches_the_dequantized_float_model(tmp_path: Path, kind: s
     assert (got - want).abs().max().item() <= 1e-4
 
 
-def test_int8_mode_runs_vnni_and_stays_close(tmp_path: Path) -> None:
-    if not cpu_linear.cpu_supports_vnni():
-        pytest.skip("this CPU lacks AVX512-VNNI: the int8 mode cannot run (the weight-only mode is tested here)")
-    from radixlm.runtime.model.model_files import load_cpu_kernels
+def test_int8_mode_runs_and_stays_close(tmp_path: Path) -> None:
+    """The int8 x int8 mode (at this process's ISA level: every level has an int8 dot product)."""
+    from radixlm.runtime.model.kernel_policy import load_cpu_kernels
 
     save_tiny_model(tmp_path, "qwen3")
     cfg = ModelConfig.from_dir(tmp_path)
@@ -128,18 +127,34 @@ def test_quantization_auto_keeps_a_gguf_only_with_dtype_auto(monkeypatch: pytest
         ServerArgs(quantization="w8a8_int8", quantized_activations="float32")
 
 
-def test_quantized_activations_follow_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    """int8 where the CPU has AVX512-VNNI, float32 elsewhere; int8 asked for without VNNI is refused
-    at start, not at the first product. (Both answers are checked on every machine.)"""
-    for vnni in (True, False):
-        monkeypatch.setattr(cpu_linear, "cpu_supports_vnni", lambda vnni=vnni: vnni)
-        assert ServerArgs().quant_mode() == ("int8" if vnni else "float32")
-        assert ServerArgs(quantization="w8a8_int8").quant_mode() == "int8_row"
-        assert ServerArgs(quantized_activations="float32").quant_mode() == "float32"
-    monkeypatch.setattr(cpu_linear, "cpu_supports_vnni", lambda: False)
-    with pytest.raises(ValueError, match="need AVX512-VNNI"):
-        RunnerConfig.from_server_args(ServerArgs(quantized_activations="int8", max_total_tokens=64), _tiny_config(),
-                                      quantized=True)
+def test_quantized_activations_follow_the_cpu() -> None:
+    """int8 where the CPU multiplies int8 in hardware (vpdpbusd on zmm or ymm, ARM's sdot), float32
+    elsewhere; named modes are kept. (Every answer is checked on every machine.)"""
+    for fast in (True, False):
+        assert ServerArgs().quant_mode(fast) == ("int8" if fast else "float32")
+        assert ServerArgs(quantization="w8a8_int8").quant_mode(fast) == "int8_row"
+        assert ServerArgs(quantized_activations="float32").quant_mode(fast) == "float32"
+    assert CpuIsa("avx512", frozenset({"avx512_vnni"})).int8_dot_is_fast
+    assert CpuIsa("avx2_vnni", frozenset({"avx2", "avx_vnni"})).int8_dot_is_fast
+    assert CpuIsa("neon_dotprod", frozenset({"neon", "dotprod"})).int8_dot_is_fast
+    assert not CpuIsa("avx2", frozenset({"avx2", "fma", "f16c"})).int8_dot_is_fast
+    assert not CpuIsa("generic", frozenset()).int8_dot_is_fast
+
+
+def test_quantization_where_no_kernel_can_run(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """No kernel here (no compiler, a failed build): `--quantization auto` loads float weights with
+    one log line saying why and what it costs; an explicit quantization is refused at start."""
+    monkeypatch.delenv("RADIXLM_AUTO_QUANTIZATION", raising=False)
+    monkeypatch.setattr(model_runner, "load_cpu_kernels", lambda: None)
+    cfg = _tiny_config()
+    with caplog.at_level("WARNING", logger=model_runner.__name__):
+        runner = RunnerConfig.from_server_args(ServerArgs(max_total_tokens=64), cfg, quantized=True)
+    assert runner.quantization == "none" and runner.quantize_to is None
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == model_runner.__name__]
+    assert "loaded as float32 instead" in warning and "cannot run here" in warning
+    for explicit in ("gguf", "q4_0", "w8a8_int8"):
+        with pytest.raises(ValueError, match=f"--quantization {explicit} needs the C\\+\\+ CPU kernels"):
+            RunnerConfig.from_server_args(ServerArgs(quantization=explicit, max_total_tokens=64), cfg, quantized=True)
 
 
 def _tiny_config() -> ModelConfig:
@@ -152,15 +167,16 @@ def _tiny_config() -> ModelConfig:
 
 def test_quantized_auto_dtype_is_float32_over_a_bf16_pool_where_the_cpu_has_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """--dtype auto with quantized weights: float32 activations (what the kernels take), the KV
-    pool in bfloat16 where the CPU has AVX512-BF16 (the paged kernel takes every extend), else
+    pool in bfloat16 where the CPU multiplies bf16 in hardware (the paged kernel takes every extend), else
     float32; float weights keep `auto`'s own choice; an explicit --dtype is kept."""
     import torch
 
     monkeypatch.delenv("RADIXLM_CPU_AUTO_DTYPE", raising=False)
     cfg = _tiny_config()
     for bf16 in (True, False):
-        monkeypatch.setattr(cpu_linear, "cpu_supports_bf16", lambda bf16=bf16: bf16)
-        monkeypatch.setattr(cpu_linear, "prefers_bf16", lambda load_ext, bf16=bf16: bf16)
+        chosen = CpuIsa("avx512", frozenset({"avx512_bf16"} if bf16 else set()))
+        monkeypatch.setattr(model_runner, "cpu_isa", lambda chosen=chosen: chosen)
+        monkeypatch.setattr(cpu_linear, "prefers_bf16", lambda in_hardware, load_ext: in_hardware)
         quantized = RunnerConfig.from_server_args(ServerArgs(max_total_tokens=64), cfg, quantized=True)
         assert quantized.dtype == torch.float32
         assert quantized.kv_dtype == (torch.bfloat16 if bf16 else torch.float32)

@@ -23,7 +23,6 @@ from radixlm_testing import (
     wait_until,
 )
 
-from radixlm.kernels import cpu_linear
 from radixlm.kernels.quant import QuantizedTensor, quantize
 from radixlm.runtime.model.model_config import ModelConfig
 from radixlm.runtime.model.model_runner import ModelRunner, RunnerConfig
@@ -39,7 +38,6 @@ from radixlm.runtime.model.tp_sharding import (
 ATOL = 1e-5
 # every kind with 4 query heads over 2 KV heads (qwen3 and llama3-rope have 1 KV head by default)
 KINDS = {kind: {"num_key_value_heads": 2} for kind in ("llama", "qwen2", "qwen3", "llama3-rope")}
-HAS_AVX512 = cpu_linear.cpu_supports_avx512()
 
 
 @pytest.fixture(autouse=True)
@@ -92,8 +90,6 @@ def three_passes(runner: ModelRunner) -> list[torch.Tensor]:
     f"{kind}-{'cpu-kernels' if kernels else 'torch-ops'}-{'shm' if shm else 'gloo'}" for kind, kernels, shm in CASES])
 def test_tp2_logits_match_tp1(tiny_dirs: dict[str, Path], kind: str, cpu_kernels: bool, shm: bool) -> None:
     tiny_dir = tiny_dirs[kind]
-    if cpu_kernels and not HAS_AVX512:
-        pytest.skip("this CPU has no AVX-512: the C++ kernels do not run here (torch-ops covers tp)")
     cfg = runner_cfg(tiny_dir, cpu_kernels=cpu_kernels)
     want = three_passes(ModelRunner.from_dir(tiny_dir, cfg))
     tp = ModelRunner.from_dir(tiny_dir, cfg, tp_size=2, shm_all_reduce_bytes=1 << 20 if shm else 0)
@@ -119,13 +115,11 @@ def test_tp2_logits_match_tp1(tiny_dirs: dict[str, Path], kind: str, cpu_kernels
         assert (g - w).abs().max().item() <= ATOL, name
 
 
-def test_tp2_block_quantized_weights(tmp_path: Path) -> None:
-    """q8_0 at load, int8 activations where VNNI runs them (else weight-only): each rank's o_proj and
-    down_proj keep their blocks (the cut falls between them) and tp 2 gives tp 1's logits."""
-    if not HAS_AVX512:
-        pytest.skip("quantized weights need the C++ kernels (AVX-512)")
+@pytest.mark.parametrize("mode", ["int8", "float32"])
+def test_tp2_block_quantized_weights(tmp_path: Path, mode: str) -> None:
+    """q8_0 at load, int8 activations and weight-only: each rank's o_proj and down_proj keep their
+    blocks (the cut falls between them) and tp 2 gives tp 1's logits."""
     save_tiny_model(tmp_path, "llama")
-    mode = "int8" if cpu_linear.cpu_supports_vnni() else "float32"
     cfg = runner_cfg(tmp_path, quantization="q8_0", quant_mode=mode)
     want = three_passes(ModelRunner.from_dir(tmp_path, cfg))
     tp = ModelRunner.from_dir(tmp_path, cfg, tp_size=2)

@@ -1,7 +1,7 @@
-"""Quantized modes end to end through the real server: the default model from its own Q4_1 blocks
-(the `--quantization auto` default, asked for by name here since the suite sets float weights),
-and a float checkpoint quantized at load (w8a8_int8 where the CPU has VNNI, else q4_0
-weight-only), through the native and OpenAI APIs; a bad value is refused at start."""
+"""Quantized modes end to end through the real server, on every CPU (the kernels run at every ISA
+level): the default model from its own Q4_1 blocks (`--quantization gguf`, what `auto` keeps),
+and a float checkpoint quantized at load (w8a8_int8 where the CPU multiplies int8 in hardware,
+else q4_0 weight-only), through the native and OpenAI APIs; a bad value is refused at start."""
 
 from __future__ import annotations
 
@@ -12,9 +12,13 @@ import openai
 import pytest
 from conftest import start_server
 
-from radixlm.kernels import cpu_linear
+from radixlm.runtime.model.kernel_policy import cpu_isa
 
-pytestmark = pytest.mark.skipif(not cpu_linear.cpu_supports_avx512(), reason="quantized weights run in our AVX-512 kernels")
+
+def int8_dot_is_fast() -> bool:
+    chosen = cpu_isa()
+    assert chosen is not None, "the CPU probe builds on every test machine"
+    return chosen.int8_dot_is_fast
 
 
 def test_default_model_serves_from_its_q4_1_blocks(default_model_dir: Path, tmp_path: Path) -> None:
@@ -23,7 +27,7 @@ def test_default_model_serves_from_its_q4_1_blocks(default_model_dir: Path, tmp_
     try:
         info = httpx.get(server.url + "/get_server_info").json()
         assert info["quantization"] == "gguf"
-        mode = "int8" if cpu_linear.cpu_supports_vnni() else "float32"
+        mode = "int8" if int8_dot_is_fast() else "float32"
         assert f"121 quantized linear layers ({mode})" in server.log()  # 30 x (qkv, o, gate_up, down) + lm_head
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
         reply = client.chat.completions.create(
@@ -41,7 +45,7 @@ def test_default_model_serves_from_its_q4_1_blocks(default_model_dir: Path, tmp_
 def test_a_float_model_quantized_at_load(tiny_model_dir: Path, tmp_path: Path) -> None:
     """w8a8_int8 where the CPU has VNNI; q4_0 weight-only elsewhere (the weight-only mode's exactness
     is checked in tests/runtime/test_quantized.py on every machine)."""
-    vnni = cpu_linear.cpu_supports_vnni()
+    vnni = int8_dot_is_fast()
     flags = ["--quantization", "w8a8_int8"] if vnni else ["--quantization", "q4_0", "--quantized-activations", "float32"]
     server = start_server(tiny_model_dir, tmp_path / "quant.log", *flags, "--max-total-tokens", "2048",
                           "--log-level", "info")

@@ -66,17 +66,58 @@ def test_native_stream_sends_each_logprob_entry_once(tiny_server: ServerHandle) 
     assert [[t[1] for t in row] for row in tops] == [[t[1] for t in row] for row in whole["meta_info"]["output_top_logprobs"]]
 
 
+# sglang's stream iterator (StreamExecutor's gen thread sets an event per chunk; text_async_iter,
+# woken in a thread pool, reads the latest chunk's meta_info) misses a chunk whenever two arrive
+# before it wakes: its test then sees one chunk's logprobs under two chunks' token count. This
+# harness paces the frontend's own reader, never our server: the gen thread takes the next
+# chunk off the HTTP stream only once the iterator is back waiting, having read every chunk
+# before it (stream_var_event's wait() is the signal). Everything else runs unchanged.
+PACED_SGLANG_STREAM = """
+import threading
+from sglang.lang.backend.runtime_endpoint import RuntimeEndpoint
+from sglang.lang.interpreter import StreamExecutor
+
+iterator_waiting = threading.Semaphore(0)
+
+
+class PacedEvent(threading.Event):
+    def wait(self, timeout=None):
+        iterator_waiting.release()
+        return super().wait(timeout)
+
+
+class PacedEvents(dict):
+    def __setitem__(self, name, event):
+        super().__setitem__(name, PacedEvent())
+
+
+def init_var_event(self, expr, _init=StreamExecutor._init_var_event):
+    if self.stream and type(self.stream_var_event) is dict:
+        self.stream_var_event = PacedEvents(self.stream_var_event)
+    _init(self, expr)
+
+
+def generate_stream(self, s, sampling_params, _generate=RuntimeEndpoint.generate_stream):
+    for chunk in _generate(self, s, sampling_params):
+        if not iterator_waiting.acquire(timeout=%d):
+            raise TimeoutError("the stream iterator stopped waiting for chunks")
+        yield chunk
+
+
+StreamExecutor._init_var_event = init_var_event
+RuntimeEndpoint.generate_stream = generate_stream
+"""
+
+
 def test_sglang_frontend_stream_logprobs(default_server: ServerHandle, sglang_paths: tuple[Path, Path]) -> None:
     """sglang 0.5.23's own `sglang.test.test_programs.test_stream_logprobs`, unchanged, against us,
-    on the real default model. (Its iterator, woken per chunk in a thread pool, reads the latest
-    chunk's meta_info: it needs chunks to come no faster than it wakes, as a real model's do; the
-    tiny random model streams faster than that. The test above checks the same per-chunk
-    property on every chunk, with no such race.)"""
+    on the real default model, its stream reader paced (PACED_SGLANG_STREAM) so that the result
+    does not depend on when the frontend's threads wake."""
     program = (
         "import sys\n"
         "sys.path.insert(0, sys.argv[2]); sys.path.append(sys.argv[3])\n"
         "import sglang as sgl\n"
-        "from sglang.lang.backend.runtime_endpoint import RuntimeEndpoint\n"
+        + PACED_SGLANG_STREAM % HANG_GUARD_S +
         "from sglang.test.test_programs import test_stream_logprobs\n"
         "sgl.set_default_backend(RuntimeEndpoint(sys.argv[1]))\n"
         "test_stream_logprobs()\n"

@@ -10,7 +10,8 @@ Layout choices made for a lean decode step (few, large ops):
 - The weights of the RMSNorms before qkv_proj, gate_up_proj and lm_head are folded into those
   layers' input rows (norm(x) * w @ W == norm(x) @ (w * W)); the residual adds are the
   accumulators of the o_proj / down_proj GEMMs.
-- On an AVX-512 CPU with the torch attention backend (`use_cpu_kernels`), products of up to
+- Where the C++ CPU kernels run (any CPU with a C++ compiler, at the ISA level kernels/isa.py
+  picks) with the torch attention backend (`use_cpu_kernels`), products of up to
   `cpu_linear.kernel_max_rows` rows (every float32 product; bf16: 64 rows on AMX, 512 with
   vdpbf16ps, 16 emulated) run in our packed C++ kernels (radixlm.kernels.cpu_linear: float32 FMA, or bf16 dot products), and a
   decode step of up to that many requests runs all its decoder layers in one C++ call
@@ -19,7 +20,7 @@ Layout choices made for a lean decode step (few, large ops):
   RMSNorm and SiLU x up (one pass each, float32 arithmetic) instead of torch's multi-pass ones.
 - Block-quantized weights (kernels/quant.py: GGUF Q8_0 / Q4_0 / Q4_1 kept from the file, or
   quantized at load) stay quantized: such a Linear holds only its packed blocks and always runs
-  our quantized kernel (weight-only float32, or int8 x int8 with VNNI), DecodeStack included; its
+  our quantized kernel (weight-only float32, or int8 x int8), DecodeStack included; its
   RMSNorm keeps its weight; a quantized embedding dequantizes only the rows it looks up.
 """
 
@@ -39,8 +40,8 @@ from radixlm.kernels import cpu_linear, quant
 from radixlm.runtime.envs import RADIXLM_BF16_PATH
 from radixlm.runtime.model.attention.base import BaseAttentionBackend
 from radixlm.runtime.model.forward_batch import ForwardBatch, ForwardMode
+from radixlm.runtime.model.kernel_policy import load_cpu_kernels
 from radixlm.runtime.model.model_config import ModelConfig
-from radixlm.runtime.model.model_files import load_cpu_kernels
 from radixlm.runtime.model.models.rotary import RotaryEmbedding
 
 if TYPE_CHECKING:
@@ -72,7 +73,7 @@ class Linear(nn.Module):
         (kernels/quant.py MODES), instead of a float weight: every product runs that kernel."""
         ext = load_cpu_kernels()
         if ext is None:
-            raise RuntimeError("quantized weights need the C++ CPU kernels (AVX-512 and a compiler), which cannot run here")
+            raise RuntimeError("quantized weights need the C++ CPU kernels, which cannot run here (no C++ compiler, or their build failed)")
         self.register_parameter("weight_t", None)
         self.register_buffer("qweight", quant.pack(weight))
         self.packed, self.ext, self.max_rows = self.qweight, ext, sys.maxsize

@@ -13,9 +13,9 @@
 
 #include <torch/extension.h>
 
-#include "bf16_gemm.h"
-#include "quant_gemm.h"
-#include "shm_all_reduce.h"
+#include "kernels/bf16_gemm.h"
+#include "kernels/quant_gemm.h"
+#include "kernels/shm_all_reduce.h"
 
 #include <memory>
 #include <vector>

@@ -4,11 +4,15 @@
 // (decode_stack.h: every decoder layer of a decode step).
 #include <torch/extension.h>
 
-#include "amx_attention.h"
-#include "bf16_gemm.h"
-#include "decode_stack.h"
-#include "packed_gemm.h"
-#include "quant_gemm.h"
+#include <string>
+
+#include "dispatch/cpu_features.h"
+#include "kernels/amx_attention.h"
+#include "kernels/bf16_gemm.h"
+#include "kernels/decode_stack.h"
+#include "kernels/packed_gemm.h"
+#include "kernels/quant_gemm.h"
+#include "simd/vec.h"
 
 namespace radixlm {
 torch::Tensor rms_norm(const torch::Tensor& x, const c10::optional<torch::Tensor>& weight, double eps);
@@ -16,6 +20,18 @@ torch::Tensor silu_mul(const torch::Tensor& gu);
 }  // namespace radixlm
 
 namespace {
+
+std::string& isa_level() {
+  static std::string level = RADIXLM_SIMD_NAME;
+  return level;
+}
+
+// The loader's word (kernels/cpu_linear.py load_level): the features the kernels may use (the
+// CPU's, within the level) and the level's name.
+void set_cpu_features(uint64_t bits, const std::string& level) {
+  radixlm::set_cpu_features(bits);
+  isa_level() = level;
+}
 
 // (residual pointer, its row stride) of an optional float32 [M, N] residual with unit column stride
 std::pair<const float*, int64_t> residual_of(const c10::optional<torch::Tensor>& residual, int64_t M, int64_t N) {
@@ -98,14 +114,21 @@ torch::Tensor q_columns(const torch::Tensor& packed, const torch::Tensor& cols) 
   return out;
 }
 
+// The features the kernels may use (dispatch/cpu_features.h, as the loader set them), this
+// build's vector layer, the ISA level the loader named, and the bf16 GEMM paths that run here.
 pybind11::dict cpu_features() {
-  const radixlm::CpuFeatures& f = radixlm::cpu_features();
   pybind11::dict d;
-  d["avx512bf16"] = f.avx512bf16;
-  d["amx_bf16"] = f.amx_bf16;
-  d["amx_permitted"] = f.amx_permitted;
+  for (int i = 0; i < radixlm::kNumCpuFeatures; ++i) d[radixlm::kCpuFeatureNames[i]] = radixlm::cpu_has(static_cast<radixlm::CpuFeature>(i));
+  d["build"] = RADIXLM_SIMD_NAME;
+  d["isa"] = isa_level();
   d["bf16_path"] = static_cast<int>(radixlm::bf16_path());
-  d["avx512vnni"] = radixlm::cpu_has_vnni();
+  pybind11::list paths;
+  paths.append(0);  // emulated: every level
+#if defined(RADIXLM_SIMD_AVX512)
+  if (radixlm::cpu_has(radixlm::kAvx512Bf16)) paths.append(1);
+  if (radixlm::cpu_has(radixlm::kAmxBf16)) paths.append(2);
+#endif
+  d["bf16_paths"] = paths;
   return d;
 }
 
@@ -120,7 +143,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("q_columns", &q_columns, "columns of block-quantized quant groups dequantized to float32 (a tied embedding's rows)",
         pybind11::arg("packed"), pybind11::arg("cols"));
   m.def("num_vnni_calls", &radixlm::num_vnni_calls, "quantized products that ran in an int8 (vpdpbusd) mode");
-  m.def("cpu_features", &cpu_features, "the CPU's bf16 features and the bf16 GEMM path taken (0 emulated, 1 AVX512-BF16, 2 AMX)");
+  m.def("cpu_features", &cpu_features,
+        "the features the kernels use, the build, the ISA level, and the bf16 GEMM paths (0 emulated, 1 AVX512-BF16, 2 AMX)");
+  m.def("set_cpu_features", &set_cpu_features, "the features the kernels may use (bits of dispatch/cpu_features.h) and the level's name",
+        pybind11::arg("bits"), pybind11::arg("level"));
   m.def("rms_norm", &radixlm::rms_norm, "x / sqrt(mean(x^2) + eps) (* weight) per row, float32 arithmetic, x's dtype");
   m.def("silu_mul", &radixlm::silu_mul, "silu(gate) * up of [T, 2n] gate|up rows, float32 arithmetic, one rounding");
   m.def("paged_attention", &radixlm::paged_attention,
@@ -138,17 +164,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "whether the vector long-extend kernel runs in float32 FMAs here (else vdpbf16ps): timed once, unless set");
   m.def("set_long_extend_math", &radixlm::set_long_extend_math,
         "the vector long-extend kernel's math: 0 vdpbf16ps, 1 float32 FMAs, -1 decide again by timing");
-  pybind11::class_<radixlm::DecodeStack>(m, "DecodeStack")
+  pybind11::class_<radixlm::DecodeStack>(m, "DecodeStack", pybind11::module_local())
       .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double>())
       .def("add_layer", &radixlm::DecodeStack::add_layer)
       .def("forward", &radixlm::DecodeStack::forward)
       .def_property("bf16_path", &radixlm::DecodeStack::get_bf16_path, &radixlm::DecodeStack::set_bf16_path)
       .def_property("quant_mode", &radixlm::DecodeStack::get_quant_mode, &radixlm::DecodeStack::set_quant_mode)
       .def("set_tensor_parallel", &radixlm::DecodeStack::set_tensor_parallel);
-  pybind11::class_<radixlm::ShmAllReduce, std::shared_ptr<radixlm::ShmAllReduce>>(m, "ShmAllReduce")
+  pybind11::class_<radixlm::ShmAllReduce, std::shared_ptr<radixlm::ShmAllReduce>>(m, "ShmAllReduce", pybind11::module_local())
       .def(pybind11::init<torch::Tensor, int64_t, int64_t, int64_t, std::vector<int64_t>>())
       .def("all_reduce", [](const radixlm::ShmAllReduce& self, torch::Tensor t) {
         TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous(), "all_reduce takes contiguous float32");
         self.all_reduce(t.data_ptr<float>(), t.numel());
       }, "t summed over the ranks, in place (runtime/model/shm_all_reduce.py's protocol)");
+
+  m.def("int8_variants", &radixlm::int8_variants, "the int8 dot variants (quant_gemm.h) this build runs here, fastest first").def("int8_variant", &radixlm::int8_variant, "the int8 dot variant the int8 quantized modes use now").def("set_int8_variant", &radixlm::set_int8_variant, "force an int8 dot variant of int8_variants(); '' for the fastest", pybind11::arg("name"));  // [quant_gemm helper] int8 dot variants
 }

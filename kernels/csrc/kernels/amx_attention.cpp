@@ -12,25 +12,35 @@
 //   O^T += V^T P^T  the weights P^T as bf16 VNNI pairs (a B tile), one float32 tile per 16 dims,
 //                 folded into the float32 accumulator with the rescale of the running maximum.
 // Rows and keys are interleaved so that every reduction runs across vectors, never within one.
-#include "amx_attention.h"
+//
+// The kernels are compiled into the avx512 build only (tiles beside AVX-512 vectors) and run where
+// cpu_has(kAmxBf16); the softmax's bf16 pairs use vcvtne2ps2bf16 where the CPU has AVX512-BF16,
+// the vector layer's rounding otherwise. Other builds answer amx_attention_supported() false.
+#include "kernels/amx_attention.h"
 
-#include <ATen/Parallel.h>
-#include <immintrin.h>
+#include <stdexcept>
+#include <vector>
 
+#if defined(RADIXLM_SIMD_AVX512)
 #include <algorithm>
 #include <array>
 #include <cstring>
 #include <limits>
 #include <type_traits>
 #include <utility>
-#include <vector>
 
-#include "bf16_gemm.h"
-#include "online_softmax.h"
-#include "simd_math.h"
+#include "dispatch/cpu_features.h"
+#include "kernels/online_softmax.h"
+#include "kernels/parallel.h"
+#include "simd/math.h"
+#endif
 
 namespace radixlm {
+
+#if defined(RADIXLM_SIMD_AVX512)
 namespace {
+
+using namespace simd;
 
 constexpr int64_t kBlock = kSoftmaxKeys;  // keys per block
 constexpr int64_t kRows = kSoftmaxRows;    // new tokens (query rows) per unit
@@ -38,6 +48,29 @@ constexpr int64_t kRows = kSoftmaxRows;    // new tokens (query rows) per unit
 struct Unit {
   int64_t request, head, first;  // first: the unit's first new token (of the request's)
 };
+
+// The tile configuration of every unit: all 8 tiles 16 rows x 64 bytes (a bf16 A / B tile
+// 16 x 32, a float32 accumulator 16 x 16). A namespace-scope object: gcc drops stores into a
+// local that only ldtilecfg reads.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+TileConfig sixteen_by_64() {
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = 16;
+    cfg.colsb[t] = 64;
+  }
+  return cfg;
+}
+
+const TileConfig kTiles = sixteen_by_64();
+
+__attribute__((target("amx-tile"))) void configure_tiles() { _tile_loadconfig(&kTiles); }
+__attribute__((target("amx-tile"))) void release_tiles() { _tile_release(); }
 
 // Pack keys [kb*32, kb*32 + 32) of one kv head: K rows and the V^T block (zeros past seq_len).
 void pack_block(const ExtendRequest& r, int64_t g, int64_t kb, int64_t Hkv, int64_t D, const uint16_t* k_buf,
@@ -55,29 +88,6 @@ void pack_block(const ExtendRequest& r, int64_t g, int64_t kb, int64_t Hkv, int6
     std::memcpy(dst, k_buf + row, D * sizeof(uint16_t));
     const uint16_t* v = v_buf + row;
     for (int64_t d = 0; d < D; ++d) vtb[d * kBlock + k] = v[d];
-  }
-}
-
-// Q^T of a unit's rows in VNNI pairs: word [j][r] = (q[r][2j], q[r][2j+1]) as bfloat16 (float32
-// rounded to nearest even).
-template <typename T>
-__attribute__((target("avx512f,avx512bw,avx512bf16"))) void pack_queries(const T* q, int64_t stride, int64_t n,
-                                                                          int64_t D, uint32_t* qt) {
-  for (int64_t c = 0; c < D / 32; ++c) {  // 16 words (32 dims) of every row at a time
-    __m512 w[16];
-    for (int64_t r = 0; r < kRows; ++r) {
-      const T* src = q + r * stride + c * 32;
-      if (r >= n) {
-        w[r] = _mm512_setzero_ps();
-      } else if constexpr (std::is_same_v<T, float>) {
-        const __m512bh pair = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + 16), _mm512_loadu_ps(src));
-        w[r] = _mm512_castsi512_ps(reinterpret_cast<__m512i>(pair));  // word i: dims 32c + 2i, 2i + 1
-      } else {
-        w[r] = _mm512_loadu_ps(src);
-      }
-    }
-    transpose16(w);
-    for (int64_t j = 0; j < 16; ++j) _mm512_storeu_ps(reinterpret_cast<float*>(qt + (c * 16 + j) * kRows), w[j]);
   }
 }
 
@@ -110,19 +120,74 @@ __attribute__((target("amx-tile"))) inline void load_tiles(const float* src) {
 // With D = 64 the accumulator stays in tiles 0-3 for the whole unit: the reference maximum moves
 // rarely (kRescaleMargin, online_softmax.h), and only then is it stored, rescaled and reloaded.
 
+// S^T = K Q^T for one 32-key block (K rows [32][D], Q^T VNNI pairs): tiles 4, 5 -> sc [32 keys][16 rows].
+template <int D>
+__attribute__((target("amx-tile,amx-bf16"))) inline void score_tiles(const uint16_t* kblock, const uint32_t* qt,
+                                                                   float* sc) {
+  _tile_zero(4);
+  _tile_zero(5);
+  for (int64_t t = 0; t < D / 32; ++t) {
+    _tile_loadd(7, qt + t * 16 * kRows, 64);
+    _tile_loadd(6, kblock + t * 32, D * 2);
+    _tile_dpbf16ps(4, 6, 7);
+    _tile_loadd(6, kblock + 16 * D + t * 32, D * 2);
+    _tile_dpbf16ps(5, 6, 7);
+  }
+  _tile_stored(4, sc, 64);
+  _tile_stored(5, sc + 16 * kRows, 64);
+}
+
+// O^T [D][16 rows] += V^T P^T (P^T in tile 7) for D > 64, 64 dims (tiles 0-3) at a time.
+template <int D>
+__attribute__((target("amx-tile,amx-bf16"))) inline void value_tiles(const uint16_t* vblock, float* acc) {
+  alignas(64) float pv[64 * kRows];  // one group of 4 output tiles: [dim][row]
+  for (int64_t dg = 0; dg < D; dg += 64) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    pv_tiles(vblock, dg);
+    store_tiles(pv);
+    for (int64_t d = 0; d < 64; ++d) vstore(acc + (dg + d) * kRows, vadd(vload(acc + (dg + d) * kRows), vload(pv + d * kRows)));
+  }
+}
+
+// The n rows' outputs O^T / l, transposed back to rows of `out` (rows `stride` elements apart).
 template <int D, typename T>
-__attribute__((target("avx512f,avx512bw,avx512bf16,amx-tile,amx-bf16"))) void attend_unit(
-    const ExtendRequest& r, const Unit& u, const T* q, T* out, int64_t Hq, const uint16_t* kp,
-    const uint16_t* vt, float scale) {
+inline void store_rows(const float* acc, Vf l, int64_t n, T* out, int64_t stride) {
+  const Vf inv = vdiv(vset1(1.0f), l);  // l >= 1: a row's own key is visible
+  for (int64_t d0 = 0; d0 < D; d0 += 16) {
+    Vf v[16];
+    for (int64_t i = 0; i < 16; ++i) v[i] = vmul(vload(acc + (d0 + i) * kRows), inv);
+    transpose16(v);
+    for (int64_t i = 0; i < n; ++i) {
+      if constexpr (std::is_same_v<T, float>) {
+        vstore(out + i * stride + d0, v[i]);
+      } else {
+        vstore_bf16(out + i * stride + d0, v[i]);
+      }
+    }
+  }
+}
+
+// One unit: up to 16 new tokens of one query head over the packed K rows kp and V^T vt of its kv
+// head. cvt: the CPU has AVX512-BF16 (the weights' pairs by vcvtne2ps2bf16).
+template <int D, typename T>
+__attribute__((target("amx-tile,amx-bf16"))) void attend_unit(const ExtendRequest& r, const Unit& u, const T* q,
+                                                              T* out, int64_t Hq, const uint16_t* kp,
+                                                              const uint16_t* vt, float scale, bool cvt) {
   constexpr bool kResident = D == 64;  // the accumulator fits tiles 0-3
   alignas(64) uint32_t qt[D / 2 * kRows];
   alignas(64) float sc[kBlock * kRows];         // S^T: [key][row]
   alignas(64) uint32_t pt[kBlock / 2 * kRows];  // P^T VNNI: [key pair][row]
   alignas(64) float acc[D * kRows];             // O^T: [dim][row]
+  alignas(64) static constexpr int32_t kLane[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   const int64_t n = std::min(kRows, r.extend_len - u.first);
   const int64_t pos0 = r.seq_len - r.extend_len + u.first;  // the first row's position
   const int64_t q_row = r.q_start + u.first;
-  pack_queries(q + (q_row * Hq + u.head) * D, Hq * D, n, D, qt);
+  const T* rows[kRows];  // rows past n repeat row n - 1 (their outputs are dropped)
+  for (int64_t i = 0; i < kRows; ++i) rows[i] = q + ((q_row + std::min(i, n - 1)) * Hq + u.head) * D;
+  pack_query_pairs(rows, D, qt);
   std::fill(acc, acc + D * kRows, 0.0f);
   if constexpr (kResident) {
     _tile_zero(0);
@@ -130,78 +195,43 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,amx-tile,amx-bf16"))) void at
     _tile_zero(2);
     _tile_zero(3);
   }
-  const __m512i row_pos = _mm512_add_epi32(
-      _mm512_set1_epi32(static_cast<int>(pos0)),
-      _mm512_min_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                       _mm512_set1_epi32(static_cast<int>(n - 1))));
-  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity()), vscale = _mm512_set1_ps(scale);
-  __m512 m = neg_inf, l = _mm512_setzero_ps();
+  const Vi row_pos = vadd_i(vset1_i(static_cast<int32_t>(pos0)), vmin_i(vload_i(kLane), vset1_i(static_cast<int32_t>(n - 1))));
+  const Vf vscale = vset1(scale);
+  Vf m = vset1(-std::numeric_limits<float>::infinity()), l = vzero();
   const int64_t blocks = (pos0 + n - 1) / kBlock + 1;
   for (int64_t kb = 0; kb < blocks; ++kb) {
-    _tile_zero(4);
-    _tile_zero(5);
-    const uint16_t* kblock = kp + kb * kBlock * D;
-    for (int64_t t = 0; t < D / 32; ++t) {
-      _tile_loadd(7, qt + t * 16 * kRows, 64);
-      _tile_loadd(6, kblock + t * 32, D * 2);
-      _tile_dpbf16ps(4, 6, 7);
-      _tile_loadd(6, kblock + 16 * D + t * 32, D * 2);
-      _tile_dpbf16ps(5, 6, 7);
-    }
-    _tile_stored(4, sc, 64);
-    _tile_stored(5, sc + 16 * kRows, 64);
-    __m512 s[kBlock];
-    for (int64_t k = 0; k < kBlock; ++k) s[k] = _mm512_load_ps(sc + k * kRows);
-    __mmask16 keep[kBlock];
-    const __m512 mx = block_max(s, keep, kb * kBlock, kb * kBlock + kBlock - 1 > pos0, row_pos);
-    __m512 alpha;
-    if (move_max(_mm512_mul_ps(mx, vscale), m, l, alpha) && kb > 0) {
+    score_tiles<D>(kp + kb * kBlock * D, qt, sc);
+    Vf s[kBlock];
+    for (int64_t k = 0; k < kBlock; ++k) s[k] = vload(sc + k * kRows);
+    Mask keep[kBlock];
+    const Vf mx = block_max(s, keep, kb * kBlock, kb * kBlock + kBlock - 1 > pos0, row_pos);
+    Vf alpha;
+    if (move_max(vmul(mx, vscale), m, l, alpha) && kb > 0) {
       if constexpr (kResident) store_tiles(acc);
-      for (int64_t d = 0; d < D; ++d) _mm512_store_ps(acc + d * kRows, _mm512_mul_ps(_mm512_load_ps(acc + d * kRows), alpha));
+      for (int64_t d = 0; d < D; ++d) vstore(acc + d * kRows, vmul(vload(acc + d * kRows), alpha));
       if constexpr (kResident) load_tiles(acc);
     }
-    weights_to_pairs(s, keep, vscale, m, l, pt);
-    _tile_loadd(7, pt, 64);
-    const uint16_t* vblock = vt + kb * D * kBlock;
-    if constexpr (kResident) {
-      pv_tiles(vblock, 0);
+    block_weights(s, keep, vscale, m, l);
+    if (cvt) {
+      weights_to_pairs_bf16(s, pt);
     } else {
-      alignas(64) float pv[64 * kRows];  // one group of 4 output tiles: [dim][row]
-      for (int64_t dg = 0; dg < D; dg += 64) {
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-        pv_tiles(vblock, dg);
-        store_tiles(pv);
-        for (int64_t d = 0; d < 64; ++d) {
-          float* a = acc + (dg + d) * kRows;
-          _mm512_store_ps(a, _mm512_add_ps(_mm512_load_ps(a), _mm512_load_ps(pv + d * kRows)));
-        }
-      }
+      weights_to_pairs(s, pt);
+    }
+    _tile_loadd(7, pt, 64);
+    if constexpr (kResident) {
+      pv_tiles(vt + kb * D * kBlock, 0);
+    } else {
+      value_tiles<D>(vt + kb * D * kBlock, acc);
     }
   }
   if constexpr (kResident) store_tiles(acc);
-  const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.0f), l);  // l >= 1: a row's own key is visible
-  for (int64_t d0 = 0; d0 < D; d0 += 16) {
-    __m512 v[16];
-    for (int64_t i = 0; i < 16; ++i) v[i] = _mm512_mul_ps(_mm512_load_ps(acc + (d0 + i) * kRows), inv);
-    transpose16(v);
-    for (int64_t i = 0; i < n; ++i) {
-      T* dst = out + ((q_row + i) * Hq + u.head) * D + d0;
-      if constexpr (std::is_same_v<T, float>) {
-        _mm512_storeu_ps(dst, v[i]);
-      } else {
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v[i])));
-      }
-    }
-  }
+  store_rows<D>(acc, l, n, out + (q_row * Hq + u.head) * D, Hq * D);
 }
 
 }  // namespace
 
 bool amx_attention_supported(int64_t head_dim) {
-  return (head_dim == 64 || head_dim == 128 || head_dim == 256) && bf16_path() == Bf16Path::kAmx;
+  return (head_dim == 64 || head_dim == 128 || head_dim == 256) && cpu_has(kAmxBf16);
 }
 
 template <typename T>
@@ -228,7 +258,7 @@ void amx_extend_attention(const std::vector<ExtendRequest>& requests, const T* q
     uint16_t* kp = packed.data() + offset[i] + g * 2 * span;
     return std::pair<uint16_t*, uint16_t*>(kp, kp + span);
   };
-  at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t lo, int64_t hi) {
+  parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t lo, int64_t hi) {
     for (int64_t it = lo; it < hi; ++it) {
       const auto [i, g, kb] = items[it];
       const auto [kp, vt] = heads_of(i, g);
@@ -238,20 +268,33 @@ void amx_extend_attention(const std::vector<ExtendRequest>& requests, const T* q
   const int64_t n = static_cast<int64_t>(units.size());
   // Units interleaved from both ends (0, n-1, 1, n-2, ...): under a causal mask a request's late
   // tokens cost more, and parallel_for hands each thread one contiguous range.
-  at::parallel_for(0, n, 1, [&](int64_t lo, int64_t hi) {
-    amx_configure();
+  const bool cvt = cpu_has(kAvx512Bf16);
+  parallel_for(0, n, 1, [&](int64_t lo, int64_t hi) {
+    configure_tiles();
     for (int64_t it = lo; it < hi; ++it) {
       const Unit& u = units[it % 2 == 0 ? it / 2 : n - 1 - it / 2];
       const auto [kp, vt] = heads_of(u.request, u.head / group);
       switch (D) {
-        case 64: attend_unit<64>(requests[u.request], u, q, out, Hq, kp, vt, scale); break;
-        case 128: attend_unit<128>(requests[u.request], u, q, out, Hq, kp, vt, scale); break;
-        default: attend_unit<256>(requests[u.request], u, q, out, Hq, kp, vt, scale); break;
+        case 64: attend_unit<64>(requests[u.request], u, q, out, Hq, kp, vt, scale, cvt); break;
+        case 128: attend_unit<128>(requests[u.request], u, q, out, Hq, kp, vt, scale, cvt); break;
+        default: attend_unit<256>(requests[u.request], u, q, out, Hq, kp, vt, scale, cvt); break;
       }
     }
-    amx_release();
+    release_tiles();
   });
 }
+
+#else  // not the avx512 build: no AMX kernels
+
+bool amx_attention_supported(int64_t) { return false; }
+
+template <typename T>
+void amx_extend_attention(const std::vector<ExtendRequest>&, const T*, T*, int64_t, int64_t, int64_t, const uint16_t*,
+                          const uint16_t*, float) {
+  throw std::runtime_error("the AMX attention kernel is in the avx512 build only (amx_attention_supported)");
+}
+
+#endif
 
 template void amx_extend_attention<float>(const std::vector<ExtendRequest>&, const float*, float*, int64_t, int64_t,
                                           int64_t, const uint16_t*, const uint16_t*, float);

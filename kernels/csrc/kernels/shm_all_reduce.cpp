@@ -1,7 +1,6 @@
 // ShmAllReduce (see shm_all_reduce.h).
-#include "shm_all_reduce.h"
+#include "kernels/shm_all_reduce.h"
 
-#include <immintrin.h>
 #include <linux/futex.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -14,12 +13,25 @@
 #include <fstream>
 #include <string>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
 namespace radixlm {
 
 namespace {
 
-constexpr int kSpins = 4000;  // ~10 us of pause before sleeping in the kernel
+constexpr int kSpins = 4000;  // ~10 us of pause (x86) before sleeping in the kernel
 constexpr long kWaitNs = 2'000'000;  // a futex sleep re-checks after 2 ms
+
+// A spin-wait hint: lets the core's other hardware thread (and the memory system) go first.
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
 
 bool process_gone(int64_t pid) {
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
@@ -52,7 +64,7 @@ void ShmAllReduce::wait_for(int64_t r, int32_t prev) const {
   int32_t* f = flag(r);
   for (int64_t spins = 0; __atomic_load_n(f, __ATOMIC_ACQUIRE) == prev; ++spins) {
     if (spins < kSpins) {
-      _mm_pause();
+      cpu_relax();
       continue;
     }
     if (spins % 50 == 0) check_peers();  // every ~100 ms of sleeping

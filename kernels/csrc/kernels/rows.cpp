@@ -3,80 +3,83 @@
 // rounding at the end). torch's bf16 versions take several passes with a float32 copy in between
 // (rms_norm: upcast, pow, mean, rsqrt, mul, downcast; silu then mul: two roundings); at prefill
 // sizes (2,000 x 576) they were ~25% and ~13% of a bf16 prefill.
-#include <ATen/Parallel.h>
-#include <immintrin.h>
 #include <torch/extension.h>
 
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
 
-#include "simd_math.h"
+#include "kernels/parallel.h"
+#include "simd/math.h"
 
 namespace radixlm {
 namespace {
 
+using namespace simd;
+
+// 16 values (load / store), or the first n < 16 of them (load_n / store_n: nothing past them is
+// read or written; the other lanes load as 0), as float32; bf16 is stored rounded to nearest
+// even, NaN kept.
+inline Vf load(const float* p) { return vload(p); }
+inline Vf load(const uint16_t* p) { return vload_bf16(p); }
+inline Vf load_n(const float* p, int64_t n) { return vload_n(p, n); }
+inline Vf load_n(const uint16_t* p, int64_t n) { return vload_bf16_n(p, n); }
+inline void store(float* p, Vf v) { vstore(p, v); }
+inline void store(uint16_t* p, Vf v) { vstore_bf16(p, v); }
+inline void store_n(float* p, Vf v, int64_t n) { vstore_n(p, v, n); }
+inline void store_n(uint16_t* p, Vf v, int64_t n) { vstore_bf16_n(p, v, n); }
+// the first min(n, 16): a whole vector where n is 16 or more
 template <typename T>
-inline __m512 load(const T* p, __mmask16 m) {
-  if constexpr (std::is_same_v<T, float>) {
-    return _mm512_maskz_loadu_ps(m, p);
-  } else {
-    const __m256i half = _mm512_castsi512_si256(_mm512_maskz_loadu_epi16(static_cast<__mmask32>(m), p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
-  }
+inline Vf load_upto(const T* p, int64_t n) { return n >= kLanes ? load(p) : load_n(p, n); }
+
+// y[i, i+16) = f(i, x[i, i+16), lanes) over the row's whole vectors (lanes = 16), then its tail
+// (lanes = n - i < 16; x's lanes past it read as 0, y's are not written). Inlined, f's
+// load_upto(p, lanes) is a plain load in the whole vectors' loop.
+template <typename T, typename F>
+inline void map_row(const T* x, int64_t n, T* y, const F& f) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) store(y + i, f(i, load(x + i), int64_t{kLanes}));
+  if (i < n) store_n(y + i, f(i, load_n(x + i, n - i), n - i), n - i);
 }
 
 template <typename T>
-inline void store(T* p, __m512 v, __mmask16 m) {
-  if constexpr (std::is_same_v<T, float>) {
-    _mm512_mask_storeu_ps(p, m, v);
-  } else {  // nearest even, NaN kept
-    const __m512i bits = _mm512_castps_si512(v);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
-    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
-    _mm512_mask_storeu_epi16(p, static_cast<__mmask32>(m), _mm512_castsi256_si512(_mm512_cvtepi32_epi16(r)));
+inline float sum_of_squares(const T* x, int64_t n) {
+  Vf acc = vzero();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const Vf v = load(x + i);
+    acc = vfmadd(v, v, acc);
   }
+  if (i < n) {
+    const Vf v = load_n(x + i, n - i);
+    acc = vfmadd(v, v, acc);
+  }
+  return vreduce_add(acc);
 }
-
-inline __mmask16 tail(int64_t left) { return left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1u); }
 
 template <typename T>
 void rms_norm_rows(const T* x, int64_t rows, int64_t n, int64_t ld_x, const float* weight, float eps, T* y) {
-  at::parallel_for(0, rows, 16, [&](int64_t first, int64_t last) {
+  parallel_for(0, rows, 16, [&](int64_t first, int64_t last) {
     for (int64_t r = first; r < last; ++r) {
       const T* xr = x + r * ld_x;
-      T* yr = y + r * n;
-      __m512 acc = _mm512_setzero_ps();
-      for (int64_t i = 0; i < n; i += 16) {
-        const __m512 v = load(xr + i, tail(n - i));
-        acc = _mm512_fmadd_ps(v, v, acc);
-      }
-      const __m512 inv = _mm512_set1_ps(1.0f / std::sqrt(_mm512_reduce_add_ps(acc) / static_cast<float>(n) + eps));
-      for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 m = tail(n - i);
-        __m512 v = _mm512_mul_ps(load(xr + i, m), inv);
-        if (weight) v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, weight + i));
-        store(yr + i, v, m);
-      }
+      const Vf inv = vset1(1.0f / std::sqrt(sum_of_squares(xr, n) / static_cast<float>(n) + eps));
+      map_row(xr, n, y + r * n, [&](int64_t i, Vf v, int64_t lanes) {
+        v = vmul(v, inv);
+        return weight ? vmul(v, load_upto(weight + i, lanes)) : v;
+      });
     }
   });
 }
 
 template <typename T>
 void silu_mul_rows(const T* gu, int64_t rows, int64_t n, int64_t ld_gu, T* y) {
-  const __m512 one = _mm512_set1_ps(1.0f);
-  at::parallel_for(0, rows, 4, [&](int64_t first, int64_t last) {
+  parallel_for(0, rows, 4, [&](int64_t first, int64_t last) {
     for (int64_t r = first; r < last; ++r) {
       const T* g = gu + r * ld_gu;
       const T* u = g + n;
-      T* yr = y + r * n;
-      for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 m = tail(n - i);
-        const __m512 gv = load(g + i, m);
-        const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv));
-        store(yr + i, _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(one, e)), load(u + i, m)), m);
-      }
+      map_row(g, n, y + r * n, [&](int64_t i, Vf gv, int64_t lanes) {
+        const Vf e = exp16(vsub(vzero(), gv));
+        return vmul(vdiv(gv, vadd(vset1(1.0f), e)), load_upto(u + i, lanes));
+      });
     }
   });
 }

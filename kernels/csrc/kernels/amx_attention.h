@@ -1,7 +1,8 @@
-// Causal attention of long extends (prompts, chunks of prompts) over their requests' context in a
-// bfloat16 KV pool: on AMX tiles (amx_attention.cpp) or, on CPUs without AMX, with AVX512-BF16
-// dot products (vnni_attention.cpp, the same algorithm on vector registers). paged_attention.cpp
-// hands them the requests with at least kAmxMinTokens new tokens when the caller allows it.
+// Causal attention of long extends (prompts, chunks of prompts) over their requests' context in
+// the KV pool: on AMX tiles (amx_attention.cpp; the avx512 build on a CPU with AMX-BF16) or with
+// vector registers (vnni_attention.cpp, the same algorithm; float32 FMAs at every ISA level, or
+// AVX512-BF16 dot products in the avx512 build). paged_attention.cpp hands them the requests with
+// at least kAmxMinTokens new tokens when the caller allows it.
 #pragma once
 
 #include <cstdint>
@@ -20,7 +21,8 @@ struct ExtendRequest {
 // queries costs more than it saves); measured with the default model, see paged_attention().
 constexpr int64_t kAmxMinTokens = 16;
 
-// True when the AMX path serves this head size on this CPU (AMX permitted; D 64, 128 or 256).
+// True when the AMX path serves this head size here: the avx512 build, cpu_has(kAmxBf16) (AMX
+// tile data permitted), D 64, 128 or 256. Elsewhere amx_extend_attention throws.
 bool amx_attention_supported(int64_t head_dim);
 
 // q, out [T, Hq, D] float32 or bfloat16 (T = uint16_t); k_buf, v_buf [slots, Hkv, D] bfloat16. Scores
@@ -30,18 +32,20 @@ template <typename T>
 void amx_extend_attention(const std::vector<ExtendRequest>& requests, const T* q, T* out, int64_t Hq, int64_t Hkv,
                           int64_t D, const uint16_t* k_buf, const uint16_t* v_buf, float scale);
 
-// True when the vector path below serves this head size (D 64 or 128; on every AVX-512 CPU,
-// with vdpbf16ps where it has AVX512-BF16 and that is the faster math, else float32 FMAs).
+// True when the vector path below serves this head size (D 64 or 128; at every ISA level, with
+// vdpbf16ps where it runs and is the faster math, else float32 FMAs).
 bool vnni_attention_supported(int64_t head_dim);
 
 // The math of the vector path (vnni_attention.cpp): vdpbf16ps on bf16 operands, or float32 FMAs.
 enum class LongExtendMath : int { kDpbf16 = 0, kFma = 1 };
 
-// Whether the vector path runs in float32 FMAs: always without AVX512-BF16; with it, decided
-// once per process by timing one unit with each math (fma_is_faster), unless set.
+// Whether the vector path runs in float32 FMAs over a bf16 pool: always but in the avx512 build on
+// a CPU with AVX512-BF16 (cpu_has(kAvx512Bf16)); there, decided once per process by timing one
+// unit with each math (fma_is_faster), unless set.
 bool long_extend_uses_fma();
 
-// Sets the math (a LongExtendMath; -1: decide again by timing), for tests and benchmarks.
+// Sets the math (a LongExtendMath; -1: decide again by timing), for tests and benchmarks; throws
+// std::runtime_error for an unknown math, or kDpbf16 where vdpbf16ps does not run.
 void set_long_extend_math(int64_t math);
 
 // As amx_extend_attention, with vdpbf16ps or float32 FMAs (long_extend_uses_fma), over a bf16

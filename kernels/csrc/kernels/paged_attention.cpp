@@ -1,6 +1,7 @@
 // paged_attention: causal attention of a batch's new tokens over their requests' whole context,
 // reading K/V in place from the KV pool through req_to_token (no per-layer gather, no padding to
-// a rectangle, no mask tensor). One kernel for decode, extend and mixed batches.
+// a rectangle, no mask tensor). One kernel for decode, extend and mixed batches, written over the
+// vector layer (simd/vec.h) for every ISA level.
 //
 // Layout. q [T, Hq, D] float32; k_buf / v_buf [slots, Hkv, D] float32 or bfloat16; req_to_token
 // int32 [rows, context]; rows, seq_lens, extend_lens, extend_start int64 [B]. New token i of
@@ -8,16 +9,15 @@
 // positions [0, that position] of its request. Output [T, Hq, D] float32.
 //
 // Work unit: (request, block of up to kTokens new tokens): its query rows of each kv head share
-// every key they read, and each key is read from the pool once for all kv heads. Keys stream in blocks of 16 (one AVX-512 vector of scores per
-// query row): the block's K is widened to float32 and transposed to [D][16] once, scores are D
-// FMAs per row, and a flash-style online softmax (running max and sum per row, float32) folds
-// the block's V into the row's accumulator, so no score matrix is ever materialized.
+// every key they read, and each key is read from the pool once for all kv heads. Keys stream in
+// blocks of 16 (one vector of scores per query row): the block's K is widened to float32 and
+// transposed to [D][16] once, scores are D FMAs per row, and a flash-style online softmax
+// (running max and sum per row, float32) folds the block's V into the row's accumulator, so no
+// score matrix is ever materialized.
 //
-// Over a bf16 pool, requests with 16+ new tokens go to the AMX or vdpbf16ps extend kernels
-// (amx_attention.h) where the caller allows them; with vdpbf16ps, a batch sharing a long prefix
-// (kCascadeMinShared) goes whole to the cascade kernel instead.
-#include <ATen/Parallel.h>
-#include <immintrin.h>
+// Over a bf16 pool, requests with 16+ new tokens go to the AMX or vector extend kernels
+// (amx_attention.h) where the caller allows them; with the vector kernel, a batch sharing a long
+// prefix (kCascadeMinShared) goes whole to the cascade kernel instead.
 #include <torch/extension.h>
 
 #include <algorithm>
@@ -29,17 +29,43 @@
 #include <type_traits>
 #include <vector>
 
-#include "amx_attention.h"
-#include "decode_stack.h"
-#include "simd_math.h"
+#include "kernels/amx_attention.h"
+#include "kernels/decode_stack.h"
+#include "kernels/parallel.h"
+#include "simd/math.h"
 
 namespace radixlm {
 namespace {
+
+using namespace simd;
 
 std::atomic<int64_t> num_cascade_calls_{0};  // calls that took the cascade kernel (for tests)
 
 constexpr int64_t kKeys = 16;    // keys per block: one vector of scores
 constexpr int64_t kTokens = 32;  // new tokens per work unit
+
+// The register tiles of each level, in vectors (a Vf is one of 32 zmm on AVX-512, two of 16 ymm
+// on AVX2, four of 32 NEON q registers, four of 16 xmm in the generic build): the score pass keeps
+// kRows score vectors, a key vector and a broadcast live; the value pass kValueVecs accumulators,
+// a value vector and a broadcast. AVX-512's 8 rows would spill on AVX2 (16 + 3 ymm) and pad a
+// decode's GQA group of 3 or 4 rows to 8; AVX2 and generic were timed with 2, 4, 6 and 8 rows
+// (4 the best for decodes, within a few % of the best for extends), their value passes with 2 to
+// 16 vectors (no difference beyond noise). NEON takes AVX2's (the same 8 Vf of registers; untimed).
+#if defined(RADIXLM_SIMD_AVX512)
+constexpr int kRows = 8, kValueVecs = 16;
+#elif defined(RADIXLM_SIMD_AVX2) || defined(RADIXLM_SIMD_NEON)
+constexpr int kRows = 4, kValueVecs = 6;
+#else
+constexpr int kRows = 4, kValueVecs = 2;
+#endif
+
+// The largest divisor of nv that is at most cap: a row's D / 16 accumulators in equal passes.
+constexpr int value_pass(int nv, int cap) {
+  for (int c = cap < nv ? cap : nv; c > 1; --c) {
+    if (nv % c == 0) return c;
+  }
+  return 1;
+}
 
 bool is_supported_head_dim(int64_t d) { return d == 16 || d == 32 || d == 64 || d == 80 || d == 96 || d == 128 || d == 256; }
 
@@ -47,24 +73,111 @@ struct Unit {
   int64_t b, first;  // request, first new token (of the request's) in this unit
 };
 
-constexpr int64_t kRows = 8;  // query rows whose scores are computed together (8 FMA chains)
-
 // 16 floats of a pool row (float32, or bfloat16 widened exactly).
 template <typename T>
-inline __m512 load_row16(const T* p) {
+inline Vf load_row16(const T* p) {
   if constexpr (std::is_same_v<T, float>) {
-    return _mm512_loadu_ps(p);
+    return vload(p);
   } else {
-    const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+    return vload_bf16(p);
+  }
+}
+
+// kt[d][j] = K[j][d] for the W = Hkv * D floats of the block's n keys (zero rows past n).
+template <typename T>
+void transpose_keys(const T* const* krow, int64_t n, int64_t W, float* kt) {
+  for (int64_t c = 0; c < W; c += 16) {  // a 16 x 16 tile at a time
+    Vf tile[kKeys];
+    for (int64_t j = 0; j < kKeys; ++j) tile[j] = j < n ? load_row16(krow[j] + c) : vzero();
+    transpose16(tile);
+    for (int64_t i = 0; i < 16; ++i) vstore(kt + (c + i) * kKeys, tile[i]);
+  }
+}
+
+// s[i] lane j = q row i . key j for kRows rows of qs (D apart) and the block's K^T [D][16].
+template <int64_t D>
+inline void block_scores(const float* kt, const float* q0, Vf* s) {
+  for (int i = 0; i < kRows; ++i) s[i] = vzero();
+  for (int64_t d = 0; d < D; ++d) {
+    const Vf kv = vload(kt + d * kKeys);
+    for (int i = 0; i < kRows; ++i) s[i] = vfmadd(vset1(q0[i * D + d]), kv, s[i]);
+  }
+}
+
+// acc[0, 16 NV) = acc * alpha + sum over j < visible of pw[j] * vb[j] (vb rows 16 NV apart).
+template <int NV>
+inline void fold_values(float* acc, float alpha, const float* pw, int64_t visible, const float* vb) {
+  constexpr int64_t D = NV * 16;
+  constexpr int C = value_pass(NV, kValueVecs);
+  const Vf va = vset1(alpha);
+  for (int v0 = 0; v0 < NV; v0 += C) {
+    Vf a[C];
+    for (int v = 0; v < C; ++v) a[v] = vmul(vload(acc + (v0 + v) * 16), va);
+    // a loop of broadcasts from pw: unrolled (visible <= 16), gcc reads the weights back from the
+    // register pw was stored from, a permute per key, and branches 16 ways
+#pragma GCC unroll 1
+    for (int64_t j = 0; j < visible; ++j) {
+      const Vf pj = vset1(pw[j]);
+      for (int v = 0; v < C; ++v) a[v] = vfmadd(pj, vload(vb + j * D + (v0 + v) * 16), a[v]);
+    }
+    for (int v = 0; v < C; ++v) vstore(acc + (v0 + v) * 16, a[v]);
+  }
+}
+
+// The online softmax of a group of kRows rows (r0.., those below M) over one key block of n keys
+// from k0: each row's running max m and sum l move, and the block's values vb are folded into its
+// accumulator acc [D]. Row r (position prefix_len + r / group) sees the keys up to its position.
+// The rows' maxima are taken first and their rescale factors in one vector exp, so the rows'
+// horizontal reductions overlap instead of chaining through a scalar exp each.
+template <int NV>
+inline void fold_rows(const Vf* s, int64_t r0, int64_t M, int64_t group, int64_t prefix_len, int64_t k0, int64_t n,
+                      float* m, float* l, float* acc, const float* vb) {
+  constexpr int64_t D = NV * 16;
+  const Vf neg_inf = vset1(-std::numeric_limits<float>::infinity());
+  alignas(64) float m_old[16] = {}, m_new[16] = {}, alpha[16], pw[kKeys];
+  int64_t visible[kRows];
+  Vf sv[kRows];
+  for (int i = 0; i < kRows; ++i) {
+    const int64_t r = r0 + i, pos = prefix_len + r / group;
+    visible[i] = r < M && k0 <= pos ? std::min(n, pos - k0 + 1) : 0;  // 0: past M, or the block is in its future
+    if (visible[i] == 0) continue;
+    sv[i] = vselect(vtail(visible[i]), s[i], neg_inf);
+    m_old[i] = m[r];
+    m_new[i] = std::max(m[r], vreduce_max(sv[i]));
+  }
+  // a row's first block: m = -inf, alpha e^-103 (exp16's floor), scaling an l and acc of 0
+  vstore(alpha, exp16(vsub(vload(m_old), vload(m_new))));
+  for (int i = 0; i < kRows; ++i) {
+    if (visible[i] == 0) continue;
+    const int64_t r = r0 + i;
+    const Vf p = vmaskz(vtail(visible[i]), exp16(vsub(sv[i], vset1(m_new[i]))));
+    l[r] = l[r] * alpha[i] + vreduce_add(p);
+    m[r] = m_new[i];
+    vstore(pw, p);
+    fold_values<NV>(acc + r * D, alpha[i], pw, visible[i], vb);
+  }
+}
+
+// Hints the K and V rows (W elements each) of the next block's `count` slots into L1: a
+// request's slots are scattered over the pool, where the hardware prefetcher cannot follow them.
+template <typename T>
+inline void prefetch_rows(const T* k_buf, const T* v_buf, const int32_t* slots, int64_t count, int64_t W) {
+  const int64_t bytes = W * static_cast<int64_t>(sizeof(T));
+  for (int64_t j = 0; j < count; ++j) {
+    const char* k = reinterpret_cast<const char*>(k_buf + slots[j] * W);
+    const char* v = reinterpret_cast<const char*>(v_buf + slots[j] * W);
+    for (int64_t b = 0; b < bytes; b += 64) {
+      prefetch_l1(k + b);
+      prefetch_l1(v + b);
+    }
   }
 }
 
 // One work unit: every query head of up to kTokens new tokens of one request. Each key block is
 // read from the pool once for all kv heads (a slot's K for all heads is one contiguous row).
 template <int NV, typename T>
-void attend_unit(const Unit& u, const float* q, int64_t Hq, int64_t Hkv, const T* k_buf, const T* v_buf,
-                 const int32_t* slots, int64_t prefix_len, int64_t num_tokens, int64_t q_row0, float scale, float* out,
+void attend_unit(const float* q, int64_t Hq, int64_t Hkv, const T* k_buf, const T* v_buf, const int32_t* slots,
+                 int64_t prefix_len, int64_t num_tokens, int64_t q_row0, float scale, float* out,
                  std::vector<float>& scratch) {
   constexpr int64_t D = NV * 16;
   const int64_t group = Hq / Hkv, M = num_tokens * group, Mp = (M + kRows - 1) / kRows * kRows, W = Hkv * D;
@@ -92,10 +205,9 @@ void attend_unit(const Unit& u, const float* q, int64_t Hq, int64_t Hkv, const T
   std::fill(m, m + Hkv * M, -std::numeric_limits<float>::infinity());
   std::fill(l, l + Hkv * M, 0.0f);
   const int64_t last_pos = prefix_len + num_tokens - 1;  // the unit's last query position
-  alignas(64) float pw[kKeys];
-  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   for (int64_t k0 = 0; k0 <= last_pos; k0 += kKeys) {
     const int64_t n = std::min(kKeys, last_pos + 1 - k0);
+    prefetch_rows(k_buf, v_buf, slots + k0 + kKeys, std::min(kKeys, last_pos + 1 - k0 - kKeys), W);
     const T* krow[kKeys];
     for (int64_t j = 0; j < n; ++j) {
       const int64_t slot = slots[k0 + j];
@@ -106,49 +218,14 @@ void attend_unit(const Unit& u, const float* q, int64_t Hq, int64_t Hkv, const T
     for (int64_t j = n; j < kKeys; ++j) {
       for (int64_t g = 0; g < Hkv; ++g) std::fill(vb + (g * kKeys + j) * D, vb + (g * kKeys + j + 1) * D, 0.0f);
     }
-    for (int64_t c = 0; c < W; c += 16) {  // kt[g][d][j] = K[j][g * D + d], a 16 x 16 tile at a time
-      __m512 tile[kKeys];
-      for (int64_t j = 0; j < kKeys; ++j) tile[j] = j < n ? load_row16(krow[j] + c) : _mm512_setzero_ps();
-      transpose16(tile);
-      for (int64_t i = 0; i < 16; ++i) _mm512_store_ps(kt + (c + i) * kKeys, tile[i]);
-    }
+    transpose_keys(krow, n, W, kt);
     // rows whose position is before k0 see nothing of this block; rows are in position order
     const int64_t first_row = std::max<int64_t>(0, (k0 - prefix_len) * group);
     for (int64_t g = 0; g < Hkv; ++g) {
-      const float* ktg = kt + g * D * kKeys;
-      const float* vbg = vb + g * kKeys * D;
-      float* mg = m + g * M;
-      float* lg = l + g * M;
       for (int64_t r0 = first_row / kRows * kRows; r0 < M; r0 += kRows) {
-        __m512 s[kRows];
-        for (int i = 0; i < kRows; ++i) s[i] = _mm512_setzero_ps();
-        const float* q0 = qs + (g * Mp + r0) * D;
-        for (int64_t d = 0; d < D; ++d) {
-          const __m512 kv = _mm512_load_ps(ktg + d * kKeys);
-          for (int i = 0; i < kRows; ++i) s[i] = _mm512_fmadd_ps(_mm512_set1_ps(q0[i * D + d]), kv, s[i]);
-        }
-        for (int i = 0; i < kRows && r0 + i < M; ++i) {
-          const int64_t r = r0 + i, pos = prefix_len + r / group;
-          if (k0 > pos) continue;  // the whole block is in this row's future
-          const int64_t visible = std::min(n, pos - k0 + 1);
-          const __mmask16 keep = static_cast<__mmask16>((1u << visible) - 1u);
-          const __m512 sv = _mm512_mask_mov_ps(neg_inf, keep, s[i]);
-          const float new_max = std::max(mg[r], _mm512_reduce_max_ps(sv));
-          const float alpha = std::exp(mg[r] - new_max);  // 0 on the row's first block (m = -inf)
-          const __m512 p = _mm512_maskz_mov_ps(keep, exp16(_mm512_sub_ps(sv, _mm512_set1_ps(new_max))));
-          lg[r] = lg[r] * alpha + _mm512_reduce_add_ps(p);
-          mg[r] = new_max;
-          _mm512_store_ps(pw, p);
-          float* ar = acc + (g * M + r) * D;
-          __m512 a[NV];
-          const __m512 va = _mm512_set1_ps(alpha);
-          for (int v = 0; v < NV; ++v) a[v] = _mm512_mul_ps(_mm512_loadu_ps(ar + v * 16), va);
-          for (int64_t j = 0; j < visible; ++j) {
-            const __m512 pj = _mm512_set1_ps(pw[j]);
-            for (int v = 0; v < NV; ++v) a[v] = _mm512_fmadd_ps(pj, _mm512_load_ps(vbg + j * D + v * 16), a[v]);
-          }
-          for (int v = 0; v < NV; ++v) _mm512_storeu_ps(ar + v * 16, a[v]);
-        }
+        Vf s[kRows];
+        block_scores<D>(kt + g * D * kKeys, qs + (g * Mp + r0) * D, s);
+        fold_rows<NV>(s, r0, M, group, prefix_len, k0, n, m + g * M, l + g * M, acc + g * M * D, vb + g * kKeys * D);
       }
     }
   }
@@ -173,7 +250,7 @@ void run_units(const std::vector<Unit>& units, const float* q, float* out, int64
   const int64_t n = static_cast<int64_t>(units.size());
   // Units are interleaved from both ends (0, n-1, 1, n-2, ...) so that the contiguous ranges
   // parallel_for hands each thread mix cheap early tokens with expensive late ones (causal).
-  at::parallel_for(0, n, 1, [&](int64_t lo, int64_t hi) {
+  parallel_for(0, n, 1, [&](int64_t lo, int64_t hi) {
     std::vector<float> scratch;
     for (int64_t i = lo; i < hi; ++i) {
       const Unit& u = units[i % 2 == 0 ? i / 2 : n - 1 - i / 2];
@@ -181,11 +258,11 @@ void run_units(const std::vector<Unit>& units, const float* q, float* out, int64
       const int64_t count = std::min(kTokens, ext[u.b] - u.first);
       const int32_t* slots = r2t + row[u.b] * context;
       if (bf16) {
-        attend_unit<NV>(u, q, Hq, Hkv, static_cast<const uint16_t*>(k_buf.data_ptr()),
+        attend_unit<NV>(q, Hq, Hkv, static_cast<const uint16_t*>(k_buf.data_ptr()),
                         static_cast<const uint16_t*>(v_buf.data_ptr()), slots, prefix, count, start[u.b] + u.first,
                         scale, out, scratch);
       } else {
-        attend_unit<NV>(u, q, Hq, Hkv, k_buf.data_ptr<float>(), v_buf.data_ptr<float>(), slots, prefix, count,
+        attend_unit<NV>(q, Hq, Hkv, k_buf.data_ptr<float>(), v_buf.data_ptr<float>(), slots, prefix, count,
                         start[u.b] + u.first, scale, out, scratch);
       }
     }

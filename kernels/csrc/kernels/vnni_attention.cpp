@@ -1,65 +1,74 @@
-// Causal attention of long extends over a bfloat16 KV pool with AVX512-BF16 dot products
-// (vdpbf16ps), for CPUs without AMX: the AMX kernel's algorithm (amx_attention.cpp) with vector
-// registers in place of tiles. Flash-style: no score matrix beyond one 16 x 32 block, online
-// softmax in float32.
+// Causal attention of long extends with vector registers, for CPUs without AMX: the AMX kernel's
+// algorithm (amx_attention.cpp) with vectors in place of tiles. Flash-style: no score matrix
+// beyond one 16 x 32 block, online softmax in float32 (online_softmax.h).
 //
 // A work unit is (request, kv head, 16 query rows), its rows the (new token, query head of the
 // group) pairs in position order, so a GQA group shares every key and value it reads and a short
 // extend still fills the vector lanes (20 tokens x 3 heads = 60 rows: 4 units). Keys are read in
-// place from the pool; each (request, kv head)'s values are first packed per 32-key block as
-// V^T in VNNI pairs ([D][16 key pairs]), zero past the context. Per unit, its queries become
-// Q^T in VNNI pairs ([D/2][16 rows]), and for each 32-key block:
-//   S^T = K Q^T     one vector of 16 row scores per key: per dim pair, vdpbf16ps of the key's
-//                   broadcast (k[2j], k[2j+1]) with Q^T's pair row;
+// place from the pool; each (request, kv head)'s values are first packed per 32-key block, zero
+// past the context. Per unit, its queries are transposed to Q^T ([D][16 rows]), and for each
+// 32-key block:
+//   S^T = K Q^T     one vector of 16 row scores per key;
 //   softmax         across vectors (no horizontal reductions), float32, causal mask only on
 //                   diagonal blocks, the reference maximum moved only by more than kRescaleMargin;
-//   O^T += V^T P^T  P^T as bf16 VNNI pairs [16 key pairs][16 rows]; per dim, vdpbf16ps of the
-//                   broadcast (v[2i][d], v[2i+1][d]) with P^T's pair row, 16 dims in registers
-//                   at a time.
-// q, K, V and the softmax weights enter the products as bfloat16, as in torch's bf16 SDPA and
-// the AMX kernel.
+//   O^T += V^T P^T  one accumulator vector of 16 rows per dim.
 //
-// The same units and online softmax also run in float32 FMAs (the "fma" math; AVX-512F only, so
-// every machine runs it): each block's keys widened from the pool to float32, the values packed
-// once per (request, kv head) as float32 rows, Q^T and P^T float32 (nothing rounded to bf16), and
-// every product a vfmadd231ps of a broadcast key / value element with 16 rows' lanes. Where
-// vdpbf16ps issues at half the FMA's rate (an Intel Xeon without AMX: a W5 layer 32 ms against
-// ~20), this is the faster math; long_extend_uses_fma() decides once by timing both.
-#include <ATen/Parallel.h>
-#include <immintrin.h>
-
+// Two maths ("LongExtendMath"):
+//   fma     every level, over the vector layer: the block's keys widened from the pool to float32,
+//           values packed as float32 rows [32 keys][D], Q^T and P^T float32 (nothing rounded to
+//           bf16), every product an FMA of a broadcast key / value element with 16 rows' lanes.
+//           The only math over a float32 pool.
+//   dpbf16  the avx512 build on a CPU with AVX512-BF16: vdpbf16ps on bf16 VNNI pairs (Q^T
+//           [D/2][16 rows], V^T [D][16 key pairs], P^T [16 key pairs][16 rows]); q, K, V and the
+//           weights enter the products as bfloat16, as in torch's bf16 SDPA and the AMX kernel.
+// Where vdpbf16ps issues at half the FMA's rate (an Intel Xeon without AMX), fma is the faster
+// math even so; long_extend_uses_fma() decides once by timing both.
 #include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <limits>
+#include <stdexcept>
+#include <string>
 #include <type_traits>
 #include <vector>
 
-#include "amx_attention.h"
-#include "bf16_gemm.h"
-#include "online_softmax.h"
-#include "simd_math.h"
+#include "dispatch/cpu_features.h"
+#include "kernels/amx_attention.h"
+#include "kernels/online_softmax.h"
+#include "kernels/parallel.h"
+#include "simd/math.h"
 
 namespace radixlm {
 namespace {
 
+using namespace simd;
+
 constexpr int64_t kBlock = kSoftmaxKeys;  // keys per block
 constexpr int64_t kRows = kSoftmaxRows;    // query rows per unit: one vector lane each
+
+// The fma math's register tiles, in vectors (a Vf is one of 32 zmm on AVX-512, two of 16 ymm on
+// AVX2, four of 32 NEON q registers, four of 16 xmm in the generic build): the score pass keeps
+// kScoreKeys score vectors and a Q^T vector live, the value pass kValueDims accumulators and a
+// P^T vector. Both divide 16. AVX2 was timed with 2, 4, 8 and 16 of each (4 the fastest: 16
+// spills, ~15% slower), generic likewise (2; wider passes are not kept in registers, 2-3x
+// slower). NEON takes AVX2's (the same 8 Vf of registers; untimed).
+#if defined(RADIXLM_SIMD_AVX512)
+constexpr int kScoreKeys = 16, kValueDims = 16;
+#elif defined(RADIXLM_SIMD_AVX2) || defined(RADIXLM_SIMD_NEON)
+constexpr int kScoreKeys = 4, kValueDims = 4;
+#else
+constexpr int kScoreKeys = 2, kValueDims = 2;
+#endif
 
 struct Unit {
   int64_t request, kv_head, first;  // first: the unit's first row (token * group + head in group)
 };
 
-inline __m512i broadcast_pair(const uint16_t* p) {
-  int32_t pair;
-  std::memcpy(&pair, p, sizeof pair);
-  return _mm512_set1_epi32(pair);
-}
-
 // V^T of keys [kb*32, kb*32 + 32) of kv head g as [D][32 keys] bfloat16 (word i of a dim's row
-// is the pair of keys 2i, 2i + 1), zeros past seq_len.
+// is the pair of keys 2i, 2i + 1), zeros past seq_len: the dpbf16 math's values.
 void pack_values(const ExtendRequest& r, int64_t g, int64_t kb, int64_t Hkv, int64_t D, const uint16_t* v_buf,
                  uint16_t* vt) {
   uint16_t* vtb = vt + kb * D * kBlock;
@@ -89,51 +98,68 @@ void pack_values(const ExtendRequest& r, int64_t g, int64_t kb, int64_t Hkv, int
   }
 }
 
-// Q^T of 16 rows in VNNI pairs: word [j][r] = (q_r[2j], q_r[2j+1]) as bfloat16 (float32 rounded
-// to nearest even); rows past n repeat row n - 1.
-template <typename T>
-__attribute__((target("avx512f,avx512bw,avx512bf16"))) void pack_queries(const T* const* rows, int64_t D, uint32_t* qt) {
-  for (int64_t c = 0; c < D / 32; ++c) {  // 16 words (32 dims) of every row at a time
-    __m512 w[16];
-    for (int64_t r = 0; r < kRows; ++r) {
-      const T* src = rows[r] + c * 32;
-      if constexpr (std::is_same_v<T, float>) {
-        const __m512bh pair = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + 16), _mm512_loadu_ps(src));
-        w[r] = _mm512_castsi512_ps(reinterpret_cast<__m512i>(pair));  // word i: dims 32c + 2i, 2i + 1
-      } else {
-        w[r] = _mm512_loadu_ps(src);
-      }
-    }
-    transpose16(w);
-    for (int64_t j = 0; j < 16; ++j) _mm512_store_ps(reinterpret_cast<float*>(qt + (c * 16 + j) * kRows), w[j]);
-  }
-}
-
-// S^T for 16 keys: s[k] (lanes: rows) = sum over dim pairs of key k's pair x Q^T's pair row.
+// acc[d] *= alpha for the D accumulator vectors of O^T [D][16 rows].
 template <int D>
-__attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void scores16(const uint16_t* const* keys,
-                                                                           const uint32_t* qt, __m512* s) {
-  for (int k = 0; k < 16; ++k) s[k] = _mm512_setzero_ps();
-  for (int64_t j = 0; j < D / 2; ++j) {
-    const __m512bh qv = (__m512bh)_mm512_load_si512(qt + j * kRows);
-    for (int k = 0; k < 16; ++k) s[k] = _mm512_dpbf16_ps(s[k], (__m512bh)broadcast_pair(keys[k] + 2 * j), qv);
-  }
+inline void rescale(float* acc, Vf alpha) {
+  for (int64_t d = 0; d < D; ++d) vstore(acc + d * kRows, vmul(vload(acc + d * kRows), alpha));
 }
 
 // The end of a unit: o [16][D] = O^T / l transposed back to rows, lse = m + log(l) per row.
 template <int D>
-inline void finish_rows(const float* acc, __m512 m, __m512 l, float* o, float* lse) {
-  const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.0f), l);  // l >= 1: a row's own key is visible
+inline void finish_rows(const float* acc, Vf m, Vf l, float* o, float* lse) {
+  const Vf inv = vdiv(vset1(1.0f), l);  // l >= 1: a row's own key is visible
   for (int64_t d0 = 0; d0 < D; d0 += 16) {
-    __m512 v[16];
-    for (int64_t i = 0; i < 16; ++i) v[i] = _mm512_mul_ps(_mm512_load_ps(acc + (d0 + i) * kRows), inv);
+    Vf v[16];
+    for (int64_t i = 0; i < 16; ++i) v[i] = vmul(vload(acc + (d0 + i) * kRows), inv);
     transpose16(v);
-    for (int64_t i = 0; i < 16; ++i) _mm512_storeu_ps(o + i * D + d0, v[i]);
+    for (int64_t i = 0; i < 16; ++i) vstore(o + i * D + d0, v[i]);
   }
   alignas(64) float mf[kRows], lf[kRows];
-  _mm512_store_ps(mf, m);
-  _mm512_store_ps(lf, l);
+  vstore(mf, m);
+  vstore(lf, l);
   for (int64_t i = 0; i < kRows; ++i) lse[i] = mf[i] + std::log(lf[i]);
+}
+
+// Where row i (position pos[i]) sees keys first_key.. of a block: block_max's mask is needed
+// only on blocks reaching past the smallest position.
+inline bool is_diagonal(int64_t first_key, int64_t min_pos) { return first_key + kBlock - 1 > min_pos; }
+
+#if defined(RADIXLM_SIMD_AVX512)
+// The dpbf16 math (vdpbf16ps): compiled into the avx512 build only, run where cpu_has(kAvx512Bf16).
+
+inline __m512i broadcast_pair(const uint16_t* p) {
+  int32_t pair;
+  std::memcpy(&pair, p, sizeof pair);
+  return _mm512_set1_epi32(pair);
+}
+
+// S^T for 16 keys: s[k] (lanes: rows) = sum over dim pairs of key k's pair x Q^T's pair row.
+template <int D>
+__attribute__((target("avx512bf16"))) inline void scores16(const uint16_t* const* keys, const uint32_t* qt, Vf* s) {
+  __m512 h[16];
+  for (int k = 0; k < 16; ++k) h[k] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < D / 2; ++j) {
+    const __m512bh qv = (__m512bh)_mm512_load_si512(qt + j * kRows);
+    for (int k = 0; k < 16; ++k) h[k] = _mm512_dpbf16_ps(h[k], (__m512bh)broadcast_pair(keys[k] + 2 * j), qv);
+  }
+  for (int k = 0; k < 16; ++k) s[k].v = h[k];
+}
+
+// O^T += V^T P^T for one block: 16 dims in registers at a time, per key pair a vdpbf16ps of the
+// broadcast (v[2i][d], v[2i+1][d]) with P^T's pair row.
+template <int D>
+__attribute__((target("avx512bf16"))) inline void values_dpbf16(const uint16_t* vblock, const uint32_t* pt, float* acc) {
+  for (int64_t d0 = 0; d0 < D; d0 += 16) {
+    __m512 a[16];
+    for (int d = 0; d < 16; ++d) a[d] = _mm512_load_ps(acc + (d0 + d) * kRows);
+    for (int64_t i = 0; i < kBlock / 2; ++i) {
+      const __m512bh pv = (__m512bh)_mm512_load_si512(pt + i * kRows);
+      for (int d = 0; d < 16; ++d) {
+        a[d] = _mm512_dpbf16_ps(a[d], (__m512bh)broadcast_pair(vblock + (d0 + d) * kBlock + 2 * i), pv);
+      }
+    }
+    for (int d = 0; d < 16; ++d) _mm512_store_ps(acc + (d0 + d) * kRows, a[d]);
+  }
 }
 
 // The core: up to 16 query rows of one kv head over keys [0, num_keys) of `slots` (positions
@@ -141,21 +167,19 @@ inline void finish_rows(const float* acc, __m512 m, __m512 l, float* o, float* l
 // repeat row n - 1. Writes o [16][D] (normalized, float32) and lse [16] (log of the softmax's sum,
 // in the units of the scaled scores), for the caller to store or merge.
 template <int D, typename T>
-__attribute__((target("avx512f,avx512bw,avx512bf16"))) void attend_rows(
-    const T* const* q_rows, const int32_t* pos, const int32_t* slots, int64_t num_keys, int64_t kv_head, int64_t Hkv,
-    const uint16_t* k_buf, const uint16_t* vt, const uint16_t* zero_row, float scale, float* o, float* lse) {
+__attribute__((target("avx512bf16"))) void attend_rows(const T* const* q_rows, const int32_t* pos,
+                                                        const int32_t* slots, int64_t num_keys, int64_t kv_head,
+                                                        int64_t Hkv, const uint16_t* k_buf, const uint16_t* vt,
+                                                        const uint16_t* zero_row, float scale, float* o, float* lse) {
   alignas(64) uint32_t qt[D / 2 * kRows];
   alignas(64) uint32_t pt[kBlock / 2 * kRows];  // P^T VNNI: [key pair][row]
   alignas(64) float acc[D * kRows];             // O^T: [dim][row]
-  alignas(64) int32_t row_pos[kRows];
-  std::memcpy(row_pos, pos, sizeof row_pos);
-  pack_queries(q_rows, D, qt);
+  pack_query_pairs(q_rows, D, qt);
   std::fill(acc, acc + D * kRows, 0.0f);
-  const __m512i rpos = _mm512_load_si512(row_pos);
-  const int64_t min_pos = *std::min_element(row_pos, row_pos + kRows);
-  const int64_t max_pos = *std::max_element(row_pos, row_pos + kRows);
-  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity()), vscale = _mm512_set1_ps(scale);
-  __m512 m = neg_inf, l = _mm512_setzero_ps();
+  const Vi rpos = vload_i(pos);
+  const int64_t min_pos = *std::min_element(pos, pos + kRows), max_pos = *std::max_element(pos, pos + kRows);
+  const Vf vscale = vset1(scale);
+  Vf m = vset1(-std::numeric_limits<float>::infinity()), l = vzero();
   const int64_t blocks = max_pos / kBlock + 1;
   for (int64_t kb = 0; kb < blocks; ++kb) {
     const uint16_t* keys[kBlock];
@@ -163,102 +187,114 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void attend_rows(
       const int64_t key = kb * kBlock + k;
       keys[k] = key < num_keys ? k_buf + (static_cast<int64_t>(slots[key]) * Hkv + kv_head) * D : zero_row;
     }
-    __m512 s[kBlock];
+    Vf s[kBlock];
     scores16<D>(keys, qt, s);
     scores16<D>(keys + 16, qt, s + 16);
-    __mmask16 keep[kBlock];
-    const __m512 mx = block_max(s, keep, kb * kBlock, kb * kBlock + kBlock - 1 > min_pos, rpos);
-    __m512 alpha;
-    if (move_max(_mm512_mul_ps(mx, vscale), m, l, alpha) && kb > 0) {
-      for (int64_t d = 0; d < D; ++d) _mm512_store_ps(acc + d * kRows, _mm512_mul_ps(_mm512_load_ps(acc + d * kRows), alpha));
-    }
-    weights_to_pairs(s, keep, vscale, m, l, pt);
-    const uint16_t* vblock = vt + kb * D * kBlock;
-    for (int64_t d0 = 0; d0 < D; d0 += 16) {
-      __m512 a[16];
-      for (int d = 0; d < 16; ++d) a[d] = _mm512_load_ps(acc + (d0 + d) * kRows);
-      for (int64_t i = 0; i < kBlock / 2; ++i) {
-        const __m512bh pv = (__m512bh)_mm512_load_si512(pt + i * kRows);
-        for (int d = 0; d < 16; ++d) {
-          a[d] = _mm512_dpbf16_ps(a[d], (__m512bh)broadcast_pair(vblock + (d0 + d) * kBlock + 2 * i), pv);
-        }
-      }
-      for (int d = 0; d < 16; ++d) _mm512_store_ps(acc + (d0 + d) * kRows, a[d]);
-    }
+    Mask keep[kBlock];
+    const Vf mx = block_max(s, keep, kb * kBlock, is_diagonal(kb * kBlock, min_pos), rpos);
+    Vf alpha;
+    if (move_max(vmul(mx, vscale), m, l, alpha) && kb > 0) rescale<D>(acc, alpha);
+    block_weights(s, keep, vscale, m, l);
+    weights_to_pairs_bf16(s, pt);
+    values_dpbf16<D>(vt + kb * D * kBlock, pt, acc);
   }
   finish_rows<D>(acc, m, l, o, lse);
 }
+#endif
 
-// attend_rows in float32 FMAs (see the file comment): q rows of type T, the block's keys read
-// (widened from a bf16 pool) from a pool of P, values `vf` packed as float32 rows (pack_values).
+// Q^T [D][16 rows] float32 of the rows q_rows (float32 or bfloat16 widened exactly).
+template <int D, typename T>
+inline void transpose_queries(const T* const* q_rows, float* qt) {
+  for (int64_t d0 = 0; d0 < D; d0 += 16) {
+    Vf w[16];
+    for (int64_t r = 0; r < kRows; ++r) {
+      alignas(64) float row[16];
+      to_float(q_rows[r] + d0, 16, row);
+      w[r] = vload(row);
+    }
+    transpose16(w);
+    for (int64_t j = 0; j < 16; ++j) vstore(qt + (d0 + j) * kRows, w[j]);
+  }
+}
+
+// S^T of kScoreKeys keys (rows [key][D] of kf) against Q^T [D][16 rows]: s[k] lanes = rows.
+template <int D>
+inline void scores_fma(const float* kf, const float* qt, Vf* s) {
+  Vf h[kScoreKeys];
+  for (int k = 0; k < kScoreKeys; ++k) h[k] = vzero();
+  for (int64_t j = 0; j < D; ++j) {
+    const Vf qv = vload(qt + j * kRows);
+    for (int k = 0; k < kScoreKeys; ++k) h[k] = vfmadd(vset1(kf[k * D + j]), qv, h[k]);
+  }
+  for (int k = 0; k < kScoreKeys; ++k) s[k] = h[k];
+}
+
+// O^T [D][16 rows] += V^T P^T for one block: values vblock [32 keys][D], P^T pt [32 keys][16 rows].
+template <int D>
+inline void values_fma(const float* vblock, const float* pt, float* acc) {
+  for (int64_t d0 = 0; d0 < D; d0 += kValueDims) {
+    Vf a[kValueDims];
+    for (int d = 0; d < kValueDims; ++d) a[d] = vload(acc + (d0 + d) * kRows);
+    for (int64_t k = 0; k < kBlock; ++k) {
+      const Vf pv = vload(pt + k * kRows);
+      const float* v = vblock + k * D + d0;
+      for (int d = 0; d < kValueDims; ++d) a[d] = vfmadd(vset1(v[d]), pv, a[d]);
+    }
+    for (int d = 0; d < kValueDims; ++d) vstore(acc + (d0 + d) * kRows, a[d]);
+  }
+}
+
+// keys [kb*32, kb*32 + 32) of kv head g from a pool of P (float32, or bfloat16 bits widened
+// exactly) as float32 rows kf [32][D] (zero past num_keys).
+template <int D, typename P>
+inline void load_keys(const int32_t* slots, int64_t kb, int64_t num_keys, int64_t kv_head, int64_t Hkv, const P* k_buf,
+                      float* kf) {
+  for (int64_t k = 0; k < kBlock; ++k) {
+    const int64_t key = kb * kBlock + k;
+    if (key < num_keys) {
+      const P* src = k_buf + (static_cast<int64_t>(slots[key]) * Hkv + kv_head) * D;
+      for (int64_t d = 0; d < D; d += 16) {
+        if constexpr (std::is_same_v<P, float>) {
+          vstore(kf + k * D + d, vload(src + d));
+        } else {
+          vstore(kf + k * D + d, vload_bf16(src + d));
+        }
+      }
+    } else {
+      std::fill(kf + k * D, kf + (k + 1) * D, 0.0f);
+    }
+  }
+}
+
+// attend_rows in float32 FMAs (see the file comment), at every level: q rows of type T, the
+// block's keys read (widened from a bf16 pool) from a pool of P, values `vf` packed as float32
+// rows (pack_values).
 template <int D, typename T, typename P>
 void attend_rows_fma(const T* const* q_rows, const int32_t* pos, const int32_t* slots, int64_t num_keys,
                      int64_t kv_head, int64_t Hkv, const P* k_buf, const float* vf, float scale, float* o,
                      float* lse) {
-  alignas(64) float qt[D * kRows];      // Q^T: [dim][row]
-  alignas(64) float kf[kBlock * D];     // the block's keys: [key][dim]
+  alignas(64) float qt[D * kRows];       // Q^T: [dim][row]
+  alignas(64) float kf[kBlock * D];      // the block's keys: [key][dim]
   alignas(64) float pt[kBlock * kRows];  // P^T: [key][row]
-  alignas(64) float acc[D * kRows];     // O^T: [dim][row]
-  alignas(64) int32_t row_pos[kRows];
-  std::memcpy(row_pos, pos, sizeof row_pos);
-  for (int64_t d0 = 0; d0 < D; d0 += 16) {
-    __m512 w[16];
-    for (int64_t r = 0; r < kRows; ++r) {
-      alignas(64) float row[16];
-      to_float(q_rows[r] + d0, 16, row);
-      w[r] = _mm512_load_ps(row);
-    }
-    transpose16(w);
-    for (int64_t j = 0; j < 16; ++j) _mm512_store_ps(qt + (d0 + j) * kRows, w[j]);
-  }
+  alignas(64) float acc[D * kRows];      // O^T: [dim][row]
+  transpose_queries<D>(q_rows, qt);
   std::fill(acc, acc + D * kRows, 0.0f);
-  const __m512i rpos = _mm512_load_si512(row_pos);
-  const int64_t min_pos = *std::min_element(row_pos, row_pos + kRows);
-  const int64_t max_pos = *std::max_element(row_pos, row_pos + kRows);
-  const __m512 vscale = _mm512_set1_ps(scale);
-  __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity()), l = _mm512_setzero_ps();
+  const Vi rpos = vload_i(pos);
+  const int64_t min_pos = *std::min_element(pos, pos + kRows), max_pos = *std::max_element(pos, pos + kRows);
+  const Vf vscale = vset1(scale);
+  Vf m = vset1(-std::numeric_limits<float>::infinity()), l = vzero();
   const int64_t blocks = max_pos / kBlock + 1;
   for (int64_t kb = 0; kb < blocks; ++kb) {
-    for (int64_t k = 0; k < kBlock; ++k) {
-      const int64_t key = kb * kBlock + k;
-      if (key < num_keys) {
-        to_float(k_buf + (static_cast<int64_t>(slots[key]) * Hkv + kv_head) * D, D, kf + k * D);
-      } else {
-        std::fill(kf + k * D, kf + (k + 1) * D, 0.0f);
-      }
-    }
-    __m512 s[kBlock];
-    for (int64_t half = 0; half < kBlock; half += 16) {  // 16 score vectors + a q vector in registers
-      __m512 h[16];
-      for (int k = 0; k < 16; ++k) h[k] = _mm512_setzero_ps();
-      for (int64_t j = 0; j < D; ++j) {
-        const __m512 qv = _mm512_load_ps(qt + j * kRows);
-        for (int k = 0; k < 16; ++k) h[k] = _mm512_fmadd_ps(_mm512_set1_ps(kf[(half + k) * D + j]), qv, h[k]);
-      }
-      for (int k = 0; k < 16; ++k) s[half + k] = h[k];
-    }
-    __mmask16 keep[kBlock];
-    const __m512 mx = block_max(s, keep, kb * kBlock, kb * kBlock + kBlock - 1 > min_pos, rpos);
-    __m512 alpha;
-    if (move_max(_mm512_mul_ps(mx, vscale), m, l, alpha) && kb > 0) {
-      for (int64_t d = 0; d < D; ++d) _mm512_store_ps(acc + d * kRows, _mm512_mul_ps(_mm512_load_ps(acc + d * kRows), alpha));
-    }
-    for (int64_t k = 0; k < kBlock; ++k) {
-      const __m512 p = _mm512_maskz_mov_ps(keep[k], exp16_coarse(_mm512_fmsub_ps(s[k], vscale, m)));
-      l = _mm512_add_ps(l, p);
-      _mm512_store_ps(pt + k * kRows, p);
-    }
-    const float* vblock = vf + kb * kBlock * D;
-    for (int64_t d0 = 0; d0 < D; d0 += 16) {
-      __m512 a[16];
-      for (int d = 0; d < 16; ++d) a[d] = _mm512_load_ps(acc + (d0 + d) * kRows);
-      for (int64_t k = 0; k < kBlock; ++k) {
-        const __m512 pv = _mm512_load_ps(pt + k * kRows);
-        const float* v = vblock + k * D + d0;
-        for (int d = 0; d < 16; ++d) a[d] = _mm512_fmadd_ps(_mm512_set1_ps(v[d]), pv, a[d]);
-      }
-      for (int d = 0; d < 16; ++d) _mm512_store_ps(acc + (d0 + d) * kRows, a[d]);
-    }
+    load_keys<D>(slots, kb, num_keys, kv_head, Hkv, k_buf, kf);
+    Vf s[kBlock];
+    for (int64_t k0 = 0; k0 < kBlock; k0 += kScoreKeys) scores_fma<D>(kf + k0 * D, qt, s + k0);
+    Mask keep[kBlock];
+    const Vf mx = block_max(s, keep, kb * kBlock, is_diagonal(kb * kBlock, min_pos), rpos);
+    Vf alpha;
+    if (move_max(vmul(mx, vscale), m, l, alpha) && kb > 0) rescale<D>(acc, alpha);
+    block_weights(s, keep, vscale, m, l);
+    for (int64_t k = 0; k < kBlock; ++k) vstore(pt + k * kRows, s[k]);
+    values_fma<D>(vf + kb * kBlock * D, pt, acc);
   }
   finish_rows<D>(acc, m, l, o, lse);
 }
@@ -298,6 +334,7 @@ struct RowBlock {
       }
       return;
     }
+#if defined(RADIXLM_SIMD_AVX512)
     if constexpr (std::is_same_v<P, uint16_t>) {
       const auto* vt = static_cast<const uint16_t*>(values);
       if (D == 64) {
@@ -306,6 +343,9 @@ struct RowBlock {
         attend_rows<128>(q, pos, slots, num_keys, kv_head, Hkv, k_buf, vt, zero_row, scale, o.data(), lse);
       }
     }
+#else
+    (void)zero_row;  // without the dpbf16 math every plan is fma (is_fma)
+#endif
   }
 };
 
@@ -348,7 +388,7 @@ Plan plan_requests(const std::vector<ExtendRequest>& requests, int64_t Hkv, int6
   } else {
     plan.packed.resize(plan.offset[R]);
   }
-  at::parallel_for(0, static_cast<int64_t>(items.size()), 16, [&](int64_t lo, int64_t hi) {
+  parallel_for(0, static_cast<int64_t>(items.size()), 16, [&](int64_t lo, int64_t hi) {
     for (int64_t it = lo; it < hi; ++it) {
       const auto [i, g, kb] = items[it];
       void* values = const_cast<void*>(plan.values(requests, i, g));
@@ -372,7 +412,7 @@ void run_units(const std::vector<ExtendRequest>& requests, const Plan& plan, con
                int64_t D, const P* k_buf, float scale, const Sink& sink) {
   const int64_t n = static_cast<int64_t>(plan.units.size()), group = Hq / Hkv;
   const std::vector<uint16_t> zero_row(D, 0);
-  at::parallel_for(0, n, 1, [&](int64_t lo, int64_t hi) {
+  parallel_for(0, n, 1, [&](int64_t lo, int64_t hi) {
     RowBlock<T> block(D);
     for (int64_t it = lo; it < hi; ++it) {
       const Unit& u = plan.units[it % 2 == 0 ? it / 2 : n - 1 - it / 2];
@@ -399,6 +439,16 @@ namespace {
 
 std::atomic<int> long_extend_math_{-1};  // -1: not decided yet; else a LongExtendMath
 
+// Whether the dpbf16 math runs here: built at this level (avx512) and the CPU has AVX512-BF16.
+bool dpbf16_runs() {
+#if defined(RADIXLM_SIMD_AVX512)
+  return cpu_has(kAvx512Bf16);
+#else
+  return false;
+#endif
+}
+
+#if defined(RADIXLM_SIMD_AVX512)
 // The best of kRepeats runs of one 16-row unit over 512 keys (D 64) with each math, on
 // this thread: what vdpbf16ps and the FMAs cost per product here, including their data movement.
 bool fma_is_faster() {
@@ -435,22 +485,29 @@ bool fma_is_faster() {
   }
   return best[1] < best[0];
 }
+#else
+bool fma_is_faster() { return true; }
+#endif
 
 }  // namespace
 
 bool long_extend_uses_fma() {
   int math = long_extend_math_.load(std::memory_order_relaxed);
   if (math < 0) {
-    math = static_cast<int>(!cpu_features().avx512bf16 || fma_is_faster() ? LongExtendMath::kFma : LongExtendMath::kDpbf16);
+    math = static_cast<int>(!dpbf16_runs() || fma_is_faster() ? LongExtendMath::kFma : LongExtendMath::kDpbf16);
     long_extend_math_.store(math, std::memory_order_relaxed);
   }
   return math == static_cast<int>(LongExtendMath::kFma);
 }
 
 void set_long_extend_math(int64_t math) {
-  TORCH_CHECK(math >= -1 && math <= static_cast<int64_t>(LongExtendMath::kFma), "unknown long-extend math ", math);
-  TORCH_CHECK(math != static_cast<int64_t>(LongExtendMath::kDpbf16) || cpu_features().avx512bf16,
-              "this CPU lacks AVX512-BF16 (vdpbf16ps)");
+  if (math < -1 || math > static_cast<int64_t>(LongExtendMath::kFma)) {
+    throw std::runtime_error("unknown long-extend math " + std::to_string(math));
+  }
+  if (math == static_cast<int64_t>(LongExtendMath::kDpbf16) && !dpbf16_runs()) {
+    throw std::runtime_error("this CPU lacks AVX512-BF16 (vdpbf16ps), or this build (" RADIXLM_SIMD_NAME
+                             ") does not use it");
+  }
   long_extend_math_.store(static_cast<int>(math), std::memory_order_relaxed);
 }
 
@@ -495,7 +552,7 @@ void vnni_cascade_attention(const std::vector<ExtendRequest>& requests, int64_t 
     const int64_t per_head = static_cast<int64_t>(rows.size());
     const int64_t units = (per_head + kRows - 1) / kRows;
     const std::vector<uint16_t> zero_row(D, 0);
-    at::parallel_for(0, Hkv * units, 1, [&](int64_t lo, int64_t hi) {
+    parallel_for(0, Hkv * units, 1, [&](int64_t lo, int64_t hi) {
       RowBlock<T> block(D);
       for (int64_t it = lo; it < hi; ++it) {
         const int64_t g = it / units, first = (it % units) * kRows;
@@ -527,7 +584,7 @@ void vnni_cascade_attention(const std::vector<ExtendRequest>& requests, int64_t 
     lse2[id] = lse;
   });
   // 3. merge the two partial softmaxes of every row (the requests' new tokens tile q's rows)
-  at::parallel_for(0, T_rows * Hq, 64, [&](int64_t lo, int64_t hi) {
+  parallel_for(0, T_rows * Hq, 64, [&](int64_t lo, int64_t hi) {
     std::vector<float> row(D);
     for (int64_t id = lo; id < hi; ++id) {
       const float mx = std::max(lse1[id], lse2[id]);

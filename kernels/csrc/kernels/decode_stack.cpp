@@ -1,8 +1,5 @@
 // DecodeStack (see decode_stack.h): the decoder layers of a decode step in one call.
-#include "decode_stack.h"
-
-#include <ATen/Parallel.h>
-#include <immintrin.h>
+#include "kernels/decode_stack.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,9 +7,9 @@
 #include <cstring>
 #include <limits>
 
-#include "bf16_gemm.h"
-#include "packed_gemm.h"
-#include "simd_math.h"
+#include "kernels/bf16_gemm.h"
+#include "kernels/packed_gemm.h"
+#include "simd/math.h"
 
 namespace radixlm {
 namespace {
@@ -20,10 +17,10 @@ namespace {
 int64_t padded(int64_t n) { return (n + kPanel - 1) / kPanel * kPanel; }
 
 inline float dot(const float* a, const float* b, int64_t n) {
-  __m512 acc = _mm512_setzero_ps();
+  simd::Vf acc = simd::vzero();
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
-  float s = _mm512_reduce_add_ps(acc);
+  for (; i + 16 <= n; i += 16) acc = simd::vfmadd(simd::vload(a + i), simd::vload(b + i), acc);
+  float s = simd::vreduce_add(acc);
   for (; i < n; ++i) s += a[i] * b[i];
   return s;
 }
@@ -45,12 +42,13 @@ inline void rotate(float* x, const float* rope, int64_t head_dim) {
 
 // y[i] = silu(gate[i]) * up[i] = gate / (1 + e^-gate) * up
 inline void silu_mul(const float* gate, const float* up, int64_t n, float* y) {
+  using namespace simd;
   int64_t i = 0;
-  const __m512 one = _mm512_set1_ps(1.0f);
+  const Vf one = vset1(1.0f);
   for (; i + 16 <= n; i += 16) {
-    const __m512 g = _mm512_loadu_ps(gate + i);
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
-    _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(one, e)), _mm512_loadu_ps(up + i)));
+    const Vf g = vload(gate + i);
+    const Vf e = exp16(vsub(vzero(), g));
+    vstore(y + i, vmul(vdiv(g, vadd(one, e)), vload(up + i)));
   }
   for (; i < n; ++i) y[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 }
@@ -108,7 +106,6 @@ int64_t DecodeStack::get_bf16_path() const { return static_cast<int64_t>(bf16_pa
 
 void DecodeStack::set_quant_mode(int64_t mode) {
   TORCH_CHECK(mode >= 0 && mode <= static_cast<int64_t>(QMode::kInt8Row), "unknown quantized mode ", mode);
-  TORCH_CHECK(mode == 0 || cpu_has_vnni(), "the int8 quantized modes need AVX512-VNNI, which this CPU lacks");
   quant_mode_ = static_cast<QMode>(mode);
 }
 
@@ -150,7 +147,7 @@ torch::Tensor DecodeStack::forward(const torch::Tensor& hidden, const torch::Ten
                                    const torch::Tensor& req_to_token, const torch::Tensor& rows,
                                    const torch::Tensor& seq_lens) {
   const int64_t B = hidden.size(0), H = hidden_, D = head_dim_, Hq = num_heads_, Hkv = num_kv_heads_;
-  const int64_t group = Hq / Hkv, I = intermediate_;
+  const int64_t I = intermediate_;
   TORCH_CHECK(hidden.dim() == 2 && hidden.size(1) == H && hidden.scalar_type() == at::kFloat && hidden.is_contiguous(),
               "hidden must be contiguous float32 [B, hidden]");
   TORCH_CHECK(rope.scalar_type() == at::kFloat && rope.is_contiguous() && rope.numel() == B * D,

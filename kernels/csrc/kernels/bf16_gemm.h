@@ -9,31 +9,30 @@
 // is one contiguous stream, read once per step for all rows.
 //
 // Three paths, picked at run time (bf16_path()):
-//  - kAmx: AMX tiles (tdpbf16ps), 32 x 32 blocks of the output per inner loop. Needs AMX-BF16 in
-//    cpuid and the kernel's permission to use tile data (arch_prctl ARCH_REQ_XCOMP_PERM).
-//  - kAvx512Bf16: vdpbf16ps (AVX512-BF16), up to 8 rows x 32 columns per pass.
-//  - kEmulated: the same loop as kAvx512Bf16 with vdpbf16ps emulated in AVX-512F (the pair's odd
-//    product added first, then the even one; bf16 products are exact in float32), so every
-//    AVX-512 machine runs it, and bit-identical to the instruction on normal numbers.
+//  - kAmx: AMX tiles (tdpbf16ps), 32 x 32 blocks of the output per inner loop. Needs AMX-BF16 and
+//    the kernel's permission to use tile data (both in cpu_has(kAmxBf16): dispatch/cpu_features.h).
+//  - kAvx512Bf16: vdpbf16ps (AVX512-BF16), up to 6 rows x 64 columns per pass.
+//  - kEmulated: the same blocking with vdpbf16ps emulated over the vector layer (each pair's odd
+//    product added first, then the even one; bf16 products are exact in float32, so each step
+//    rounds once), so every CPU runs it, bit-identical to the instruction on normal numbers.
+// kAmx and kAvx512Bf16 exist only in the avx512 build of the kernels (RADIXLM_SIMD_AVX512); every
+// build has kEmulated.
 // x is rounded to bfloat16 (nearest even) first, as torch's bf16 linear layers see it.
 #pragma once
 
 #include <cstdint>
 
+#include "simd/vec.h"
+
 namespace radixlm {
 
 enum class Bf16Path : int { kEmulated = 0, kAvx512Bf16 = 1, kAmx = 2 };
 
-struct CpuFeatures {
-  bool avx512bf16 = false;  // cpuid: AVX512_BF16
-  bool amx_bf16 = false;    // cpuid: AMX-TILE and AMX-BF16, and the OS enables tile state in XCR0
-  bool amx_permitted = false;  // the kernel granted this process tile data (Linux arch_prctl)
-};
+// Whether this build runs `path` on this CPU (kEmulated: always).
+bool bf16_path_runs(Bf16Path path);
 
-// Read once (the AMX permission request happens on the first call).
-const CpuFeatures& cpu_features();
-
-// The fastest path this CPU runs; `requested` >= 0 asks for a path (lower is always possible).
+// The fastest path this build runs on this CPU; `requested` >= 0 asks for a path (an error, a
+// std::runtime_error naming AMX or AVX512-BF16, where it does not run here).
 Bf16Path bf16_path(int requested = -1);
 
 // x [M, K] float32 (rows K apart); w VNNI panels for (K, N = panels*32); out / residual rows
@@ -41,10 +40,12 @@ Bf16Path bf16_path(int requested = -1);
 void bf16_gemm(const float* x, int64_t M, int64_t K, const uint16_t* w, int64_t panels, float* out, int64_t ld_out,
                const float* residual, int64_t ld_res, const float* bias, Bf16Path path);
 
+#if defined(RADIXLM_SIMD_AVX512)
 // This thread's tiles: all 8 configured as 16 rows x 64 bytes (a bf16 tile 16 x 32, a float32
-// accumulator 16 x 16), and given back. Needs Bf16Path::kAmx.
+// accumulator 16 x 16), and given back. Only where bf16_path_runs(Bf16Path::kAmx).
 void amx_configure();
 void amx_release();
+#endif
 
 constexpr int64_t kVnniPanel = 32;
 constexpr int64_t kVnniK = 32;  // K is padded to a multiple of this (one AMX tile's depth)

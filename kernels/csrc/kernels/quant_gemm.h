@@ -11,7 +11,7 @@
 // multiple of 32. The weight is uint8 [N/16][K/32][block_bytes]: group g holds columns 16g..16g+15,
 // one contiguous stream of blocks; block b holds k = 32b..32b+31 of those 16 columns:
 //  - the values as eight "k-quads" of 64 bytes, byte 4c + j of quad t = column c, k = 4t + j:
-//    what vpdpbusd multiplies against a broadcast 4 bytes of x. Q8_0 stores u as bytes (512
+//    what a 4-way int8 dot product (simd/dot_int8.h) multiplies with 4 bytes of x. Q8_0 stores u as bytes (512
 //    bytes); Q4 formats pack quads 2i (low nibble) and 2i+1 (high nibble) into one 64-byte
 //    vector (256 bytes);
 //  - then d[16] as float16 (32 bytes), and for Q4_1 m[16] as float16 (32 bytes).
@@ -23,12 +23,20 @@
 //    does (d * q, or d * u + m) and multiplied with float32 x: a float32 model's products over
 //    the dequantized weights, in another order of additions.
 //  - kInt8Block: x quantized per row and 32-block to int8 (scale max|x|/127, as llama.cpp's q8
-//    blocks), int8 x uint8 dot products with vpdpbusd (AVX512-VNNI) into int32 per block, then
-//    the block's scales in float32.
+//    blocks), exact int32 dot products of the weights' values with x's int8 per block, then the
+//    block's scales in float32.
 //  - kInt8Row: the same with one scale per row of x (per-token dynamic int8: w8a8).
+// Both int8 modes run at every ISA level, through an int8 dot variant of simd/dot_int8.h (vpdpbusd
+// on AVX512-VNNI or AVX-VNNI, vpmaddubsw on AVX-512BW or AVX2, sdot or smull on NEON, plain C++):
+// the fastest the CPU runs unless set_int8_variant chose one. Every variant gives the same
+// integer sums, so the output of a build does not depend on the variant.
+//
+// Torch-free (kernels/parallel.h): errors are std::runtime_error.
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace radixlm {
 
@@ -42,10 +50,21 @@ int64_t q_block_bytes(QFormat format);
 // The format whose block has this many bytes; an error for any other size.
 QFormat q_format_of(int64_t block_bytes);
 
-// Whether the CPU has AVX512-VNNI (vpdpbusd): the int8 modes need it.
+// Whether the kernels may use AVX512-VNNI here (cpu_has(kAvx512Vnni)). The int8 modes no longer
+// need it: they run everywhere (int8_variant says how).
 bool cpu_has_vnni();
-// Calls of q_gemm in an int8 mode (since the process started): a statistic for tests.
+// Calls of q_gemm in an int8 mode, whatever the variant (since the process started): a statistic
+// for tests.
 int64_t num_vnni_calls();
+
+// The int8 dot variants this build runs on this CPU, fastest first (e.g. "avx512_vnni",
+// "avx512bw", "generic"; "avx_vnni", "avx2"; "neon_dotprod", "neon").
+std::vector<std::string> int8_variants();
+// The variant the int8 modes use now.
+std::string int8_variant();
+// Make the int8 modes use variant `name` (one of int8_variants()), or "" for the fastest again;
+// an error for a variant this build or CPU does not run. Process-wide; for tests and benchmarks.
+void set_int8_variant(const std::string& name);
 
 // x [M, K] float32 (rows K apart, K a multiple of 32); w quant groups [groups][K/32][block bytes];
 // out / residual rows ld_out / ld_res apart (out may alias residual); bias [groups*16] or null.

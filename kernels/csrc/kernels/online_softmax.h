@@ -1,0 +1,103 @@
+// The online softmax of one block of 32 keys in the transposed layout of the extend kernels
+// (amx_attention.cpp, vnni_attention.cpp): one vector per key holding the scores of 16 query
+// rows, so every reduction runs across vectors, never within one. Per block:
+//   mx = block_max(...)              the largest visible score of each row (causal mask on
+//                                    diagonal blocks only);
+//   if (move_max(mx * scale, m, l, alpha)) rescale the accumulator by alpha;
+//   block_weights(...)               e^(s * scale - m) in place, summed into l; then, for the
+//   weights_to_pairs[_bf16](...)     bf16 kernels, P^T as bf16 VNNI pairs.
+// Also the bf16 kernels' Q^T in VNNI pairs (pack_query_pairs). Written over the vector layer
+// (every level), but for weights_to_pairs_bf16: the same words with AVX512-BF16's
+// vcvtne2ps2bf16, for kernels that only run where the CPU has it.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "simd/math.h"
+
+namespace radixlm {
+
+constexpr int64_t kSoftmaxKeys = 32;  // keys per block
+constexpr int64_t kSoftmaxRows = 16;  // query rows: one vector lane each
+
+// Q^T of 16 rows (q rows of T: float32, or bfloat16 bits) in VNNI pairs: word [j][r] =
+// (q_r[2j], q_r[2j + 1]) as bfloat16, float32 rounded to nearest even. D a multiple of 32.
+template <typename T>
+void pack_query_pairs(const T* const* rows, int64_t D, uint32_t* qt) {
+  for (int64_t c = 0; c < D / 32; ++c) {  // 16 words (32 dims) of every row at a time
+    Vf w[16];
+    for (int64_t r = 0; r < kSoftmaxRows; ++r) {
+      const T* src = rows[r] + c * 32;
+      if constexpr (std::is_same_v<T, float>) {
+        alignas(64) uint16_t pairs[32];
+        from_float(src, 32, pairs);
+        w[r] = simd::vcast_f(simd::vload_i(pairs));
+      } else {
+        w[r] = simd::vcast_f(simd::vload_i(src));
+      }
+    }
+    transpose16(w);
+    for (int64_t j = 0; j < 16; ++j) simd::vstore(reinterpret_cast<float*>(qt + (c * 16 + j) * kSoftmaxRows), w[j]);
+  }
+}
+
+// A row's reference maximum moves only when a block's maximum exceeds it by more than this
+// (e^8 ~ 3000 keeps every weight and sum far inside float32 and bfloat16 range), so the
+// accumulator is rescaled a few times per unit instead of at every block.
+constexpr float kRescaleMargin = 8.0f;
+
+// keep[k]: the rows that see key first_key + k (row positions in row_pos); the visible maximum.
+inline Vf block_max(const Vf* s, Mask* keep, int64_t first_key, bool diagonal, Vi row_pos) {
+  using namespace simd;
+  Vf mx = vset1(-__builtin_inff());
+  for (int64_t k = 0; k < kSoftmaxKeys; ++k) {
+    keep[k] = diagonal ? vcmp_le_i(vset1_i(static_cast<int32_t>(first_key + k)), row_pos) : Mask(0xFFFF);
+    mx = vmask_max(mx, keep[k], mx, s[k]);
+  }
+  return mx;
+}
+
+// Moves the reference maximum m where the block's scaled maximum passes it by kRescaleMargin:
+// l is rescaled here, and the caller rescales its accumulator by alpha (0 on a row's first
+// block, m = -inf). False when nothing moved.
+inline bool move_max(Vf scaled_max, Vf& m, Vf& l, Vf& alpha) {
+  using namespace simd;
+  if (!vcmp_gt(scaled_max, vadd(m, vset1(kRescaleMargin)))) return false;
+  const Vf m_new = vmax(m, scaled_max);
+  alpha = exp16(vsub(m, m_new));
+  m = m_new;
+  l = vmul(l, alpha);
+  return true;
+}
+
+// In place: s[k] = e^(s[k] * scale - m), 0 where a row does not see key k; each added into l.
+inline void block_weights(Vf* s, const Mask* keep, Vf scale, Vf m, Vf& l) {
+  using namespace simd;
+  for (int64_t k = 0; k < kSoftmaxKeys; ++k) {
+    s[k] = vmaskz(keep[k], exp16_coarse(vfmsub(s[k], scale, m)));
+    l = vadd(l, s[k]);
+  }
+}
+
+// The weights p (block_weights) as P^T VNNI pairs: word [key pair i][row r] = bf16(p[2i][r]) in
+// the low half, bf16(p[2i + 1][r]) in the high half (rounded to nearest even).
+inline void weights_to_pairs(const Vf* p, uint32_t* pt) {
+  for (int64_t i = 0; i < kSoftmaxKeys / 2; ++i) simd::vstore_i(pt + i * kSoftmaxRows, simd::vpack_bf16_pairs(p[2 * i], p[2 * i + 1]));
+}
+
+#if defined(RADIXLM_SIMD_AVX512)
+// weights_to_pairs with vcvtne2ps2bf16 (the same words for the weights' range: it flushes
+// subnormals, whose products vanish in float32 sums anyway); only where cpu_has(kAvx512Bf16).
+__attribute__((target("avx512bf16"))) inline void weights_to_pairs_bf16(const Vf* p, uint32_t* pt) {
+  // word 2r of a P^T row <- row r of the even key, word 2r + 1 <- row r of the odd key
+  const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
+                                              22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  for (int64_t i = 0; i < kSoftmaxKeys / 2; ++i) {
+    const __m512bh pair = _mm512_cvtne2ps_pbh(p[2 * i + 1].v, p[2 * i].v);
+    _mm512_storeu_si512(pt + i * kSoftmaxRows, _mm512_permutexvar_epi16(interleave, reinterpret_cast<__m512i>(pair)));
+  }
+}
+#endif
+
+}  // namespace radixlm

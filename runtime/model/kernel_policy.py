@@ -1,0 +1,69 @@
+"""Which C++ CPU kernels this process runs, decided in one place, once.
+
+The CPU's features come from the probe (kernels/isa.py); RADIXLM_CPU_ISA caps the level (so one
+machine runs every level below its own); the extension built for the chosen level is loaded
+from the cache's `extensions/` folder. The choices that depend on the level are made here:
+whether bfloat16 is multiplied in hardware (what `--dtype auto` may take), and whether
+quantized layers multiply int8 x int8 by default (`--quantized-activations auto`).
+
+    probe (cpuid / HWCAP) -> level (<= RADIXLM_CPU_ISA) -> its build of the kernels -> the model's layers
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from types import ModuleType
+
+from radixlm.kernels import cpu_linear, isa
+from radixlm.runtime.envs import RADIXLM_CPU_ISA
+from radixlm.runtime.model.model_files import cache_dir
+
+logger = logging.getLogger(__name__)
+
+# Features with which a quantized layer's int8 x int8 products (kernels/quant.py "int8") run
+# faster than its float32-activation ones, so `--quantized-activations auto` takes int8: a
+# hardware int8 dot product (vpdpbusd on ymm or zmm, ARM's sdot).
+INT8_DOT_FEATURES = frozenset({"avx512_vnni", "avx_vnni", "dotprod"})
+
+
+@dataclass(frozen=True)
+class CpuIsa:
+    """The ISA level this process's kernels run at and the features they may use there."""
+
+    level: str
+    features: frozenset[str]
+
+    @property
+    def bf16_in_hardware(self) -> bool:
+        """bfloat16 products run in hardware (AVX512-BF16; every AMX CPU has it), not emulated."""
+        return "avx512_bf16" in self.features
+
+    @property
+    def int8_dot_is_fast(self) -> bool:
+        """Quantized layers run faster with int8 activations than with float32 ones here."""
+        return bool(self.features & INT8_DOT_FEATURES)
+
+
+_chosen: dict[str, CpuIsa | None] = {}
+
+
+def cpu_isa() -> CpuIsa | None:
+    """This process's ISA level (probed once), or None where no kernel can be built here."""
+    if "isa" not in _chosen:
+        features = isa.probe(cache_dir() / "extensions")
+        if features is None:
+            _chosen["isa"] = None
+        else:
+            level = isa.choose_level(features, RADIXLM_CPU_ISA.get())
+            _chosen["isa"] = CpuIsa(level.name, frozenset(features.present & level.allows))
+    return _chosen["isa"]
+
+
+def load_cpu_kernels() -> ModuleType | None:
+    """The C++ CPU kernels built for this process's level (once, into the cache), or None where
+    they cannot run (no compiler, a failed build: the reason is logged)."""
+    chosen = cpu_isa()
+    if chosen is None:
+        return None
+    return cpu_linear.load_level(cache_dir() / "extensions", chosen.level)

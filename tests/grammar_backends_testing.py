@@ -47,6 +47,6 @@ def backend_engine(name: str, tiny_engine: Any, tiny_model_dir: Path, **kwargs: 
         return
     from radixlm.runtime.engine import Engine
 
-    with Engine(str(tiny_model_dir), **{"max_total_tokens": 4096, "random_seed": 0, **kwargs},
+    with Engine(str(tiny_model_dir), **{"max_total_tokens": 4096, "random_seed": 0, "dtype": "float32", **kwargs},
                 grammar_backend=name) as engine:
         yield engine

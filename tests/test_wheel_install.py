@@ -26,7 +26,7 @@ SCRIPT = r"""
 import json, sys
 import radixlm
 from radixlm.runtime.engine import Engine
-from radixlm.runtime.model.model_files import load_cpu_kernels
+from radixlm.runtime.model.kernel_policy import load_cpu_kernels
 
 engine = Engine(model_path=sys.argv[1], dtype="float32", max_total_tokens=512)
 model_cls = type(engine.runner.model)

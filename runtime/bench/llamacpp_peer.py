@@ -427,14 +427,14 @@ class LlamaCppPeer:
 def run_llamacpp(workloads: Sequence[str], configs: Sequence[PeerConfig], repeats: int,
                  run_system: Callable[[Any, list[str], int], Result]) -> dict[PeerConfig, Result]:
     """Figures of every configuration, each on the workloads that depend on its knobs."""
-    lib = import_llama_cpp()
-    print(f"llama.cpp peer: {lib.__file__}; {lib.llama_print_system_info().decode().strip()}", flush=True)
     results: dict[PeerConfig, Result] = {}
     for config in configs:
         todo = [w for w in workloads if config in configs_for(w, configs)]
         if not todo:
             continue
         peer = LlamaCppPeer(config)
+        if not results and hasattr(peer, "lib"):  # which build ran, once
+            print(f"llama.cpp peer: {peer.lib.__file__}; {peer.lib.llama_print_system_info().decode().strip()}", flush=True)
         try:
             results[config] = run_system(peer, todo, repeats)
         finally:

@@ -11,7 +11,6 @@ import torch
 import torch.nn.functional as F
 
 
-
 def _bf16_close(out: torch.Tensor, exact: torch.Tensor) -> None:
     """bf16 output within one bf16 rounding (2^-8 relative) of the float32 result."""
     assert out.dtype == torch.bfloat16

@@ -167,7 +167,7 @@ def test_stream_logprobs_and_batches(engine: Engine) -> None:
 
 def test_incremental_streaming_output(tiny_model_dir: Any) -> None:
     """--incremental-streaming-output: each chunk's text and output_ids are only its new ones."""
-    eng = Engine(str(tiny_model_dir), max_total_tokens=1024, incremental_streaming_output=True)
+    eng = Engine(str(tiny_model_dir), dtype="float32", max_total_tokens=1024, incremental_streaming_output=True)
     try:
         full = eng.generate(prompt=PROMPTS[0], sampling_params=GREEDY)
         chunks = list(eng.generate(prompt=PROMPTS[0], sampling_params=GREEDY, stream=True))
@@ -209,7 +209,7 @@ def test_server_info(engine: Engine) -> None:
 )
 def test_options_keep_greedy_output(engine: Engine, tiny_model_dir: Path, options: dict[str, Any]) -> None:
     want = texts(engine.generate(prompt=PROMPTS, sampling_params=GREEDY))
-    other = Engine(str(tiny_model_dir), max_total_tokens=4096, **options)
+    other = Engine(str(tiny_model_dir), dtype="float32", max_total_tokens=4096, **options)
     try:
         assert texts(other.generate(prompt=PROMPTS, sampling_params=GREEDY)) == want
         assert_clean(other)
@@ -220,7 +220,7 @@ def test_options_keep_greedy_output(engine: Engine, tiny_model_dir: Path, option
 def test_retraction_under_a_tiny_pool(engine: Engine, tiny_model_dir: Path) -> None:
     params = {"temperature": 0.0, "max_new_tokens": 60, "ignore_eos": True}
     want = texts(engine.generate(prompt=PROMPTS, sampling_params=params))
-    small = Engine(str(tiny_model_dir), max_total_tokens=160, chunked_prefill_size=32)
+    small = Engine(str(tiny_model_dir), dtype="float32", max_total_tokens=160, chunked_prefill_size=32)
     try:
         assert texts(small.generate(prompt=PROMPTS, sampling_params=params)) == want
         assert small.scheduler.num_retractions > 0
@@ -232,7 +232,7 @@ def test_retraction_under_a_tiny_pool(engine: Engine, tiny_model_dir: Path) -> N
 @pytest.mark.parametrize("chunk", [2048, 16])
 def test_input_logprobs_agree_with_output_logprobs(tiny_model_dir: Path, chunk: int) -> None:
     """Teacher-forcing the generated tokens gives, as input logprobs, the output logprobs."""
-    eng = Engine(str(tiny_model_dir), max_total_tokens=4096, chunked_prefill_size=chunk)
+    eng = Engine(str(tiny_model_dir), dtype="float32", max_total_tokens=4096, chunked_prefill_size=chunk)
     try:
         first = eng.generate(prompt=PROMPTS[0], sampling_params=GREEDY, return_logprob=True, top_logprobs_num=2)
         prompt_ids = eng.tokenizer.encode(PROMPTS[0])

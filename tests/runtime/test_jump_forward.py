@@ -278,7 +278,7 @@ def test_outputs_equal_under_retraction(backend_name: str, tiny_model_dir: Path)
     outs = {}
     for disable in (False, True):
         # 96 slots: llguidance's outputs are shorter (its masks take "item" whole, not "it", "e", "m")
-        engine = Engine(str(tiny_model_dir), max_total_tokens=96, chunked_prefill_size=32, random_seed=0,
+        engine = Engine(str(tiny_model_dir), dtype="float32", max_total_tokens=96, chunked_prefill_size=32, random_seed=0,
                         disable_jump_forward=disable, grammar_backend=backend_name)
         try:
             # the first run compiles the grammar and lowers admission's new-token ratio, so the
@@ -302,7 +302,7 @@ def test_w4_outputs_equal_on_the_default_model(default_model_dir: Path) -> None:
     params = {"temperature": 0.0, "max_new_tokens": W4_MAX_TOKENS, "json_schema": json.dumps(W4_SCHEMA)}
     results = {}
     for disable in (False, True):
-        engine = Engine(None, max_total_tokens=8192, disable_jump_forward=disable)
+        engine = Engine(None, dtype="float32", max_total_tokens=8192, disable_jump_forward=disable)
         try:
             results[disable] = _generate(engine, [c["prompt"] for c in cases], [params] * len(cases))
         finally:
@@ -323,7 +323,7 @@ def test_compact_whitespace_pattern_gives_compact_json_and_forces_more(tiny_mode
         "name": {"type": "string", "maxLength": 6}, "age": {"type": "integer", "minimum": 0, "maximum": 99}}}
     forced, texts = {}, {}
     for pattern in (None, ""):
-        engine = Engine(str(tiny_model_dir), max_total_tokens=2048, random_seed=0, grammar_backend="outlines",
+        engine = Engine(str(tiny_model_dir), dtype="float32", max_total_tokens=2048, random_seed=0, grammar_backend="outlines",
                         constrained_json_whitespace_pattern=pattern)
         try:
             out = engine.generate(prompt="person:", sampling_params={

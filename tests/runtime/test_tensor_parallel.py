@@ -193,7 +193,7 @@ def test_engine_tp2_same_greedy_outputs(tiny_model_dir: Path, tiny_engine: objec
     prompts = ["The capital of France is", "def fib(n):", "One, two, three, four,"]
     params = {"max_new_tokens": 24, "temperature": 0}
     want = [o["text"] for o in tiny_engine.generate(prompts, params)]  # type: ignore[attr-defined]
-    engine = Engine(str(tiny_model_dir), max_total_tokens=4096, random_seed=0, tp_size=2)
+    engine = Engine(str(tiny_model_dir), dtype="float32", max_total_tokens=4096, random_seed=0, tp_size=2)
     pids = engine.get_server_info()["tp_worker_pids"]
     try:
         assert [o["text"] for o in engine.generate(prompts, params)] == want

@@ -100,7 +100,9 @@ def stream_while_killing(url: str, body: dict[str, Any], pid: int) -> list[Any]:
 def tiny_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
     """The tiny random model behind a real server, small KV pool, metrics on."""
     log = tmp_path_factory.mktemp("server") / "tiny.log"
-    server = start_server(tiny_model_dir, log, "--max-total-tokens", "4096", "--random-seed", "0", "--log-level", "info")
+    # float32 by name, as tiny_engine (tests/conftest.py): its tests compare outputs across batches
+    server = start_server(tiny_model_dir, log, "--max-total-tokens", "4096", "--random-seed", "0", "--log-level", "info",
+                          "--dtype", "float32")
     yield server
     server.stop()
 
@@ -116,7 +118,7 @@ def tiny_outlines_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPath
     """`tiny_server` with `--grammar-backend outlines` (the default is xgrammar)."""
     log = tmp_path_factory.mktemp("server") / "tiny-outlines.log"
     server = start_server(tiny_model_dir, log, "--max-total-tokens", "4096", "--random-seed", "0",
-                          "--grammar-backend", "outlines")
+                          "--grammar-backend", "outlines", "--dtype", "float32")
     yield server
     server.stop()
 

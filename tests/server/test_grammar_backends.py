@@ -131,7 +131,7 @@ def test_greedy_output_is_the_same_with_jump_forward_on_and_off(tiny_model_dir: 
 
     outputs = []
     for disable in (False, True):
-        with Engine(str(tiny_model_dir), max_total_tokens=2048, grammar_backend=backend,
+        with Engine(str(tiny_model_dir), dtype="float32", max_total_tokens=2048, grammar_backend=backend,
                     disable_jump_forward=disable) as engine:
             params = {"json_schema": json.dumps(CHOICE_SCHEMA), "max_new_tokens": 64, "temperature": 0.0}
             out = engine.generate(prompt=["Colors:", "Pick one:"], sampling_params=params)

@@ -4,8 +4,8 @@
 //   mx = block_max(...)              the largest visible score of each row (causal mask on
 //                                    diagonal blocks only);
 //   if (move_max(mx * scale, m, l, alpha)) rescale the accumulator by alpha;
-//   block_weights(...)               e^(s * scale - m) in place, summed into l; then, for the
-//   weights_to_pairs[_bf16](...)     bf16 kernels, P^T as bf16 VNNI pairs.
+//   block_weights(...)               e^(s * scale - m), summed into l: as P^T float32 rows, or
+//   weights_to_pairs[_bf16](...)     in place and then as P^T bf16 VNNI pairs.
 // Also the bf16 kernels' Q^T in VNNI pairs (pack_query_pairs). Written over the vector layer
 // (every level), but for weights_to_pairs_bf16: the same words with AVX512-BF16's
 // vcvtne2ps2bf16, for kernels that only run where the CPU has it.
@@ -21,22 +21,28 @@ namespace radixlm {
 constexpr int64_t kSoftmaxKeys = 32;  // keys per block
 constexpr int64_t kSoftmaxRows = 16;  // query rows: one vector lane each
 
+constexpr int64_t kMaxPairDim = 256;  // pack_query_pairs' largest head dim
+
 // Q^T of 16 rows (q rows of T: float32, or bfloat16 bits) in VNNI pairs: word [j][r] =
-// (q_r[2j], q_r[2j + 1]) as bfloat16, float32 rounded to nearest even. D a multiple of 32.
+// (q_r[2j], q_r[2j + 1]) as bfloat16, float32 rounded to nearest even. D a multiple of 32, at
+// most kMaxPairDim.
 template <typename T>
 void pack_query_pairs(const T* const* rows, int64_t D, uint32_t* qt) {
+  // float32 rows are rounded whole first: a vector loaded from the two halves just stored would
+  // wait for them to leave the store buffer
+  alignas(64) uint16_t rounded[std::is_same_v<T, float> ? kSoftmaxRows : 1][kMaxPairDim];
+  const uint16_t* src[kSoftmaxRows];
+  for (int64_t r = 0; r < kSoftmaxRows; ++r) {
+    if constexpr (std::is_same_v<T, float>) {
+      from_float(rows[r], D, rounded[r]);
+      src[r] = rounded[r];
+    } else {
+      src[r] = rows[r];
+    }
+  }
   for (int64_t c = 0; c < D / 32; ++c) {  // 16 words (32 dims) of every row at a time
     Vf w[16];
-    for (int64_t r = 0; r < kSoftmaxRows; ++r) {
-      const T* src = rows[r] + c * 32;
-      if constexpr (std::is_same_v<T, float>) {
-        alignas(64) uint16_t pairs[32];
-        from_float(src, 32, pairs);
-        w[r] = simd::vcast_f(simd::vload_i(pairs));
-      } else {
-        w[r] = simd::vcast_f(simd::vload_i(src));
-      }
-    }
+    for (int64_t r = 0; r < kSoftmaxRows; ++r) w[r] = simd::vcast_f(simd::vload_i(src[r] + c * 32));
     transpose16(w);
     for (int64_t j = 0; j < 16; ++j) simd::vstore(reinterpret_cast<float*>(qt + (c * 16 + j) * kSoftmaxRows), w[j]);
   }
@@ -77,6 +83,17 @@ inline void block_weights(Vf* s, const Mask* keep, Vf scale, Vf m, Vf& l) {
   for (int64_t k = 0; k < kSoftmaxKeys; ++k) {
     s[k] = vmaskz(keep[k], exp16_coarse(vfmsub(s[k], scale, m)));
     l = vadd(l, s[k]);
+  }
+}
+
+// block_weights into P^T float32 rows pt [32 keys][16 rows] (the weights stored as they are
+// made, not held in 32 vectors for a second pass).
+inline void block_weights(const Vf* s, const Mask* keep, Vf scale, Vf m, Vf& l, float* pt) {
+  using namespace simd;
+  for (int64_t k = 0; k < kSoftmaxKeys; ++k) {
+    const Vf p = vmaskz(keep[k], exp16_coarse(vfmsub(s[k], scale, m)));
+    l = vadd(l, p);
+    vstore(pt + k * kSoftmaxRows, p);
   }
 }
 

@@ -26,10 +26,10 @@
 //    blocks), exact int32 dot products of the weights' values with x's int8 per block, then the
 //    block's scales in float32.
 //  - kInt8Row: the same with one scale per row of x (per-token dynamic int8: w8a8).
-// Both int8 modes run at every ISA level, through an int8 dot variant of simd/dot_int8.h (vpdpbusd
-// on AVX512-VNNI or AVX-VNNI, vpmaddubsw on AVX-512BW or AVX2, sdot or smull on NEON, plain C++):
-// the fastest the CPU runs unless set_int8_variant chose one. Every variant gives the same
-// integer sums, so the output of a build does not depend on the variant.
+// Both int8 modes run at every ISA level, through an int8 dot variant of simd/dot_int8.h
+// (vpdpbusd on AVX512-VNNI or AVX-VNNI, vpmaddubsw on AVX-512BW or AVX2, sdot or smull on NEON,
+// exact float lanes at any level): the fastest the CPU runs unless set_int8_variant chose one.
+// Every variant gives the same integer sums, so the output of a build does not depend on it.
 //
 // Torch-free (kernels/parallel.h): errors are std::runtime_error.
 #pragma once

@@ -292,8 +292,7 @@ void attend_rows_fma(const T* const* q_rows, const int32_t* pos, const int32_t* 
     const Vf mx = block_max(s, keep, kb * kBlock, is_diagonal(kb * kBlock, min_pos), rpos);
     Vf alpha;
     if (move_max(vmul(mx, vscale), m, l, alpha) && kb > 0) rescale<D>(acc, alpha);
-    block_weights(s, keep, vscale, m, l);
-    for (int64_t k = 0; k < kBlock; ++k) vstore(pt + k * kRows, s[k]);
+    block_weights(s, keep, vscale, m, l, pt);
     values_fma<D>(vf + kb * kBlock * D, pt, acc);
   }
   finish_rows<D>(acc, m, l, o, lse);

@@ -6,8 +6,9 @@
 //   WBits::k4   the low or the high nibble of the byte, u in [0, 15]
 // Contracts, kept by every variant and relied on for exactness:
 //   - x in [-127, 127] (never -128: the sign tricks negate x);
-//   - an accumulator sums at most 8 products (one 32-k block of four-byte steps) between zero()
-//     and sums(): some variants hold k4 sums in int16 lanes meanwhile (8 * 2 * 15 * 127 < 2^15).
+//   - an accumulator takes at most 8 dot() calls (one 32-k block) between zero() and sums():
+//     some variants hold k4 sums in int16 lanes meanwhile (8 * 2 * 15 * 127 < 2^15), generic in
+//     float32 lanes (32 * 128 * 127 < 2^24).
 // So every sum is exact, and every variant's sums() are the same integers: a kernel's output
 // does not depend on the variant it ran (the float code after the sums is the build's own).
 //
@@ -19,8 +20,8 @@
 //   D<B>::kTaken           what sums() already took off per unit of sum_j x[j] (k8: 0 or 128;
 //                          k4: 0): the caller subtracts the rest of its offset itself
 //   D<B>::W   load(p, high)  the 64 bytes at p as weights (k4: their high nibbles if high)
-//   D<B>::Acc zero(), dot(acc, w, x4), sums(acc) -> simd::Vi
-//   where x4 holds the four x bytes (x[j] = byte j, little-endian).
+//   D<B>::Acc zero(), dot(acc, w, x4), sums(acc) -> simd::Vi: lane c the sum over the dots of
+//   sum_j (u(c, j) - kTaken) * x[j], where x4 holds the four x bytes (x[j] = byte j).
 // The variants of this build, fastest first, are the type list Int8Variants; a variant needing
 // a feature beyond the build's level is compiled with that target and runs only where cpu_has().
 #pragma once
@@ -43,37 +44,35 @@ enum class WBits { k8, k4 };
 template <template <WBits> class... D>
 struct VariantList {};
 
-// The int32 sums of 64 bytes of lanes, as the vector layer's Vi.
-inline simd::Vi vi_from_lanes(const int32_t* lanes) { return simd::vload_i(lanes); }
-
-// --- generic: plain C++, the definition ---
+// --- generic: over the vector layer's float lanes, at every level ---
+// The products and their sums are integers below 2^24 in magnitude (a block: 32 * 128 * 127), so
+// float32 holds them exactly: w(c, j) as floats times x[j] broadcast, one FMA per j, and the sums
+// converted back. The level's vector code, where integer lanes would have no multiply.
 template <WBits B>
 struct Generic {
   static constexpr const char* kName = "generic";
   static constexpr int32_t kTaken = B == WBits::k8 ? 128 : 0;
-  struct Acc { int32_t v[16]; };
-  struct W { int16_t v[64]; };  // u - kTaken
+  struct Acc { simd::Vf v; };
+  struct W { simd::Vf v[4]; };  // v[j] lane c = u(c, j) - kTaken
   static bool runs() { return true; }
   template <class Fn>
   __attribute__((flatten)) static void run(const Fn& f) { f(); }
-  static Acc zero() { return Acc{}; }
+  static Acc zero() { return {simd::vzero()}; }
   static W load(const uint8_t* p, bool high) {
-    W w;
-    for (int i = 0; i < 64; ++i) {
-      const int u = B == WBits::k8 ? p[i] : high ? p[i] >> 4 : p[i] & 0x0F;
-      w.v[i] = static_cast<int16_t>(u - kTaken);
-    }
-    return w;
+    using namespace simd;
+    Vi u = vload_i(p);
+    if constexpr (B == WBits::k4) u = vand_i(high ? vshr_i<4>(u) : u, vset1_i(0x0F0F0F0F));
+    const Vi low = vset1_i(0xFF), taken = vset1_i(kTaken);
+    return {{vcvt_f(vsub_i(vand_i(u, low), taken)), vcvt_f(vsub_i(vand_i(vshr_i<8>(u), low), taken)),
+             vcvt_f(vsub_i(vand_i(vshr_i<16>(u), low), taken)), vcvt_f(vsub_i(vshr_i<24>(u), taken))}};
   }
   static Acc dot(Acc acc, const W& w, int32_t x4) {
     int8_t x[4];
     std::memcpy(x, &x4, 4);
-    for (int c = 0; c < 16; ++c) {
-      for (int j = 0; j < 4; ++j) acc.v[c] += w.v[4 * c + j] * x[j];
-    }
+    for (int j = 0; j < 4; ++j) acc.v = simd::vfmadd(w.v[j], simd::vset1(static_cast<float>(x[j])), acc.v);
     return acc;
   }
-  static simd::Vi sums(const Acc& acc) { return vi_from_lanes(acc.v); }
+  static simd::Vi sums(const Acc& acc) { return simd::vcvt_i(acc.v); }
 };
 
 #if defined(RADIXLM_X86) && (defined(RADIXLM_SIMD_AVX2) || defined(RADIXLM_SIMD_AVX512))

@@ -120,6 +120,7 @@ struct Avx2 {
         w.u[h] = _mm256_abs_epi8(w.q[h]);
       } else {
         w.u[h] = v;
+        w.q[h] = _mm256_setzero_si256();  // unused
       }
     }
     return w;

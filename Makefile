@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.radixlm-installed
 
-.PHONY: setup model browser serve serve-replicas test lint bench bench-peers clean
+.PHONY: setup model browser arm-tools serve serve-replicas test lint bench bench-peers clean
 
 setup: $(STAMP)
 
@@ -61,6 +61,7 @@ LLAMA_CPP_AVX2 := -DGGML_NATIVE=OFF -DGGML_AVX512=OFF -DGGML_AVX2=ON -DGGML_FMA=
 bench-peers: model
 	CMAKE_ARGS="-DGGML_NATIVE=ON $(CMAKE_ARGS)" $(BIN)/python -m pip install \
 		--no-binary llama-cpp-python '$(LLAMA_CPP_PYTHON)' torch==2.13.0
+	$(BIN)/python -m pip install -q diskcache  # the AVX2 build is installed without dependencies
 	test -d $(PEERS_DIR)/llama-cpp-avx2/llama_cpp || CMAKE_ARGS="$(LLAMA_CPP_AVX2)" $(BIN)/python -m pip install \
 		--no-binary llama-cpp-python --no-deps --target $(PEERS_DIR)/llama-cpp-avx2 '$(LLAMA_CPP_PYTHON)'
 

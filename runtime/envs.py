@@ -29,13 +29,12 @@ RADIXLM_CACHE = EnvStr("RADIXLM_CACHE")
 
 # What `--dtype auto` means on CPU: float32 or bfloat16; default: by the CPU (bfloat16 where it
 # has AVX512-BF16 and a bf16 product times 1.25x float32's, float32 elsewhere; ServerArgs.torch_dtype,
-# cpu_linear.prefers_bf16). The test suite sets float32, the
-# dtype its checks against transformers' float32 logits need.
+# cpu_linear.prefers_bf16). For comparisons; the test suite runs the default.
 RADIXLM_CPU_AUTO_DTYPE = EnvStr("RADIXLM_CPU_AUTO_DTYPE")
 
 # What `--quantization auto` means (a value of server_args.QUANTIZATIONS); default: keep a GGUF's
-# quantized weights when --dtype is auto. The test suite sets "none": its checks of the default
-# model against transformers' float32 logits need float weights (quantized runs ask by name).
+# quantized weights when --dtype is auto (float weights where no kernel can run). For comparisons;
+# the test suite runs the default.
 RADIXLM_AUTO_QUANTIZATION = EnvStr("RADIXLM_AUTO_QUANTIZATION")
 
 # "0" keeps torch's thread count fixed (as --disable-adaptive-threads does); the test suite sets it,

@@ -19,10 +19,10 @@ import torch
 import torch.nn.functional as F
 from test_vec_layer import (  # the C++ drivers' build and run
     ARM_LEVELS,
+    NATIVE_BUILDS,
     REPO,
-    X86_LEVELS,
     _arm_case,
-    _x86_case,
+    _native_case,
 )
 
 from radixlm.kernels import cpu_linear
@@ -339,11 +339,11 @@ def test_backend_sends_long_prompts_over_a_float32_pool_to_the_fma_kernel(ext: A
 DRIVER = ["-DRADIXLM_NO_TORCH", "-fopenmp", str(REPO / "kernels" / "csrc" / "kernels" / "vnni_attention.cpp")]
 
 
-@pytest.mark.parametrize("level", list(X86_LEVELS))
-def test_long_extend_driver_x86(level: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("level", NATIVE_BUILDS)
+def test_long_extend_driver_native(level: str, tmp_path: Path) -> None:
     """Every math of the level (FMAs; vdpbf16ps in the avx512 build where the CPU has AVX512-BF16),
     extends and cascades, against float64, and the same bits on 1-3 threads."""
-    _x86_case(level, "test_attention.cpp", rf"attention {level}: \d+ checks passed", tmp_path, DRIVER)
+    _native_case(level, "test_attention.cpp", rf"attention {level}: \d+ checks passed", tmp_path, DRIVER)
 
 
 @pytest.mark.parametrize("test_id", ["generic", "neon"])

@@ -21,10 +21,10 @@ import pytest
 import torch
 from test_vec_layer import (  # the C++ drivers' build and run
     ARM_LEVELS,
+    NATIVE_BUILDS,
     REPO,
-    X86_LEVELS,
     _arm_case,
-    _x86_case,
+    _native_case,
 )
 
 from radixlm.kernels import cpu_linear, quant
@@ -251,9 +251,9 @@ def test_bad_operands_are_refused(ext: Any) -> None:
 DRIVER_FLAGS = ["-DRADIXLM_NO_TORCH", "-fopenmp", str(REPO / "kernels" / "csrc" / "kernels" / "quant_gemm.cpp")]
 
 
-@pytest.mark.parametrize("level", list(X86_LEVELS))
-def test_driver_x86(level: str, tmp_path: Path) -> None:
-    _x86_case(level, "test_quant_gemm.cpp", rf"quant_gemm {level}: \d+ checks passed", tmp_path, DRIVER_FLAGS)
+@pytest.mark.parametrize("level", NATIVE_BUILDS)
+def test_driver_native(level: str, tmp_path: Path) -> None:
+    _native_case(level, "test_quant_gemm.cpp", rf"quant_gemm {level}: \d+ checks passed", tmp_path, DRIVER_FLAGS)
 
 
 @pytest.mark.parametrize("test_id", list(ARM_LEVELS))

@@ -1,9 +1,9 @@
 """The vector layer (kernels/csrc/simd/) checked op by op against its definition, vec_generic.h,
 and a kernel over it (packed_gemm) against a float64 product: the torch-free drivers in
-tests/kernels/csrc/ built at each ISA level and run. The x86 levels run natively (a level above
-this CPU is skipped, with the reason); the aarch64 levels are cross-compiled and run under
-qemu-user, always (`make arm-tools` installs the Debian tools; the test fails without them rather
-than skip)."""
+tests/kernels/csrc/ built for each ISA build this CPU runs (the probe's levels, kernels/isa.py:
+an AVX-512 machine also runs its avx2 and generic builds; builds above the CPU are not offered),
+natively; and the aarch64 builds cross-compiled and run under qemu-user, always (`make
+arm-tools` installs the Debian tools; the test fails without them rather than skip)."""
 
 from __future__ import annotations
 
@@ -16,16 +16,23 @@ from pathlib import Path
 
 import pytest
 
+from radixlm.kernels import isa
+from radixlm.runtime.model.model_files import cache_dir
+
 REPO = Path(__file__).resolve().parents[2]
 CSRC = REPO / "kernels" / "csrc"
 DRIVERS = Path(__file__).resolve().parent / "csrc"
 
-# level -> (compiler flags, the cpuinfo flags it needs)
-X86_LEVELS = {
-    "generic": (["-DRADIXLM_ISA_GENERIC"], set()),
-    "avx2": (["-mavx2", "-mfma", "-mf16c"], {"avx2", "fma", "f16c"}),
-    "avx512": (["-mavx512f", "-mavx512bw"], {"avx512f", "avx512bw"}),
-}
+
+
+def _native_builds() -> list[str]:
+    """The ISA builds (isa.BUILD_FLAGS) of the levels this CPU runs, lowest first."""
+    features = isa.probe(cache_dir() / "extensions")
+    assert features is not None, "the CPU probe must build here (a C++ compiler is part of the test machine)"
+    return list(dict.fromkeys(level.build for level in isa.runnable_levels(features)))
+
+
+NATIVE_BUILDS = _native_builds()
 # test id -> (the level vec.h picks, compiler flags); the second neon build adds the features the
 # kernels' dotprod / i8mm paths are compiled with, under the same layer
 ARM_LEVELS = {
@@ -35,16 +42,6 @@ ARM_LEVELS = {
 }
 ARM_CXX = "aarch64-linux-gnu-g++"
 QEMU = ["qemu-aarch64", "-cpu", "max", "-L", "/usr/aarch64-linux-gnu"]
-
-
-def _cpu_flags() -> set[str]:
-    """The x86 feature flags Linux reports for this CPU (empty off x86)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    match = re.search(r"^flags\s*:(.*)$", text, re.MULTILINE)
-    return set(match.group(1).split()) if match else set()
 
 
 def _build(cxx: str, driver: str, flags: list[str], out: Path, extra: list[str] | None = None) -> Path:
@@ -68,14 +65,8 @@ def _run(cmd: list[str], closing: str) -> str:
     return out
 
 
-def _x86_case(level: str, driver: str, closing: str, tmp_path: Path, extra: list[str] | None = None) -> str:
-    if platform.machine() not in ("x86_64", "AMD64"):
-        pytest.skip(f"the x86 levels run on an x86 CPU; this one is {platform.machine()}")
-    flags, needs = X86_LEVELS[level]
-    missing = needs - _cpu_flags()
-    if missing:
-        pytest.skip(f"this CPU cannot run the {level} level (no {', '.join(sorted(missing))} in /proc/cpuinfo)")
-    exe = _build("g++", driver, flags, tmp_path / f"{Path(driver).stem}_{level}", extra)
+def _native_case(build: str, driver: str, closing: str, tmp_path: Path, extra: list[str] | None = None) -> str:
+    exe = _build("g++", driver, list(isa.BUILD_FLAGS[build]), tmp_path / f"{Path(driver).stem}_{build}", extra)
     return _run([str(exe)], closing)
 
 
@@ -90,9 +81,9 @@ def _arm_case(test_id: str, driver: str, closing: str, tmp_path: Path, extra: li
     return _run([str(exe)] if native else [*QEMU, str(exe)], closing)
 
 
-@pytest.mark.parametrize("level", list(X86_LEVELS))
-def test_vec_layer_x86(level: str, tmp_path: Path) -> None:
-    _x86_case(level, "test_vec.cpp", rf"vec {level}: \d+ checks passed", tmp_path)
+@pytest.mark.parametrize("level", NATIVE_BUILDS)
+def test_vec_layer_native(level: str, tmp_path: Path) -> None:
+    _native_case(level, "test_vec.cpp", rf"vec {level}: \d+ checks passed", tmp_path)
 
 
 @pytest.mark.parametrize("test_id", list(ARM_LEVELS))
@@ -104,9 +95,9 @@ def test_vec_layer_aarch64(test_id: str, tmp_path: Path) -> None:
 GEMM_FLAGS = ["-DRADIXLM_NO_TORCH", "-fopenmp"]
 
 
-@pytest.mark.parametrize("level", list(X86_LEVELS))
-def test_packed_gemm_x86(level: str, tmp_path: Path) -> None:
-    _x86_case(level, "test_packed_gemm.cpp", rf"packed_gemm {level}: \d+ checks passed", tmp_path, GEMM_FLAGS)
+@pytest.mark.parametrize("level", NATIVE_BUILDS)
+def test_packed_gemm_native(level: str, tmp_path: Path) -> None:
+    _native_case(level, "test_packed_gemm.cpp", rf"packed_gemm {level}: \d+ checks passed", tmp_path, GEMM_FLAGS)
 
 
 @pytest.mark.parametrize("test_id", ["generic", "neon"])

@@ -13,21 +13,18 @@ pytestmark = pytest.mark.slow
 
 
 def test_chat_answers_with_the_default_model(default_server: ServerHandle) -> None:
+    # Germany, not France: the first answer token to "What is the capital of France?" is a near tie
+    # for this model ("The" -1.85 against "L" -1.96 in float32), which int8 activations' rounding
+    # noise (~0.1 nats, its realization changed by any cached prefix) flips to "L'Étoile, ...";
+    # llama.cpp's own Q4_1 (q8_1 activations) and Q8_0 answer "L" too. Here every greedy step of
+    # the answer leads by 0.7 nats or more in float32 and int8, cold cache or warm.
     client = openai.OpenAI(base_url=default_server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
     out = client.chat.completions.create(
         model=client.models.list().data[0].id,
-        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        messages=[{"role": "user", "content": "What is the capital of Germany?"}],
         max_tokens=24, temperature=0,
     )
-    info = httpx.get(default_server.url + "/get_server_info", timeout=120).json()
-    if "Paris" not in out.choices[0].message.content and info["quantized_activations_mode"] == "int8" \
-            and out.usage.prompt_tokens_details.cached_tokens > 0:
-        # Open defect (found when the suite stopped overriding the defaults, present before it):
-        # with int8 activations, the default model answers this wrongly once an earlier request
-        # left the chat's system prompt in the cache ("L'Étoile, la Marseillaise, ..."); a cold
-        # cache, or float32 activations, give "The capital of France is Paris."
-        pytest.xfail("int8 activations over a cached system prompt: a wrong answer (open defect)")
-    assert "Paris" in out.choices[0].message.content
+    assert "Berlin" in out.choices[0].message.content
     assert out.choices[0].finish_reason == "stop"  # the model ends its turn with <|im_end|>
 
 

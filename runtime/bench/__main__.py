@@ -50,8 +50,11 @@ from radixlm.runtime.bench import grammar as grammar_bench
 from radixlm.runtime.bench import workloads as wl
 from radixlm.runtime.bench.llamacpp_peer import (
     LlamaCppPeer,
+    PeerConfig,
     best_of,
+    configs_for,
     llamacpp_configs,
+    peer_dtype,
     print_peer_summary,
     print_same_precision,
     run_llamacpp,
@@ -66,17 +69,6 @@ if TYPE_CHECKING:
     from radixlm.runtime.engine import Engine
 
 Result = dict[str, float]
-
-
-def _median_time(fn: Callable[[], Any], repeats: int, warmup: bool = True) -> float:
-    if warmup:
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 W4_MODES = ("json_schema", "json_schema, jump-forward off", "json_schema, compact whitespace", "unconstrained")
@@ -203,42 +195,102 @@ class Transformers:
         return str(self.tokenizer.decode(out[0, batch["input_ids"].shape[1] :], skip_special_tokens=True))
 
 
-def run_system(system: Ours | Transformers | LlamaCppPeer, workloads: list[str], repeats: int) -> Result:
-    """Median figures of one system. The slow batch workloads skip the warm-up run for the
+Sampler = tuple[bool, Callable[[], Result]]  # (whether a warm-up run precedes, one measurement)
+
+
+def samplers(system: Ours | Transformers | LlamaCppPeer, workloads: list[str]) -> dict[str, Sampler]:
+    """Per W workload but W4 (whose modes need engines of their own: run_w4), what one
+    measurement of `system` takes. The slow batch workloads skip the warm-up run for the
     baseline (one transformers W3 run takes minutes; its first run is not slower)."""
+    heavy_warmup = not isinstance(system, Transformers)
+
+    def timed(fn: Callable[[], Any]) -> float:
+        start = time.perf_counter()
+        fn()
+        return time.perf_counter() - start
+
+    def w1() -> Result:
+        prompt = [wl.W1_PROMPT]
+        ttft = timed(lambda: (system.flush(), system.generate(prompt, 1)))
+        total = timed(lambda: (system.flush(), system.generate(prompt, wl.W1_NEW_TOKENS)))
+        return {"W1 TTFT s": ttft, "W1 decode tok/s": (wl.W1_NEW_TOKENS - 1) / (total - ttft)}
+
+    def w2() -> Result:
+        prompts = wl.w2_prompts()
+        return {"W2 output tok/s": len(prompts) * wl.W2_NEW_TOKENS / timed(
+            lambda: (system.flush(), system.generate(prompts, wl.W2_NEW_TOKENS)))}
+
+    def w3() -> Result:
+        prompts = wl.w3_workload()[1]
+        return {"W3 wall s": timed(lambda: (system.flush(), system.generate(prompts, wl.W3_NEW_TOKENS)))}
+
+    def w5() -> Result:
+        ids = system.encode(wl.w5_text())[: wl.W5_TOKENS]
+        return {"W5 prefill tok/s": wl.W5_TOKENS / timed(lambda: (system.flush(), system.generate([ids], 1)))}
+
+    every = {"W1": (True, w1), "W2": (heavy_warmup, w2), "W3": (heavy_warmup, w3), "W5": (True, w5)}
+    return {w: every[w] for w in workloads if w in every}
+
+
+def _medians(samples: list[Result]) -> Result:
+    return {metric: statistics.median(s[metric] for s in samples) for metric in samples[0]}
+
+
+def run_system(system: Ours | Transformers | LlamaCppPeer, workloads: list[str], repeats: int) -> Result:
+    """Median figures of one system, each workload's --repeats measurements after its warm-up."""
     import torch
 
     # torch's thread count is per process, and our engine's thread governor may have lowered it
     # (beside a busy neighbour): every system starts from all the cores (ours re-adjusts)
     torch.set_num_threads(ALL_THREADS)
     out: Result = {}
-    heavy_warmup = not isinstance(system, Transformers)
-    if "W1" in workloads:
-        prompt = [wl.W1_PROMPT]
-        ttft = _median_time(lambda: (system.flush(), system.generate(prompt, 1)), repeats)
-        total = _median_time(lambda: (system.flush(), system.generate(prompt, wl.W1_NEW_TOKENS)), repeats)
-        out["W1 TTFT s"] = ttft
-        out["W1 decode tok/s"] = (wl.W1_NEW_TOKENS - 1) / (total - ttft)
-    if "W2" in workloads:
-        prompts = wl.w2_prompts()
-        t = _median_time(lambda: (system.flush(), system.generate(prompts, wl.W2_NEW_TOKENS)), repeats, heavy_warmup)
-        out["W2 output tok/s"] = len(prompts) * wl.W2_NEW_TOKENS / t
-    if "W3" in workloads:
-        _, prompts = wl.w3_workload()
-        out["W3 wall s"] = _median_time(
-            lambda: (system.flush(), system.generate(prompts, wl.W3_NEW_TOKENS)), repeats, heavy_warmup
-        )
-    if "W4" in workloads:
-        modes = W4_MODES if isinstance(system, Ours) else system.w4_modes if isinstance(
-            system, LlamaCppPeer) else ("unconstrained",)
-        for mode in modes:
-            out.update(run_w4(system, mode))
-        if isinstance(system, Ours):
-            system.close_extra_engines()
-    if "W5" in workloads:
-        ids = system.encode(wl.w5_text())[: wl.W5_TOKENS]
-        t = _median_time(lambda: (system.flush(), system.generate([ids], 1)), repeats)
-        out["W5 prefill tok/s"] = wl.W5_TOKENS / t
+    chosen = samplers(system, workloads)
+    for workload in workloads:
+        if workload in chosen:
+            warmup, sample = chosen[workload]
+            if warmup:
+                sample()
+            out.update(_medians([sample() for _ in range(repeats)]))
+        elif workload == "W4":
+            modes = W4_MODES if isinstance(system, Ours) else system.w4_modes if isinstance(
+                system, LlamaCppPeer) else ("unconstrained",)
+            for mode in modes:
+                out.update(run_w4(system, mode))
+            if isinstance(system, Ours):
+                system.close_extra_engines()
+    return out
+
+
+def run_paired(ours: Ours, peer: LlamaCppPeer, workloads: list[str], repeats: int) -> tuple[Result, Result, Result]:
+    """Both systems take turns, one measurement each, --repeats turns per workload (after one
+    warm-up each), so that a drift of the machine's speed falls on both alike. Returns their
+    medians and the median of the per-turn ratios (>1: radixlm is better)."""
+    import torch
+
+    ours_samples: dict[str, list[Result]] = {}
+    peer_samples: dict[str, list[Result]] = {}
+    ours_samplers, peer_samplers = samplers(ours, workloads), samplers(peer, workloads)
+    for workload in ours_samplers.keys() & peer_samplers.keys():
+        for chosen in (ours_samplers, peer_samplers):
+            torch.set_num_threads(ALL_THREADS)
+            chosen[workload][1]()
+        for _ in range(repeats):
+            for chosen, into in ((ours_samplers, ours_samples), (peer_samplers, peer_samples)):
+                torch.set_num_threads(ALL_THREADS)
+                into.setdefault(workload, []).append(chosen[workload][1]())
+    ratios: Result = {}
+    for workload, turns in ours_samples.items():
+        for metric in turns[0]:
+            ratios[metric] = statistics.median(
+                speed_ratio(metric, a[metric], b[metric]) or 0.0 for a, b in zip(turns, peer_samples[workload]))
+    ordered = [w for w in workloads if w in ours_samples]
+    return (_medians_of(ours_samples, ordered), _medians_of(peer_samples, ordered), ratios)
+
+
+def _medians_of(samples: dict[str, list[Result]], workloads: list[str]) -> Result:
+    out: Result = {}
+    for workload in workloads:
+        out.update(_medians(samples[workload]))
     return out
 
 
@@ -261,6 +313,35 @@ def run_w4(system: Ours | Transformers | LlamaCppPeer, mode: str) -> Result:
     if isinstance(system, Ours) and mode.startswith("json_schema"):
         out[f"{tag} jump-forward tokens /request"] = (system.jump_forward_tokens(mode) - jump_forward_before) / len(cases)
     return out
+
+
+def run_paired_table(precisions: list[str], workloads: list[str], configs: list[PeerConfig], repeats: int) -> None:
+    """--paired: per precision, radixlm against each llama.cpp configuration of its GGUF type, in turns."""
+    print("\n## paired: radixlm and llama.cpp in turns, one measurement each (medians; ratio: median of the "
+          "per-turn ratios, >1: radixlm is better)")
+    print("| precision | metric | radixlm | llama.cpp | configuration | ratio |")
+    print("|---|---|---|---|---|---|")
+    for precision in precisions:
+        matching = [c for c in configs if c.dtype == peer_dtype(precision)]
+        if not matching:
+            print(f"| {precision} | - | - | - | no llama.cpp configuration of this type | - |", flush=True)
+            continue
+        ours = Ours(precision)
+        try:
+            for config in matching:
+                todo = [w for w in workloads if config in configs_for(w, matching)]
+                if not todo:
+                    continue
+                peer = LlamaCppPeer(config)
+                try:
+                    mine, theirs, ratios = run_paired(ours, peer, todo, repeats)
+                finally:
+                    peer.close()
+                for metric, ratio in ratios.items():
+                    print(f"| {precision} | {metric} | {mine[metric]:.3g} | {theirs[metric]:.3g} | {config.label()} "
+                          f"| {ratio:.2f}x |", flush=True)
+        finally:
+            ours.shutdown()
 
 
 def _print_table(dtype: str, ours: Result, base: Result | None) -> None:
@@ -314,6 +395,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peer-configs", default="full", help="llama.cpp configurations: full (dtype bf16/q8_0/q4_1 "
                         "x batch 16/32 x flash attention on/off x n_ubatch 512/2048), quick (bf16, q8_0, q4_1 at "
                         "32:on:512) or DTYPE:BATCH:FA:UBATCH,... with * for all (dtypes also f32, f16)")
+    parser.add_argument("--paired", action="store_true", help="with --peers llama.cpp: per precision both run, "
+                        "radixlm and each llama.cpp configuration of that GGUF type take turns, one measurement "
+                        "each (W1, W2, W3, W5), so a drift of the machine's speed falls on both; the table gives "
+                        "both medians and the median of the per-turn ratios")
     parser.add_argument("--plot", default=None, metavar="OUT.png", help="also draw the table's ratios against "
                         "transformers per workload (serving mode: throughput and latency against concurrency) "
                         "into this file (needs matplotlib: the `plot` extra)")
@@ -351,6 +436,12 @@ def main(argv: list[str] | None = None) -> int:
         peer_configs = llamacpp_configs(args.peers, args.peer_configs)
     except ValueError as e:
         parser.error(str(e))
+    if args.paired:
+        if not peer_configs:
+            parser.error("--paired needs --peers llama.cpp")
+        run_paired_table(args.dtypes.split(","), [w for w in engine_workloads if w != "W4"], peer_configs,
+                         args.repeats)
+        return 0
     ours_by_dtype: dict[str, Result] = {}
     base_by_dtype: dict[str, Result] = {}
     for dtype in args.dtypes.split(","):
@@ -363,7 +454,11 @@ def main(argv: list[str] | None = None) -> int:
                     partial(run_system, Transformers(dtype), engine_workloads, base_repeats))
             print_neighbour_table(dtype, systems)
         elif engine_workloads:
-            ours = ours_by_dtype[dtype] = run_system(Ours(dtype), engine_workloads, args.repeats)
+            system = Ours(dtype)
+            try:
+                ours = ours_by_dtype[dtype] = run_system(system, engine_workloads, args.repeats)
+            finally:
+                system.shutdown()
             base = None if args.no_baseline or is_quantized(dtype) else run_system(
                 Transformers(dtype), engine_workloads, base_repeats)
             if base is not None:

@@ -490,6 +490,11 @@ def print_peer_summary(ours: dict[str, Result], base: dict[str, Result],
 _PEER_DTYPE = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "q4_1": "q4_1", "q8_0": "q8_0", "q4_0": "q4_0"}
 
 
+def peer_dtype(precision: str) -> str | None:
+    """The GGUF type llama.cpp runs at radixlm's --dtypes entry `precision` (None: no such file)."""
+    return _PEER_DTYPE.get(precision.partition("/")[0])
+
+
 def print_same_precision(ours: dict[str, Result], peer: dict[PeerConfig, Result]) -> None:
     """Per precision both ran (radixlm's bfloat16 against llama.cpp's bf16 GGUF, its q4_1 against
     the same q4_1 file, ...): each metric's best llama.cpp configuration at that precision and
@@ -498,7 +503,7 @@ def print_same_precision(ours: dict[str, Result], peer: dict[PeerConfig, Result]
     print("| precision | metric | radixlm | llama.cpp | ratio |")
     print("|---|---|---|---|---|")
     for precision, result in ours.items():
-        gguf_type = _PEER_DTYPE.get(precision.partition("/")[0])
+        gguf_type = peer_dtype(precision)
         theirs = best_of({c.label(): r for c, r in peer.items() if c.dtype == gguf_type})
         for metric, value in result.items():
             if metric not in theirs or not (is_lower_better(metric) or metric.endswith("tok/s")):

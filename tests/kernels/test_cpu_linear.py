@@ -138,3 +138,40 @@ def test_bfloat16_decode_stack_against_float32(ext: Any, runner_at_level: str, t
     torch_err = (logprobs["torch"] - logprobs["fp32"]).abs().max().item()
     assert kernel_err < 0.1, kernel_err
     assert kernel_err <= torch_err * 1.5 + 1e-3, (kernel_err, torch_err)
+
+
+def test_decodes_sharing_a_long_prefix_take_the_cascade(ext: Any, runner_at_level: str, tmp_path: Path) -> None:
+    """A float32 decode batch whose requests share a cached prefix (the same KV slots, as the radix
+    cache gives them) attends through the cascade kernel in DecodeStack at every ISA level (float32
+    FMAs over a float32 pool), and its logits match transformers'."""
+    from radixlm_testing import runner_decode, runner_extend, save_tiny_model
+    from safetensors.torch import load_file
+
+    from radixlm.runtime.model.model_config import ModelConfig
+    from radixlm.runtime.model.model_runner import ModelRunner, RunnerConfig
+
+    hf = save_tiny_model(tmp_path, "llama", hidden_size=128, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=64, intermediate_size=192)
+    cfg = ModelConfig.from_dir(tmp_path)
+    runner = ModelRunner(cfg, RunnerConfig(torch.float32, "torch", 1024, 8, cfg.context_len),
+                         load_file(tmp_path / "model.safetensors"))
+    assert type(runner.model.decode_stack).__module__ == ext.__name__  # the level under test
+    prefix = [(7 * i) % 250 + 3 for i in range(96)]  # at least kCascadeMinShared (64) shared positions
+    seqs = [prefix + [11, 12, 13, 14], prefix + [21, 22, 23, 24, 25], prefix + [31, 32, 33], prefix + [41, 42, 43, 44]]
+    with torch.no_grad():
+        ref = [hf(torch.tensor([s])).logits[0] for s in seqs]
+    rows = [runner.req_to_token_pool.alloc() for _ in seqs]
+    runner_extend(runner, rows[:1], [0], [prefix], all_logits=False)
+    shared = runner.req_to_token_pool.req_to_token[rows[0], : len(prefix)].clone()
+    for row in rows[1:]:
+        runner.req_to_token_pool.write(row, 0, shared)
+    decode_from = [len(s) - 2 for s in seqs]
+    runner_extend(runner, rows, [len(prefix)] * len(seqs), [s[len(prefix):d] for s, d in zip(seqs, decode_from)],
+                  all_logits=False)
+    before = ext.num_cascade_calls()
+    for step in range(2):
+        pos = [d + step for d in decode_from]
+        got = runner_decode(runner, rows, seqs, pos)
+        want = torch.stack([r[p] for r, p in zip(ref, pos)])
+        assert (got - want).abs().max().item() <= 1e-4, step
+    assert ext.num_cascade_calls() - before == 2 * cfg.num_layers  # each layer of each step

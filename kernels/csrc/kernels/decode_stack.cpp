@@ -207,9 +207,11 @@ torch::Tensor DecodeStack::forward(const torch::Tensor& hidden, const torch::Ten
       }
     }
     for (int64_t b = 0; b < B; ++b) std::memcpy(q_p + b * Hq * D, qkv_p + b * Qp, sizeof(float) * Hq * D);
+    // the vector kernels' cascade over a shared prefix: float32 FMAs over a float32 pool (every
+    // level), vdpbf16ps over a bf16 one (as the attention backend's `vnni`)
     const torch::Tensor attn =
         paged_attention(q_all, L.k_buf, L.v_buf, req_to_token, rows, seq_lens, ones, starts, scale_, false,
-                        bf16_path_ == Bf16Path::kAvx512Bf16);  // vdpbf16ps: cascade over a shared prefix
+                        !kv_bf16 || bf16_path_ == Bf16Path::kAvx512Bf16);
     const float* attn_p = attn.data_ptr<float>();
     reduce_into_residual([&] { linear(L.o, attn_p, B, Hq * D, res, Hp, res, Hp, L.o_bias); });
     for (int64_t b = 0; b < B; ++b) rms_norm(res + b * Hp, H, eps_, data_or_null(L.ffn_norm), x + b * H);

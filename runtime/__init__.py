@@ -18,7 +18,7 @@ Top-level modules hold what every layer reads: `server_args` (config), `envs` (e
 parsing, `n` copies and seeds, validation) and `request_output` (result shaping shared by both:
 output deltas in, /generate results and stream chunks out).
 Imports point down this list, never up; `radixlm` (the language) imports none of it.
-Importing this package changes nothing in the process (see `radixlm.runtime.envs.set_omp_defaults`,
+Importing this package changes nothing in the process (see `radixlm.runtime.envs.set_process_defaults`,
 called by each process entry point).
 """
 

@@ -17,9 +17,9 @@ import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from radixlm.runtime.envs import set_omp_defaults
+from radixlm.runtime.envs import set_process_defaults
 
-set_omp_defaults()  # before the imports below load torch
+set_process_defaults()  # before the imports below load torch
 
 from radixlm.runtime.messages import StrOutput  # noqa: E402
 from radixlm.runtime.request_io import PreparedRequest, RequestError, RequestValidator, parse_generate  # noqa: E402

@@ -77,18 +77,34 @@ RADIXLM_GRAMMAR_COMPILE_TIMEOUT = EnvFloat("RADIXLM_GRAMMAR_COMPILE_TIMEOUT", GR
 RADIXLM_GRAMMAR_FAST_LANE_DEADLINE = EnvFloat("RADIXLM_GRAMMAR_FAST_LANE_DEADLINE", 2.0)
 
 
-def set_omp_defaults() -> None:
-    """OpenMP threads spin only briefly before they sleep, unless the user chose a policy.
+# What torch's own kernels may use at each capped level (RADIXLM_CPU_ISA): ATen's vectorized ops,
+# oneDNN (bf16 matmuls) and MKL (float32 GEMMs), so that a capped run uses no instruction above
+# the level anywhere (uncapped, and for avx512, torch picks for itself).
+_TORCH_CAPS: dict[str, dict[str, str]] = {
+    "generic": {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"},
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
+    "avx2_vnni": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2_VNNI", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
+}
 
-    Called by each process entry point (serve, the scheduler process, the Engine's module, the
-    bench) before torch loads: libgomp reads these variables when it loads (the first
-    `import torch`). A decode step runs ~150 short parallel regions
-    (kernels/csrc/decode_stack.cpp); with libgomp's default long spin, any competing process on the
-    same cores stalls every region boundary for a time slice. Measured on the 2-core machine (bf16
-    decode step of the default model): quiet, 16-20 ms for every setting; beside one busy process,
-    ~600 ms with the default spin, 63 ms with GOMP_SPINCOUNT=10000, 33 ms with
-    OMP_WAIT_POLICY=PASSIVE. PASSIVE (sleep at once) cost ~15% on batched work when quiet, the
-    short spin nothing.
+
+def set_process_defaults() -> None:
+    """Settings read when torch loads, for each process entry point (serve, the scheduler
+    process, the Engine's module, the bench, the tests) to call before it does; a variable the
+    user set is kept.
+
+    - OpenMP threads spin only briefly before they sleep. libgomp reads this when it loads (the
+      first `import torch`). A decode step runs ~150 short parallel regions
+      (kernels/csrc/decode_stack.cpp); with libgomp's default long spin, any competing process on
+      the same cores stalls every region boundary for a time slice. Measured on the 2-core machine
+      (bf16 decode step of the default model): quiet, 16-20 ms for every setting; beside one busy
+      process, ~600 ms with the default spin, 63 ms with GOMP_SPINCOUNT=10000, 33 ms with
+      OMP_WAIT_POLICY=PASSIVE. PASSIVE (sleep at once) cost ~15% on batched work when quiet, the
+      short spin nothing.
+    - Under RADIXLM_CPU_ISA=generic / avx2 / avx2_vnni, torch's kernels are capped to the same
+      level (_TORCH_CAPS), so that a capped machine runs as one of that level would: uncapped on
+      an AVX-512 machine, torch's bf16 matmuls ran 20x faster than at AVX2 (AVX512-BF16).
     """
     if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
         os.environ["GOMP_SPINCOUNT"] = "10000"
+    for name, value in _TORCH_CAPS.get(RADIXLM_CPU_ISA.get() or "", {}).items():
+        os.environ.setdefault(name, value)

@@ -19,9 +19,9 @@ from typing import Any  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
-from radixlm.runtime.envs import set_omp_defaults  # noqa: E402
+from radixlm.runtime.envs import set_process_defaults  # noqa: E402
 
-set_omp_defaults()  # before anything loads torch
+set_process_defaults()  # before anything loads torch
 
 # Property tests do not depend on the machine's speed (no per-example deadline, no too-slow
 # health check) and are the same on every run (derandomized, no example database).

@@ -60,9 +60,9 @@ from radixlm.runtime.bench.llamacpp_peer import (
     run_llamacpp,
 )
 from radixlm.runtime.bench.plot import plot_ratios, speed_ratio
-from radixlm.runtime.envs import set_omp_defaults
+from radixlm.runtime.envs import set_process_defaults
 
-set_omp_defaults()  # before torch loads, for our engine and the baseline alike
+set_process_defaults()  # before torch loads, for our engine and the baseline alike
 ALL_THREADS = len(os.sched_getaffinity(0))
 
 if TYPE_CHECKING:

@@ -13,11 +13,15 @@ from collections.abc import Callable
 from functools import partial
 from types import ModuleType
 
-import torch
-import torch.nn.functional as F
+from radixlm.runtime.envs import set_process_defaults
 
-from radixlm.kernels import cpu_linear, quant
-from radixlm.runtime.model.kernel_policy import load_cpu_kernels
+set_process_defaults()  # before torch loads (RADIXLM_CPU_ISA caps torch's kernels too)
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from radixlm.kernels import cpu_linear, quant  # noqa: E402
+from radixlm.runtime.model.kernel_policy import load_cpu_kernels  # noqa: E402
 
 LAYERS, HIDDEN, INTERMEDIATE, QKV = 30, 576, 1536, 960
 SHAPES = [(HIDDEN, QKV), (HIDDEN, HIDDEN), (HIDDEN, 2 * INTERMEDIATE), (INTERMEDIATE, HIDDEN)]
@@ -58,6 +62,8 @@ def main(argv: list[str]) -> None:
                  for fmt in ("q8_0", "q4_1")}
     modes = ["float32", "int8"]
     print(f"CPU: {ext.cpu_features()}; torch threads {torch.get_num_threads()}; {params / 1e6:.0f}M weights")
+    read_ms = _median_ms(lambda: [w.sum() for layer in torch_fp32 for w in layer])
+    print(f"read: the float32 weights summed by torch, {read_ms:.1f} ms, {params * 4 / read_ms / 1e6:.1f} GB/s")
     print("rows  kernel                ms   GFLOP/s  weights GB/s")
     for rows in rows_list:
         xs = {k: torch.randn(rows, k) for k in (HIDDEN, INTERMEDIATE)}

@@ -46,9 +46,9 @@ import numpy as np
 
 from radixlm.runtime.bench import workloads as wl
 from radixlm.runtime.bench.schema_corpus import CorpusSchema, corpus
-from radixlm.runtime.envs import set_omp_defaults
+from radixlm.runtime.envs import set_process_defaults
 
-set_omp_defaults()  # before torch loads (the runtime's modules load it; imported where used, so the
+set_process_defaults()  # before torch loads (the runtime's modules load it; imported where used, so the
 # main bench, which imports this module for its flags, loads torch only when it needs it)
 
 if TYPE_CHECKING:

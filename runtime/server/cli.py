@@ -11,9 +11,9 @@ import argparse
 import json
 import sys
 
-from radixlm.runtime.envs import set_omp_defaults
+from radixlm.runtime.envs import set_process_defaults
 
-set_omp_defaults()  # before torch loads
+set_process_defaults()  # before torch loads
 
 
 def _engine_args(parser: argparse.ArgumentParser) -> None:

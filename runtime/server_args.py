@@ -8,10 +8,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
+import sys
+import textwrap
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from radixlm.reasoning import REASONING_PARSERS
+from radixlm.runtime import envs
 from radixlm.runtime.constrained.backends import DEFAULT_GRAMMAR_BACKEND, GRAMMAR_BACKENDS
 from radixlm.runtime.envs import RADIXLM_AUTO_QUANTIZATION, RADIXLM_CPU_AUTO_DTYPE
 from radixlm.runtime.mem_cache.kv_events import KVEventsConfig
@@ -319,3 +324,82 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
 
 def from_cli_args(args: argparse.Namespace) -> ServerArgs:
     return ServerArgs(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ServerArgs)})
+
+
+# The settings page (docs/settings.md) holds what `settings_markdown()` renders between these markers;
+# tests/test_docs.py fails when the two differ.
+DOCS_BEGIN = "<!-- generated: settings -->"
+DOCS_END = "<!-- end generated -->"
+DOCS_COMMAND = "python -m radixlm.runtime.server_args --markdown docs/settings.md"
+
+
+def _markdown_item(head: str, text: str) -> list[str]:
+    """One list item, wrapped at 100 columns (never inside a word); a `<` outside code spans is
+    escaped, so that `<think>` shows as text rather than as an HTML tag."""
+    text = "`".join(part if i % 2 else part.replace("<", "&lt;") for i, part in enumerate(text.split("`")))
+    return textwrap.wrap(f"- {head}: {text}", width=100, subsequent_indent="  ", break_long_words=False,
+                         break_on_hyphens=False)
+
+
+def _default_text(value: object) -> str:
+    if value is None:
+        return "unset"
+    return f"`{str(value).lower() if isinstance(value, bool) else value}`"
+
+
+def _env_descriptions() -> dict[str, str]:
+    """The comment block right above each `RADIXLM_X = Env...(...)` line of envs.py: its description."""
+    descriptions: dict[str, str] = {}
+    block: list[str] = []
+    for line in inspect.getsource(envs).splitlines():
+        if line.startswith("#"):
+            block.append(line.lstrip("#").strip())
+            continue
+        name = line.partition(" = ")[0]
+        if block and name.startswith("RADIXLM_"):
+            descriptions[name] = " ".join(block)
+        block = []
+    return descriptions
+
+
+def settings_markdown() -> str:
+    """The generated part of docs/settings.md: every ServerArgs field (flag, default, HELP) and every
+    environment variable of runtime/envs.py (name, default, the comment above it)."""
+    lines = ["### Flags", ""]
+    for f in dataclasses.fields(ServerArgs):
+        flag = "--" + f.name.replace("_", "-")
+        lines += _markdown_item(f"`{flag}` (`{f.name}`, default {_default_text(f.default)})", HELP[f.name])
+    lines += ["", "### Environment variables", ""]
+    descriptions = _env_descriptions()
+    for name, value in vars(envs).items():
+        if name.startswith("RADIXLM_") and getattr(value, "name", None) == name:  # EnvStr, EnvFloat, ...
+            default = _default_text(getattr(value, "default", None))
+            lines += _markdown_item(f"`{name}` (default {default})", descriptions.get(name, ""))
+    return "\n".join(lines) + "\n"
+
+
+def write_settings_doc(path: Path) -> None:
+    """Replace what lies between DOCS_BEGIN and DOCS_END in `path` with `settings_markdown()`."""
+    text = path.read_text()
+    head, begin, rest = text.partition(DOCS_BEGIN + "\n")
+    _, end, tail = rest.partition(DOCS_END)
+    if not begin or not end:
+        raise ValueError(f"{path} lacks the markers {DOCS_BEGIN} ... {DOCS_END}")
+    path.write_text(head + begin + settings_markdown() + end + tail)
+
+
+def _main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m radixlm.runtime.server_args",
+                                     description="Render the settings page's generated part.")
+    parser.add_argument("--markdown", nargs="?", const="-", required=True, metavar="FILE",
+                        help="print it, or with FILE (docs/settings.md) rewrite it between the markers")
+    args = parser.parse_args(argv)
+    if args.markdown == "-":
+        sys.stdout.write(settings_markdown())
+    else:
+        write_settings_doc(Path(args.markdown))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main(sys.argv[1:]))

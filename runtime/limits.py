@@ -1,4 +1,4 @@
-"""Every bound the server puts on one request, in one place (the README's "Limits" table lists
+"""Every bound the server puts on one request, in one place (docs/http-api.md's "Limits" lists
 the same values). A request over a limit is refused before any work is queued: HTTP 413 for the
 body size, 400 naming the field and the limit for everything else.
 

@@ -170,7 +170,7 @@ class ServerArgs:
         measured 1.25x float32's, as on Zen 5 ~1.8x and AMX ~3x, not on an Intel CPU with
         AVX512-BF16 but no AMX, ~0.6x), float32 elsewhere (torch's software bf16 prefills 3.4x
         slower); RADIXLM_CPU_AUTO_DTYPE overrides the CPU choice, and then `cpu_prefers_bf16` is
-        not called. README, "What `auto` picks"."""
+        not called. docs/cpu-support.md, "What `auto` picks"."""
         import torch
 
         if self.dtype != "auto":
@@ -241,7 +241,8 @@ HELP = {
     "(default [ ]?; '' gives compact JSON, where jump-forward forces every key); it may match only spaces, tabs and newlines",
     "model_path": "HF model directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)",
     "tokenizer_path": "tokenizer directory (default: the model's)",
-    "dtype": "weights and KV cache: auto (bfloat16 on CUDA and on CPUs with AVX512-BF16, else float32), float32, bfloat16, float16",
+    "dtype": "weights and KV cache: auto (bfloat16 on CUDA, and on CPUs with AVX512-BF16 where a timed 64-row product with "
+    "bf16 weights runs 1.25x float32's; else float32), float32, bfloat16, float16",
     "quantization": "linear weights: auto (a GGUF's Q8_0 / Q4_0 / Q4_1 tensors kept as they are when --dtype is auto, "
     "as for the default model; other weights in --dtype), none (all in --dtype), gguf (keep them; an error for a model "
     "without), q8_0 / q4_0 / q4_1 (GGUF's block formats) or w8a8_int8 (per-channel int8 weights, per-token int8 "
@@ -291,7 +292,7 @@ HELP = {
     "kv_events_config": "publish the radix cache's stored / removed / cleared blocks over zmq, as SGLang and vLLM "
     "do: a JSON object with SGLang's keys, e.g. '{\"publisher\": \"zmq\", \"endpoint\": \"tcp://*:5557\", "
     "\"topic\": \"kv-events\"}' (also replay_endpoint, buffer_steps, hwm, max_queue_size) and block_size "
-    "(tokens per published block, default 16); README \"KV events\"",
+    "(tokens per published block, default 16); docs/scaling-out.md, \"KV events\"",
     "dp_size": "data parallelism: N scheduler processes behind one HTTP front, each with its own KV pool and "
     "radix cache (on CPU each gets cores / N torch threads); /get_load and /server_info report each rank",
     "load_balance_method": "which rank a request goes to when --dp-size > 1: prefix_affinity (default: the rank "

@@ -16,7 +16,7 @@ Layout (Megatron's, as SGLang and vLLM shard a Llama):
   same forward.
 - The all-reduce is the process group's (gloo / NCCL), or on CPU, where every rank is a process of
   this machine, a shared-memory one (shm_all_reduce.py) for sums that fit its slots (measured
-  ~10x faster than gloo here; the README's "Scaling out").
+  ~10x faster than gloo here; docs/scaling-out.md).
 
 How the weights split is tp_sharding.py's; this module has the ranks: the group, rank 0's handle
 on the other ranks (`TPWorkers`), and their loop (`run_worker`).
@@ -70,7 +70,7 @@ class TPGroup:
         # gloo carries the steps' pickled batches (host memory) on every device, and the sums on CPU
         self.cpu_pg: Any = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, size, opts)
         self.pg: Any = self.cpu_pg
-        if device != "cpu":  # reasoned about only: no GPU here (see the README)
+        if device != "cpu":  # reasoned about only: no GPU here (see docs/architecture.md)
             self.pg = dist.ProcessGroupNCCL(dist.PrefixStore("nccl", store), rank, size)
         self.shm = shm
         # the C++ side of the shared-memory sum (float32; DecodeStack calls it between layers)

@@ -19,7 +19,7 @@ set_process_defaults()  # before torch loads
 def _engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-path", default=None, help="HF model directory or .gguf file (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                        help="weight and KV dtype; auto = float32 on CPU (fastest here), bfloat16 on CUDA")
+                        help="weight and KV dtype; auto as `radixlm serve --dtype auto` (docs/cpu-support.md)")
     parser.add_argument("--max-total-tokens", type=int, default=None, help="KV pool size in tokens")
     parser.add_argument("--max-new-tokens", type=int, default=256, help="tokens to generate per reply")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")

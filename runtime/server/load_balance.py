@@ -15,7 +15,7 @@ Remaining ties go to the rank that has been sent the fewest requests so far, so 
 on an idle server alternates.
 
 The prefix index is approximate (as sglang-router's cache_aware tree): per rank, the chained hashes
-of the BLOCK_SIZE-token blocks of the prompts sent there (the KV events' block hashes, README "KV events"), in LRU order, at most as many blocks as
+of the BLOCK_SIZE-token blocks of the prompts sent there (the KV events' block hashes, docs/scaling-out.md, "KV events"), in LRU order, at most as many blocks as
 that rank's KV pool holds. A rank "holds" the first k blocks of a prompt when the hash of each of
 them is in its index. The index never hears of the rank's evictions (they make it optimistic),
 and is cleared when the caches are flushed.

@@ -12,8 +12,8 @@ Layout choices made for a lean decode step (few, large ops):
   accumulators of the o_proj / down_proj GEMMs.
 - Where the C++ CPU kernels run (any CPU with a C++ compiler, at the ISA level kernels/isa.py
   picks) with the torch attention backend (`use_cpu_kernels`), products of up to
-  `cpu_linear.kernel_max_rows` rows (every float32 product; bf16: 64 rows on AMX, 512 with
-  vdpbf16ps, 16 emulated) run in our packed C++ kernels (radixlm.kernels.cpu_linear: float32 FMA, or bf16 dot products), and a
+  `CpuIsa.kernel_max_rows` rows (every float32 product; bf16: 64 rows on AMX, 512 with
+  vdpbf16ps, emulated 16 beside a CPU's bf16 hardware and every row without it) run in our packed C++ kernels (radixlm.kernels.cpu_linear: float32 FMA, or bf16 dot products), and a
   decode step of up to that many requests runs all its decoder layers in one C++ call
   (DecodeStack: the same math, float32 residual stream), which removes the per-op overhead that
   dominates a small model's decode step. Prefill-sized steps take the kernels' fused row-wise
@@ -40,7 +40,7 @@ from radixlm.kernels import cpu_linear, quant
 from radixlm.runtime.envs import RADIXLM_BF16_PATH
 from radixlm.runtime.model.attention.base import BaseAttentionBackend
 from radixlm.runtime.model.forward_batch import ForwardBatch, ForwardMode
-from radixlm.runtime.model.kernel_policy import load_cpu_kernels
+from radixlm.runtime.model.kernel_policy import CpuIsa, cpu_isa, load_cpu_kernels
 from radixlm.runtime.model.model_config import ModelConfig
 from radixlm.runtime.model.models.rotary import RotaryEmbedding
 
@@ -86,15 +86,15 @@ class Linear(nn.Module):
             padded = -(-self.bias.numel() // cpu_linear.PANEL) * cpu_linear.PANEL
             self.packed_bias = F.pad(self.bias.detach().float(), (0, padded - self.bias.numel())).contiguous()
 
-    def use_packed(self, ext: ModuleType, bf16_path: str) -> None:
-        """Route products of up to `cpu_linear.kernel_max_rows` rows through our kernel (bf16
+    def use_packed(self, ext: ModuleType, bf16_path: str, chosen: CpuIsa) -> None:
+        """Route products of up to `chosen.kernel_max_rows` rows through our kernel (bf16
         weights on GEMM path `bf16_path`); a quantized layer keeps its kernel."""
         if self.qweight is not None:
             self._pack_bias()  # the bias may have been loaded after quantize_
             return
         weight_t = self.weight_t.detach()
         self.ext = ext
-        self.max_rows = cpu_linear.kernel_max_rows(weight_t.dtype, bf16_path)
+        self.max_rows = chosen.kernel_max_rows(weight_t.dtype, bf16_path)
         if weight_t.dtype == torch.bfloat16:
             self.packed = cpu_linear.pack_vnni(weight_t)
             self._kernel = partial(cpu_linear.bf16_linear, path=bf16_path)
@@ -291,13 +291,13 @@ class LlamaForCausalLM(nn.Module):
         """Route decode-sized products of every linear layer through the packed C++ kernels and
         decode steps through DecodeStack over these KV pool buffers (where the paged attention
         kernel takes the head size); False (nothing changed) where the kernels cannot run here."""
-        ext = load_cpu_kernels()
-        if ext is None:
+        ext, chosen = load_cpu_kernels(), cpu_isa()
+        if ext is None or chosen is None:
             return False
         bf16_path = cpu_linear.resolve_bf16_path(ext, RADIXLM_BF16_PATH.get())
         for module in self.modules():
             if isinstance(module, Linear):
-                module.use_packed(ext, bf16_path)
+                module.use_packed(ext, bf16_path, chosen)
             elif isinstance(module, RMSNorm):
                 module.use_kernel(ext)
             elif isinstance(module, (DecoderLayer, QuantizedEmbedding)):

@@ -27,7 +27,8 @@ LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 
 def _dequantized(state: dict[str, torch.Tensor], fmt: str) -> dict[str, torch.Tensor]:
     """The checkpoint with every decoder linear weight replaced by its quantized-then-dequantized self."""
-    return {name: quant.quantize(w, fmt).dequantize() if name.split(".")[-2] in LINEARS else w
+    return {name: quant.quantize(w, fmt).dequantize() if name.split(".")[-2] in LINEARS and name.endswith(".weight")
+            else w
             for name, w in state.items()}
 
 
@@ -41,7 +42,7 @@ def _logits(runner: ModelRunner, seqs: list[list[int]], prompt_lens: list[int], 
     return torch.cat(out).float()
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen3", "llama3-rope"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "llama3-rope"])  # qwen2: q/k/v biases
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_1", "w8a8_int8"])
 @pytest.mark.parametrize("cpu_kernels", [True, False], ids=["decode-stack", "torch-ops"])
 def test_weight_only_matches_the_dequantized_float_model(tmp_path: Path, kind: str, fmt: str, cpu_kernels: bool) -> None:

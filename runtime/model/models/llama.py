@@ -26,10 +26,7 @@ Layout choices made for a lean decode step (few, large ops):
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
-from functools import partial
-from types import ModuleType
 from typing import TYPE_CHECKING
 
 import torch
@@ -41,6 +38,7 @@ from radixlm.runtime.envs import RADIXLM_BF16_PATH
 from radixlm.runtime.model.attention.base import BaseAttentionBackend
 from radixlm.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from radixlm.runtime.model.kernel_policy import CpuIsa, cpu_isa, load_cpu_kernels
+from radixlm.runtime.model.linear_method import CpuKernels, KernelLinear, float_method, quantized_method
 from radixlm.runtime.model.model_config import ModelConfig
 from radixlm.runtime.model.models.rotary import RotaryEmbedding
 
@@ -51,22 +49,22 @@ if TYPE_CHECKING:
 class Linear(nn.Module):
     """y = x @ weight_t (+ bias) with the weight stored transposed, `[in, out]`: on CPU, MKL's
     matrix-vector and small-batch products run markedly faster in this layout than
-    `F.linear` on the HF `[out, in]` layout (measured: 25.6 vs 30.2 ms per decode step of the
-    default model's layers, fp32)."""
+    `F.linear` on the HF `[out, in]` layout. Once the model takes the C++ kernels, products of up
+    to `method.max_rows` rows go through its method (linear_method.py); a block-quantized layer
+    (`quantize_`) holds only its packed blocks and its method takes every product."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.weight_t = nn.Parameter(torch.empty(in_features, out_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
-        # inputs of up to max_rows rows go through a packed C++ kernel once use_packed is called
-        self.packed: torch.Tensor | None = None
-        self.packed_bias: torch.Tensor | None = None
         self.register_buffer("qweight", None)  # block-quantized weight (quantize_): then the only copy
-        self.quant_mode: int | None = None  # its kernel mode (quant.MODES)
-        self.ext: ModuleType | None = None
-        self._kernel = cpu_linear.packed_linear
-        self.max_rows = 0
+        self.method: KernelLinear | None = None
+
+    @property
+    def max_rows(self) -> int:
+        """Products of up to this many rows go through `method`."""
+        return self.method.max_rows if self.method is not None else 0
 
     def quantize_(self, weight: quant.QuantizedTensor, mode: str) -> None:
         """Hold `weight` ([out, in], block-quantized) packed for our quantized kernel, in `mode`
@@ -76,43 +74,28 @@ class Linear(nn.Module):
             raise RuntimeError("quantized weights need the C++ CPU kernels, which cannot run here (no C++ compiler, or their build failed)")
         self.register_parameter("weight_t", None)
         self.register_buffer("qweight", quant.pack(weight))
-        self.packed, self.ext, self.max_rows = self.qweight, ext, sys.maxsize
-        self.quant_mode = quant.MODES[mode]
-        self._kernel = partial(cpu_linear.q_linear, mode=self.quant_mode)
-        self._pack_bias()
+        self.method = quantized_method(ext, self.qweight, self.out_features, self.bias, mode)
 
-    def _pack_bias(self) -> None:
-        if self.bias is not None:
-            padded = -(-self.bias.numel() // cpu_linear.PANEL) * cpu_linear.PANEL
-            self.packed_bias = F.pad(self.bias.detach().float(), (0, padded - self.bias.numel())).contiguous()
-
-    def use_packed(self, ext: ModuleType, bf16_path: str, chosen: CpuIsa) -> None:
+    def use_packed(self, ext: CpuKernels, bf16_path: str, chosen: CpuIsa) -> None:
         """Route products of up to `chosen.kernel_max_rows` rows through our kernel (bf16
         weights on GEMM path `bf16_path`); a quantized layer keeps its kernel."""
-        if self.qweight is not None:
-            self._pack_bias()  # the bias may have been loaded after quantize_
+        if self.method is not None:  # quantized: its kernel already
             return
         weight_t = self.weight_t.detach()
-        self.ext = ext
-        self.max_rows = chosen.kernel_max_rows(weight_t.dtype, bf16_path)
-        if weight_t.dtype == torch.bfloat16:
-            self.packed = cpu_linear.pack_vnni(weight_t)
-            self._kernel = partial(cpu_linear.bf16_linear, path=bf16_path)
-        else:
-            self.packed = cpu_linear.pack(weight_t)
-        self._pack_bias()
+        self.method = float_method(ext, weight_t, self.bias, bf16_path,
+                                   chosen.kernel_max_rows(weight_t.dtype, bf16_path))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None and x.shape[0] <= self.max_rows:
-            return self._kernel(self.ext, x, self.packed, self.out_features, None, self.packed_bias)
+        if self.method is not None and x.shape[0] <= self.method.max_rows:
+            return self.method.apply(x)
         if self.bias is None:
             return torch.mm(x, self.weight_t)
         return torch.addmm(self.bias, x, self.weight_t)
 
     def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """residual + linear(x) in one GEMM (the residual is the accumulator)."""
-        if self.packed is not None and x.shape[0] <= self.max_rows:
-            return self._kernel(self.ext, x, self.packed, self.out_features, residual, self.packed_bias)
+        if self.method is not None and x.shape[0] <= self.method.max_rows:
+            return self.method.apply(x, residual)
         out = torch.addmm(residual, x, self.weight_t)
         return out if self.bias is None else out.add_(self.bias)
 
@@ -126,14 +109,14 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim)) if has_weight else None
         self.shape = (dim,)
         self.eps = eps
-        self.ext: ModuleType | None = None  # the C++ kernels' fused row-wise norm, once use_kernel ran
+        self.ext: CpuKernels | None = None  # the C++ kernels' fused row-wise norm, once use_kernel ran
         self.weight_f32: torch.Tensor | None = None
 
     def set_weight(self, weight: torch.Tensor) -> None:
         """Give a weightless norm its weight (the layer after it is quantized and cannot absorb it)."""
         self.weight = nn.Parameter(weight.detach().clone().to(torch.float32))
 
-    def use_kernel(self, ext: ModuleType) -> None:
+    def use_kernel(self, ext: CpuKernels) -> None:
         self.ext = ext
         if self.weight is not None:
             self.weight_f32 = self.weight.detach().float().contiguous()
@@ -155,7 +138,7 @@ class QuantizedEmbedding(nn.Module):
         super().__init__()
         self.register_buffer("packed", packed)
         self.dtype_marker = nn.Parameter(torch.empty(0))
-        self.ext: ModuleType | None = None  # the C++ kernels, once use_cpu_kernels ran
+        self.ext: CpuKernels | None = None  # the C++ kernels, once use_cpu_kernels ran
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         flat = ids.reshape(-1)
@@ -182,7 +165,7 @@ class DecoderLayer(nn.Module):
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.has_qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.has_qk_norm else None
-        self.ext: ModuleType | None = None  # the C++ kernels' fused SiLU x up, once use_cpu_kernels ran
+        self.ext: CpuKernels | None = None  # the C++ kernels' fused SiLU x up, once use_cpu_kernels ran
         self.tp: TPGroup | None = None  # tensor parallel: o_proj and down_proj give partial sums
 
     def _output(self, linear: Linear, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
@@ -318,13 +301,14 @@ class LlamaForCausalLM(nn.Module):
         modes = set()
         for layer, k_buf, v_buf in zip(self.layers, k_buffers, v_buffers, strict=True):
             assert isinstance(layer, DecoderLayer)
+            qkv, o, gate_up, down = (lin.method for lin in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj,
+                                                            layer.down_proj))
+            assert qkv is not None and o is not None and gate_up is not None and down is not None
             stack.add_layer(
-                layer.qkv_proj.packed, layer.qkv_proj.packed_bias, layer.o_proj.packed, layer.o_proj.packed_bias,
-                layer.gate_up_proj.packed, layer.down_proj.packed, f32(layer.q_norm), f32(layer.k_norm),
-                k_buf, v_buf, f32(layer.input_layernorm), f32(layer.post_attention_layernorm),
+                qkv.packed, qkv.bias, o.packed, o.bias, gate_up.packed, down.packed, f32(layer.q_norm),
+                f32(layer.k_norm), k_buf, v_buf, f32(layer.input_layernorm), f32(layer.post_attention_layernorm),
             )
-            linears = (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)
-            modes |= {lin.quant_mode for lin in linears if lin.quant_mode is not None}
+            modes |= {m.quant_mode for m in (qkv, o, gate_up, down) if m.quant_mode is not None}
         stack.bf16_path = cpu_linear.BF16_PATHS.index(bf16_path)
         if self.tp is not None:
             stack.set_tensor_parallel(self.tp.native_shm)
@@ -348,3 +332,6 @@ class LlamaForCausalLM(nn.Module):
         from radixlm.runtime.model.models.weights import load_llama_weights
 
         load_llama_weights(self, state_dict, quantize_to, quant_mode)  # type: ignore[arg-type]
+        for module in self.modules():  # a quantized layer's bias is loaded after its blocks
+            if isinstance(module, Linear) and module.method is not None:
+                module.method = module.method.with_bias(module.bias)

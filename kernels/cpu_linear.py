@@ -13,6 +13,11 @@ with torch's C++ extension tooling (a C++ compiler, ninja from the `ninja` wheel
 flags and torch's version, under a file lock so concurrent processes build once. `load()` gives
 the module of the highest level the CPU runs (isa.py), or None (and says why, once) where none
 can: no compiler, a failed build; callers then keep torch's ops.
+
+The compute kernels (csrc/kernels/, all but shm_all_reduce: the tensor-parallel ranks' sum, which
+waits on Python's signals) are torch-free, raw pointers and sizes, so C++ drivers test them without
+torch (tests/kernels/csrc/, aarch64 under qemu); csrc/bindings/ is the torch layer (tensor checks,
+allocation) and the module's definitions.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ logger = logging.getLogger(__name__)
 PANEL = 64
 CSRC = Path(__file__).parent / "csrc"
 # every build compiles the bindings and the kernels; the hash of a build covers every source
-SOURCES = [CSRC / "bindings" / "torch_ops.cpp", *sorted((CSRC / "kernels").glob("*.cpp"))]
+SOURCES = [*sorted((CSRC / "bindings").glob("*.cpp")), *sorted((CSRC / "kernels").glob("*.cpp"))]
 HEADERS = sorted(CSRC.glob("**/*.h"))
 _state: dict[str, ModuleType | None] = {}  # build name -> its module (None: it cannot run here)
 _bf16_choice: dict[str, bool] = {}

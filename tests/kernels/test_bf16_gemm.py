@@ -4,7 +4,9 @@ level runs the emulation (with its own tile shape; the same packing and epilogue
 vector path) and checks it bit for bit against a scalar model of the instruction; the paths a
 level runs here are checked against it and against torch; the dispatch follows the CPU's flags
 and the level (the hardware paths only in the avx512 build). (Engine-level runs on each path:
-test_cpu_linear.py.)"""
+test_cpu_linear.py.) The torch-free driver (tests/kernels/csrc/test_bf16_gemm.cpp) checks each path
+a build runs against the same model of vdpbf16ps and float64, with the same bits on 1-3 threads,
+natively per x86 build and for aarch64 (the emulated path over NEON) under qemu."""
 
 from __future__ import annotations
 
@@ -13,6 +15,13 @@ from typing import Any
 
 import pytest
 import torch
+from test_vec_layer import (  # the C++ drivers' build and run
+    ARM_LEVELS,
+    NATIVE_BUILDS,
+    REPO,
+    _arm_case,
+    _native_case,
+)
 
 from radixlm.kernels import cpu_linear
 
@@ -151,3 +160,18 @@ def test_bf16_input_gives_bf16_output_and_residual_may_be_strided(ext: Any) -> N
     assert out.dtype == torch.bfloat16
     ref = x.float() @ w.bfloat16().float() + wide[:, :128]
     torch.testing.assert_close(out.float(), ref, atol=2 ** -7 * ref.abs().max().item(), rtol=0)
+
+
+# the driver links the GEMM alone, torch-free (kernels/parallel.h on OpenMP)
+DRIVER = ["-DRADIXLM_NO_TORCH", "-fopenmp", str(REPO / "kernels" / "csrc" / "kernels" / "bf16_gemm.cpp")]
+
+
+@pytest.mark.parametrize("level", NATIVE_BUILDS)
+def test_driver_native(level: str, tmp_path: Path) -> None:
+    _native_case(level, "test_bf16_gemm.cpp", rf"bf16_gemm {level}: \d+ checks passed", tmp_path, DRIVER)
+
+
+@pytest.mark.parametrize("test_id", ["generic", "neon"])
+def test_driver_aarch64(test_id: str, tmp_path: Path) -> None:
+    closing = rf"bf16_gemm {ARM_LEVELS[test_id][0]}: \d+ checks passed \(paths: emulated\)"
+    _arm_case(test_id, "test_bf16_gemm.cpp", closing, tmp_path, DRIVER)

@@ -2,7 +2,9 @@
 this CPU runs (each level has its own tile shape: kernels/csrc/kernels/packed_gemm.h), and
 bfloat16 models running through it and through DecodeStack against the float32 torch path. (The
 float32 runner with these kernels is checked against transformers in
-tests/runtime/test_model_runner.py.)"""
+tests/runtime/test_model_runner.py.) DecodeStack also runs without torch in a C++ driver
+(tests/kernels/csrc/test_decode_stack.cpp: a tiny model against float64, every weight format, both
+pools, tensor parallel over two threads), natively per x86 build and for aarch64 under qemu."""
 
 from __future__ import annotations
 
@@ -11,6 +13,13 @@ from typing import Any
 
 import pytest
 import torch
+from test_vec_layer import (  # the C++ drivers' build and run
+    ARM_LEVELS,
+    NATIVE_BUILDS,
+    REPO,
+    _arm_case,
+    _native_case,
+)
 
 from radixlm.kernels import cpu_linear
 
@@ -175,3 +184,22 @@ def test_decodes_sharing_a_long_prefix_take_the_cascade(ext: Any, runner_at_leve
         want = torch.stack([r[p] for r, p in zip(ref, pos)])
         assert (got - want).abs().max().item() <= 1e-4, step
     assert ext.num_cascade_calls() - before == 2 * cfg.num_layers  # each layer of each step
+
+
+# DecodeStack's driver links it with every kernel it calls, torch-free (kernels/parallel.h on OpenMP)
+STACK_DRIVER = ["-DRADIXLM_NO_TORCH", "-fopenmp",
+                *(str(REPO / "kernels" / "csrc" / "kernels" / name)
+                  for name in ("decode_stack.cpp", "paged_attention.cpp", "vnni_attention.cpp", "amx_attention.cpp",
+                               "bf16_gemm.cpp", "quant_gemm.cpp"))]
+
+
+@pytest.mark.parametrize("level", NATIVE_BUILDS)
+def test_decode_stack_driver_native(level: str, tmp_path: Path) -> None:
+    _native_case(level, "test_decode_stack.cpp", rf"decode_stack {level}: \d+ checks passed", tmp_path, STACK_DRIVER)
+
+
+@pytest.mark.parametrize("test_id", list(ARM_LEVELS))
+def test_decode_stack_driver_aarch64(test_id: str, tmp_path: Path) -> None:
+    """The neon builds' int8 modes run the dot variant qemu's `max` CPU has (dotprod in the second)."""
+    closing = rf"decode_stack {ARM_LEVELS[test_id][0]}: \d+ checks passed"
+    _arm_case(test_id, "test_decode_stack.cpp", closing, tmp_path, STACK_DRIVER)

@@ -6,8 +6,9 @@ float32 FMAs at every level, with vdpbf16ps where the level and CPU have AVX512-
 csrc/kernels/vnni_attention.cpp; AMX tiles where the CPU has them: csrc/kernels/amx_attention.cpp;
 the paths a level cannot run are skipped, with the reason); and the attention backend's choice
 of path (the kernel for batches; torch's SDPA for one long uncached prompt unless a long-extend
-path runs). The long-extend vector kernels also run without torch in a C++ driver
-(tests/kernels/csrc/test_attention.cpp), natively per x86 level and for aarch64 under qemu."""
+path runs). The paged kernel with its dispatch (tests/kernels/csrc/test_paged_attention.cpp) and the
+long-extend vector kernels (tests/kernels/csrc/test_attention.cpp) also run without torch in C++
+drivers, natively per x86 level and for aarch64 under qemu."""
 
 from __future__ import annotations
 
@@ -349,3 +350,23 @@ def test_long_extend_driver_native(level: str, tmp_path: Path) -> None:
 @pytest.mark.parametrize("test_id", ["generic", "neon"])
 def test_long_extend_driver_aarch64(test_id: str, tmp_path: Path) -> None:
     _arm_case(test_id, "test_attention.cpp", rf"attention {ARM_LEVELS[test_id][0]}: \d+ checks passed", tmp_path, DRIVER)
+
+
+# the paged kernel's driver links it with the long-extend kernels it hands requests to
+PAGED_DRIVER = ["-DRADIXLM_NO_TORCH", "-fopenmp",
+                *(str(REPO / "kernels" / "csrc" / "kernels" / name)
+                  for name in ("paged_attention.cpp", "vnni_attention.cpp", "amx_attention.cpp"))]
+
+
+@pytest.mark.parametrize("level", NATIVE_BUILDS)
+def test_paged_driver_native(level: str, tmp_path: Path) -> None:
+    """Decodes, extends and mixed batches, shared prefixes with and without the cascade, GQA 1/3/4,
+    head dims 64/128/80/256, float32 and bf16 q and pools, against float64; 1-3 threads the same bits."""
+    _native_case(level, "test_paged_attention.cpp", rf"paged_attention {level}: \d+ checks passed", tmp_path,
+                 PAGED_DRIVER)
+
+
+@pytest.mark.parametrize("test_id", ["generic", "neon"])
+def test_paged_driver_aarch64(test_id: str, tmp_path: Path) -> None:
+    closing = rf"paged_attention {ARM_LEVELS[test_id][0]}: \d+ checks passed"
+    _arm_case(test_id, "test_paged_attention.cpp", closing, tmp_path, PAGED_DRIVER)

@@ -1,14 +1,24 @@
 """The fused row-wise kernels of prefill-sized steps (kernels/csrc/kernels/rows.cpp), at every ISA
 level this CPU runs: RMSNorm and SiLU(gate) * up against torch, float32 and bfloat16, widths
-below, at and past whole vectors (partial-vector tails), strided rows."""
+below, at and past whole vectors (partial-vector tails), strided rows. The torch-free driver
+(tests/kernels/csrc/test_rows.cpp) checks the kernels against float64, with the same bits on 1-3
+threads, natively per x86 build and for aarch64 under qemu."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
+from test_vec_layer import (  # the C++ drivers' build and run
+    ARM_LEVELS,
+    NATIVE_BUILDS,
+    REPO,
+    _arm_case,
+    _native_case,
+)
 
 
 def _bf16_close(out: torch.Tensor, exact: torch.Tensor) -> None:
@@ -57,3 +67,17 @@ def test_bad_shapes_are_refused(ext: Any) -> None:
         ext.rms_norm(torch.randn(2, 8).half(), None, 1e-5)
     with pytest.raises(RuntimeError, match="weight must be contiguous float32"):
         ext.rms_norm(torch.randn(2, 8), torch.ones(9), 1e-5)
+
+
+# the driver links the row kernels alone, torch-free (kernels/parallel.h on OpenMP)
+DRIVER = ["-DRADIXLM_NO_TORCH", "-fopenmp", str(REPO / "kernels" / "csrc" / "kernels" / "rows.cpp")]
+
+
+@pytest.mark.parametrize("level", NATIVE_BUILDS)
+def test_driver_native(level: str, tmp_path: Path) -> None:
+    _native_case(level, "test_rows.cpp", rf"rows {level}: \d+ checks passed", tmp_path, DRIVER)
+
+
+@pytest.mark.parametrize("test_id", ["generic", "neon"])
+def test_driver_aarch64(test_id: str, tmp_path: Path) -> None:
+    _arm_case(test_id, "test_rows.cpp", rf"rows {ARM_LEVELS[test_id][0]}: \d+ checks passed", tmp_path, DRIVER)

@@ -1,23 +1,20 @@
 // The Python entry points of the extension: packed_linear (one linear layer through the packed
 // GEMM of packed_gemm.h), bf16_linear (through the VNNI-panel GEMM of bf16_gemm.h), the CPU's
-// bf16 features, q_linear and q_columns (block-quantized weights, quant_gemm.h), and DecodeStack
-// (decode_stack.h: every decoder layer of a decode step).
+// bf16 features, q_linear and q_columns (block-quantized weights, quant_gemm.h), and the torch
+// layers of torch_layers.h: paged attention, the row-wise ops, and DecodeStack (every decoder
+// layer of a decode step).
 #include <torch/extension.h>
 
 #include <string>
 
+#include "bindings/torch_layers.h"
 #include "dispatch/cpu_features.h"
 #include "kernels/amx_attention.h"
 #include "kernels/bf16_gemm.h"
-#include "kernels/decode_stack.h"
 #include "kernels/packed_gemm.h"
+#include "kernels/paged_attention.h"
 #include "kernels/quant_gemm.h"
 #include "simd/vec.h"
-
-namespace radixlm {
-torch::Tensor rms_norm(const torch::Tensor& x, const c10::optional<torch::Tensor>& weight, double eps);
-torch::Tensor silu_mul(const torch::Tensor& gu);
-}  // namespace radixlm
 
 namespace {
 
@@ -147,9 +144,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "the features the kernels use, the build, the ISA level, and the bf16 GEMM paths (0 emulated, 1 AVX512-BF16, 2 AMX)");
   m.def("set_cpu_features", &set_cpu_features, "the features the kernels may use (bits of dispatch/cpu_features.h) and the level's name",
         pybind11::arg("bits"), pybind11::arg("level"));
-  m.def("rms_norm", &radixlm::rms_norm, "x / sqrt(mean(x^2) + eps) (* weight) per row, float32 arithmetic, x's dtype");
-  m.def("silu_mul", &radixlm::silu_mul, "silu(gate) * up of [T, 2n] gate|up rows, float32 arithmetic, one rounding");
-  m.def("paged_attention", &radixlm::paged_attention,
+  m.def("rms_norm", &radixlm::bindings::rms_norm, "x / sqrt(mean(x^2) + eps) (* weight) per row, float32 arithmetic, x's dtype");
+  m.def("silu_mul", &radixlm::bindings::silu_mul, "silu(gate) * up of [T, 2n] gate|up rows, float32 arithmetic, one rounding");
+  m.def("paged_attention", &radixlm::bindings::paged_attention,
         "causal attention of new tokens over their requests' context, read in place from the KV pool",
         pybind11::arg("q"), pybind11::arg("k_buf"), pybind11::arg("v_buf"), pybind11::arg("req_to_token"),
         pybind11::arg("rows"), pybind11::arg("seq_lens"), pybind11::arg("extend_lens"), pybind11::arg("extend_start"),
@@ -164,13 +161,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "whether the vector long-extend kernel runs in float32 FMAs here (else vdpbf16ps): timed once, unless set");
   m.def("set_long_extend_math", &radixlm::set_long_extend_math,
         "the vector long-extend kernel's math: 0 vdpbf16ps, 1 float32 FMAs, -1 decide again by timing");
-  pybind11::class_<radixlm::DecodeStack>(m, "DecodeStack", pybind11::module_local())
+  pybind11::class_<radixlm::bindings::DecodeStack>(m, "DecodeStack", pybind11::module_local())
       .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double>())
-      .def("add_layer", &radixlm::DecodeStack::add_layer)
-      .def("forward", &radixlm::DecodeStack::forward)
-      .def_property("bf16_path", &radixlm::DecodeStack::get_bf16_path, &radixlm::DecodeStack::set_bf16_path)
-      .def_property("quant_mode", &radixlm::DecodeStack::get_quant_mode, &radixlm::DecodeStack::set_quant_mode)
-      .def("set_tensor_parallel", &radixlm::DecodeStack::set_tensor_parallel);
+      .def("add_layer", &radixlm::bindings::DecodeStack::add_layer)
+      .def("forward", &radixlm::bindings::DecodeStack::forward)
+      .def_property("bf16_path", &radixlm::bindings::DecodeStack::get_bf16_path, &radixlm::bindings::DecodeStack::set_bf16_path)
+      .def_property("quant_mode", &radixlm::bindings::DecodeStack::get_quant_mode, &radixlm::bindings::DecodeStack::set_quant_mode)
+      .def("set_tensor_parallel", &radixlm::bindings::DecodeStack::set_tensor_parallel);
   pybind11::class_<radixlm::ShmAllReduce, std::shared_ptr<radixlm::ShmAllReduce>>(m, "ShmAllReduce", pybind11::module_local())
       .def(pybind11::init<torch::Tensor, int64_t, int64_t, int64_t, std::vector<int64_t>>())
       .def("all_reduce", [](const radixlm::ShmAllReduce& self, torch::Tensor t) {

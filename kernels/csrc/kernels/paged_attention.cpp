@@ -18,7 +18,9 @@
 // Over a bf16 pool, requests with 16+ new tokens go to the AMX or vector extend kernels
 // (amx_attention.h) where the caller allows them; with the vector kernel, a batch sharing a long
 // prefix (kCascadeMinShared) goes whole to the cascade kernel instead.
-#include <torch/extension.h>
+//
+// Torch-free (paged_attention.h); the torch entry point is bindings/torch_attention.cpp.
+#include "kernels/paged_attention.h"
 
 #include <algorithm>
 #include <atomic>
@@ -30,7 +32,7 @@
 #include <vector>
 
 #include "kernels/amx_attention.h"
-#include "kernels/decode_stack.h"
+#include "kernels/check.h"
 #include "kernels/parallel.h"
 #include "simd/math.h"
 
@@ -66,8 +68,6 @@ constexpr int value_pass(int nv, int cap) {
   }
   return 1;
 }
-
-bool is_supported_head_dim(int64_t d) { return d == 16 || d == 32 || d == 64 || d == 80 || d == 96 || d == 128 || d == 256; }
 
 struct Unit {
   int64_t b, first;  // request, first new token (of the request's) in this unit
@@ -243,163 +243,180 @@ void attend_unit(const float* q, int64_t Hq, int64_t Hkv, const T* k_buf, const 
 }
 
 template <int NV>
-void run_units(const std::vector<Unit>& units, const float* q, float* out, int64_t Hq, int64_t Hkv,
-               const torch::Tensor& k_buf, const torch::Tensor& v_buf, const int32_t* r2t, int64_t context,
-               const int64_t* row, const int64_t* seq, const int64_t* ext, const int64_t* start, float scale) {
-  const bool bf16 = k_buf.scalar_type() == at::kBFloat16;
-  const int64_t n = static_cast<int64_t>(units.size());
+void run_units(const std::vector<Unit>& units, const float* q, float* out, int64_t Hq, const KvBuffers& kv,
+               const AttentionBatch& batch, float scale) {
+  const bool bf16 = kv.dtype == DType::kBFloat16;
+  const int64_t Hkv = kv.num_kv_heads, n = static_cast<int64_t>(units.size());
   // Units are interleaved from both ends (0, n-1, 1, n-2, ...) so that the contiguous ranges
   // parallel_for hands each thread mix cheap early tokens with expensive late ones (causal).
   parallel_for(0, n, 1, [&](int64_t lo, int64_t hi) {
     std::vector<float> scratch;
     for (int64_t i = lo; i < hi; ++i) {
       const Unit& u = units[i % 2 == 0 ? i / 2 : n - 1 - i / 2];
-      const int64_t prefix = seq[u.b] - ext[u.b] + u.first;
-      const int64_t count = std::min(kTokens, ext[u.b] - u.first);
-      const int32_t* slots = r2t + row[u.b] * context;
+      const int64_t ext = batch.extend_lens[u.b];
+      const int64_t prefix = batch.seq_lens[u.b] - ext + u.first;
+      const int64_t count = std::min(kTokens, ext - u.first), q_row0 = batch.extend_start[u.b] + u.first;
+      const int32_t* slots = batch.req_to_token + batch.rows[u.b] * batch.context;
       if (bf16) {
-        attend_unit<NV>(q, Hq, Hkv, static_cast<const uint16_t*>(k_buf.data_ptr()),
-                        static_cast<const uint16_t*>(v_buf.data_ptr()), slots, prefix, count, start[u.b] + u.first,
-                        scale, out, scratch);
+        attend_unit<NV>(q, Hq, Hkv, static_cast<const uint16_t*>(kv.k), static_cast<const uint16_t*>(kv.v), slots,
+                        prefix, count, q_row0, scale, out, scratch);
       } else {
-        attend_unit<NV>(q, Hq, Hkv, k_buf.data_ptr<float>(), v_buf.data_ptr<float>(), slots, prefix, count,
-                        start[u.b] + u.first, scale, out, scratch);
+        attend_unit<NV>(q, Hq, Hkv, static_cast<const float*>(kv.k), static_cast<const float*>(kv.v), slots, prefix,
+                        count, q_row0, scale, out, scratch);
       }
     }
   });
 }
 
+void run_units(const std::vector<Unit>& units, const float* q, float* out, int64_t Hq, const KvBuffers& kv,
+               const AttentionBatch& batch, float scale) {
+  switch (kv.head_dim / 16) {
+    case 1: return run_units<1>(units, q, out, Hq, kv, batch, scale);
+    case 2: return run_units<2>(units, q, out, Hq, kv, batch, scale);
+    case 4: return run_units<4>(units, q, out, Hq, kv, batch, scale);
+    case 5: return run_units<5>(units, q, out, Hq, kv, batch, scale);
+    case 6: return run_units<6>(units, q, out, Hq, kv, batch, scale);
+    case 8: return run_units<8>(units, q, out, Hq, kv, batch, scale);
+    case 16: return run_units<16>(units, q, out, Hq, kv, batch, scale);
+    default: fail("head_dim ", kv.head_dim, " is not supported (16, 32, 64, 80, 96, 128 or 256)");
+  }
+}
+
+void check_batch(int64_t num_tokens, int64_t Hq, const KvBuffers& kv, const AttentionBatch& batch) {
+  RADIXLM_CHECK(kv.num_kv_heads > 0 && Hq % kv.num_kv_heads == 0, "head shapes of q and the pool disagree");
+  RADIXLM_CHECK(is_supported_head_dim(kv.head_dim), "head_dim ", kv.head_dim,
+                " is not supported (16, 32, 64, 80, 96, 128 or 256)");
+  const int64_t *row = batch.rows, *seq = batch.seq_lens, *ext = batch.extend_lens, *start = batch.extend_start;
+  for (int64_t b = 0; b < batch.size; ++b) {
+    RADIXLM_CHECK(row[b] >= 0 && row[b] < batch.num_rows && seq[b] >= 1 && seq[b] <= batch.context && ext[b] >= 1 &&
+                      ext[b] <= seq[b] && start[b] >= 0 && start[b] + ext[b] <= num_tokens,
+                  "request ", b, ": row, lengths or start out of range");
+    const int32_t* slots = batch.req_to_token + row[b] * batch.context;
+    for (int64_t p = 0; p < seq[b]; ++p) {
+      RADIXLM_CHECK(slots[p] >= 0 && slots[p] < kv.num_slots, "request ", b, ": a KV slot is out of range");
+    }
+  }
+}
+
+// The slots every request of the batch shares at the start of its context (cached positions
+// only), where the cascade pays for them; else 0.
+int64_t cascade_shared_len(const AttentionBatch& batch) {
+  const int64_t B = batch.size, *seq = batch.seq_lens, *ext = batch.extend_lens;
+  if (B < 2) return 0;
+  int64_t shared = std::numeric_limits<int64_t>::max();
+  for (int64_t b = 0; b < B; ++b) shared = std::min(shared, seq[b] - ext[b]);
+  const int32_t* first = batch.req_to_token + batch.rows[0] * batch.context;
+  for (int64_t b = 1; b < B && shared >= kCascadeMinShared; ++b) {
+    const int32_t* slots = batch.req_to_token + batch.rows[b] * batch.context;
+    int64_t p = 0;
+    while (p < shared && slots[p] == first[p]) ++p;
+    shared = p;
+  }
+  int64_t own_keys = 0;  // keys past the shared ones, over all requests
+  for (int64_t b = 0; b < B; ++b) own_keys += seq[b] - shared;
+  // the second pass costs more per key than the vector kernel (3 of 16 lanes for a decode), so
+  // the cascade pays where the shared keys dominate (measured on Zen 5: 32 decodes sharing 976
+  // of ~1,000 keys 0.37 ms against 0.95, sharing 80 of 200 0.38 against 0.20)
+  return shared >= kCascadeMinShared && shared * B >= 4 * own_keys ? shared : 0;
+}
+
+std::vector<ExtendRequest> extend_requests(const AttentionBatch& batch, bool long_only) {
+  std::vector<ExtendRequest> all;
+  for (int64_t b = 0; b < batch.size; ++b) {
+    if (long_only && batch.extend_lens[b] < kAmxMinTokens) continue;
+    all.push_back(ExtendRequest{batch.req_to_token + batch.rows[b] * batch.context, batch.seq_lens[b],
+                                batch.extend_lens[b], batch.extend_start[b]});
+  }
+  return all;
+}
+
+// The whole batch through the cascade kernel over its `shared` first slots (T: q's element, P:
+// the pool's).
+template <typename T, typename P>
+void cascade(const std::vector<ExtendRequest>& all, int64_t shared, const void* q, void* out, int64_t Hq,
+             const KvBuffers& kv, float scale) {
+  vnni_cascade_attention<T, P>(all, shared, static_cast<const T*>(q), static_cast<T*>(out), Hq, kv.num_kv_heads,
+                               kv.head_dim, static_cast<const P*>(kv.k), static_cast<const P*>(kv.v), scale);
+}
+
+// Requests with kAmxMinTokens+ new tokens on AMX tiles (use_amx) or the long-extend vector kernel.
+void long_extends(const std::vector<ExtendRequest>& requests, bool use_amx, const void* q, void* out, DType q_dtype,
+                  int64_t Hq, const KvBuffers& kv, float scale) {
+  const int64_t Hkv = kv.num_kv_heads, D = kv.head_dim;
+  if (kv.dtype == DType::kFloat32) {
+    vnni_extend_attention<float, float>(requests, static_cast<const float*>(q), static_cast<float*>(out), Hq, Hkv, D,
+                                        static_cast<const float*>(kv.k), static_cast<const float*>(kv.v), scale);
+    return;
+  }
+  const auto* kp = static_cast<const uint16_t*>(kv.k);
+  const auto* vp = static_cast<const uint16_t*>(kv.v);
+  if (q_dtype == DType::kFloat32) {
+    (use_amx ? amx_extend_attention<float> : vnni_extend_attention<float, uint16_t>)(
+        requests, static_cast<const float*>(q), static_cast<float*>(out), Hq, Hkv, D, kp, vp, scale);
+  } else {
+    (use_amx ? amx_extend_attention<uint16_t> : vnni_extend_attention<uint16_t, uint16_t>)(
+        requests, static_cast<const uint16_t*>(q), static_cast<uint16_t*>(out), Hq, Hkv, D, kp, vp, scale);
+  }
+}
+
+// The vector kernel over `units` in float32: a bf16 q is widened, and its requests' rows narrowed
+// back after (those of requests another kernel took are left as it wrote them).
+void vector_units(const std::vector<Unit>& units, const void* q, void* out, DType q_dtype, int64_t num_tokens,
+                  int64_t Hq, const KvBuffers& kv, const AttentionBatch& batch, float scale, bool long_kernel) {
+  if (q_dtype == DType::kFloat32) {
+    run_units(units, static_cast<const float*>(q), static_cast<float*>(out), Hq, kv, batch, scale);
+    return;
+  }
+  const int64_t width = Hq * kv.head_dim;
+  std::vector<float> qf(num_tokens * width), outf(num_tokens * width);
+  parallel_for(0, num_tokens, 64, [&](int64_t first, int64_t last) {
+    to_float(static_cast<const uint16_t*>(q) + first * width, (last - first) * width, qf.data() + first * width);
+  });
+  run_units(units, qf.data(), outf.data(), Hq, kv, batch, scale);
+  for (int64_t b = 0; b < batch.size; ++b) {
+    const int64_t ext = batch.extend_lens[b], start = batch.extend_start[b];
+    if (long_kernel && ext >= kAmxMinTokens) continue;
+    from_float(outf.data() + start * width, ext * width, static_cast<uint16_t*>(out) + start * width);
+  }
+}
+
 }  // namespace
+
+bool is_supported_head_dim(int64_t d) { return d == 16 || d == 32 || d == 64 || d == 80 || d == 96 || d == 128 || d == 256; }
 
 int64_t num_cascade_calls() { return num_cascade_calls_.load(std::memory_order_relaxed); }
 
-torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& k_buf, const torch::Tensor& v_buf,
-                              const torch::Tensor& req_to_token, const torch::Tensor& rows, const torch::Tensor& seq_lens,
-                              const torch::Tensor& extend_lens, const torch::Tensor& extend_start, double scale,
-                              bool amx, bool vnni) {
-  TORCH_CHECK(q.dim() == 3 && (q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16) && q.is_contiguous(),
-              "q must be contiguous float32 or bfloat16 [T, Hq, D]");
-  TORCH_CHECK(k_buf.dim() == 3 && k_buf.is_contiguous() && v_buf.sizes() == k_buf.sizes() && v_buf.is_contiguous() &&
-                  v_buf.scalar_type() == k_buf.scalar_type() &&
-                  (k_buf.scalar_type() == at::kFloat || k_buf.scalar_type() == at::kBFloat16),
-              "k_buf / v_buf must be contiguous float32 or bfloat16 [slots, Hkv, D]");
-  const int64_t T = q.size(0), Hq = q.size(1), D = q.size(2), Hkv = k_buf.size(1), num_slots = k_buf.size(0);
-  TORCH_CHECK(k_buf.size(2) == D && Hkv > 0 && Hq % Hkv == 0, "head shapes of q and the pool disagree");
-  TORCH_CHECK(is_supported_head_dim(D), "head_dim ", D, " is not supported (16, 32, 64, 80, 96, 128 or 256)");
-  TORCH_CHECK(req_to_token.scalar_type() == at::kInt && req_to_token.dim() == 2 && req_to_token.is_contiguous(),
-              "req_to_token must be contiguous int32 [rows, context]");
-  const int64_t B = rows.numel(), context = req_to_token.size(1);
-  for (const auto* t : {&rows, &seq_lens, &extend_lens, &extend_start}) {
-    TORCH_CHECK(t->scalar_type() == at::kLong && t->numel() == B && t->is_contiguous(), "rows / lengths must be int64 [B]");
-  }
-  const int64_t *row = rows.data_ptr<int64_t>(), *seq = seq_lens.data_ptr<int64_t>();
-  const int64_t *ext = extend_lens.data_ptr<int64_t>(), *start = extend_start.data_ptr<int64_t>();
-  const int32_t* r2t = req_to_token.data_ptr<int32_t>();
+void paged_attention(const void* q, void* out, DType q_dtype, int64_t num_tokens, int64_t num_heads,
+                     const KvBuffers& kv, const AttentionBatch& batch, float scale, bool amx, bool vnni) {
+  check_batch(num_tokens, num_heads, kv, batch);
+  const int64_t D = kv.head_dim;
   // long extends: over a bf16 pool AMX tiles if the caller asks and the CPU runs them, else the
   // vector kernel if the caller asks (vdpbf16ps or float32 FMAs, long_extend_uses_fma); over a
   // float32 pool (and float32 q) the vector kernel in FMAs if the caller asks
-  const bool bf16_pool = k_buf.scalar_type() == at::kBFloat16;
+  const bool bf16_pool = kv.dtype == DType::kBFloat16, float_q = q_dtype == DType::kFloat32;
   const bool use_amx = amx && bf16_pool && amx_attention_supported(D);
-  const bool use_vnni = vnni && !use_amx && vnni_attention_supported(D) && (bf16_pool || q.scalar_type() == at::kFloat);
+  const bool use_vnni = vnni && !use_amx && vnni_attention_supported(D) && (bf16_pool || float_q);
   const bool long_kernel = use_amx || use_vnni;
-  for (int64_t b = 0; b < B; ++b) {
-    TORCH_CHECK(row[b] >= 0 && row[b] < req_to_token.size(0) && seq[b] >= 1 && seq[b] <= context && ext[b] >= 1 &&
-                    ext[b] <= seq[b] && start[b] >= 0 && start[b] + ext[b] <= T,
-                "request ", b, ": row, lengths or start out of range");
-    const int32_t* slots = r2t + row[b] * context;
-    for (int64_t p = 0; p < seq[b]; ++p) {
-      TORCH_CHECK(slots[p] >= 0 && slots[p] < num_slots, "request ", b, ": a KV slot is out of range");
-    }
-  }
-  if (use_vnni && B >= 2) {
-    // the slots every request shares at the start of its context (cached positions only)
-    int64_t shared = std::numeric_limits<int64_t>::max();
-    for (int64_t b = 0; b < B; ++b) shared = std::min(shared, seq[b] - ext[b]);
-    const int32_t* first = r2t + row[0] * context;
-    for (int64_t b = 1; b < B && shared >= kCascadeMinShared; ++b) {
-      const int32_t* slots = r2t + row[b] * context;
-      int64_t p = 0;
-      while (p < shared && slots[p] == first[p]) ++p;
-      shared = p;
-    }
-    int64_t own_keys = 0;  // keys past the shared ones, over all requests
-    for (int64_t b = 0; b < B; ++b) own_keys += seq[b] - shared;
-    // the second pass costs more per key than the vector kernel (3 of 16 lanes for a decode), so
-    // the cascade pays where the shared keys dominate (measured on Zen 5: 32 decodes sharing 976
-    // of ~1,000 keys 0.37 ms against 0.95, sharing 80 of 200 0.38 against 0.20)
-    if (shared >= kCascadeMinShared && shared * B >= 4 * own_keys) {
+  if (use_vnni) {
+    if (const int64_t shared = cascade_shared_len(batch); shared > 0) {
       num_cascade_calls_.fetch_add(1, std::memory_order_relaxed);
-      std::vector<ExtendRequest> all;
-      for (int64_t b = 0; b < B; ++b) all.push_back(ExtendRequest{r2t + row[b] * context, seq[b], ext[b], start[b]});
-      auto out = torch::empty_like(q);
-      const float sc = static_cast<float>(scale);
-      if (!bf16_pool) {
-        vnni_cascade_attention<float, float>(all, shared, q.data_ptr<float>(), out.data_ptr<float>(), Hq, Hkv, D,
-                                             k_buf.data_ptr<float>(), v_buf.data_ptr<float>(), sc);
-        return out;
-      }
-      const auto* kp = static_cast<const uint16_t*>(k_buf.data_ptr());
-      const auto* vp = static_cast<const uint16_t*>(v_buf.data_ptr());
-      if (q.scalar_type() == at::kFloat) {
-        vnni_cascade_attention<float, uint16_t>(all, shared, q.data_ptr<float>(), out.data_ptr<float>(), Hq, Hkv, D, kp,
-                                                vp, sc);
-      } else {
-        vnni_cascade_attention<uint16_t, uint16_t>(all, shared, static_cast<const uint16_t*>(q.data_ptr()),
-                                                   static_cast<uint16_t*>(out.data_ptr()), Hq, Hkv, D, kp, vp, sc);
-      }
-      return out;
+      const std::vector<ExtendRequest> all = extend_requests(batch, false);
+      if (!bf16_pool) return cascade<float, float>(all, shared, q, out, num_heads, kv, scale);
+      if (float_q) return cascade<float, uint16_t>(all, shared, q, out, num_heads, kv, scale);
+      return cascade<uint16_t, uint16_t>(all, shared, q, out, num_heads, kv, scale);
     }
   }
   std::vector<Unit> units;
-  std::vector<ExtendRequest> amx_requests;
-  for (int64_t b = 0; b < B; ++b) {
-    const int32_t* slots = r2t + row[b] * context;
-    if (long_kernel && ext[b] >= kAmxMinTokens) {
-      amx_requests.push_back(ExtendRequest{slots, seq[b], ext[b], start[b]});
-      continue;
-    }
-    for (int64_t first = 0; first < ext[b]; first += kTokens) units.push_back(Unit{b, first});
+  for (int64_t b = 0; b < batch.size; ++b) {
+    const int64_t ext = batch.extend_lens[b];
+    if (long_kernel && ext >= kAmxMinTokens) continue;
+    for (int64_t first = 0; first < ext; first += kTokens) units.push_back(Unit{b, first});
   }
-  auto out = torch::empty_like(q);  // in q's dtype
-  const float sc = static_cast<float>(scale);
-  if (!amx_requests.empty() && !bf16_pool) {
-    vnni_extend_attention<float, float>(amx_requests, q.data_ptr<float>(), out.data_ptr<float>(), Hq, Hkv, D,
-                                        k_buf.data_ptr<float>(), v_buf.data_ptr<float>(), sc);
-  } else if (!amx_requests.empty()) {
-    const auto* kp = static_cast<const uint16_t*>(k_buf.data_ptr());
-    const auto* vp = static_cast<const uint16_t*>(v_buf.data_ptr());
-    if (q.scalar_type() == at::kFloat) {
-      (use_amx ? amx_extend_attention<float> : vnni_extend_attention<float, uint16_t>)(
-          amx_requests, q.data_ptr<float>(), out.data_ptr<float>(), Hq, Hkv, D, kp, vp, sc);
-    } else {
-      (use_amx ? amx_extend_attention<uint16_t> : vnni_extend_attention<uint16_t, uint16_t>)(
-          amx_requests, static_cast<const uint16_t*>(q.data_ptr()), static_cast<uint16_t*>(out.data_ptr()), Hq, Hkv, D,
-          kp, vp, sc);
-    }
+  if (long_kernel) {
+    const std::vector<ExtendRequest> requests = extend_requests(batch, true);
+    if (!requests.empty()) long_extends(requests, use_amx, q, out, q_dtype, num_heads, kv, scale);
   }
-  if (units.empty()) return out;
-  // the vector kernel works in float32: a bf16 q is widened, and its rows narrowed back after
-  const bool narrow = q.scalar_type() == at::kBFloat16;
-  const torch::Tensor qf = narrow ? q.to(at::kFloat) : q;
-  torch::Tensor outf = narrow ? torch::empty_like(qf) : out;
-  const float* qp = qf.data_ptr<float>();
-  float* op = outf.data_ptr<float>();
-  switch (D / 16) {
-    case 1: run_units<1>(units, qp, op, Hq, Hkv, k_buf, v_buf, r2t, context, row, seq, ext, start, sc); break;
-    case 2: run_units<2>(units, qp, op, Hq, Hkv, k_buf, v_buf, r2t, context, row, seq, ext, start, sc); break;
-    case 4: run_units<4>(units, qp, op, Hq, Hkv, k_buf, v_buf, r2t, context, row, seq, ext, start, sc); break;
-    case 5: run_units<5>(units, qp, op, Hq, Hkv, k_buf, v_buf, r2t, context, row, seq, ext, start, sc); break;
-    case 6: run_units<6>(units, qp, op, Hq, Hkv, k_buf, v_buf, r2t, context, row, seq, ext, start, sc); break;
-    case 8: run_units<8>(units, qp, op, Hq, Hkv, k_buf, v_buf, r2t, context, row, seq, ext, start, sc); break;
-    case 16: run_units<16>(units, qp, op, Hq, Hkv, k_buf, v_buf, r2t, context, row, seq, ext, start, sc); break;
-    default: TORCH_CHECK(false, "head_dim ", D, " is not supported (16, 32, 64, 80, 96, 128 or 256)");
-  }
-  if (narrow) {
-    for (int64_t b = 0; b < B; ++b) {
-      if (!(long_kernel && ext[b] >= kAmxMinTokens)) out.narrow(0, start[b], ext[b]).copy_(outf.narrow(0, start[b], ext[b]));
-    }
-  }
-  return out;
+  if (!units.empty()) vector_units(units, q, out, q_dtype, num_tokens, num_heads, kv, batch, scale, long_kernel);
 }
 
 }  // namespace radixlm

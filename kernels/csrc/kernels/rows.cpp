@@ -3,7 +3,9 @@
 // rounding at the end). torch's bf16 versions take several passes with a float32 copy in between
 // (rms_norm: upcast, pow, mean, rsqrt, mul, downcast; silu then mul: two roundings); at prefill
 // sizes (2,000 x 576) they were ~25% and ~13% of a bf16 prefill.
-#include <torch/extension.h>
+//
+// Torch-free (rows.h); the torch entry points are bindings/torch_rows.cpp.
+#include "kernels/rows.h"
 
 #include <cmath>
 #include <cstdint>
@@ -56,6 +58,8 @@ inline float sum_of_squares(const T* x, int64_t n) {
   return vreduce_add(acc);
 }
 
+}  // namespace
+
 template <typename T>
 void rms_norm_rows(const T* x, int64_t rows, int64_t n, int64_t ld_x, const float* weight, float eps, T* y) {
   parallel_for(0, rows, 16, [&](int64_t first, int64_t last) {
@@ -84,45 +88,9 @@ void silu_mul_rows(const T* gu, int64_t rows, int64_t n, int64_t ld_gu, T* y) {
   });
 }
 
-void check_rows(const torch::Tensor& t, const char* name) {
-  TORCH_CHECK(t.dim() == 2 && t.stride(1) == 1 && (t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16),
-              name, " must be float32 or bfloat16 [rows, width] with unit column stride");
-}
-
-}  // namespace
-
-// x [T, n] (rows may be strided) -> x / sqrt(mean(x^2) + eps) (* weight), contiguous, x's dtype.
-torch::Tensor rms_norm(const torch::Tensor& x, const c10::optional<torch::Tensor>& weight, double eps) {
-  check_rows(x, "x");
-  const int64_t rows = x.size(0), n = x.size(1);
-  const float* w = nullptr;
-  if (weight.has_value() && weight->defined()) {
-    TORCH_CHECK(weight->scalar_type() == at::kFloat && weight->is_contiguous() && weight->numel() == n,
-                "weight must be contiguous float32 [", n, "]");
-    w = weight->data_ptr<float>();
-  }
-  auto y = torch::empty({rows, n}, x.options());
-  if (x.scalar_type() == at::kFloat) {
-    rms_norm_rows(x.data_ptr<float>(), rows, n, x.stride(0), w, static_cast<float>(eps), y.data_ptr<float>());
-  } else {
-    rms_norm_rows(static_cast<const uint16_t*>(x.data_ptr()), rows, n, x.stride(0), w, static_cast<float>(eps),
-                  static_cast<uint16_t*>(y.data_ptr()));
-  }
-  return y;
-}
-
-// gu [T, 2n] (gate columns, then up; rows may be strided) -> silu(gate) * up [T, n], gu's dtype.
-torch::Tensor silu_mul(const torch::Tensor& gu) {
-  check_rows(gu, "gate_up");
-  TORCH_CHECK(gu.size(1) % 2 == 0, "gate_up must have an even width");
-  const int64_t rows = gu.size(0), n = gu.size(1) / 2;
-  auto y = torch::empty({rows, n}, gu.options());
-  if (gu.scalar_type() == at::kFloat) {
-    silu_mul_rows(gu.data_ptr<float>(), rows, n, gu.stride(0), y.data_ptr<float>());
-  } else {
-    silu_mul_rows(static_cast<const uint16_t*>(gu.data_ptr()), rows, n, gu.stride(0), static_cast<uint16_t*>(y.data_ptr()));
-  }
-  return y;
-}
+template void rms_norm_rows<float>(const float*, int64_t, int64_t, int64_t, const float*, float, float*);
+template void rms_norm_rows<uint16_t>(const uint16_t*, int64_t, int64_t, int64_t, const float*, float, uint16_t*);
+template void silu_mul_rows<float>(const float*, int64_t, int64_t, int64_t, float*);
+template void silu_mul_rows<uint16_t>(const uint16_t*, int64_t, int64_t, int64_t, uint16_t*);
 
 }  // namespace radixlm

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "dispatch/cpu_features.h"
+#include "driver_util.h"
 #include "kernels/amx_attention.h"
 #include "kernels/online_softmax.h"
 #include "simd/math.h"
@@ -36,25 +37,8 @@ namespace {
 
 using radixlm::ExtendRequest;
 
-long g_checks = 0, g_failures = 0;
-
-struct Rng {  // splitmix64: the same inputs on every run
-  uint64_t s;
-  uint64_t next() {
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  float uniform() { return static_cast<float>(static_cast<double>(next() >> 11) * 0x1p-52 - 1.0); }  // [-1, 1)
-  float bf16_exact(float scale) { return radixlm::bf16_to_float(radixlm::float_to_bf16(uniform() * scale)); }
-};
-
-void check(bool ok, const std::string& what) {
-  ++g_checks;
-  if (ok) return;
-  if (++g_failures <= 10) std::printf("MISMATCH %s\n", what.c_str());
-}
+using driver::check;
+using driver::Rng;
 
 // A batch over a pool: each request's slots scattered (a permutation of the pool), the first
 // `shared` of every request the same slots (a cascade's shared prefix; 0: none).
@@ -245,10 +229,5 @@ int main() {
   }
   std::string names;
   for (const int math : maths) names += math == 1 ? (names.empty() ? "fma" : " fma") : (names.empty() ? "vdpbf16ps" : " vdpbf16ps");
-  if (g_failures > 0) {
-    std::printf("attention %s: %ld of %ld checks failed\n", RADIXLM_SIMD_NAME, g_failures, g_checks);
-    return 1;
-  }
-  std::printf("attention %s: %ld checks passed (maths: %s)\n", RADIXLM_SIMD_NAME, g_checks, names.c_str());
-  return 0;
+  return driver::finish("attention", " (maths: " + names + ")");
 }

@@ -16,22 +16,14 @@
 #include <cstring>
 #include <vector>
 
+#include "driver_util.h"
 #include "kernels/packed_gemm.h"
 
 namespace {
 
-long g_checks = 0, g_failures = 0;
-
-struct Rng {  // splitmix64: the same inputs on every run
-  uint64_t s;
-  uint64_t next() {
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  float uniform() { return static_cast<float>(static_cast<double>(next() >> 11) * 0x1p-52 - 1.0); }  // [-1, 1)
-};
+using driver::g_checks;
+using driver::g_failures;
+using driver::Rng;
 
 bool report(const char* what) {
   ++g_failures;
@@ -119,10 +111,5 @@ int main() {
       }
     }
   }
-  if (g_failures) {
-    std::printf("packed_gemm %s: %ld of %ld checks FAILED\n", RADIXLM_SIMD_NAME, g_failures, g_checks);
-    return 1;
-  }
-  std::printf("packed_gemm %s: %ld checks passed\n", RADIXLM_SIMD_NAME, g_checks);
-  return 0;
+  return driver::finish("packed_gemm");
 }

@@ -25,95 +25,16 @@
 #include <string>
 #include <vector>
 
+#include "driver_util.h"
 #include "kernels/quant_gemm.h"
-#include "simd/vec.h"
 
 namespace {
 
+using driver::check;
+using driver::QuantFormat;
+using driver::Rng;
 using radixlm::QFormat;
 using radixlm::QMode;
-
-long g_checks = 0, g_failures = 0;
-
-struct Rng {  // splitmix64: the same inputs on every run
-  uint64_t s;
-  uint64_t next() {
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  float uniform() { return static_cast<float>(static_cast<double>(next() >> 11) * 0x1p-52 - 1.0); }  // [-1, 1)
-};
-
-void check(bool ok, const std::string& what) {
-  ++g_checks;
-  if (ok) return;
-  if (++g_failures <= 10) std::printf("MISMATCH %s\n", what.c_str());
-}
-
-float half_to_float(uint16_t h) {
-  const uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF;
-  float f;
-  if (exp == 0) {
-    f = static_cast<float>(man) * 5.9604644775390625e-08f;
-    return sign ? -f : f;
-  }
-  const uint32_t bits = sign | ((exp == 0x1F ? 0xFFu : exp + 112) << 23) | (man << 13);
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-struct Format {
-  QFormat f;
-  const char* name;
-  int64_t block_bytes, value_bytes, offset;
-};
-const Format kFormats[] = {{QFormat::kQ8_0, "q8_0", 544, 512, 128},
-                           {QFormat::kQ4_0, "q4_0", 288, 256, 8},
-                           {QFormat::kQ4_1, "q4_1", 320, 256, 0}};
-
-// Packed weights: value bytes from `byte()`, scales d in [0.001, 0.009] (and m in +-0.01), signs mixed.
-template <typename ByteFn>
-std::vector<uint8_t> make_weights(const Format& fmt, int64_t groups, int64_t nb, Rng& rng, ByteFn byte) {
-  std::vector<uint8_t> w(groups * nb * fmt.block_bytes);
-  for (int64_t blk = 0; blk < groups * nb; ++blk) {
-    uint8_t* p = w.data() + blk * fmt.block_bytes;
-    for (int64_t i = 0; i < fmt.value_bytes; ++i) p[i] = byte();
-    for (int64_t i = fmt.value_bytes; i < fmt.block_bytes; i += 2) {
-      const uint16_t h = static_cast<uint16_t>(0x1418 + rng.next() % 0x0C00) | static_cast<uint16_t>((rng.next() & 1) << 15);
-      std::memcpy(p + i, &h, 2);
-    }
-  }
-  return w;
-}
-
-// W [N][K] decoded from the packed bytes, as GGUF's dequantizer: d * (u - offset) (+ m).
-std::vector<float> decode(const Format& fmt, const std::vector<uint8_t>& w, int64_t groups, int64_t nb) {
-  const int64_t N = groups * 16, K = nb * 32;
-  std::vector<float> W(N * K);
-  for (int64_t n = 0; n < N; ++n) {
-    const int64_t c = n % 16;
-    for (int64_t k = 0; k < K; ++k) {
-      const uint8_t* blk = w.data() + ((n / 16) * nb + k / 32) * fmt.block_bytes;
-      const int64_t t = (k % 32) / 4, j = k % 4;
-      int32_t u;
-      if (fmt.f == QFormat::kQ8_0) {
-        u = blk[t * 64 + 4 * c + j];
-      } else {
-        const uint8_t b = blk[(t / 2) * 64 + 4 * c + j];
-        u = t % 2 ? b >> 4 : b & 0x0F;
-      }
-      uint16_t dh, mh;
-      std::memcpy(&dh, blk + fmt.value_bytes + 2 * c, 2);
-      std::memcpy(&mh, blk + fmt.value_bytes + 32 + 2 * c, 2);
-      float v = half_to_float(dh) * static_cast<float>(u - fmt.offset);
-      if (fmt.f == QFormat::kQ4_1) v = v + half_to_float(mh);
-      W[n * K + k] = v;
-    }
-  }
-  return W;
-}
 
 // x rounded as the int8 modes round it (per 32-block or per row scale max|x| / 127), as float64.
 std::vector<double> rounded(const std::vector<float>& x, int64_t M, int64_t K, QMode mode) {
@@ -136,7 +57,7 @@ std::vector<double> rounded(const std::vector<float>& x, int64_t M, int64_t K, Q
   return xr;
 }
 
-std::vector<float> run(const Format& fmt, const std::vector<float>& x, int64_t M, int64_t K, const std::vector<uint8_t>& w,
+std::vector<float> run(const QuantFormat& fmt, const std::vector<float>& x, int64_t M, int64_t K, const std::vector<uint8_t>& w,
                        int64_t groups, QMode mode, const std::vector<float>& res, const std::vector<float>& bias) {
   const int64_t N = groups * 16;
   std::vector<float> out(M * N);
@@ -147,7 +68,7 @@ std::vector<float> run(const Format& fmt, const std::vector<float>& x, int64_t M
 
 // One product on every variant (int8 modes) or once (float): against the float64 reference, the
 // variants' bits equal, and the bits equal on 1, 2 and 3 threads.
-void check_product(const Format& fmt, const std::vector<float>& x, int64_t M, int64_t K, const std::vector<uint8_t>& w,
+void check_product(const QuantFormat& fmt, const std::vector<float>& x, int64_t M, int64_t K, const std::vector<uint8_t>& w,
                    const std::vector<float>& W, int64_t groups, QMode mode, const std::vector<float>& res,
                    const std::vector<float>& bias, const std::string& what) {
   const int64_t N = groups * 16;
@@ -199,12 +120,12 @@ void check_product(const Format& fmt, const std::vector<float>& x, int64_t M, in
 const char* mode_name(QMode mode) { return mode == QMode::kFloat ? "float" : mode == QMode::kInt8Block ? "int8" : "int8_row"; }
 
 void random_products(Rng& rng) {
-  for (const Format& fmt : kFormats) {
+  for (const QuantFormat& fmt : driver::kQuantFormats) {
     for (int64_t K : {32, 96, 576}) {
       for (int64_t groups : {2, 4, 12}) {
         const int64_t nb = K / 32, N = groups * 16;
-        const std::vector<uint8_t> w = make_weights(fmt, groups, nb, rng, [&] { return static_cast<uint8_t>(rng.next()); });
-        const std::vector<float> W = decode(fmt, w, groups, nb);
+        const std::vector<uint8_t> w = driver::make_quant(fmt, groups, nb, rng, [&] { return static_cast<uint8_t>(rng.next()); });
+        const std::vector<float> W = driver::decode_quant(fmt, w, groups, nb);
         // q_columns: every column, bit for bit, in a shuffled order with repeats
         std::vector<int64_t> cols;
         for (int64_t n = 0; n < N; ++n) cols.push_back((n * 7 + 3) % N);
@@ -244,14 +165,14 @@ void extreme_products(Rng& rng) {
       x[m * K + k] = sign * (0.5f + 0.25f * static_cast<float>(m));
     }
   }
-  for (const Format& fmt : kFormats) {
+  for (const QuantFormat& fmt : driver::kQuantFormats) {
     const uint8_t ends[] = {0, 1, 255};
     for (uint8_t fill : {uint8_t{0}, uint8_t{255}}) {
-      const std::vector<uint8_t> w = make_weights(fmt, groups, nb, rng, [&]() -> uint8_t {
+      const std::vector<uint8_t> w = driver::make_quant(fmt, groups, nb, rng, [&]() -> uint8_t {
         if (fmt.f != QFormat::kQ8_0) return 0xFF;  // nibbles 15
         return rng.next() % 4 ? fill : ends[rng.next() % 3];
       });
-      const std::vector<float> W = decode(fmt, w, groups, nb);
+      const std::vector<float> W = driver::decode_quant(fmt, w, groups, nb);
       for (QMode mode : {QMode::kInt8Block, QMode::kInt8Row}) {
         check_product(fmt, x, M, K, w, W, groups, mode, {}, {},
                       std::string("extreme ") + fmt.name + " fill " + std::to_string(fill) + " " + mode_name(mode));
@@ -269,10 +190,5 @@ int main() {
   extreme_products(rng);
   std::string variants;
   for (const std::string& v : radixlm::int8_variants()) variants += (variants.empty() ? "" : " ") + v;
-  if (g_failures) {
-    std::printf("quant_gemm %s: %ld of %ld checks failed\n", RADIXLM_SIMD_NAME, g_failures, g_checks);
-    return 1;
-  }
-  std::printf("quant_gemm %s: %ld checks passed (int8 variants: %s)\n", RADIXLM_SIMD_NAME, g_checks, variants.c_str());
-  return 0;
+  return driver::finish("quant_gemm", " (int8 variants: " + variants + ")");
 }

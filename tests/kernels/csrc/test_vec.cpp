@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "simd/math.h"  // includes simd/vec.h: the backend under test, radixlm::simd
+#include "driver_util.h"
 
 #if defined(RADIXLM_SIMD_GENERIC)
 // vec.h has included vec_generic.h (its #pragma once would skip a second copy): the reference is
@@ -73,18 +74,7 @@ bool fail_header(const char* op) {
   return true;
 }
 
-struct Rng {  // splitmix64: the same inputs on every run and machine
-  uint64_t s;
-  uint64_t next() {
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  uint32_t u32() { return static_cast<uint32_t>(next() >> 32); }
-  int below(int n) { return static_cast<int>(next() % static_cast<uint64_t>(n)); }
-  double uniform(double lo, double hi) { return lo + (hi - lo) * static_cast<double>(next() >> 11) * 0x1p-53; }
-};
+using driver::Rng;
 
 const uint32_t kSpecialFloats[] = {
     0x00000000, 0x80000000, 0x7F800000, 0xFF800000,              // +-0, +-inf

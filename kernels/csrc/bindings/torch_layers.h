@@ -1,0 +1,74 @@
+// The torch layer over the torch-free kernels that take more than a product's pointers (the
+// products' own wrappers are in torch_ops.cpp): each checks its tensors (TORCH_CHECK), allocates
+// its output and calls the core of kernels/. Python sees these through torch_ops.cpp.
+//   paged_attention  -> kernels/paged_attention.h   (torch_attention.cpp)
+//   rms_norm, silu_mul -> kernels/rows.h            (torch_rows.cpp)
+//   DecodeStack      -> kernels/decode_stack.h      (torch_decode_stack.cpp)
+#pragma once
+
+#include <torch/extension.h>
+
+#include <memory>
+#include <vector>
+
+#include "kernels/decode_stack.h"
+#include "kernels/shm_all_reduce.h"
+
+namespace radixlm::bindings {
+
+// q [T, Hq, D] float32 or bfloat16; k_buf / v_buf [slots, Hkv, D] float32 or bfloat16;
+// req_to_token int32 [rows, context]; rows, seq_lens, extend_lens, extend_start int64 [B]. Output
+// [T, Hq, D] in q's dtype. amx / vnni as radixlm::paged_attention.
+torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& k_buf, const torch::Tensor& v_buf,
+                              const torch::Tensor& req_to_token, const torch::Tensor& rows, const torch::Tensor& seq_lens,
+                              const torch::Tensor& extend_lens, const torch::Tensor& extend_start, double scale,
+                              bool amx = false, bool vnni = false);
+
+// x [T, n] (rows may be strided) -> x / sqrt(mean(x^2) + eps) (* weight), contiguous, x's dtype.
+torch::Tensor rms_norm(const torch::Tensor& x, const c10::optional<torch::Tensor>& weight, double eps);
+
+// gu [T, 2n] (gate columns, then up; rows may be strided) -> silu(gate) * up [T, n], gu's dtype.
+torch::Tensor silu_mul(const torch::Tensor& gu);
+
+// radixlm::DecodeStack over tensors it keeps alive.
+class DecodeStack {
+ public:
+  DecodeStack(int64_t hidden, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t intermediate,
+              double rms_eps, double scale);
+
+  // One layer, in order. Weights are float32 packed [N/64, K, 64] (packed_gemm.h), bfloat16 VNNI
+  // panels [N/32, Kp/2, 32, 2] (bf16_gemm.h) or uint8 quant groups [N/16, K/32, block bytes]
+  // (quant_gemm.h); biases float32 padded to the packed width, or None; q_norm / k_norm float32
+  // [head_dim] or None; k_buf / v_buf are the layer's KV pool buffers [slots, num_kv_heads,
+  // head_dim] (float32 or bfloat16); attn_norm / ffn_norm float32 [hidden], or None where folded.
+  void add_layer(torch::Tensor qkv, c10::optional<torch::Tensor> qkv_bias, torch::Tensor o,
+                 c10::optional<torch::Tensor> o_bias, torch::Tensor gate_up, torch::Tensor down,
+                 c10::optional<torch::Tensor> q_norm, c10::optional<torch::Tensor> k_norm, torch::Tensor k_buf,
+                 torch::Tensor v_buf, c10::optional<torch::Tensor> attn_norm, c10::optional<torch::Tensor> ffn_norm);
+
+  // hidden [B, H] float32 (the embeddings of the new tokens); rope [B, head_dim/2, 2] float32
+  // (cos, sin of each token's position); slots int64 [B] (KV slots of the new tokens);
+  // req_to_token int32 [rows, context]; rows int64 [B]; seq_lens int64 [B] (including the new
+  // token). Returns the residual stream after the last layer, float32 [B, H].
+  torch::Tensor forward(const torch::Tensor& hidden, const torch::Tensor& rope, const torch::Tensor& slots,
+                        const torch::Tensor& req_to_token, const torch::Tensor& rows,
+                        const torch::Tensor& seq_lens);
+
+  // The bf16 GEMM path (a Bf16Path; by default the fastest this CPU runs), settable for tests.
+  void set_bf16_path(int64_t path);
+  int64_t get_bf16_path() const;
+  // Tensor parallel: this stack is rank `comm.rank()`'s shard (its heads and MLP columns); the
+  // outputs of o_proj and down_proj are summed over the ranks through `comm` (rank 0's carrying
+  // the residual), so every rank's residual stream stays the whole one.
+  void set_tensor_parallel(std::shared_ptr<ShmAllReduce> comm);
+  // How quantized weights multiply (a QMode; default weight-only float32).
+  void set_quant_mode(int64_t mode);
+  int64_t get_quant_mode() const;
+
+ private:
+  radixlm::DecodeStack core_;
+  std::vector<torch::Tensor> kept_;  // every tensor a layer's views point into
+  std::shared_ptr<ShmAllReduce> tp_;
+};
+
+}  // namespace radixlm::bindings

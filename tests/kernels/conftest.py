@@ -9,27 +9,15 @@ from typing import Any
 
 import pytest
 import torch
-
-from radixlm.kernels import cpu_linear, isa
-from radixlm.runtime.model.model_files import cache_dir
-
-
-def _runnable_levels() -> list[str]:
-    features = isa.probe(cache_dir() / "extensions")
-    assert features is not None, "the CPU probe must build here (a C++ compiler is part of the test machine)"
-    return [level.name for level in isa.runnable_levels(features)]
-
-
-LEVELS = _runnable_levels()
+from levels import LEVELS, level_module
 
 
 @pytest.fixture(params=LEVELS)
 def ext(request: pytest.FixtureRequest) -> Any:
     """The kernels built for one ISA level, told the features of that level (levels sharing a
-    build share its module, so this is set anew for each test)."""
-    module = cpu_linear.load_level(cache_dir() / "extensions", request.param)
-    assert module is not None, f"the {request.param} build must load here (see the log for why it did not)"
-    return module
+    build share its module, so this is set anew for each test). Tests of a path some levels do
+    not run take `ext` with the path from levels.level_params instead."""
+    return level_module(request.param)
 
 
 @pytest.fixture

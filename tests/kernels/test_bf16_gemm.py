@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from levels import bf16_path_runs, level_params
 from test_vec_layer import (  # the C++ drivers' build and run
     ARM_LEVELS,
     NATIVE_BUILDS,
@@ -24,12 +25,6 @@ from test_vec_layer import (  # the C++ drivers' build and run
 )
 
 from radixlm.kernels import cpu_linear
-
-
-def _require(ext: Any, path: str) -> None:
-    if path not in cpu_linear.available_bf16_paths(ext):
-        level = ext.cpu_features()["isa"]
-        pytest.skip(f"the {level} build cannot run the {path} bf16 path here (the emulated path, tested too, runs its logic)")
 
 
 def _cpu_flags() -> set[str]:
@@ -62,11 +57,13 @@ def test_dispatch_follows_the_cpu_flags_and_the_level(ext: Any) -> None:
     assert cpu_linear.kernel_max_rows(torch.float32, "amx") > 1 << 30
 
 
-def test_a_path_the_level_cannot_run_is_refused(ext: Any) -> None:
-    """By the C++ side too (a path index passed past resolve_bf16_path), naming what it needs."""
+@pytest.mark.parametrize(("ext", "_"), level_params(
+    [("a missing path",)], lambda module, _: set(cpu_linear.available_bf16_paths(module)) != set(cpu_linear.BF16_PATHS)),
+    indirect=["ext"])
+def test_a_path_the_level_cannot_run_is_refused(ext: Any, _: str) -> None:
+    """By the C++ side too (a path index passed past resolve_bf16_path), naming what it needs (at
+    each level that lacks a path here)."""
     missing = [path for path in cpu_linear.BF16_PATHS if path not in cpu_linear.available_bf16_paths(ext)]
-    if not missing:
-        pytest.skip("this level runs every bf16 path here")
     w = cpu_linear.pack_vnni(torch.randn(64, 64))
     for path, needs in [("avx512bf16", "AVX512-BF16"), ("amx", "AMX")]:
         if path in missing:
@@ -98,13 +95,12 @@ def _vdpbf16ps_model(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return acc
 
 
-@pytest.mark.parametrize("path", ["emulated", "avx512bf16"])
+@pytest.mark.parametrize(("ext", "path"), level_params([("emulated",), ("avx512bf16",)], bf16_path_runs), indirect=["ext"])
 @pytest.mark.parametrize("m", [1, 2, 3, 11])
 def test_vector_paths_sum_exactly_as_vdpbf16ps(ext: Any, path: str, m: int) -> None:
     """Every tile width a level's passes take (passes of 1-2 rows span whole panels, of more rows
     narrower tiles where a level has few registers: bf16_gemm.cpp's Bf16Tile) sums each column
     exactly as the instruction."""
-    _require(ext, path)
     gen = torch.Generator().manual_seed(7)
     x = torch.randn(m, 96, generator=gen).bfloat16()
     w = (torch.randn(96, 64, generator=gen) * 0.1).bfloat16()
@@ -112,7 +108,8 @@ def test_vector_paths_sum_exactly_as_vdpbf16ps(ext: Any, path: str, m: int) -> N
     assert torch.equal(out, _vdpbf16ps_model(x, w))
 
 
-@pytest.mark.parametrize("path", cpu_linear.BF16_PATHS)
+@pytest.mark.parametrize(("ext", "path"), level_params([(p,) for p in cpu_linear.BF16_PATHS], bf16_path_runs),
+                         indirect=["ext"])
 @pytest.mark.parametrize(("m", "k", "n"), [(1, 576, 960), (1, 576, 576), (5, 64, 100), (16, 96, 64), (17, 576, 576),
                                            (33, 1536, 64), (130, 100, 192), (300, 64, 128)])
 @pytest.mark.parametrize("extras", ["none", "both"])
@@ -120,7 +117,6 @@ def test_paths_match_torch(ext: Any, path: str, m: int, k: int, n: int, extras: 
     """Row tails (not a multiple of 8, 16 or 32), K tails (not a multiple of 32), N tails, several
     row chunks (> 128 rows), bias and residual: each path equals float32 arithmetic on the
     bf16-rounded inputs up to the order of the float32 sums."""
-    _require(ext, path)
     gen = torch.Generator().manual_seed(m * 1000 + k + n)
     w = torch.randn(k, n, generator=gen) * 0.05
     x = torch.randn(m, k, generator=gen)
@@ -136,13 +132,12 @@ def test_paths_match_torch(ext: Any, path: str, m: int, k: int, n: int, extras: 
     torch.testing.assert_close(out.double(), ref, atol=2e-5 * (k ** 0.5), rtol=1e-5)
 
 
-@pytest.mark.parametrize("path", ["emulated", "avx512bf16"])
+@pytest.mark.parametrize(("ext", "path"), level_params([("emulated",), ("avx512bf16",)], bf16_path_runs), indirect=["ext"])
 def test_every_split_of_the_panels_gives_the_same_bits(ext: Any, path: str, on_thread_counts: Any) -> None:
     """A product of few rows gives each thread an equal run of panels, computed two at a time
     and a lone one at an odd run's end: 18 panels (576 columns) split 9 : 9, or 6 : 6 : 6 on three
     threads. Each column's sum is the same sequence of vdpbf16ps steps however the panels fall,
     so every thread count gives the same bits (and the single-thread run is checked exactly)."""
-    _require(ext, path)
     gen = torch.Generator().manual_seed(11)
     x = torch.randn(3, 576, generator=gen).bfloat16()
     w = (torch.randn(576, 576, generator=gen) * 0.05).bfloat16()

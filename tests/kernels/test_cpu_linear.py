@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from levels import bf16_path_runs, level_params
 from test_vec_layer import (  # the C++ drivers' build and run
     ARM_LEVELS,
     NATIVE_BUILDS,
@@ -106,15 +107,14 @@ def test_bfloat16_engine_decodes_through_the_kernel(tiny_model_dir: Path) -> Non
     assert kernel_err <= torch_err * 1.5 + 1e-3  # fp32 arithmetic on bf16 weights: no worse than bf16 torch
 
 
-@pytest.mark.parametrize("path", cpu_linear.BF16_PATHS)
+@pytest.mark.parametrize(("ext", "path"), level_params([(p,) for p in cpu_linear.BF16_PATHS], bf16_path_runs),
+                         indirect=["ext"])
 def test_bfloat16_decode_stack_against_float32(ext: Any, runner_at_level: str, tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch, path: str) -> None:
     """A prompt's extend (32 new tokens: the AMX attention path where it runs) and then teacher-
     forced decode steps (batched, different lengths) of a bfloat16 model through DecodeStack, on
     each ISA level and bf16 GEMM path this CPU runs, stay as close to the float32 model as
     bfloat16 torch ops do, or closer."""
-    if path not in cpu_linear.available_bf16_paths(ext):
-        pytest.skip(f"the {runner_at_level} build cannot run the {path} bf16 path here (its emulation runs: the same blocking)")
     monkeypatch.setenv("RADIXLM_BF16_PATH", path)
     from radixlm_testing import runner_decode, runner_extend, save_tiny_model
     from safetensors.torch import load_file

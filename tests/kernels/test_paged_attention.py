@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from levels import level_params, long_extend_path_runs
 from test_vec_layer import (  # the C++ drivers' build and run
     ARM_LEVELS,
     NATIVE_BUILDS,
@@ -190,17 +191,18 @@ def _reference(q: torch.Tensor, batch: ForwardBatch, args: tuple, dim: int) -> t
     return extend_attention_ref(q.float(), args[0].float(), args[1].float(), *args[2:], batch.extend_lens, dim**-0.5)
 
 
-def _require_long_path(ext: Any, path: str, dim: int = 64) -> None:
-    """Skips where `path` cannot run here; for the vector kernel ("vnni": vdpbf16ps, "fma":
-    float32 FMAs, every AVX-512 CPU) sets its math. paged_attention then takes amx= / vnni=."""
-    if path == "amx" and not amx_runs(ext):
-        pytest.skip("this CPU (or its OS) does not let this process use AMX tiles")
-    if path == "vnni" and not vnni_runs(ext):
-        pytest.skip("vdpbf16ps does not run at this level (the avx512 build on a CPU with AVX512-BF16)")
+def _set_math(ext: Any, path: str) -> None:
+    """For the vector kernel ("vnni": vdpbf16ps, "fma": float32 FMAs) its math; paged_attention
+    then takes amx= / vnni=."""
     if path in ("vnni", "fma"):
-        if not cpu_linear.vnni_attention_supported(ext, dim):
-            pytest.skip(f"head_dim {dim} is not served by the vector long-extend kernel")
         ext.set_long_extend_math(int(path == "fma"))
+
+
+# the (path, heads, kv_heads, head_dim) the long-extend kernels serve: AMX 64, 128 and 256, the
+# vector kernel 64 and 128 (cpu_linear.amx_attention_supported / vnni_attention_supported)
+LONG_SHAPES = [(9, 3, 64), (2, 1, 128), (2, 2, 256), (4, 4, 64)]
+LONG_PATH_SHAPES = [(path, *shape) for path in ("amx", "vnni", "fma") for shape in LONG_SHAPES
+                    if path == "amx" or shape[2] in (64, 128)]
 
 
 LONG_CASES = {name: CASES[name] for name in ("prefill", "extend over a prefix", "mixed lengths")}
@@ -208,15 +210,15 @@ LONG_CASES["long prompts beside decodes"] = ([0, 7, 0, 33], [700, 1, 129, 16])
 LONG_CASES["short extends over a long prefix"] = ([976, 976, 980], [20, 17, 21])
 
 
-@pytest.mark.parametrize("path", ["amx", "vnni", "fma"])
+@pytest.mark.parametrize(("ext", "path", "heads", "kv_heads", "dim"),
+                         level_params(LONG_PATH_SHAPES, long_extend_path_runs), indirect=["ext"])
 @pytest.mark.parametrize("case", sorted(LONG_CASES))
 @pytest.mark.parametrize("q_dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (2, 1, 128), (2, 2, 256), (4, 4, 64)])
 def test_long_extend_paths_match_reference(ext: Any, path: str, case: str, q_dtype: torch.dtype, heads: int,
                                            kv_heads: int, dim: int) -> None:
     """The AMX kernel and the vector one, with vdpbf16ps or FMAs (rows = (token, query head of the
     group): 20 tokens x 3 heads fill 4 units, the last one partly) against the float32 reference."""
-    _require_long_path(ext, path, dim)
+    _set_math(ext, path)
     pool, reqs, batch, q = scattered_batch(*LONG_CASES[case], heads, kv_heads, dim, torch.bfloat16)
     q = q.to(q_dtype)
     args = (pool.k_buffer[0], pool.v_buffer[0], reqs.req_to_token, batch.req_pool_indices, batch.seq_lens)
@@ -252,9 +254,14 @@ CASCADE_CASES = {  # (prefix lengths, extend lengths, shared slots, whether the 
 }
 
 
-@pytest.mark.parametrize("math", ["vnni", "fma", "fma-float32-pool"])
+# (the vector kernel's math, q's dtype): over a float32 pool the math is FMAs and q float32
+CASCADE_MATHS = [("vnni", torch.float32), ("vnni", torch.bfloat16), ("fma", torch.float32), ("fma", torch.bfloat16),
+                 ("fma-float32-pool", torch.float32)]
+
+
+@pytest.mark.parametrize(("ext", "math", "q_dtype"), level_params(
+    CASCADE_MATHS, lambda module, math: long_extend_path_runs(module, math.partition("-")[0])), indirect=["ext"])
 @pytest.mark.parametrize("case", sorted(CASCADE_CASES))
-@pytest.mark.parametrize("q_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (2, 1, 128)])
 def test_vnni_cascade_over_a_shared_prefix_matches_reference(ext: Any, math: str, case: str, q_dtype: torch.dtype,
                                                             heads: int, kv_heads: int, dim: int) -> None:
@@ -263,9 +270,7 @@ def test_vnni_cascade_over_a_shared_prefix_matches_reference(ext: Any, math: str
     whose softmaxes are merged; otherwise (fewer shared slots, a shorter share, one request) the
     per-request paths run. Each equals the float32 reference within bf16 rounding."""
     f32_pool = math == "fma-float32-pool"
-    if f32_pool and q_dtype != torch.float32:
-        pytest.skip("a float32 pool's model runs float32 q")
-    _require_long_path(ext, "fma" if f32_pool else math, dim)
+    _set_math(ext, "fma" if f32_pool else math)
     prefix_lens, extend_lens, shared, cascade = CASCADE_CASES[case]
     pool, reqs, batch, q = scattered_batch(prefix_lens, extend_lens, heads, kv_heads, dim,
                                            torch.float32 if f32_pool else torch.bfloat16, shared_len=shared)
@@ -278,11 +283,12 @@ def test_vnni_cascade_over_a_shared_prefix_matches_reference(ext: Any, math: str
     assert (got.float() - _reference(q, batch, args, dim)).abs().max().item() < (1e-5 if f32_pool else 1.6e-2)
 
 
-@pytest.mark.parametrize("path", ["amx", "vnni", "fma"])
+@pytest.mark.parametrize(("ext", "path"), level_params([("amx",), ("vnni",), ("fma",)], long_extend_path_runs),
+                         indirect=["ext"])
 def test_long_extend_paths_are_as_close_as_torch_bf16_sdpa(ext: Any, path: str) -> None:
     """W5's shape (one 2,000-token prompt, the default model's heads): each long-extend path's
     largest error against float32 is no larger than torch's own bfloat16 SDPA's on the same inputs."""
-    _require_long_path(ext, path)
+    _set_math(ext, path)
     pool, reqs, batch, q = scattered_batch([0], [2000], 9, 3, 64, torch.bfloat16)
     args = (pool.k_buffer[0], pool.v_buffer[0], reqs.req_to_token, batch.req_pool_indices, batch.seq_lens)
     want = _reference(q, batch, args, 64)

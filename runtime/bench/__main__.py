@@ -270,7 +270,7 @@ def run_paired(ours: Ours, peer: LlamaCppPeer, workloads: list[str], repeats: in
     ours_samples: dict[str, list[Result]] = {}
     peer_samples: dict[str, list[Result]] = {}
     ours_samplers, peer_samplers = samplers(ours, workloads), samplers(peer, workloads)
-    for workload in ours_samplers.keys() & peer_samplers.keys():
+    for workload in [w for w in workloads if w in ours_samplers and w in peer_samplers]:
         for chosen in (ours_samplers, peer_samplers):
             torch.set_num_threads(ALL_THREADS)
             chosen[workload][1]()

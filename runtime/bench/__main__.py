@@ -261,37 +261,42 @@ def run_system(system: Ours | Transformers | LlamaCppPeer, workloads: list[str],
     return out
 
 
-def run_paired(ours: Ours, peer: LlamaCppPeer, workloads: list[str], repeats: int) -> tuple[Result, Result, Result]:
+Turns = dict[str, list[Result]]  # workload -> one system's measurements, turn by turn
+
+
+def run_paired(ours: Ours, peer: LlamaCppPeer, workloads: list[str], repeats: int) -> tuple[Turns, Turns]:
     """Both systems take turns, one measurement each, --repeats turns per workload (after one
-    warm-up each), so that a drift of the machine's speed falls on both alike. Returns their
-    medians and the median of the per-turn ratios (>1: radixlm is better)."""
+    warm-up each), so that a drift of the machine's speed falls on both alike. Returns each one's
+    measurements (paired_figures makes the table's figures of them)."""
     import torch
 
-    ours_samples: dict[str, list[Result]] = {}
-    peer_samples: dict[str, list[Result]] = {}
+    ours_turns: Turns = {}
+    peer_turns: Turns = {}
     ours_samplers, peer_samplers = samplers(ours, workloads), samplers(peer, workloads)
     for workload in [w for w in workloads if w in ours_samplers and w in peer_samplers]:
         for chosen in (ours_samplers, peer_samplers):
             torch.set_num_threads(ALL_THREADS)
             chosen[workload][1]()
         for _ in range(repeats):
-            for chosen, into in ((ours_samplers, ours_samples), (peer_samplers, peer_samples)):
+            for chosen, into in ((ours_samplers, ours_turns), (peer_samplers, peer_turns)):
                 torch.set_num_threads(ALL_THREADS)
                 into.setdefault(workload, []).append(chosen[workload][1]())
+    return ours_turns, peer_turns
+
+
+def paired_figures(ours: Turns, peer: Turns) -> tuple[Result, Result, Result]:
+    """Each system's medians and, per metric, the median of the per-turn ratios (>1: radixlm is
+    better; speed_ratio's direction)."""
+    mine: Result = {}
+    theirs: Result = {}
     ratios: Result = {}
-    for workload, turns in ours_samples.items():
+    for workload, turns in ours.items():
+        mine.update(_medians(turns))
+        theirs.update(_medians(peer[workload]))
         for metric in turns[0]:
             ratios[metric] = statistics.median(
-                speed_ratio(metric, a[metric], b[metric]) or 0.0 for a, b in zip(turns, peer_samples[workload]))
-    ordered = [w for w in workloads if w in ours_samples]
-    return (_medians_of(ours_samples, ordered), _medians_of(peer_samples, ordered), ratios)
-
-
-def _medians_of(samples: dict[str, list[Result]], workloads: list[str]) -> Result:
-    out: Result = {}
-    for workload in workloads:
-        out.update(_medians(samples[workload]))
-    return out
+                speed_ratio(metric, a[metric], b[metric]) or 0.0 for a, b in zip(turns, peer[workload], strict=True))
+    return mine, theirs, ratios
 
 
 def run_w4(system: Ours | Transformers | LlamaCppPeer, mode: str) -> Result:
@@ -334,7 +339,7 @@ def run_paired_table(precisions: list[str], workloads: list[str], configs: list[
                     continue
                 peer = LlamaCppPeer(config)
                 try:
-                    mine, theirs, ratios = run_paired(ours, peer, todo, repeats)
+                    mine, theirs, ratios = paired_figures(*run_paired(ours, peer, todo, repeats))
                 finally:
                     peer.close()
                 for metric, ratio in ratios.items():

@@ -33,6 +33,14 @@ logger = logging.getLogger(__name__)
 INT8_DOT_FEATURES = frozenset({"avx512_vnni", "avx512bw", "avx_vnni", "avx2", "dotprod"})
 
 
+# At the generic level (plain C++: SSE2 on x86-64) torch's float32 GEMM (MKL) beats ours from 8
+# rows up, and our quantized kernels lose to it on dequantized weights at every size past one row
+# (`RADIXLM_CPU_ISA=generic python -m radixlm.runtime.bench.gemm 1 4 8 16 32 256`; the figures are
+# in docs/cpu-support.md): there float32 products take ours up to this many rows only, and
+# `--quantization auto` loads float weights.
+GENERIC_FLOAT32_MAX_ROWS = 8
+
+
 @dataclass(frozen=True)
 class CpuIsa:
     """The ISA level this process's kernels run at and the features they may use there."""
@@ -50,6 +58,12 @@ class CpuIsa:
         """Quantized layers run faster with int8 activations than with float32 ones here."""
         return bool(self.features & INT8_DOT_FEATURES)
 
+    @property
+    def quantized_kernels_are_fast(self) -> bool:
+        """Our quantized kernels run a model faster than torch's float32 GEMM on its dequantized
+        weights: at every vector level, not at the generic one (GENERIC_FLOAT32_MAX_ROWS)."""
+        return self.level != "generic"
+
     def kernel_max_rows(self, dtype: torch.dtype, bf16_path: str) -> int:
         """Products of up to this many rows go through our kernels, the rest through torch's
         GEMM (cpu_linear.kernel_max_rows, measured against torch's oneDNN bf16 GEMM on CPUs with
@@ -58,6 +72,8 @@ class CpuIsa:
         9 tok/s with rows beyond 16 in torch, 290 with every row in ours), so ours take every row."""
         if dtype == torch.bfloat16 and bf16_path == "emulated" and not self.bf16_in_hardware:
             return sys.maxsize
+        if dtype == torch.float32 and self.level == "generic":
+            return GENERIC_FLOAT32_MAX_ROWS
         return cpu_linear.kernel_max_rows(dtype, bf16_path)
 
 

@@ -61,9 +61,15 @@ class RunnerConfig:
         then takes every extend)."""
         context_len = min(args.context_length or model_cfg.context_len, model_cfg.context_len)
         quantization = args.resolved_quantization
+        chosen = cpu_isa()
         if quantized and args.device == "cpu" and load_cpu_kernels() is None:
             quantized, quantization = False, _without_quantized_kernels(args.quantization, quantization)
-        chosen = cpu_isa()
+        elif quantized and args.device == "cpu" and args.quantization == "auto" and chosen is not None \
+                and not chosen.quantized_kernels_are_fast:
+            logger.warning("--quantization auto: the model's quantized weights are loaded as float32 instead: at "
+                           "the %s ISA level torch's float32 GEMM runs it faster than our quantized kernels "
+                           "(~4-7x the memory)", chosen.level)
+            quantized, quantization = False, "none"
         bf16_in_hardware = chosen is not None and chosen.bf16_in_hardware
         if quantized and args.dtype == "auto" and args.device == "cpu":
             dtype = torch.float32

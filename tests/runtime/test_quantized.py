@@ -14,8 +14,8 @@ import torch
 from radixlm_testing import runner_decode, runner_extend, save_tiny_model
 from safetensors.torch import load_file
 
-from radixlm.kernels import cpu_linear, quant
-from radixlm.runtime.model import model_runner
+from radixlm.kernels import cpu_linear, isa, quant
+from radixlm.runtime.model import model_files, model_runner
 from radixlm.runtime.model.kernel_policy import CpuIsa
 from radixlm.runtime.model.model_config import ModelConfig
 from radixlm.runtime.model.model_runner import ModelRunner, RunnerConfig, weights_of
@@ -204,3 +204,27 @@ def test_float32_activations_over_a_bf16_pool(tmp_path: Path, cpu_kernels: bool)
         logits[kv] = _logits(runner, seqs, [40, 5], 6)
     err = (logits[torch.bfloat16] - logits[torch.float32]).abs().max().item()
     assert 0 < err < 0.05 * logits[torch.float32].abs().max().item(), err
+
+
+def test_the_generic_level_loads_float_weights_for_quantization_auto(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """At the generic ISA level (which every CPU runs; the real build is loaded) our quantized
+    kernels lose to torch's float32 GEMM: `--quantization auto` loads float weights with one log
+    line saying why, an explicit quantization is kept, and float32 products take our kernel up to
+    GENERIC_FLOAT32_MAX_ROWS rows only."""
+    from radixlm.runtime.model import kernel_policy
+
+    monkeypatch.delenv("RADIXLM_AUTO_QUANTIZATION", raising=False)
+    features = isa.probe(model_files.cache_dir() / "extensions")
+    assert features is not None
+    generic = isa.choose_level(features, "generic")
+    monkeypatch.setitem(kernel_policy._chosen, "isa", CpuIsa(generic.name, frozenset(features.present & generic.allows)))
+    cfg = _tiny_config()
+    with caplog.at_level("WARNING", logger=model_runner.__name__):
+        runner = RunnerConfig.from_server_args(ServerArgs(max_total_tokens=64), cfg, quantized=True)
+    assert runner.quantization == "none" and runner.quant_mode == "float32"
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == model_runner.__name__]
+    assert "loaded as float32 instead" in warning and "generic ISA level" in warning
+    explicit = RunnerConfig.from_server_args(ServerArgs(quantization="gguf", max_total_tokens=64), cfg, quantized=True)
+    assert explicit.quantization == "gguf"
+    assert kernel_policy.cpu_isa().kernel_max_rows(torch.float32, "emulated") == kernel_policy.GENERIC_FLOAT32_MAX_ROWS

@@ -4,6 +4,7 @@
 // (float32 panels, bfloat16 VNNI panels, quant groups) with their plain [K][N] values.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -75,6 +76,29 @@ inline float half_to_float(uint16_t h) {
   const uint32_t bits = sign | ((exp == 0x1F ? 0xFFu : exp + 112) << 23) | (man << 13);
   std::memcpy(&f, &bits, 4);
   return f;
+}
+
+// float64 attention of one query row `qr` [D] over positions 0..pos of its request, whose keys and
+// values are the rows `slots[j] * Hkv + kv_head` of k and v ([slots][Hkv][D]); the output into o [D]
+// (zeroed by the caller).
+inline void reference_attention_row(const float* qr, const float* k, const float* v, const int32_t* slots, int64_t pos,
+                                    int64_t Hkv, int64_t kv_head, int64_t D, double scale, double* o) {
+  std::vector<double> s(pos + 1);
+  double mx = -INFINITY, sum = 0.0;
+  for (int64_t j = 0; j <= pos; ++j) {
+    const float* kr = k + (static_cast<int64_t>(slots[j]) * Hkv + kv_head) * D;
+    double dot = 0.0;
+    for (int64_t d = 0; d < D; ++d) dot += static_cast<double>(qr[d]) * kr[d];
+    s[j] = dot * scale;
+    mx = std::max(mx, s[j]);
+  }
+  for (int64_t j = 0; j <= pos; ++j) {
+    const double w = std::exp(s[j] - mx);
+    sum += w;
+    const float* vr = v + (static_cast<int64_t>(slots[j]) * Hkv + kv_head) * D;
+    for (int64_t d = 0; d < D; ++d) o[d] += w * vr[d];
+  }
+  for (int64_t d = 0; d < D; ++d) o[d] /= sum;
 }
 
 inline int64_t round_up(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }

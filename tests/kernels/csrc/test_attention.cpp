@@ -38,6 +38,7 @@ namespace {
 using radixlm::ExtendRequest;
 
 using driver::check;
+using driver::reference_attention_row;
 using driver::Rng;
 
 // A batch over a pool: each request's slots scattered (a permutation of the pool), the first
@@ -87,24 +88,8 @@ struct Batch {
       for (int64_t t = 0; t < r.extend_len; ++t) {
         const int64_t pos = r.seq_len - r.extend_len + t;
         for (int64_t h = 0; h < Hq; ++h) {
-          const float* qr = q.data() + ((r.q_start + t) * Hq + h) * D;
-          std::vector<double> s(pos + 1);
-          double mx = -INFINITY, sum = 0.0;
-          for (int64_t j = 0; j <= pos; ++j) {
-            const float* kr = k.data() + (static_cast<int64_t>(r.slots[j]) * Hkv + h / group) * D;
-            double dot = 0.0;
-            for (int64_t d = 0; d < D; ++d) dot += static_cast<double>(qr[d]) * kr[d];
-            s[j] = dot * scale;
-            mx = std::max(mx, s[j]);
-          }
-          double* o = out.data() + ((r.q_start + t) * Hq + h) * D;
-          for (int64_t j = 0; j <= pos; ++j) {
-            const double w = std::exp(s[j] - mx);
-            sum += w;
-            const float* vr = v.data() + (static_cast<int64_t>(r.slots[j]) * Hkv + h / group) * D;
-            for (int64_t d = 0; d < D; ++d) o[d] += w * vr[d];
-          }
-          for (int64_t d = 0; d < D; ++d) o[d] /= sum;
+          reference_attention_row(q.data() + ((r.q_start + t) * Hq + h) * D, k.data(), v.data(), r.slots, pos, Hkv,
+                                  h / group, D, scale, out.data() + ((r.q_start + t) * Hq + h) * D);
         }
       }
     }

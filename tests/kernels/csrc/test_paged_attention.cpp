@@ -38,6 +38,7 @@
 namespace {
 
 using driver::check;
+using driver::reference_attention_row;
 using driver::Rng;
 using radixlm::AttentionBatch;
 using radixlm::DType;
@@ -105,24 +106,8 @@ struct Batch {
       for (int64_t t = 0; t < extend_lens[b]; ++t) {
         const int64_t pos = seq_lens[b] - extend_lens[b] + t, q_row = extend_start[b] + t;
         for (int64_t h = 0; h < Hq; ++h) {
-          const float* qr = q.data() + (q_row * Hq + h) * D;
-          std::vector<double> s(pos + 1);
-          double mx = -INFINITY, sum = 0.0;
-          for (int64_t j = 0; j <= pos; ++j) {
-            const float* kr = k.data() + (static_cast<int64_t>(slots[j]) * Hkv + h / group) * D;
-            double dot = 0.0;
-            for (int64_t d = 0; d < D; ++d) dot += static_cast<double>(qr[d]) * kr[d];
-            s[j] = dot * scale;
-            mx = std::max(mx, s[j]);
-          }
-          double* o = out.data() + (q_row * Hq + h) * D;
-          for (int64_t j = 0; j <= pos; ++j) {
-            const double w = std::exp(s[j] - mx);
-            sum += w;
-            const float* vr = v.data() + (static_cast<int64_t>(slots[j]) * Hkv + h / group) * D;
-            for (int64_t d = 0; d < D; ++d) o[d] += w * vr[d];
-          }
-          for (int64_t d = 0; d < D; ++d) o[d] /= sum;
+          reference_attention_row(q.data() + (q_row * Hq + h) * D, k.data(), v.data(), slots, pos, Hkv, h / group, D,
+                                  scale, out.data() + (q_row * Hq + h) * D);
         }
       }
     }

@@ -9,7 +9,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/quant_gemm.h"
@@ -47,6 +49,30 @@ struct Rng {  // splitmix64: the same inputs on every run and machine
   float bf16_exact(float scale) { return round_bf16(uniform() * scale); }  // in [-scale, scale], bfloat16-exact
 };
 
+// A value of T (float, or uint16_t holding a bfloat16) from a float, and back.
+template <typename T>
+T from_float(float x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x;
+  } else {
+    return to_bf16(x);
+  }
+}
+template <typename T>
+float to_float(T x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x;
+  } else {
+    return from_bf16(x);
+  }
+}
+template <typename T>
+std::vector<T> from_floats(const std::vector<float>& src) {
+  std::vector<T> out(src.size());
+  for (size_t i = 0; i < src.size(); ++i) out[i] = from_float<T>(src[i]);
+  return out;
+}
+
 inline long g_checks = 0, g_failures = 0;
 
 // One check; the first 10 failures are printed.
@@ -76,6 +102,17 @@ inline float half_to_float(uint16_t h) {
   const uint32_t bits = sign | ((exp == 0x1F ? 0xFFu : exp + 112) << 23) | (man << 13);
   std::memcpy(&f, &bits, 4);
   return f;
+}
+
+// `call()` must throw std::runtime_error whose message contains `needle`.
+template <typename F>
+void refused(const std::string& what, const std::string& needle, F&& call) {
+  try {
+    call();
+    check(false, what + ": accepted");
+  } catch (const std::runtime_error& e) {
+    check(std::string(e.what()).find(needle) != std::string::npos, what + ": refused as " + e.what());
+  }
 }
 
 // float64 attention of one query row `qr` [D] over positions 0..pos of its request, whose keys and

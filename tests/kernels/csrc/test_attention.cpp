@@ -97,31 +97,11 @@ struct Batch {
   }
 };
 
-template <typename X>
-std::vector<X> as(const std::vector<float>& src) {
-  std::vector<X> out(src.size());
-  if constexpr (std::is_same_v<X, float>) {
-    out = src;
-  } else {
-    for (size_t i = 0; i < src.size(); ++i) out[i] = radixlm::float_to_bf16(src[i]);
-  }
-  return out;
-}
-
-template <typename X>
-float to_f(X x) {
-  if constexpr (std::is_same_v<X, float>) {
-    return x;
-  } else {
-    return radixlm::bf16_to_float(x);
-  }
-}
-
 // One kernel call (extend, or cascade over `shared` slots) on 1, 2, 3 threads: q of T, pool of P.
 template <typename T, typename P>
 void run_case(const Batch& b, int64_t shared, bool rounded, const std::string& name) {
-  const std::vector<T> q = as<T>(b.q);
-  const std::vector<P> k = as<P>(b.k), v = as<P>(b.v);
+  const std::vector<T> q = driver::from_floats<T>(b.q);
+  const std::vector<P> k = driver::from_floats<P>(b.k), v = driver::from_floats<P>(b.v);
   const float scale = 1.0f / std::sqrt(static_cast<float>(b.D));
   const std::vector<double> want = b.reference(scale);
   // rounded: q, weights or output in bf16
@@ -139,7 +119,7 @@ void run_case(const Batch& b, int64_t shared, bool rounded, const std::string& n
     }
     if (threads == 1) {
       double err = 0.0;
-      for (size_t i = 0; i < out.size(); ++i) err = std::max(err, std::fabs(to_f(out[i]) - want[i]));
+      for (size_t i = 0; i < out.size(); ++i) err = std::max(err, std::fabs(driver::to_float(out[i]) - want[i]));
       check(err < tolerance, name + ": largest error " + std::to_string(err) + " against " + std::to_string(tolerance));
       first = out;
     } else {

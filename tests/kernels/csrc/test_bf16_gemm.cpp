@@ -30,6 +30,7 @@
 namespace {
 
 using driver::check;
+using driver::refused;
 using driver::round_bf16;
 using driver::Rng;
 using radixlm::Bf16Path;
@@ -108,16 +109,6 @@ void check_shape(Rng& rng, const Shape& s, Bf16Path path) {
     } else {
       check(std::memcmp(first.data(), rows.data(), rows.size() * sizeof(float)) == 0, t + ": other bits than on 1 thread");
     }
-  }
-}
-
-template <typename F>
-void refused(const std::string& what, const std::string& needle, F&& call) {
-  try {
-    call();
-    check(false, what + ": accepted");
-  } catch (const std::runtime_error& e) {
-    check(std::string(e.what()).find(needle) != std::string::npos, what + ": refused as " + e.what());
   }
 }
 

@@ -43,6 +43,7 @@
 namespace {
 
 using driver::check;
+using driver::refused;
 using namespace decode_model;
 
 // One configuration's run: each step on 1 thread against the reference, then on 2 and 3 threads
@@ -131,16 +132,6 @@ void run_tensor_parallel(const Model& model, const Batch& batch) {
     const std::string what = "tensor parallel step " + std::to_string(step);
     check(relative_error(out[0], want) <= 2e-5, what + ": residual off by " + std::to_string(relative_error(out[0], want)));
     check(std::memcmp(out[0].data(), out[1].data(), out[0].size() * sizeof(float)) == 0, what + ": the ranks differ");
-  }
-}
-
-template <typename F>
-void refused(const std::string& what, const std::string& needle, F&& call) {
-  try {
-    call();
-    check(false, what + ": accepted");
-  } catch (const std::runtime_error& e) {
-    check(std::string(e.what()).find(needle) != std::string::npos, what + ": refused as " + e.what());
   }
 }
 

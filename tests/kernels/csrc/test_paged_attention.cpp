@@ -125,26 +125,6 @@ constexpr DType dtype_of() {
   return std::is_same_v<X, float> ? DType::kFloat32 : DType::kBFloat16;
 }
 
-template <typename X>
-std::vector<X> as(const std::vector<float>& src) {
-  if constexpr (std::is_same_v<X, float>) {
-    return src;
-  } else {
-    std::vector<X> out(src.size());
-    for (size_t i = 0; i < src.size(); ++i) out[i] = driver::to_bf16(src[i]);
-    return out;
-  }
-}
-
-template <typename X>
-float to_f(X x) {
-  if constexpr (std::is_same_v<X, float>) {
-    return x;
-  } else {
-    return driver::from_bf16(x);
-  }
-}
-
 struct Mode {
   bool amx, vnni;
   int math;  // the long-extend math (amx_attention.h LongExtendMath) where vnni
@@ -153,8 +133,8 @@ struct Mode {
 // One call of the batch with q of T over a pool of P, on 1, 2 and 3 threads.
 template <typename T, typename P>
 void run_case(const Batch& b, const Case& c, const std::vector<double>& want, Mode mode, const std::string& name) {
-  const std::vector<T> q = as<T>(b.q);
-  std::vector<P> k = as<P>(b.k), v = as<P>(b.v);
+  const std::vector<T> q = driver::from_floats<T>(b.q);
+  std::vector<P> k = driver::from_floats<P>(b.k), v = driver::from_floats<P>(b.v);
   const KvBuffers kv{k.data(), v.data(), b.num_slots, b.Hkv, b.D, dtype_of<P>()};
   const float scale = 1.0f / std::sqrt(static_cast<float>(b.D));
   const bool bf16_pool = std::is_same_v<P, uint16_t>, float_q = std::is_same_v<T, float>;
@@ -166,7 +146,7 @@ void run_case(const Batch& b, const Case& c, const std::vector<double>& want, Mo
   std::vector<T> first;
   for (int threads = 1; threads <= 3; ++threads) {
     omp_set_num_threads(threads);
-    std::vector<T> out(q.size(), as<T>({std::numeric_limits<float>::quiet_NaN()})[0]);  // rows left unwritten show
+    std::vector<T> out(q.size(), driver::from_floats<T>({std::numeric_limits<float>::quiet_NaN()})[0]);  // rows left unwritten show
     const int64_t cascades = radixlm::num_cascade_calls();
     radixlm::paged_attention(q.data(), out.data(), dtype_of<T>(), b.T, b.Hq, kv, b.view(), scale, mode.amx, mode.vnni);
     const int64_t took = radixlm::num_cascade_calls() - cascades;
@@ -174,7 +154,7 @@ void run_case(const Batch& b, const Case& c, const std::vector<double>& want, Mo
     if (threads == 1) {
       double err = 0.0;
       for (size_t i = 0; i < out.size(); ++i) {
-        const double e = std::fabs(to_f(out[i]) - want[i]);
+        const double e = std::fabs(driver::to_float(out[i]) - want[i]);
         err = std::isnan(e) ? INFINITY : std::max(err, e);
       }
       check(err < tolerance, name + ": largest error " + std::to_string(err) + " against " + std::to_string(tolerance));

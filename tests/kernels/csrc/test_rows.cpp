@@ -26,26 +26,15 @@
 namespace {
 
 using driver::check;
+using driver::from_float;
 using driver::Rng;
 
 constexpr float kGuard = -12345.5f;
 
-template <typename T>
-T from_f(float x) {
-  if constexpr (std::is_same_v<T, float>) {
-    return x;
-  } else {
-    return driver::to_bf16(x);
-  }
-}
-
+// The reference's double of a float or bfloat16 value (exact).
 template <typename T>
 double to_d(T x) {
-  if constexpr (std::is_same_v<T, float>) {
-    return x;
-  } else {
-    return driver::from_bf16(x);
-  }
+  return driver::to_float(x);
 }
 
 // Runs `kernel(y)` on 1, 2, 3 threads into y [rows * n] + a guard vector: every run the same
@@ -55,10 +44,10 @@ std::vector<T> run(int64_t rows, int64_t n, const F& kernel, const std::string& 
   std::vector<T> first;
   for (int threads = 1; threads <= 3; ++threads) {
     omp_set_num_threads(threads);
-    std::vector<T> y(rows * n + 16, from_f<T>(kGuard));
+    std::vector<T> y(rows * n + 16, from_float<T>(kGuard));
     kernel(y.data());
     bool guarded = true;
-    for (int64_t i = rows * n; i < rows * n + 16; ++i) guarded = guarded && to_d(y[i]) == to_d(from_f<T>(kGuard));
+    for (int64_t i = rows * n; i < rows * n + 16; ++i) guarded = guarded && to_d(y[i]) == to_d(from_float<T>(kGuard));
     check(guarded, what + ": wrote past the output on " + std::to_string(threads) + " threads");
     y.resize(rows * n);
     if (threads == 1) {
@@ -88,7 +77,7 @@ template <typename T>
 void check_rms_norm(Rng& rng, int64_t rows, int64_t n, bool weighted) {
   const int64_t ld = n + 5;
   std::vector<T> x(rows * ld);
-  for (T& v : x) v = from_f<T>(driver::round_bf16(rng.uniform() * 3.0f));
+  for (T& v : x) v = from_float<T>(driver::round_bf16(rng.uniform() * 3.0f));
   std::vector<float> w(n);
   for (float& v : w) v = rng.uniform() + 1.0f;
   const float eps = 1e-5f;
@@ -112,7 +101,7 @@ template <typename T>
 void check_silu_mul(Rng& rng, int64_t rows, int64_t n) {
   const int64_t ld = 2 * n + 3;
   std::vector<T> gu(rows * ld);
-  for (T& v : gu) v = from_f<T>(driver::round_bf16(rng.uniform() * 8.0f));
+  for (T& v : gu) v = from_float<T>(driver::round_bf16(rng.uniform() * 8.0f));
   const std::string what = std::string("silu_mul ") + (std::is_same_v<T, float> ? "float32" : "bf16") + " rows " +
                            std::to_string(rows) + " width " + std::to_string(n);
   const std::vector<T> y = run<T>(rows, n, [&](T* out) { radixlm::silu_mul_rows(gu.data(), rows, n, ld, out); }, what);

@@ -264,7 +264,7 @@ def run_system(system: Ours | Transformers | LlamaCppPeer, workloads: list[str],
 Turns = dict[str, list[Result]]  # workload -> one system's measurements, turn by turn
 
 
-def run_paired(ours: Ours, peer: LlamaCppPeer, workloads: list[str], repeats: int) -> tuple[Turns, Turns]:
+def run_paired(ours: Ours, peer: Ours | LlamaCppPeer, workloads: list[str], repeats: int) -> tuple[Turns, Turns]:
     """Both systems take turns, one measurement each, --repeats turns per workload (after one
     warm-up each), so that a drift of the machine's speed falls on both alike. Returns each one's
     measurements (paired_figures makes the table's figures of them)."""

@@ -9,6 +9,9 @@ import sys
 
 import pytest
 
+from radixlm.kernels import isa
+from radixlm.runtime.model.model_files import cache_dir
+
 CODE = (
     "import json, os, radixlm.runtime.engine, torch;"
     "print(json.dumps({'aten': torch.backends.cpu.get_cpu_capability(),"
@@ -32,7 +35,8 @@ def test_a_capped_level_caps_torch_too(level: str, aten: str, onednn: str, mkl: 
     """RADIXLM_CPU_ISA below the machine also caps torch's own kernels (ATen, oneDNN, MKL), so a
     capped run uses nothing above the level anywhere. (x86 only: an ARM machine has no such caps;
     on a machine without AVX2, ATen stays below it whatever the cap says.)"""
-    if level == "avx2" and "avx2" not in open("/proc/cpuinfo").read():
+    features = isa.probe(cache_dir() / "extensions")
+    if level == "avx2" and (features is None or "avx2" not in features.present):
         aten = "DEFAULT"
     got = _run(RADIXLM_CPU_ISA=level)
     assert got == {"aten": aten, "env": {"ONEDNN_MAX_CPU_ISA": onednn, "MKL_ENABLE_INSTRUCTIONS": mkl,

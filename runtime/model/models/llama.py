@@ -38,7 +38,13 @@ from radixlm.runtime.envs import RADIXLM_BF16_PATH
 from radixlm.runtime.model.attention.base import BaseAttentionBackend
 from radixlm.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from radixlm.runtime.model.kernel_policy import CpuIsa, cpu_isa, load_cpu_kernels
-from radixlm.runtime.model.linear_method import CpuKernels, KernelLinear, float_method, quantized_method
+from radixlm.runtime.model.linear_method import (
+    CpuKernels,
+    KernelLinear,
+    float_method,
+    in_one_arena,
+    quantized_method,
+)
 from radixlm.runtime.model.model_config import ModelConfig
 from radixlm.runtime.model.models.rotary import RotaryEmbedding
 
@@ -84,6 +90,13 @@ class Linear(nn.Module):
         weight_t = self.weight_t.detach()
         self.method = float_method(ext, weight_t, self.bias, bf16_path,
                                    chosen.kernel_max_rows(weight_t.dtype, bf16_path))
+
+    def place(self, method: KernelLinear) -> None:
+        """Take `method`, its weight moved (linear_method.in_one_arena); a quantized layer's
+        blocks are that weight."""
+        self.method = method
+        if self.qweight is not None:
+            self.qweight = method.packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.method is not None and x.shape[0] <= self.method.max_rows:
@@ -285,6 +298,7 @@ class LlamaForCausalLM(nn.Module):
                 module.use_kernel(ext)
             elif isinstance(module, (DecoderLayer, QuantizedEmbedding)):
                 module.ext = ext
+        self._place_weights()
         cfg = self.cfg
         if cfg.head_dim not in cpu_linear.PAGED_ATTENTION_HEAD_DIMS or (
                 self.tp is not None and self.tp.native_shm is None):
@@ -316,6 +330,17 @@ class LlamaForCausalLM(nn.Module):
             (stack.quant_mode,) = modes  # one mode per model
         self.decode_stack = stack
         return True
+
+    def _place_weights(self) -> None:
+        """Every kernel weight in one huge-page allocation, in the order a decode step reads them
+        (layer by layer, then the lm_head); a tied quantized embedding follows the lm_head's blocks."""
+        linears = [lin for layer in self.layers for lin in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj,
+                                                            layer.down_proj)] + [self.lm_head]
+        tied = isinstance(self.embed_tokens, QuantizedEmbedding) and self.embed_tokens.packed is self.lm_head.qweight
+        for lin, method in zip(linears, in_one_arena([lin.method for lin in linears]), strict=True):
+            lin.place(method)
+        if tied:
+            self.share_embedding_with_lm_head()
 
     def quantize_embedding(self, weight: quant.QuantizedTensor) -> None:
         self.embed_tokens = QuantizedEmbedding(quant.pack(weight))

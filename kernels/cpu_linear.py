@@ -44,7 +44,32 @@ CSRC = Path(__file__).parent / "csrc"
 # every build compiles the bindings and the kernels; the hash of a build covers every source
 SOURCES = [*sorted((CSRC / "bindings").glob("*.cpp")), *sorted((CSRC / "kernels").glob("*.cpp"))]
 HEADERS = sorted(CSRC.glob("**/*.h"))
-_state: dict[str, ModuleType | None] = {}  # build name -> its module (None: it cannot run here)
+
+
+class Extension:
+    """One build of the C++ kernels. Its compute ops (OPS) are torch ops, `torch.ops.radixlm_<build>`
+    (registered in csrc/bindings/torch_ops.cpp), so profilers and torch.compile see them by name
+    (each has a meta kernel: its output's shape); the rest (DecodeStack, ShmAllReduce, the CPU's
+    features, counters) is the build's Python module."""
+
+    OPS = ("packed_linear", "bf16_linear", "q_linear", "q_columns", "rms_norm", "silu_mul", "paged_attention")
+
+    def __init__(self, module: ModuleType, build: str):
+        self.module, self.build = module, build
+        self.ops = getattr(torch.ops, ops_namespace(build))
+        for name in self.OPS:
+            setattr(self, name, getattr(self.ops, name).default)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.module, name)
+
+
+def ops_namespace(build: str) -> str:
+    """The torch ops namespace of a build's kernels."""
+    return f"radixlm_{build}"
+
+
+_state: dict[str, Extension | None] = {}  # build name -> its kernels (None: they cannot run here)
 _bf16_choice: dict[str, bool] = {}
 
 
@@ -57,7 +82,7 @@ _bf16_choice: dict[str, bool] = {}
 BF16_AUTO_MIN_SPEEDUP = 1.25
 
 
-def bf16_speedup(ext: ModuleType, rows: int = 64, k: int = 576, n: int = 3072, repeats: int = 5) -> float:
+def bf16_speedup(ext: Extension, rows: int = 64, k: int = 576, n: int = 3072, repeats: int = 5) -> float:
     """How many times faster a product of `rows` rows runs with bf16 weights (the fastest bf16 path
     this CPU runs) than with float32 ones, both through our kernels, timed now: the minimum of
     `repeats` alternating runs each, after a warm-up (~10 ms on 2 cores). The shape is the default
@@ -81,7 +106,7 @@ def bf16_speedup(ext: ModuleType, rows: int = 64, k: int = 576, n: int = 3072, r
     return best["float32"] / best["bfloat16"]
 
 
-def prefers_bf16(bf16_in_hardware: bool, load_ext: Callable[[], ModuleType | None]) -> bool:
+def prefers_bf16(bf16_in_hardware: bool, load_ext: Callable[[], Extension | None]) -> bool:
     """What `--dtype auto` takes on this CPU (True: bfloat16 weights, False: float32): float32
     without bf16 in hardware (it would be emulated; `load_ext` is not called); with it, bfloat16 where
     bf16_speedup, measured once per process, reaches BF16_AUTO_MIN_SPEEDUP, or where our kernels
@@ -99,7 +124,7 @@ def prefers_bf16(bf16_in_hardware: bool, load_ext: Callable[[], ModuleType | Non
     return _bf16_choice["choice"]
 
 
-def load(build_root: Path, cap: str | None = None) -> ModuleType | None:
+def load(build_root: Path, cap: str | None = None) -> Extension | None:
     """The compiled extension for the highest ISA level this CPU runs, at most `cap` (a level
     of isa.ladder(), e.g. RADIXLM_CPU_ISA), or None if no build can run here (the reason is
     logged once). The first call builds (or finds) it under `build_root`."""
@@ -109,7 +134,7 @@ def load(build_root: Path, cap: str | None = None) -> ModuleType | None:
     return load_level(build_root, isa.choose_level(features, cap).name)
 
 
-def load_level(build_root: Path, level_name: str) -> ModuleType | None:
+def load_level(build_root: Path, level_name: str) -> Extension | None:
     """The extension built for ISA level `level_name`, its kernels told which features they may
     use (the CPU's, within the level's). Levels that share a build share its module: it follows
     the level of the last call. A level above this CPU is a ValueError."""
@@ -127,10 +152,10 @@ def load_level(build_root: Path, level_name: str) -> ModuleType | None:
     return ext
 
 
-def _build(build_root: Path, build: str) -> ModuleType | None:
+def _build(build_root: Path, build: str) -> Extension | None:
     from torch.utils.cpp_extension import load as load_extension
 
-    flags = list(isa.BUILD_FLAGS[build])
+    flags = [*isa.BUILD_FLAGS[build], f"-DRADIXLM_OPS={ops_namespace(build)}"]
     # keyed by the sources' bytes and their place: torch's loader rebuilds when the source paths
     # change, so two checkouts (or a checkout and an installed wheel) sharing one folder would
     # rebuild over each other
@@ -155,7 +180,7 @@ def _build(build_root: Path, build: str) -> ModuleType | None:
             (build_dir / "lock").unlink(missing_ok=True)
             # hidden visibility: each build's inline functions and statics stay its own, so two
             # builds loaded in one process (the tests of every level) never share code
-            return load_extension(
+            return Extension(load_extension(
                 name=f"radixlm_cpu_kernels_{build}",
                 sources=[str(path) for path in SOURCES],
                 build_directory=str(build_dir),
@@ -163,7 +188,7 @@ def _build(build_root: Path, build: str) -> ModuleType | None:
                 extra_cflags=["-O3", "-fopenmp", "-fvisibility=hidden", *flags],
                 extra_ldflags=["-fopenmp"],
                 verbose=False,
-            )
+            ), build)
     except Exception as e:  # a missing compiler or ninja, a failed build: fall back to torch
         logger.warning("C++ CPU kernels (%s build) off: build failed (%s)", build,
                        str(e).splitlines()[0] if str(e) else type(e).__name__)
@@ -200,7 +225,7 @@ def pack(weight_t: torch.Tensor) -> torch.Tensor:
 
 
 def packed_linear(
-    ext: ModuleType, x: torch.Tensor, packed: torch.Tensor, n: int,
+    ext: Extension, x: torch.Tensor, packed: torch.Tensor, n: int,
     residual: torch.Tensor | None = None, bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x @ W (+ bias) (+ residual) in x's dtype, W from `pack`; `n` is W's true column count."""
@@ -242,18 +267,18 @@ def pack_vnni(weight_t: torch.Tensor) -> torch.Tensor:
     return w.reshape(kp // 2, 2, np_ // VNNI_PANEL, VNNI_PANEL).permute(2, 0, 3, 1).contiguous()
 
 
-def bf16_path(ext: ModuleType) -> str:
+def bf16_path(ext: Extension) -> str:
     """The fastest bf16 GEMM path this CPU runs: 'amx', 'avx512bf16' or 'emulated' (vdpbf16ps
     emulated over the vector layer, at every ISA level)."""
     return BF16_PATHS[ext.cpu_features()["bf16_path"]]
 
 
-def available_bf16_paths(ext: ModuleType) -> list[str]:
+def available_bf16_paths(ext: Extension) -> list[str]:
     """The bf16 GEMM paths this build runs on this CPU (and OS), slowest first."""
     return [BF16_PATHS[i] for i in ext.cpu_features()["bf16_paths"]]
 
 
-def resolve_bf16_path(ext: ModuleType, requested: str | None) -> str:
+def resolve_bf16_path(ext: Extension, requested: str | None) -> str:
     """`requested` (e.g. from RADIXLM_BF16_PATH) if this CPU runs it, the fastest path if None;
     a ValueError naming the paths it can run otherwise."""
     if requested is None:
@@ -266,7 +291,7 @@ def resolve_bf16_path(ext: ModuleType, requested: str | None) -> str:
 
 
 def bf16_linear(
-    ext: ModuleType, x: torch.Tensor, packed: torch.Tensor, n: int,
+    ext: Extension, x: torch.Tensor, packed: torch.Tensor, n: int,
     residual: torch.Tensor | None = None, bias: torch.Tensor | None = None, path: str | None = None,
 ) -> torch.Tensor:
     """bf16(x) @ W (+ bias) (+ residual), W from `pack_vnni`, accumulated in float32, in x's dtype;
@@ -278,7 +303,7 @@ def bf16_linear(
 
 
 def q_linear(
-    ext: ModuleType, x: torch.Tensor, packed: torch.Tensor, n: int,
+    ext: Extension, x: torch.Tensor, packed: torch.Tensor, n: int,
     residual: torch.Tensor | None = None, bias: torch.Tensor | None = None, mode: int = 0,
 ) -> torch.Tensor:
     """x @ W (+ bias) (+ residual) in x's dtype, W block-quantized in quant groups
@@ -290,13 +315,13 @@ def q_linear(
 PAGED_ATTENTION_HEAD_DIMS = (16, 32, 64, 80, 96, 128, 256)
 
 
-def amx_attention_supported(ext: ModuleType, head_dim: int) -> bool:
+def amx_attention_supported(ext: Extension, head_dim: int) -> bool:
     """Whether `paged_attention(..., amx=True)` runs long extends of this head size on AMX tiles
     here (AMX permitted, head_dim 64, 128 or 256)."""
     return bool(ext.amx_attention_supported(head_dim))
 
 
-def vnni_attention_supported(ext: ModuleType, head_dim: int) -> bool:
+def vnni_attention_supported(ext: Extension, head_dim: int) -> bool:
     """Whether `paged_attention(..., vnni=True)` runs long extends of this head size with the
     vector kernel (head_dim 64 or 128): with vdpbf16ps or float32 FMAs, whichever the CPU runs
     faster (`ext.long_extend_uses_fma()`, timed once per process; FMAs where it lacks AVX512-BF16)."""
@@ -304,7 +329,7 @@ def vnni_attention_supported(ext: ModuleType, head_dim: int) -> bool:
 
 
 def paged_attention(
-    ext: ModuleType, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, req_to_token: torch.Tensor,
+    ext: Extension, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, req_to_token: torch.Tensor,
     req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, extend_lens: torch.Tensor,
     extend_start_loc: torch.Tensor, scale: float, amx: bool = False, vnni: bool = False,
 ) -> torch.Tensor:

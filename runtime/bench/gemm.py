@@ -11,7 +11,6 @@ import sys
 import time
 from collections.abc import Callable
 from functools import partial
-from types import ModuleType
 
 from radixlm.runtime.envs import set_process_defaults
 
@@ -43,7 +42,7 @@ def _step(linear: Callable[[torch.Tensor, torch.Tensor], object], weights: list[
     return lambda: [linear(inputs[k], w) for layer in weights for w, (k, _) in zip(layer, SHAPES, strict=True)]
 
 
-def _bf16(ext: ModuleType, path: int, x: torch.Tensor, w: torch.Tensor) -> object:
+def _bf16(ext: cpu_linear.Extension, path: int, x: torch.Tensor, w: torch.Tensor) -> object:
     return ext.bf16_linear(x, w, None, None, path)
 
 

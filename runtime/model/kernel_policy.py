@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import sys
 from dataclasses import dataclass
-from types import ModuleType
 
 import torch
 
@@ -92,7 +91,7 @@ def cpu_isa() -> CpuIsa | None:
     return _chosen["isa"]
 
 
-def load_cpu_kernels() -> ModuleType | None:
+def load_cpu_kernels() -> cpu_linear.Extension | None:
     """The C++ CPU kernels built for this process's level (once, into the cache), or None where
     they cannot run (no compiler, a failed build: the reason is logged)."""
     chosen = cpu_isa()

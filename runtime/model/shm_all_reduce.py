@@ -8,10 +8,11 @@ import os
 import platform
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import torch
+
+from radixlm.kernels import cpu_linear
 
 _SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine())
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
@@ -63,7 +64,7 @@ class ShmAllReduce:
         """This rank's last call's number: its calls on both sides (Python and C++), mod 2^31."""
         return int(self.flags[self.rank])
 
-    def native(self, ext: ModuleType, peers: list[int]) -> Any:
+    def native(self, ext: cpu_linear.Extension, peers: list[int]) -> Any:
         """The C++ side of this all-reduce (kernels/csrc/shm_all_reduce.h: the same calls, ~10x
         less overhead), watching `peers`' processes while it waits."""
         return ext.ShmAllReduce(self.buf, self.rank, self.size, self.max_bytes, peers)

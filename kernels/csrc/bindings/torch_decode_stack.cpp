@@ -2,6 +2,8 @@
 // the torch-free stack (kernels/decode_stack.h) as views.
 #include "bindings/torch_layers.h"
 
+#include <ATen/record_function.h>
+
 #include <utility>
 
 #include "kernels/packed_gemm.h"
@@ -78,6 +80,7 @@ void DecodeStack::add_layer(torch::Tensor qkv, c10::optional<torch::Tensor> qkv_
 torch::Tensor DecodeStack::forward(const torch::Tensor& hidden, const torch::Tensor& rope, const torch::Tensor& slots,
                                    const torch::Tensor& req_to_token, const torch::Tensor& rows,
                                    const torch::Tensor& seq_lens) {
+  RECORD_FUNCTION("radixlm::decode_stack", std::vector<c10::IValue>({hidden}));  // a profiler's name for the step
   const DecodeShape& c = core_.shape();
   const int64_t B = hidden.size(0);
   TORCH_CHECK(hidden.dim() == 2 && hidden.size(1) == c.hidden && hidden.scalar_type() == at::kFloat &&

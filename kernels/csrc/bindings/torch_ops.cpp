@@ -1,8 +1,9 @@
-// The Python entry points of the extension: packed_linear (one linear layer through the packed
-// GEMM of packed_gemm.h), bf16_linear (through the VNNI-panel GEMM of bf16_gemm.h), the CPU's
-// bf16 features, q_linear and q_columns (block-quantized weights, quant_gemm.h), and the torch
-// layers of torch_layers.h: paged attention, the row-wise ops, and DecodeStack (every decoder
-// layer of a decode step).
+// The Python entry points of the extension. Torch ops (TORCH_LIBRARY, below): packed_linear (one
+// linear layer through the packed GEMM of packed_gemm.h), bf16_linear (the VNNI-panel GEMM of
+// bf16_gemm.h), q_linear and q_columns (block-quantized weights, quant_gemm.h), and the torch
+// layers of torch_layers.h: paged attention and the row-wise ops. The Python module (pybind):
+// DecodeStack (every decoder layer of a decode step), the shared-memory all-reduce, and the CPU's
+// features as the kernels see them.
 #include <torch/extension.h>
 
 #include <string>
@@ -129,28 +130,62 @@ pybind11::dict cpu_features() {
   return d;
 }
 
+// The compute ops, registered with torch's dispatcher: Python calls torch.ops.<RADIXLM_OPS>.<op>
+// (kernels/cpu_linear.py Extension), so profilers and torch.compile see them by name. Each build
+// has its own namespace (radixlm_<build>, set by the loader): the tests load several in one process.
+TORCH_LIBRARY(RADIXLM_OPS, m) {
+  m.def("packed_linear(Tensor x, Tensor packed, Tensor? residual=None, Tensor? bias=None) -> Tensor");
+  m.def("bf16_linear(Tensor x, Tensor packed, Tensor? residual=None, Tensor? bias=None, int path=-1) -> Tensor");
+  m.def("q_linear(Tensor x, Tensor packed, int mode=0, Tensor? residual=None, Tensor? bias=None) -> Tensor");
+  m.def("q_columns(Tensor packed, Tensor cols) -> Tensor");
+  m.def("rms_norm(Tensor x, Tensor? weight, float eps) -> Tensor");
+  m.def("silu_mul(Tensor gate_up) -> Tensor");
+  m.def("paged_attention(Tensor q, Tensor k_buf, Tensor v_buf, Tensor req_to_token, Tensor rows, Tensor seq_lens, "
+        "Tensor extend_lens, Tensor extend_start, float scale, bool amx=False, bool vnni=False) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(RADIXLM_OPS, CPU, m) {
+  m.impl("packed_linear", &packed_linear);
+  m.impl("bf16_linear", &bf16_linear);
+  m.impl("q_linear", &q_linear);
+  m.impl("q_columns", &q_columns);
+  m.impl("rms_norm", &radixlm::bindings::rms_norm);
+  m.impl("silu_mul", &radixlm::bindings::silu_mul);
+  m.impl("paged_attention", &radixlm::bindings::paged_attention);
+}
+
+// Output shapes without running (meta tensors: torch.compile's tracing).
+namespace {
+
+torch::Tensor rows_by(const torch::Tensor& x, int64_t n) { return torch::empty({x.size(0), n}, x.options().dtype(at::kFloat)); }
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(RADIXLM_OPS, Meta, m) {
+  m.impl("packed_linear", [](const torch::Tensor& x, const torch::Tensor& packed, const c10::optional<torch::Tensor>&,
+                             const c10::optional<torch::Tensor>&) { return rows_by(x, packed.size(0) * radixlm::kPanel); });
+  m.impl("bf16_linear", [](const torch::Tensor& x, const torch::Tensor& packed, const c10::optional<torch::Tensor>&,
+                           const c10::optional<torch::Tensor>&, int64_t) { return rows_by(x, packed.size(0) * radixlm::kVnniPanel); });
+  m.impl("q_linear", [](const torch::Tensor& x, const torch::Tensor& packed, int64_t, const c10::optional<torch::Tensor>&,
+                        const c10::optional<torch::Tensor>&) { return rows_by(x, packed.size(0) * radixlm::kQGroup); });
+  m.impl("q_columns", [](const torch::Tensor& packed, const torch::Tensor& cols) {
+    return torch::empty({cols.size(0), packed.size(1) * radixlm::kQBlock}, packed.options().dtype(at::kFloat));
+  });
+  m.impl("rms_norm", [](const torch::Tensor& x, const c10::optional<torch::Tensor>&, double) {
+    return torch::empty({x.size(0), x.size(1)}, x.options());
+  });
+  m.impl("silu_mul", [](const torch::Tensor& gu) { return torch::empty({gu.size(0), gu.size(1) / 2}, gu.options()); });
+  m.impl("paged_attention", [](const torch::Tensor& q, const torch::Tensor&, const torch::Tensor&, const torch::Tensor&,
+                               const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, double,
+                               bool, bool) { return torch::empty_like(q); });
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("packed_linear", &packed_linear, "x @ W (+ bias) (+ residual) with W packed in 64-column panels");
-  m.def("bf16_linear", &bf16_linear, "x @ W (+ bias) (+ residual) with W bfloat16 in VNNI panels",
-        pybind11::arg("x"), pybind11::arg("packed"), pybind11::arg("residual") = pybind11::none(),
-        pybind11::arg("bias") = pybind11::none(), pybind11::arg("path") = -1);
-  m.def("q_linear", &q_linear, "x @ W (+ bias) (+ residual) with W block-quantized (Q8_0, Q4_0, Q4_1) in quant groups",
-        pybind11::arg("x"), pybind11::arg("packed"), pybind11::arg("mode") = 0, pybind11::arg("residual") = pybind11::none(),
-        pybind11::arg("bias") = pybind11::none());
-  m.def("q_columns", &q_columns, "columns of block-quantized quant groups dequantized to float32 (a tied embedding's rows)",
-        pybind11::arg("packed"), pybind11::arg("cols"));
   m.def("num_vnni_calls", &radixlm::num_vnni_calls, "quantized products that ran in an int8 (vpdpbusd) mode");
   m.def("cpu_features", &cpu_features,
         "the features the kernels use, the build, the ISA level, and the bf16 GEMM paths (0 emulated, 1 AVX512-BF16, 2 AMX)");
   m.def("set_cpu_features", &set_cpu_features, "the features the kernels may use (bits of dispatch/cpu_features.h) and the level's name",
         pybind11::arg("bits"), pybind11::arg("level"));
-  m.def("rms_norm", &radixlm::bindings::rms_norm, "x / sqrt(mean(x^2) + eps) (* weight) per row, float32 arithmetic, x's dtype");
-  m.def("silu_mul", &radixlm::bindings::silu_mul, "silu(gate) * up of [T, 2n] gate|up rows, float32 arithmetic, one rounding");
-  m.def("paged_attention", &radixlm::bindings::paged_attention,
-        "causal attention of new tokens over their requests' context, read in place from the KV pool",
-        pybind11::arg("q"), pybind11::arg("k_buf"), pybind11::arg("v_buf"), pybind11::arg("req_to_token"),
-        pybind11::arg("rows"), pybind11::arg("seq_lens"), pybind11::arg("extend_lens"), pybind11::arg("extend_start"),
-        pybind11::arg("scale"), pybind11::arg("amx") = false, pybind11::arg("vnni") = false);
   m.def("amx_attention_supported", &radixlm::amx_attention_supported,
         "whether paged_attention(amx=True) runs long extends of this head_dim on AMX tiles here");
   m.def("num_cascade_calls", &radixlm::num_cascade_calls,
@@ -175,5 +210,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         self.all_reduce(t.data_ptr<float>(), t.numel());
       }, "t summed over the ranks, in place (runtime/model/shm_all_reduce.py's protocol)");
 
-  m.def("int8_variants", &radixlm::int8_variants, "the int8 dot variants (quant_gemm.h) this build runs here, fastest first").def("int8_variant", &radixlm::int8_variant, "the int8 dot variant the int8 quantized modes use now").def("set_int8_variant", &radixlm::set_int8_variant, "force an int8 dot variant of int8_variants(); '' for the fastest", pybind11::arg("name"));  // [quant_gemm helper] int8 dot variants
+  m.def("int8_variants", &radixlm::int8_variants, "the int8 dot variants (quant_gemm.h) this build runs here, fastest first");
+  m.def("int8_variant", &radixlm::int8_variant, "the int8 dot variant the int8 quantized modes use now");
+  m.def("set_int8_variant", &radixlm::set_int8_variant, "force an int8 dot variant of int8_variants(); '' for the fastest",
+        pybind11::arg("name"));
 }

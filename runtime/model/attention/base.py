@@ -8,10 +8,10 @@ attends each new query to its request's whole context (cached prefix + new token
 from __future__ import annotations
 
 import abc
-from types import ModuleType
 
 import torch
 
+from radixlm.kernels import cpu_linear
 from radixlm.runtime.mem_cache.mem_pool import KVPool, ReqToTokenPool
 from radixlm.runtime.model.forward_batch import ForwardBatch
 
@@ -36,7 +36,7 @@ class BaseAttentionBackend(abc.ABC):
 
 def create_attention_backend(
     name: str, kv_pool: KVPool, req_to_token_pool: ReqToTokenPool, scaling: float,
-    cpu_kernels: ModuleType | None = None,
+    cpu_kernels: cpu_linear.Extension | None = None,
 ) -> BaseAttentionBackend:
     """`cpu_kernels` (the loaded C++ extension, CPU only): the torch backend attends through its
     paged kernel where that is faster (see torch_backend)."""

@@ -19,11 +19,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import ModuleType
 
 import torch
 import torch.nn.functional as F
 
+from radixlm.kernels import cpu_linear
 from radixlm.kernels.cpu_linear import (
     PAGED_ATTENTION_HEAD_DIMS,
     amx_attention_supported,
@@ -70,7 +70,7 @@ class TorchAttentionBackend(BaseAttentionBackend):
     num_paged_forwards = 0  # forwards that used the paged kernel (a statistic for tests/bench)
 
     def __init__(self, kv_pool: KVPool, req_to_token_pool: ReqToTokenPool, scaling: float,
-                 cpu_kernels: ModuleType | None = None):
+                 cpu_kernels: cpu_linear.Extension | None = None):
         super().__init__(kv_pool, req_to_token_pool, scaling)
         head_dim = kv_pool.k_buffer[0].shape[-1]
         fits = head_dim in PAGED_ATTENTION_HEAD_DIMS and kv_pool.device.type == "cpu"

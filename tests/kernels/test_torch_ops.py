@@ -1,0 +1,61 @@
+"""The C++ compute kernels are torch ops (csrc/bindings/torch_ops.cpp): each build's under its own
+namespace, a meta kernel giving each output's shape without running, profilers and torch.compile
+seeing them by name."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from radixlm.kernels import cpu_linear, quant
+
+
+def _operands(ext: Any) -> dict[str, tuple[tuple[Any, ...], dict[str, Any]]]:
+    """Each op's arguments: small, valid, float32 activations."""
+    x = torch.randn(3, 64)
+    w = torch.randn(64, 128) * 0.1
+    qpacked = quant.pack(quant.quantize(w.t().contiguous(), "q4_1"))
+    k_buf = torch.randn(16, 1, 64)
+    return {
+        "packed_linear": ((x, cpu_linear.pack(w), None, None), {}),
+        "bf16_linear": ((x, cpu_linear.pack_vnni(w), None, None, 0), {}),
+        "q_linear": ((x, qpacked), {"mode": 0}),
+        "q_columns": ((qpacked, torch.tensor([0, 5, 127])), {}),
+        "rms_norm": ((x, torch.ones(64), 1e-6), {}),
+        "silu_mul": ((torch.randn(3, 128),), {}),
+        "paged_attention": ((torch.randn(2, 2, 64), k_buf, torch.randn_like(k_buf),
+                             torch.arange(16, dtype=torch.int32).view(1, 16), torch.tensor([0]), torch.tensor([5]),
+                             torch.tensor([2]), torch.tensor([0]), 0.125), {}),
+    }
+
+
+def test_every_compute_op_is_registered_with_a_meta_kernel(ext: Any) -> None:
+    ops = getattr(torch.ops, cpu_linear.ops_namespace(ext.build))
+    operands = _operands(ext)
+    assert set(operands) == set(cpu_linear.Extension.OPS)
+    for name, (args, kwargs) in operands.items():
+        real = getattr(ops, name)(*args, **kwargs)
+        meta_args = [a.to("meta") if isinstance(a, torch.Tensor) else a for a in args]
+        meta = getattr(ops, name)(*meta_args, **kwargs)
+        assert meta.device.type == "meta"
+        assert (meta.shape, meta.dtype) == (real.shape, real.dtype), name
+
+
+def test_a_profiler_names_the_ops(ext: Any) -> None:
+    args, kwargs = _operands(ext)["packed_linear"]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        ext.packed_linear(*args, **kwargs)
+    names = {e.name for e in prof.events()}
+    assert f"{cpu_linear.ops_namespace(ext.build)}::packed_linear" in names
+
+
+def test_torch_compile_traces_the_ops_in_one_graph(ext: Any) -> None:
+    """fullgraph: dynamo fails on a graph break, so an op it could not trace would fail here."""
+    x, packed, _, _ = _operands(ext)["packed_linear"][0]
+
+    def layer(x: torch.Tensor) -> torch.Tensor:
+        return ext.silu_mul(ext.packed_linear(ext.rms_norm(x, None, 1e-6), packed, None, None))
+
+    compiled = torch.compile(layer, backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(x), layer(x))

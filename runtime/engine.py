@@ -48,8 +48,9 @@ class Engine:
         self.scheduler = self.stack.scheduler
         self.context_len = self.stack.context_len
         self.validator = RequestValidator(
-            self.tokenizer, self.context_len, self.model_config.vocab_size, self.runner.kv_pool.size,
-            self.server_args.grammar_backend,
+            self.tokenizer, self.context_len, self.model_config.vocab_size,
+            self.runner.kv_pool.max_total_num_tokens,
+            self.server_args.grammar_backend, self.server_args.constrained_json_whitespace_pattern,
         )
         self.token_texts = TokenTexts(self.tokenizer.decode)
         self._outputs: dict[str, RequestOutput] = {}  # by rid, while the request runs
@@ -148,7 +149,7 @@ class Engine:
                     raise RequestError(f"request id {rid!r} is already in use")
                 logprob = LogprobOptions(req.return_logprob, req.logprob_start_len, req.top_logprobs_num)
                 sched_req = self.stack.make_req(rid, p.input_ids, p.params, logprob,
-                                                require_reasoning=req.require_reasoning)
+                                                require_reasoning=req.require_reasoning, grammar=p.grammar)
                 self.scheduler.add_request(sched_req)
                 output = self._outputs[rid] = RequestOutput.of(
                     rid, req, self.token_texts, self.server_args.incremental_streaming_output
@@ -177,13 +178,11 @@ class Engine:
     def _deliver(self, step: StepOutput) -> None:
         """Hand one request's progress to its RequestOutput, as the detokenizer would."""
         output = self._outputs.get(step.req.rid)
-        decoder = step.req.decoder
-        if output is None or decoder is None:
+        if output is None:
             return
-        if step.req.is_finished:
-            decoder.finish()  # the held-back tail (the EOS token was never pushed)
-        msg = step.to_message()
-        output.add(StrOutput(msg.rid, decoder.pop_new_text(), msg.new_token_ids, msg.finish_reason,
+        msg = step.to_message()  # its text is the request's decoder's (track_text)
+        assert msg.new_text is not None
+        output.add(StrOutput(msg.rid, msg.new_text, msg.new_token_ids, msg.finish_reason,
                              msg.prompt_tokens, msg.completion_tokens, msg.cached_tokens, msg.logprobs))
 
     def _stream(self, started: list[Started], is_batch: bool) -> Iterator[dict[str, Any]]:

@@ -7,18 +7,22 @@ in a private directory).
   Scheduler --FlushCacheResp / GetInfoResp / CacheTreeResp--> TokenizerManager
 
 Data crosses each boundary once, in its final form: sampling parameters travel as the frozen
-`SamplingParams` validated at the door (pickle rebuilds it without running its checks again),
-and outputs carry only what is new since the request's previous output (token ids, text delta,
-logprob entries); the receiver appends. No message grows with the length of the output so far.
+`SamplingParams` validated at the door (pickle rebuilds it without running its checks again), a
+grammar also as the regex the door lowered it to (`constrained.spec.LoweredGrammar`), and outputs
+carry only what is new since the request's previous output (token ids, text delta, logprob
+entries); the receiver appends. No message grows with the length of the output so far.
 """
 
 from __future__ import annotations
 
 import pickle
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from radixlm.runtime.sampling.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # not loaded here: the detokenizer, which never gets one, need not load outlines-core
+    from radixlm.runtime.constrained.spec import LoweredGrammar
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,7 @@ class TokenizedGenerateReq:
     top_logprobs_num: int = 0
     stream: bool = False
     require_reasoning: bool = False  # with --reasoning-parser: the grammar waits for the reasoning's end
+    grammar: LoweredGrammar | None = None  # lowered once, at the door (outlines backend): compiled as is
 
 
 @dataclass(frozen=True)
@@ -99,7 +104,9 @@ LOGPROB_LISTS = ("input_token_logprobs", "output_token_logprobs", "input_top_log
 
 @dataclass(frozen=True)
 class ReqOutput:
-    """One request's progress in one scheduler step (token ids, not text)."""
+    """One request's progress in one scheduler step: token ids, and text only where the scheduler
+    made it already (a request with stop strings or stop regexes: its decoder, which must see the
+    text to stop it, is the request's one decoder; the detokenizer passes its text on)."""
 
     rid: str
     new_token_ids: tuple[int, ...]
@@ -108,11 +115,13 @@ class ReqOutput:
     completion_tokens: int
     cached_tokens: int
     logprobs: LogprobEntries | None = None  # only when asked for
+    new_text: str | None = None  # the text delta, trimmed at a stop; None: the detokenizer decodes the ids
 
 
 @dataclass(frozen=True)
 class DecodeSettings:
-    """What the detokenizer needs to turn a request's ids into text (sent with its first output)."""
+    """What the detokenizer needs to turn a request's ids into text (sent with its first output;
+    only for requests whose text the scheduler does not make, see `ReqOutput.new_text`)."""
 
     sampling_params: SamplingParams
     prompt_tail: tuple[int, ...]  # the last prompt ids: context for the first output token's text

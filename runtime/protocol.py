@@ -200,18 +200,26 @@ class LoadInfo(Out):
     num_tokens: int = Field(description="KV tokens held by requests")
 
 
+def renamed_to(name: str) -> Any:
+    """A field's old name (issue 36: one name per concept), still sent beside `name` until the next release."""
+    return Field(description=f"deprecated alias of {name}, removed in the next release",
+                 deprecated=f"renamed to {name}")
+
+
 class KvPoolInfo(Out):
-    total_tokens: int
     free_tokens: int
+    total_tokens: int = renamed_to("max_total_num_tokens (top level)")
 
 
 class RadixCacheInfo(Out):
-    cached_tokens: int
+    tree_tokens: int = Field(description="held by the radix tree")
     evictable_tokens: int
     hit_rate: float
     num_queried_tokens: int = Field(description="prompt tokens looked up (hit_rate's denominator)")
     num_matched_tokens: int = Field(description="of those, found cached (hit_rate's numerator)")
-    evicted_tokens: int
+    num_evicted_tokens: int = Field(description="evicted to make room, since the start")
+    cached_tokens: int = renamed_to("tree_tokens")
+    evicted_tokens: int = renamed_to("num_evicted_tokens")
 
 
 class ServerInfo(BaseModel):
@@ -221,7 +229,9 @@ class ServerInfo(BaseModel):
     model_config = ConfigDict(extra="allow")
     model_path: str | None
     context_length: int | None
-    max_total_tokens: int | None
+    max_total_tokens: int | None = Field(description="the flag as given (null: sized from mem_fraction_static)")
+    max_total_num_tokens: int = Field(description="the KV pool's size in tokens (SGLang's name): what "
+                                      "--max-total-tokens resolved to")
     grammar_backend: str
     has_api_key: bool
     kv_pool: KvPoolInfo
@@ -262,25 +272,31 @@ class CacheTreeNode(Out):
 class CacheTreeView(Out):
     nodes: list[CacheTreeNode] = Field(description="the nodes holding the most tokens, parents first")
     num_nodes: int = Field(description="nodes in the whole cache")
-    total_tokens: int
+    tree_tokens: int = Field(description="held by the whole tree (evictable + locked)")
     evictable_tokens: int
     locked_tokens: int
     clock: int = Field(description="the cache's logical clock now (a counter of cache operations)")
     num_visited: int = Field(description="nodes read to build this answer (bounded by max_nodes)")
+    total_tokens: int = renamed_to("tree_tokens")
 
 
 class PoolState(Out):
-    total_tokens: int
+    max_total_num_tokens: int = Field(description="the KV pool's size in tokens")
     free_tokens: int
-    cached_tokens: int = Field(description="held by the radix cache")
+    tree_tokens: int = Field(description="held by the radix tree")
     used_tokens: int = Field(description="held by running requests (not yet cached)")
+    total_tokens: int = renamed_to("max_total_num_tokens")
+    cached_tokens: int = renamed_to("tree_tokens")
 
 
 class CacheCounters(Out):
-    queried_tokens: int = Field(description="prompt tokens looked up in the cache, since the start")
-    matched_tokens: int = Field(description="... of which found cached")
+    num_queried_tokens: int = Field(description="prompt tokens looked up in the cache, since the start")
+    num_matched_tokens: int = Field(description="... of which found cached")
     hit_rate: float
-    evicted_tokens: int
+    num_evicted_tokens: int = Field(description="evicted to make room, since the start")
+    queried_tokens: int = renamed_to("num_queried_tokens")
+    matched_tokens: int = renamed_to("num_matched_tokens")
+    evicted_tokens: int = renamed_to("num_evicted_tokens")
 
 
 class StepRate(Out):
@@ -302,7 +318,8 @@ class DashboardReq(Out):
     prompt_head: str = Field(description="the text of the prompt's first tokens")
     prompt_tokens: int
     cached_tokens: int
-    generated_tokens: int
+    completion_tokens: int = Field(description="generated so far")
+    generated_tokens: int = renamed_to("completion_tokens")
     grammar: GrammarInfo | None
     matched_node: int | None = Field(
         description="the deepest node of its cached prefix that is in tree.nodes (null while waiting)")

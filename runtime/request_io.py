@@ -17,6 +17,7 @@ from typing import Any
 from radixlm.runtime.constrained.backends import DEFAULT_GRAMMAR_BACKEND
 from radixlm.runtime.constrained.backends import validate as validate_grammar
 from radixlm.runtime.constrained.errors import GrammarError
+from radixlm.runtime.constrained.spec import LoweredGrammar
 from radixlm.runtime.errors import RequestError
 from radixlm.runtime.limits import MAX_BATCH, MAX_N, MAX_RID_CHARS, MAX_SEQUENCES, MAX_TOP_LOGPROBS_NUM
 from radixlm.runtime.protocol import GenerateReqInput, parse_body
@@ -51,6 +52,7 @@ class PreparedRequest:
     request: GenerateRequest
     input_ids: list[int]
     params: SamplingParams
+    grammar: LoweredGrammar | None = None  # its grammar as the door lowered it (outlines backend), compiled as is
 
 
 def parse_generate(body: Any) -> tuple[list[GenerateRequest], bool]:
@@ -139,15 +141,16 @@ def expand_copies(base: GenerateRequest, n: int) -> list[GenerateRequest]:
 
 class RequestValidator:
     """Tokenizes and checks requests against one model (its tokenizer, vocabulary, context
-    length and KV pool size)."""
+    length and KV pool size) and its grammar backend (with the server's JSON whitespace pattern)."""
 
-    def __init__(self, tokenizer: Tokenizer, context_len: int, vocab_size: int, max_total_tokens: int,
-                 grammar_backend: str = DEFAULT_GRAMMAR_BACKEND):
+    def __init__(self, tokenizer: Tokenizer, context_len: int, vocab_size: int, max_total_num_tokens: int,
+                 grammar_backend: str = DEFAULT_GRAMMAR_BACKEND, whitespace_pattern: str | None = None):
         self.tokenizer = tokenizer
         self.grammar_backend = grammar_backend
+        self.whitespace_pattern = whitespace_pattern
         self.context_len = context_len
         self.vocab_size = vocab_size
-        self.max_total_tokens = max_total_tokens
+        self.max_total_num_tokens = max_total_num_tokens
         # A token spells at most this many characters, so a longer text cannot fit the context:
         # such prompts are refused before tokenizing them (which would block the event loop).
         self.max_prompt_chars = context_len * max_token_chars(tokenizer)
@@ -167,17 +170,18 @@ class RequestValidator:
             ids = self.tokenizer.encode(req.text)
         else:
             ids = list(req.input_ids or ())
-        check_prompt_ids(ids, self.vocab_size, self.context_len, self.max_total_tokens)
+        check_prompt_ids(ids, self.vocab_size, self.context_len, self.max_total_num_tokens)
         try:
             params = SamplingParams.from_dict(req.sampling_params)
         except (InvalidSamplingParams, TypeError) as e:
             raise RequestError(str(e)) from e
         check_params_fit(params, len(ids), self.context_len, self.vocab_size)
+        grammar = None
         for kind, spec in (("regex", params.regex), ("json_schema", params.json_schema), ("ebnf", params.ebnf),
                            ("structural_tag", params.structural_tag)):
             if spec:
                 try:
-                    validate_grammar(self.grammar_backend, kind, spec)
+                    grammar = validate_grammar(self.grammar_backend, kind, spec, self.whitespace_pattern)
                 except GrammarError as e:
                     raise RequestError(f"sampling_params.{kind}: {e}") from e
         if params.n != 1:
@@ -186,7 +190,7 @@ class RequestValidator:
             raise RequestError(f"top_logprobs_num must be in [0, {MAX_TOP_LOGPROBS_NUM}]")
         if req.logprob_start_len < -1 or req.logprob_start_len >= len(ids):
             raise RequestError(f"logprob_start_len must be in [-1, {len(ids) - 1}]")
-        return PreparedRequest(req, ids, params)
+        return PreparedRequest(req, ids, params, grammar)
 
 
 def max_token_chars(tokenizer: Tokenizer) -> int:
@@ -195,7 +199,7 @@ def max_token_chars(tokenizer: Tokenizer) -> int:
     return max((len(t) for t in tokens if t is not None), default=1)
 
 
-def check_prompt_ids(ids: Sequence[object], vocab_size: int, context_len: int, max_total_tokens: int) -> None:
+def check_prompt_ids(ids: Sequence[object], vocab_size: int, context_len: int, max_total_num_tokens: int) -> None:
     """The checks every prompt passes before it is queued (RequestError, a ValueError, if not)."""
     bad = [t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab_size]
     if bad:
@@ -204,8 +208,8 @@ def check_prompt_ids(ids: Sequence[object], vocab_size: int, context_len: int, m
         raise RequestError("the prompt is empty: at least one input token is required")
     if len(ids) >= context_len:
         raise RequestError(f"the prompt has {len(ids)} tokens; the context length is {context_len}")
-    if len(ids) + 1 > max_total_tokens:
-        raise RequestError(f"the prompt has {len(ids)} tokens; the KV pool holds {max_total_tokens}")
+    if len(ids) + 1 > max_total_num_tokens:
+        raise RequestError(f"the prompt has {len(ids)} tokens; the KV pool holds {max_total_num_tokens}")
 
 
 def copy_seed(seed: Any, copy: int) -> Any:

@@ -253,7 +253,8 @@ HELP = {
     "device": "cpu (cuda is refused until every tensor follows the device)",
     "attention_backend": "torch (CPU default) or triton (CUDA default)",
     "context_length": "longest prompt + output (default: the model's)",
-    "max_total_tokens": "KV pool size in tokens (default: from --mem-fraction-static)",
+    "max_total_tokens": "KV pool size in tokens (default: from --mem-fraction-static); /get_server_info shows the "
+    "size in effect as max_total_num_tokens (SGLang's name)",
     "mem_fraction_static": "share of available memory for the KV pool when --max-total-tokens is unset",
     "max_running_requests": "requests decoding at once",
     "chunked_prefill_size": "prompt tokens computed per step; longer prompts are split across steps",

@@ -146,7 +146,7 @@ def assert_engine_clean(engine: Any) -> None:
     engine.scheduler.check_integrity()
     assert engine.flush_cache()
     pool = engine.scheduler.kv_pool
-    assert pool.num_free == pool.size, f"{pool.size - pool.num_free} KV slots leaked"
+    assert pool.num_free == pool.max_total_num_tokens, f"{pool.max_total_num_tokens - pool.num_free} KV slots leaked"
     assert engine.runner.req_to_token_pool.num_free == engine.runner.req_to_token_pool.max_reqs
 
 

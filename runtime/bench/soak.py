@@ -279,8 +279,8 @@ class SoakReport:
             f"({served} served: {self.kinds['ok']} completed, {self.kinds['aborted']} aborted, "
             f"{self.kinds['disconnected']} disconnected)",
             f"errors: {sum(errors.values())} {dict(sorted(errors.items())) or ''}".rstrip(),
-            f"retractions: {self.info.get('num_retractions')}; evicted tokens: {cache.get('evicted_tokens')}",
-            f"KV pool at the end (cache flushed): {pool['free_tokens']} free of {pool['total_tokens']}",
+            f"retractions: {self.info.get('num_retractions')}; evicted tokens: {cache.get('num_evicted_tokens')}",
+            f"KV pool at the end (cache flushed): {pool['free_tokens']} free of {self.info['max_total_num_tokens']}",
         ]
         if self.rss_mb:
             series = ", ".join(f"{t:.0f}s {mb:.0f}" for t, mb in self.rss_mb)
@@ -364,8 +364,7 @@ def main(argv: list[str] | None = None) -> int:
             proc.wait(timeout=60)
     print(report.render())
     errors = sum(n for kind, n in report.kinds.items() if kind not in ("ok", "aborted", "disconnected"))
-    pool = report.info["kv_pool"]
-    return 1 if errors or pool["free_tokens"] != pool["total_tokens"] else 0
+    return 1 if errors or report.info["kv_pool"]["free_tokens"] != report.info["max_total_num_tokens"] else 0
 
 
 if __name__ == "__main__":

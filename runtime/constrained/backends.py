@@ -17,7 +17,7 @@ import re
 from typing import TYPE_CHECKING
 
 from radixlm.runtime.constrained.errors import GrammarError
-from radixlm.runtime.constrained.spec import validate as validate_outlines
+from radixlm.runtime.constrained.spec import LoweredGrammar, lower
 
 if TYPE_CHECKING:
     from radixlm.runtime.constrained.grammar import GrammarBackend
@@ -51,16 +51,17 @@ def create(name: str, tokenizer: Tokenizer, vocab_size: int, *, num_workers: int
                           whitespace_pattern=whitespace_pattern)
 
 
-def validate(name: str, kind: str, spec: object) -> None:
+def validate(name: str, kind: str, spec: object, whitespace_pattern: str | None = None) -> LoweredGrammar | None:
     """GrammarError if backend `name` cannot serve this grammar (naming the backends that can
-    serve its kind) or the spec is malformed; quick, without the vocabulary."""
+    serve its kind) or the spec is malformed; quick, without the vocabulary. For the outlines
+    backend the check is the lowering to a regex (with `whitespace_pattern`, the server's), returned
+    for the request to carry to the compile worker; None for the others."""
     if kind not in KINDS[name]:
         able = [b for b in GRAMMAR_BACKENDS if kind in KINDS[b]]
         raise GrammarError(f"the {name} grammar backend cannot serve {kind} grammars; "
                            f"start the server with --grammar-backend {' or '.join(able)}")
     if name == "outlines":
-        validate_outlines(kind, spec)
-        return
+        return lower(kind, spec, whitespace_pattern)
     from radixlm.runtime.constrained.compile_cache import normalize_cfg
 
     normalized = normalize_cfg(kind, spec)
@@ -68,7 +69,7 @@ def validate(name: str, kind: str, spec: object) -> None:
         from radixlm.runtime.constrained.llguidance_backend import check
 
         check(kind, normalized)
-        return
+        return None
     import xgrammar as xgr
 
     try:
@@ -89,6 +90,7 @@ def validate(name: str, kind: str, spec: object) -> None:
             json.loads(normalized)
     except (RuntimeError, ValueError) as e:
         raise GrammarError(f"invalid {kind} grammar: {xgrammar_reason(e)}") from None
+    return None
 
 
 def xgrammar_reason(error: Exception) -> str:

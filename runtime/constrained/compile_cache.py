@@ -43,10 +43,14 @@ class CompileCache(Generic[Compiled]):
             failed: Future[Compiled] = Future()
             failed.set_exception(e)
             return failed
+        return self._cached(key, lambda: self._submit(*key))
+
+    def _cached(self, key: tuple[str, str], submit: Callable[[], Future[Compiled]]) -> Future[Compiled]:
+        """The future cached under `key` (kind, normalized), else `submit()`'s, cached."""
         with self._lock:
             future = self._key_to_future.get(key)
             if future is None:
-                future = self._submit(*key)
+                future = submit()
                 self._key_to_future[key] = future
                 while len(self._key_to_future) > self.max_cache:
                     self._key_to_future.popitem(last=False)

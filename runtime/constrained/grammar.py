@@ -1,7 +1,8 @@
 """Compiled grammars (token FSMs over our vocabulary), per-request grammar state, and the backend.
 
-Flow: `GrammarBackend.get(kind, spec)` -> Future[CompiledGrammar] (compiled in a worker thread,
-cached LRU) -> `CompiledGrammar.new_state()` -> a per-request `Grammar`, which the scheduler drives:
+Flow: `GrammarBackend.get(kind, spec)` (or `get_lowered`: a spec the front door lowered to its
+regex already) -> Future[CompiledGrammar] (compiled in a worker thread, cached LRU) ->
+`CompiledGrammar.new_state()` -> a per-request `Grammar`, which the scheduler drives:
 `fill_vocab_mask` before sampling, `accept_token` after, `is_terminated` to finish the request.
 Jump-forward (see `jump_forward`): `jump_forward_ids` gives the tokens of the text the grammar
 forces next, and `fill_vocab_masks` the masks of the positions along them.
@@ -37,7 +38,7 @@ from radixlm.runtime.constrained.errors import GrammarError
 from radixlm.runtime.constrained.index_worker import Build, IndexWorker, token_distances
 from radixlm.runtime.constrained.jump_forward import JumpForward
 from radixlm.runtime.constrained.regex_syntax import python_regex_error
-from radixlm.runtime.constrained.spec import normalize_spec, spec_to_regex, validate
+from radixlm.runtime.constrained.spec import LoweredGrammar, normalize_spec, spec_to_regex, validate
 from radixlm.runtime.constrained.vocabulary import (
     END_MARKER,
     END_MARKER_TOKEN_ID,
@@ -386,13 +387,26 @@ class GrammarBackend(CompileCache[CompiledGrammar]):
         """The pids of the index-building children alive now, both lanes (for tests)."""
         return sorted(self._fast_builders.pids + self._slow_builders.pids)
 
+    def get_lowered(self, lowered: LoweredGrammar) -> Future[CompiledGrammar]:
+        """`get` for a spec the front door lowered already (`spec.lower`): cached under the same
+        key, and its regex compiled as it is, not lowered again."""
+        if lowered.whitespace_pattern != self.whitespace_pattern:
+            raise ValueError(f"the grammar was lowered with the JSON whitespace pattern {lowered.whitespace_pattern!r}, "
+                             f"this backend's is {self.whitespace_pattern!r}")
+        key = (lowered.kind, lowered.normalized)
+        return self._cached(key, lambda: self._submit_compile(lowered.kind, lambda: lowered.regex))
+
     def _submit(self, kind: str, normalized: str) -> Future[CompiledGrammar]:
+        return self._submit_compile(kind, lambda: spec_to_regex(kind, normalized, self.whitespace_pattern))
+
+    def _submit_compile(self, kind: str, to_regex: Callable[[], str]) -> Future[CompiledGrammar]:
+        """Starts compiling the regex `to_regex()` gives (called in the compile thread)."""
         future: Future[CompiledGrammar] = Future()
-        job = self._executor.submit(self._compile_in_fast_lane, kind, normalized, future)
+        job = self._executor.submit(self._compile_in_fast_lane, kind, to_regex, future)
         job.add_done_callback(lambda job: job.cancelled() and future.cancel())  # queued at shutdown
         return future
 
-    def _compile_in_fast_lane(self, kind: str, normalized: str, future: Future[CompiledGrammar]) -> None:
+    def _compile_in_fast_lane(self, kind: str, to_regex: Callable[[], str], future: Future[CompiledGrammar]) -> None:
         """Runs in a fast-lane thread. The first call also builds the tokenizer's vocabulary."""
         if not future.set_running_or_notify_cancel():
             return
@@ -402,7 +416,7 @@ class GrammarBackend(CompileCache[CompiledGrammar]):
         try:
             vocab = get_grammar_vocabulary(self.tokenizer)
             start = time.perf_counter()
-            job = _Compile(kind, spec_to_regex(kind, normalized, self.whitespace_pattern), vocab, start, future)
+            job = _Compile(kind, to_regex(), vocab, start, future)
             build = self._start(job, self._fast_builders)
             if self._fast_builders.is_answering(build, build.started + self.fast_lane_deadline_s):
                 self._finish(job, self._fast_builders, build)

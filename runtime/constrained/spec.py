@@ -2,11 +2,16 @@
 
 Kinds: "regex" (a regex string, Rust `regex` syntax as outlines-core compiles it), "json_schema"
 (a dict or a JSON string), "choices" (a list of strings; the output is exactly one of them).
+
+Lowered once: the front door checks a spec by lowering it (`lower`), and the `LoweredGrammar` it
+gets travels with the request to the compile worker (`GrammarBackend.get_lowered`), which builds
+the token index of its regex as it is.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Literal, get_args
 
 from radixlm.runtime.constrained.errors import GrammarError
@@ -58,6 +63,25 @@ def spec_to_regex(kind: str, normalized: str, whitespace_pattern: str | None = N
     raise GrammarError(f"unknown grammar kind {kind!r}; expected one of {', '.join(GRAMMAR_KINDS)}")
 
 
+@dataclass(frozen=True)
+class LoweredGrammar:
+    """A spec as the front door checked it: its cache key's text (`normalize_spec`) and its
+    regex, lowered with `whitespace_pattern` (JSON schemas; None: outlines-core's `[ ]?`)."""
+
+    kind: str
+    normalized: str
+    regex: str
+    whitespace_pattern: str | None = None
+
+
+def lower(kind: str, spec: object, whitespace_pattern: str | None = None) -> LoweredGrammar:
+    """The spec checked (as `validate` says) and lowered to its regex; GrammarError if it cannot be."""
+    normalized = normalize_spec(kind, spec)
+    if kind == "regex":
+        check_regex_syntax(normalized)
+    return LoweredGrammar(kind, normalized, spec_to_regex(kind, normalized, whitespace_pattern), whitespace_pattern)
+
+
 def validate(kind: str, spec: object) -> None:
     """Raises GrammarError for a spec that is malformed, quickly and without a token index.
 
@@ -67,8 +91,4 @@ def validate(kind: str, spec: object) -> None:
     compile time (e.g. lookaround in a regex, or an index that takes too long to build), with a
     GrammarError from `GrammarBackend.get`'s future.
     """
-    normalized = normalize_spec(kind, spec)
-    if kind == "regex":
-        check_regex_syntax(normalized)
-    elif kind == "json_schema":
-        schema_to_regex(json.loads(normalized))
+    lower(kind, spec)

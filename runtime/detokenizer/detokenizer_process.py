@@ -1,9 +1,11 @@
 """The detokenizer process: token ids from the scheduler -> text for the tokenizer manager.
 
-One `IncrementalDecoder` per request (correct across multi-byte characters, trims at stop
-strings exactly as the scheduler's stop check does, since both run the same decoder on the same
-ids). Each `StrOutput` carries the text delta and the ids new since the request's previous
-output; the tokenizer manager appends them.
+One `IncrementalDecoder` per request, correct across multi-byte characters, for the requests
+whose text the scheduler does not make. A request with stop strings or stop regexes is decoded in
+the scheduler, which must see its text to stop it (free its KV at the stop); its messages carry
+that text (`ReqOutput.new_text`, already trimmed at the stop), passed on here as it is, so its ids
+are decoded once. Each `StrOutput` carries the text delta and the ids new since the request's
+previous output; the tokenizer manager appends them.
 """
 
 from __future__ import annotations
@@ -36,20 +38,9 @@ class DetokenizerManager:
         return io.BatchStrOut(tuple(self._handle_one(out) for out in batch.outputs))
 
     def _handle_one(self, out: io.ReqOutput) -> io.StrOutput:
-        decoder = self.decoders.get(out.rid)
-        new_text = ""
-        if decoder is not None:  # None: a request refused before registration, nothing to decode
-            reason = out.finish_reason
-            new = list(out.new_token_ids)
-            if reason is not None and reason["type"] == "stop" and isinstance(reason["matched"], int) and new:
-                new = new[:-1]  # the EOS / stop token itself is not part of the text
-            new_text = decoder.push(new)
-            if reason is not None:
-                new_text += decoder.finish()
-                del self.decoders[out.rid]
         return io.StrOutput(
             rid=out.rid,
-            new_text=new_text,
+            new_text=self._decode(out) if out.new_text is None else out.new_text,
             new_token_ids=out.new_token_ids,
             finish_reason=out.finish_reason,
             prompt_tokens=out.prompt_tokens,
@@ -57,6 +48,21 @@ class DetokenizerManager:
             cached_tokens=out.cached_tokens,
             logprobs=out.logprobs,
         )
+
+    def _decode(self, out: io.ReqOutput) -> str:
+        """The text of the ids new in `out`, by the request's decoder."""
+        decoder = self.decoders.get(out.rid)
+        if decoder is None:  # a request refused before registration: nothing to decode
+            return ""
+        reason = out.finish_reason
+        new = list(out.new_token_ids)
+        if reason is not None and reason["type"] == "stop" and isinstance(reason["matched"], int) and new:
+            new = new[:-1]  # the EOS / stop token itself is not part of the text
+        new_text = decoder.push(new)
+        if reason is not None:
+            new_text += decoder.finish()
+            del self.decoders[out.rid]
+        return new_text
 
 
 def run_detokenizer_process(args: ServerArgs, paths: IpcPaths, ready: Connection) -> None:

@@ -5,7 +5,8 @@ Ownership: a token slot is, at any moment, exactly one of
   - held by the radix cache (a cached prefix), or
   - held by a running request (its not-yet-cached tokens).
 Slot 0 is reserved as a padding slot: it is never handed out, so padded index tensors can point
-at it harmlessly. `KVPool.size` counts the usable slots (1..size).
+at it harmlessly. `KVPool.max_total_num_tokens` (SGLang's name; the resolved `--max-total-tokens`)
+counts the usable slots (1..max_total_num_tokens).
 """
 
 from __future__ import annotations
@@ -52,31 +53,31 @@ class ReqToTokenPool:
 class KVPool:
     """Per-layer K and V buffers indexed by token slot, with a free-list allocator.
 
-    Buffers: `k_buffer[layer]` is `[size + 1, num_kv_heads, head_dim]` (slot 0 is padding).
+    Buffers: `k_buffer[layer]` is `[max_total_num_tokens + 1, num_kv_heads, head_dim]` (slot 0 is padding).
     Freed slots are handed out again before fresh ones are (a stack), which keeps recently
     touched memory warm.
     """
 
     def __init__(
         self,
-        size: int,
+        max_total_num_tokens: int,
         num_layers: int,
         num_kv_heads: int,
         head_dim: int,
         dtype: torch.dtype,
         device: str | torch.device = "cpu",
     ):
-        if size <= 0:
-            raise ValueError(f"KVPool size must be positive, got {size}")
-        self.size = size
+        if max_total_num_tokens <= 0:
+            raise ValueError(f"KVPool max_total_num_tokens must be positive, got {max_total_num_tokens}")
+        self.max_total_num_tokens = max_total_num_tokens
         self.num_layers = num_layers
         self.dtype = dtype
         self.device = torch.device(device)
-        shape = (size + 1, num_kv_heads, head_dim)
+        shape = (max_total_num_tokens + 1, num_kv_heads, head_dim)
         self.k_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self._free_slots = torch.arange(size, 0, -1, dtype=torch.int64)  # a stack: pop from the end
-        self._num_free = size
+        self._free_slots = torch.arange(max_total_num_tokens, 0, -1, dtype=torch.int64)  # a stack: pop from the end
+        self._num_free = max_total_num_tokens
 
     @staticmethod
     def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
@@ -102,7 +103,7 @@ class KVPool:
         n = slots.numel()
         if n == 0:
             return
-        if self._num_free + n > self.size:
+        if self._num_free + n > self.max_total_num_tokens:
             raise RuntimeError("KVPool.free: more slots freed than were allocated")
         self._free_slots[self._num_free : self._num_free + n] = slots.flatten().flip(0).to(torch.int64)
         self._num_free += n

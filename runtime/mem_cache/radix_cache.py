@@ -26,7 +26,7 @@ Tree invariants (verified by `check_invariants`):
     `parent.children[key[0]]`; the keys on the path from the root spell the cached prefix and the
     values are its KV slots; no slot appears twice in the tree.
   - `lock_ref` of a node >= that of each child (a lock covers a whole root path); a node's tokens
-    are protected iff lock_ref > 0, else evictable; evictable + protected == total cached.
+    are locked iff lock_ref > 0, else evictable; evictable + locked == tree_tokens.
   - `last_access_time` of a node >= that of each child (a touch covers the whole root path), so
     LRU eviction of leaves never prefers a parent over one of its children.
   - `_evictable_leaves` is exactly the set of unlocked non-root nodes without children.
@@ -119,7 +119,7 @@ class BasePrefixCache(ABC):
 
     def __init__(self) -> None:
         self._evictable_tokens = 0  # cached tokens on unlocked nodes
-        self._protected_tokens = 0  # cached tokens on locked nodes
+        self._locked_tokens = 0  # cached tokens on locked nodes
         self._num_nodes = 0  # excluding the root
         self.num_queried_tokens = 0  # over match_prefix(..., record_stats=True) calls
         self.num_matched_tokens = 0
@@ -129,12 +129,13 @@ class BasePrefixCache(ABC):
         return self._evictable_tokens
 
     @property
-    def protected_tokens(self) -> int:
-        return self._protected_tokens
+    def locked_tokens(self) -> int:
+        return self._locked_tokens
 
     @property
-    def total_cached_tokens(self) -> int:
-        return self._evictable_tokens + self._protected_tokens
+    def tree_tokens(self) -> int:
+        """Tokens the tree holds: evictable + locked."""
+        return self._evictable_tokens + self._locked_tokens
 
     @property
     def num_nodes(self) -> int:
@@ -185,7 +186,7 @@ class RadixCache(BasePrefixCache):
     def _reset(self) -> None:
         self.root_node = TreeNode((), _empty_slots(), None, self._time, next(self._node_ids))
         self._evictable_leaves: set[TreeNode] = set()
-        self._evictable_tokens = self._protected_tokens = self._num_nodes = 0
+        self._evictable_tokens = self._locked_tokens = self._num_nodes = 0
 
     def _tick(self) -> int:
         self._time += 1
@@ -266,7 +267,7 @@ class RadixCache(BasePrefixCache):
         while node.parent is not None:
             if node.lock_ref == 0:
                 self._evictable_tokens -= len(node.key)
-                self._protected_tokens += len(node.key)
+                self._locked_tokens += len(node.key)
                 self._evictable_leaves.discard(node)
             node.lock_ref += 1
             node = node.parent
@@ -279,7 +280,7 @@ class RadixCache(BasePrefixCache):
             node.lock_ref -= 1
             if node.lock_ref == 0:
                 self._evictable_tokens += len(node.key)
-                self._protected_tokens -= len(node.key)
+                self._locked_tokens -= len(node.key)
                 if not node.children:
                     self._evictable_leaves.add(node)
             node = node.parent
@@ -317,9 +318,9 @@ class RadixCache(BasePrefixCache):
 
     def flush(self) -> None:
         """Drop every cached prefix, freeing its slots. Raises if any prefix is locked."""
-        if self._protected_tokens:
+        if self._locked_tokens:
             raise RuntimeError(
-                f"flush: {self._protected_tokens} cached tokens are locked by running requests"
+                f"flush: {self._locked_tokens} cached tokens are locked by running requests"
             )
         values = [node.value for node in self._iter_nodes()]
         if values:
@@ -338,7 +339,7 @@ class RadixCache(BasePrefixCache):
 
     def check_invariants(self) -> None:
         """Recount by a full walk and compare with the incremental state (for tests; O(tree))."""
-        evictable = protected = 0
+        evictable = locked = 0
         leaves: set[TreeNode] = set()
         values = []
         for node in self._iter_nodes():
@@ -351,11 +352,11 @@ class RadixCache(BasePrefixCache):
             )
             _require(parent.last_access_time >= node.last_access_time, "parent older than child")
             evictable += 0 if node.lock_ref else len(node.key)
-            protected += len(node.key) if node.lock_ref else 0
+            locked += len(node.key) if node.lock_ref else 0
             if not node.children and not node.lock_ref:
                 leaves.add(node)
             values.append(node.value)
-        _require((evictable, protected) == (self._evictable_tokens, self._protected_tokens), "token counts")
+        _require((evictable, locked) == (self._evictable_tokens, self._locked_tokens), "token counts")
         _require(
             len(values) == self._num_nodes and leaves == self._evictable_leaves, "node count or leaf set"
         )

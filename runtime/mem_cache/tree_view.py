@@ -47,7 +47,7 @@ class NodeView(NamedTuple):
 class TreeView(NamedTuple):
     nodes: tuple[NodeView, ...]  # parents before children
     num_nodes: int  # in the whole cache
-    total_tokens: int
+    tree_tokens: int
     evictable_tokens: int
     locked_tokens: int
     clock: int  # the cache's logical clock now (compare with last_access)
@@ -83,8 +83,8 @@ def view_tree(cache: BasePrefixCache, max_nodes: int, label: Callable[[tuple[int
         look_at_children(node, node.node_id)
     num_shown_children = Counter(parent_id for _, parent_id in shown)
     nodes = tuple(_node_view(node, parent_id, num_shown_children[node.node_id], label) for node, parent_id in shown)
-    return TreeView(nodes, cache.num_nodes, cache.total_cached_tokens, cache.evictable_tokens,
-                    cache.protected_tokens, root.last_access_time, num_visited)
+    return TreeView(nodes, cache.num_nodes, cache.tree_tokens, cache.evictable_tokens,
+                    cache.locked_tokens, root.last_access_time, num_visited)
 
 
 def _node_view(node: TreeNode, parent_id: int | None, num_shown_children: int,

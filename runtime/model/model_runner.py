@@ -40,7 +40,7 @@ SHM_ALL_REDUCE_BYTES = 16 << 20
 class RunnerConfig:
     dtype: torch.dtype
     attention_backend: str
-    max_total_tokens: int
+    max_total_num_tokens: int  # the KV pool's size in tokens (SGLang's name; --max-total-tokens resolved)
     max_running_requests: int
     context_len: int
     device: str = "cpu"
@@ -78,7 +78,7 @@ class RunnerConfig:
             dtype = kv_dtype = args.torch_dtype(lambda: cpu_linear.prefers_bf16(
                 bf16_in_hardware, lambda: None if args.disable_cpu_kernels else load_cpu_kernels()))
         per_token = KVPool.bytes_per_token(model_cfg.num_layers, model_cfg.num_kv_heads, model_cfg.head_dim, kv_dtype)
-        max_total_tokens = args.max_total_tokens or max(
+        max_total_num_tokens = args.max_total_tokens or max(
             1024, int(_available_memory_bytes() * args.mem_fraction_static) // per_token
         )
         quant_mode = args.quant_mode(chosen is not None and chosen.int8_dot_is_fast)
@@ -86,9 +86,9 @@ class RunnerConfig:
             dtype=dtype,
             kv_dtype=kv_dtype,
             attention_backend=args.resolved_attention_backend,
-            max_total_tokens=max_total_tokens,
+            max_total_num_tokens=max_total_num_tokens,
             max_running_requests=args.max_running_requests,
-            context_len=min(context_len, max_total_tokens),
+            context_len=min(context_len, max_total_num_tokens),
             device=args.device,
             cpu_kernels=not args.disable_cpu_kernels,
             adaptive_threads=not args.disable_adaptive_threads and RADIXLM_ADAPTIVE_THREADS.get() != "0",
@@ -126,7 +126,7 @@ class ModelRunner:
         self.model.set_tensor_parallel(tp)
         self.quantized_layers = sum(1 for m in model.modules() if getattr(m, "qweight", None) is not None)
         self.kv_pool = KVPool(
-            runner_cfg.max_total_tokens,
+            runner_cfg.max_total_num_tokens,
             model_cfg.num_layers,
             shard_cfg.num_kv_heads,
             model_cfg.head_dim,
@@ -156,7 +156,7 @@ class ModelRunner:
             runner_cfg.dtype,
             f", {self.quantized_layers} quantized linear layers ({runner_cfg.quant_mode})" if self.quantized_layers else "",
             " (C++ CPU decode kernels)" if self.cpu_kernels else "",
-            runner_cfg.max_total_tokens,
+            runner_cfg.max_total_num_tokens,
             self.kv_pool.dtype,
         )
 

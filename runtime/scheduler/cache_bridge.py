@@ -2,7 +2,7 @@
 
 It moves KV ownership between a request and the cache (see `Req` and `radix_cache` for the
 contracts) and can verify, at any moment, that every slot is owned exactly once:
-    kv_pool.num_free + cache.total_cached_tokens + sum(request-owned slots) == kv_pool.size
+    kv_pool.num_free + cache.tree_tokens + sum(request-owned slots) == kv_pool.max_total_num_tokens
 """
 
 from __future__ import annotations
@@ -111,9 +111,9 @@ class CacheBridge:
     def check_integrity(self, running: Iterable[Req]) -> None:
         """Raise AssertionError unless every KV slot is owned exactly once."""
         owned = sum(r.num_cached - r.cache_prefix_len for r in running if r.req_pool_idx is not None)
-        total = self.kv_pool.num_free + self.cache.total_cached_tokens + owned
-        assert total == self.kv_pool.size, (
+        total = self.kv_pool.num_free + self.cache.tree_tokens + owned
+        assert total == self.kv_pool.max_total_num_tokens, (
             f"KV slots leaked or double-owned: free {self.kv_pool.num_free} + cached "
-            f"{self.cache.total_cached_tokens} + running {owned} != {self.kv_pool.size}"
+            f"{self.cache.tree_tokens} + running {owned} != {self.kv_pool.max_total_num_tokens}"
         )
         self.cache.check_invariants()

@@ -6,6 +6,10 @@ matched, and the recent step rate. A plain JSON-ready dict (the `CacheTree` mode
 Bounded whatever the load: at most `max_nodes` tree nodes, MAX_REQS_SHOWN requests per queue
 (the counts say how many there are), labels of a few tokens, grammar specs cut to
 GRAMMAR_CHARS, and the matched-path walk of each request limited to MAX_PATH_STEPS nodes.
+
+The fields marked "deprecated" are old names of renamed ones (issue 36: one name per concept),
+sent beside the new names until the next release (docs/http-api.md lists them); they go together
+with their `deprecated` fields in `runtime.protocol`.
 """
 
 from __future__ import annotations
@@ -41,13 +45,17 @@ def cache_tree_state(sched: Scheduler, max_nodes: int, decode: Callable[[Sequenc
     return {
         "tree": tree_dict(view),
         "pool": {
-            "total_tokens": pool.size,
+            "max_total_num_tokens": pool.max_total_num_tokens,
             "free_tokens": pool.num_free,
-            "cached_tokens": cache.total_cached_tokens,
-            "used_tokens": pool.size - pool.num_free - cache.total_cached_tokens,  # held by running requests
+            "tree_tokens": cache.tree_tokens,
+            "used_tokens": pool.max_total_num_tokens - pool.num_free - cache.tree_tokens,  # held by running requests
+            "total_tokens": pool.max_total_num_tokens, "cached_tokens": cache.tree_tokens,  # deprecated
         },
-        "cache": {"queried_tokens": cache.num_queried_tokens, "matched_tokens": cache.num_matched_tokens,
-                  "hit_rate": cache.hit_rate, "evicted_tokens": sched.bridge.num_evicted_tokens},
+        "cache": {"num_queried_tokens": cache.num_queried_tokens, "num_matched_tokens": cache.num_matched_tokens,
+                  "hit_rate": cache.hit_rate, "num_evicted_tokens": sched.bridge.num_evicted_tokens,
+                  # deprecated
+                  "queried_tokens": cache.num_queried_tokens, "matched_tokens": cache.num_matched_tokens,
+                  "evicted_tokens": sched.bridge.num_evicted_tokens},
         "steps": _step_rate(sched),
         "num_running_reqs": len(running),
         "num_waiting_reqs": len(waiting),
@@ -58,8 +66,9 @@ def cache_tree_state(sched: Scheduler, max_nodes: int, decode: Callable[[Sequenc
 
 def tree_dict(view: TreeView) -> dict[str, Any]:
     return {"nodes": [_node_dict(node) for node in view.nodes], "num_nodes": view.num_nodes,
-            "total_tokens": view.total_tokens, "evictable_tokens": view.evictable_tokens,
-            "locked_tokens": view.locked_tokens, "clock": view.clock, "num_visited": view.num_visited}
+            "tree_tokens": view.tree_tokens, "evictable_tokens": view.evictable_tokens,
+            "locked_tokens": view.locked_tokens, "clock": view.clock, "num_visited": view.num_visited,
+            "total_tokens": view.tree_tokens}  # deprecated
 
 
 def _node_dict(node: NodeView) -> dict[str, Any]:
@@ -76,7 +85,8 @@ def _req_state(req: Req, state: str, shown_ids: set[int], decode: Callable[[Sequ
         "prompt_head": decode(req.input_ids[:PROMPT_HEAD_TOKENS])[:60],
         "prompt_tokens": len(req.input_ids),
         "cached_tokens": req.cached_tokens,
-        "generated_tokens": len(req.output_ids),
+        "completion_tokens": len(req.output_ids),
+        "generated_tokens": len(req.output_ids),  # deprecated
         "grammar": None if grammar is None else {"kind": grammar[0], "spec": str(grammar[1])[:GRAMMAR_CHARS]},
         "matched_node": shown_ancestor(req.last_node, shown_ids, MAX_PATH_STEPS),  # None while waiting
     }

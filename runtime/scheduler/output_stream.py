@@ -8,8 +8,9 @@ the next forward needs on a small machine. A request's progress is sent
   - while it streams, once `stream_interval` tokens have gathered since its previous message;
   - never in between when it does not stream: its reader takes only the final result.
 Held ids are not lost: a request's next message carries every id since its previous one, and
-logprob entries stay in the request until taken (`StepOutput.to_message`), so the detokenizer and
-the tokenizer manager see the same ids in the same order, in fewer, larger messages.
+logprob entries (and the text of a request decoded here) stay in the request until taken
+(`StepOutput.to_message`), so the detokenizer and the tokenizer manager see the same ids in
+the same order, in fewer, larger messages.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from concurrent.futures import Future
 
     from radixlm.runtime.constrained.grammar import CompiledGrammar, Grammar
+    from radixlm.runtime.constrained.spec import LoweredGrammar
     from radixlm.runtime.detokenizer.detokenizer import IncrementalDecoder
     from radixlm.runtime.mem_cache.radix_cache import TreeNode
     from radixlm.runtime.scheduler.token_matcher import TokenSequenceMatcher
@@ -56,7 +57,8 @@ class Req:
     params: SamplingParams
     eos_token_ids: frozenset[int]
     logprob: LogprobOptions = field(default_factory=LogprobOptions)
-    decoder: IncrementalDecoder | None = None  # watches for stop strings (needs a tokenizer)
+    # makes the text and watches for stop strings (needs a tokenizer); the one decoder of the request
+    decoder: IncrementalDecoder | None = None
     output_ids: list[int] = field(default_factory=list)
     # KV state
     req_pool_idx: int | None = None
@@ -69,7 +71,9 @@ class Req:
     cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache (meta_info)
     is_retracted: bool = False
     finish_reason: FinishReason | None = None
-    # constrained decoding: the compile in flight, then the request's own FSM state
+    # constrained decoding: its grammar as the front door lowered it (outlines backend; None: the
+    # backend takes the spec from params), the compile in flight, then the request's own FSM state
+    lowered_grammar: LoweredGrammar | None = None
     grammar_future: Future[CompiledGrammar] | None = None
     grammar: Grammar | None = None
     # a reasoning request's grammar applies to its answer only: it waits in
@@ -116,6 +120,16 @@ class Req:
     @property
     def is_finished(self) -> bool:
         return self.finish_reason is not None
+
+    def take_new_text(self) -> str | None:
+        """The text its decoder made since the previous call (None: no decoder, the detokenizer
+        makes the text). Once finished, the held-back tail is released with it: the decoder
+        never saw the EOS / stop token id, so its text is not part of the output."""
+        if self.decoder is None:
+            return None
+        if self.is_finished:
+            self.decoder.finish()
+        return self.decoder.pop_new_text()
 
     def append_token(self, token: int, context_len: int) -> None:
         """Record a sampled token and set finish_reason if a stop condition now holds."""

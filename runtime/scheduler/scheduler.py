@@ -85,11 +85,13 @@ class StepOutput:
     token_ids: tuple[int, ...]
 
     def to_message(self) -> ReqOutput:
-        """This progress as the detokenizer takes it (new ids and new logprob entries only)."""
+        """This progress as the detokenizer takes it (new ids, new logprob entries and, when the
+        request's decoder is here, its new text). Call it once per message: it takes what is new."""
         req = self.req
         return ReqOutput(
             rid=req.rid,
             new_token_ids=self.token_ids,
+            new_text=req.take_new_text(),
             finish_reason=None if req.finish_reason is None else req.finish_reason.to_dict(),
             prompt_tokens=len(req.input_ids),
             completion_tokens=len(req.output_ids),
@@ -155,15 +157,19 @@ class Scheduler:
             raise ValueError(
                 f"the prompt has {len(req.input_ids)} tokens; the context length is {self.cfg.context_len}"
             )
-        if len(req.input_ids) + 1 > self.kv_pool.size:
-            raise ValueError(f"the prompt has {len(req.input_ids)} tokens; the KV pool holds {self.kv_pool.size}")
+        if len(req.input_ids) + 1 > self.kv_pool.max_total_num_tokens:
+            raise ValueError(f"the prompt has {len(req.input_ids)} tokens; "
+                             f"the KV pool holds {self.kv_pool.max_total_num_tokens}")
         grammar = grammar_spec(req.params)
         if grammar is None:
             self.waiting.append(req)
             return
         if self.grammar_backend is None:
             raise ValueError("this scheduler has no grammar backend for regex / json_schema requests")
-        req.grammar_future = self.grammar_backend.get(*grammar)
+        if req.lowered_grammar is not None:  # lowered at the door: compiled as it is
+            req.grammar_future = self.grammar_backend.get_lowered(req.lowered_grammar)
+        else:
+            req.grammar_future = self.grammar_backend.get(*grammar)
         self.grammar_waiting.append(req)
 
     def abort(self, rid: str) -> None:
@@ -269,7 +275,8 @@ class Scheduler:
             req = self.running.pop()
             if not self.running and self.chunked_req is None:
                 # alone and still out of memory: the pool cannot hold this sequence any longer
-                req.finish_reason = FinishReason("abort", message=f"KV pool ({self.kv_pool.size} tokens) is full")
+                req.finish_reason = FinishReason(
+                    "abort", message=f"KV pool ({self.kv_pool.max_total_num_tokens} tokens) is full")
                 self.bridge.release(req, keep_in_cache=True)
                 self._aborted.append(req)
                 break

@@ -3,8 +3,8 @@
 Loop: drain incoming messages (dispatched by type; a batch of generate requests one by one), run
 one `Scheduler.step()` when there is work (else block on the socket briefly), send each step's
 token ids to the detokenizer (each request's every `--stream-interval` tokens, its first and its
-last: `output_stream`). Replies to control requests (flush, info, cache tree) go straight to the
-tokenizer manager.
+last: `output_stream`), with their text for the requests decoded here (those with stops). Replies
+to control requests (flush, info, cache tree) go straight to the tokenizer manager.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 import zmq
 
 from radixlm.runtime import messages as io
+from radixlm.runtime.detokenizer.detokenizer import MAX_PROMPT_CONTEXT_LEN
 from radixlm.runtime.ipc import IpcPaths, exit_with_parent, pull_socket, push_socket
 from radixlm.runtime.scheduler.cache_tree_state import cache_tree_state
 from radixlm.runtime.scheduler.output_stream import OutputStream
@@ -58,11 +59,13 @@ class SchedulerServer:
     def handle_generate(self, msg: io.TokenizedGenerateReq) -> None:
         logprob = LogprobOptions(msg.return_logprob, msg.logprob_start_len, msg.top_logprobs_num)
         req = self.stack.make_req(msg.rid, list(msg.input_ids), msg.sampling_params, logprob, track_text=False,
-                                  require_reasoning=msg.require_reasoning)
+                                  require_reasoning=msg.require_reasoning, grammar=msg.grammar)
         self.scheduler.add_request(req)
         self.output_stream.add(msg.rid, msg.stream)
         logger.debug("request %s arrived (%d prompt tokens)", msg.rid, len(msg.input_ids))
-        self._pending_settings[msg.rid] = io.DecodeSettings(msg.sampling_params, msg.input_ids[-8:])
+        if req.decoder is None:  # else its text is made here (it has stops) and travels in its messages
+            prompt_tail = msg.input_ids[-MAX_PROMPT_CONTEXT_LEN:]
+            self._pending_settings[msg.rid] = io.DecodeSettings(msg.sampling_params, prompt_tail)
 
     def handle_abort(self, msg: io.AbortReq) -> None:
         self.scheduler.abort(msg.rid)
@@ -106,8 +109,8 @@ def run_scheduler_process(args: ServerArgs, paths: IpcPaths, ready: Connection, 
     recv = pull_socket(ctx, paths.scheduler_for_rank(dp_rank))
     to_detok = push_socket(ctx, paths.detokenizer)
     to_tm = push_socket(ctx, paths.tokenizer_manager)
-    ready.send(("ready", {"max_total_tokens": server.scheduler.kv_pool.size, "context_len": server.stack.context_len,
-                          "pid": os.getpid(), "dp_rank": dp_rank}))
+    ready.send(("ready", {"max_total_num_tokens": server.scheduler.kv_pool.max_total_num_tokens,
+                          "context_len": server.stack.context_len, "pid": os.getpid(), "dp_rank": dp_rank}))
     poller = zmq.Poller()
     poller.register(recv, zmq.POLLIN)
     while True:

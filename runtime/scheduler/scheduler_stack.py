@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from radixlm.reasoning import reasoning_format
 from radixlm.runtime.constrained import backends as grammar_backends
 from radixlm.runtime.constrained.grammar import NUM_GRAMMAR_COMPILE_WORKERS, GrammarBackend
+from radixlm.runtime.constrained.spec import LoweredGrammar
 from radixlm.runtime.detokenizer.detokenizer import IncrementalDecoder
 from radixlm.runtime.model.kernel_policy import cpu_isa
 from radixlm.runtime.model.model_config import ModelConfig
@@ -81,15 +82,17 @@ class SchedulerStack:
 
     def make_req(
         self, rid: str, ids: list[int], params: SamplingParams, logprob: LogprobOptions, track_text: bool = True,
-        require_reasoning: bool = False,
+        require_reasoning: bool = False, grammar: LoweredGrammar | None = None,
     ) -> Req:
         """A scheduler request for already validated input ids. Its IncrementalDecoder makes the
         text (the Engine's output) and watches for stop strings; a server's scheduler, whose text
-        comes from the detokenizer, needs it only when there are stop strings or regexes (`track_text=False`).
+        comes from the detokenizer, needs it only when there are stop strings or regexes
+        (`track_text=False`), and then sends its text (`ReqOutput.new_text`) in place of the detokenizer's.
         `require_reasoning` (SGLang's): the output starts with reasoning, so with a reasoning
-        parser its grammar, if any, applies only after the end-of-reasoning marker."""
+        parser its grammar, if any, applies only after the end-of-reasoning marker. `grammar`: the
+        front door's lowering of its grammar (outlines backend), compiled as it is."""
         decoder = IncrementalDecoder(self.tokenizer, params, ids) if track_text or params.stop or params.stop_regex else None
-        req = Req(rid, ids, params, self.eos_ids, logprob, decoder)
+        req = Req(rid, ids, params, self.eos_ids, logprob, decoder, lowered_grammar=grammar)
         if require_reasoning and self.think_end_ids and grammar_spec(params) is not None:
             req.reasoning_end = TokenSequenceMatcher(self.think_end_ids)
         return req
@@ -106,15 +109,20 @@ class SchedulerStack:
             # its own copy from here; a name it cannot find on disk it would look up on the hub)
             "tokenizer_path": self.tokenizer.path,
             "context_length": self.context_len,
-            "kv_pool": {"total_tokens": sched.kv_pool.size, "free_tokens": sched.kv_pool.num_free},
+            "max_total_num_tokens": sched.kv_pool.max_total_num_tokens,  # the KV pool's size, where SGLang has it
+            # fields marked "deprecated": old names of renamed ones (issue 36), sent beside the new names until the
+            # next release (docs/http-api.md lists them); they go with their `deprecated` fields in runtime.protocol
+            "kv_pool": {"free_tokens": sched.kv_pool.num_free,
+                        "total_tokens": sched.kv_pool.max_total_num_tokens},  # deprecated
             "tp_worker_pids": [] if self.runner.tp_workers is None else [p.pid for p in self.runner.tp_workers.procs],
             "radix_cache": {
-                "cached_tokens": cache.total_cached_tokens,
+                "tree_tokens": cache.tree_tokens,
                 "evictable_tokens": cache.evictable_tokens,
                 "hit_rate": cache.hit_rate,
                 "num_queried_tokens": cache.num_queried_tokens,  # hit_rate's denominator and numerator
                 "num_matched_tokens": cache.num_matched_tokens,
-                "evicted_tokens": sched.bridge.num_evicted_tokens,
+                "num_evicted_tokens": sched.bridge.num_evicted_tokens,
+                "cached_tokens": cache.tree_tokens, "evicted_tokens": sched.bridge.num_evicted_tokens,  # deprecated
             },
             "num_running_reqs": len(sched.running) + (1 if sched.chunked_req else 0),
             "num_waiting_reqs": len(sched.waiting),

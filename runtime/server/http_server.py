@@ -335,7 +335,7 @@ def document_native_routes(docs: OpenAPIDocs, secured: bool) -> None:
 
 def rank_load(dp_rank: int, info: dict[str, Any]) -> dict[str, Any]:
     """One rank's /get_load entry from its scheduler info."""
-    held = info["kv_pool"]["total_tokens"] - info["kv_pool"]["free_tokens"] - info["radix_cache"]["evictable_tokens"]
+    held = info["max_total_num_tokens"] - info["kv_pool"]["free_tokens"] - info["radix_cache"]["evictable_tokens"]
     return {"dp_rank": dp_rank, "num_reqs": info["num_running_reqs"] + info["num_waiting_reqs"],
             "num_waiting_reqs": info["num_waiting_reqs"], "num_tokens": max(0, held)}
 

@@ -74,10 +74,10 @@ class PrefixIndex:
 
 
 class LoadBalancer:
-    def __init__(self, method: str, dp_size: int, pool_tokens: int):
+    def __init__(self, method: str, dp_size: int, max_total_num_tokens: int):
         self.method = method
         self.loads = [RankLoad() for _ in range(dp_size)]
-        self.indexes = [PrefixIndex(pool_tokens // BLOCK_SIZE) for _ in range(dp_size)]
+        self.indexes = [PrefixIndex(max_total_num_tokens // BLOCK_SIZE) for _ in range(dp_size)]
         self._next = 0
         self._methods: dict[str, Callable[[Sequence[int]], int]] = {
             "round_robin": self._round_robin,

@@ -107,16 +107,17 @@ class Metrics:
         metric("radixlm_generation_tokens_total", "counter", "Tokens generated", self.generation_tokens)
         metric("radixlm_cached_tokens_total", "counter", "Prompt tokens served from the prefix cache", self.cached_tokens)
         if info is not None:
-            pool, cache = info["kv_pool"], info["radix_cache"]
-            used = pool["total_tokens"] - pool["free_tokens"]
+            pool, cache, max_total_num_tokens = info["kv_pool"], info["radix_cache"], info["max_total_num_tokens"]
+            used = max_total_num_tokens - pool["free_tokens"]
             metric("radixlm_num_running_reqs", "gauge", "Requests running", info["num_running_reqs"])
             metric("radixlm_num_waiting_reqs", "gauge", "Requests waiting", info["num_waiting_reqs"])
-            metric("radixlm_kv_pool_total_tokens", "gauge", "KV pool size in tokens", pool["total_tokens"])
+            metric("radixlm_kv_pool_total_tokens", "gauge", "KV pool size in tokens", max_total_num_tokens)
             metric("radixlm_kv_pool_used_tokens", "gauge", "KV pool slots in use (cache + running)", used)
-            metric("radixlm_kv_pool_usage", "gauge", "Share of the KV pool in use", used / max(1, pool["total_tokens"]))
+            metric("radixlm_kv_pool_usage", "gauge", "Share of the KV pool in use", used / max(1, max_total_num_tokens))
             metric("radixlm_cache_hit_rate", "gauge", "Prefix cache hit rate (tokens)", cache["hit_rate"])
-            metric("radixlm_radix_cache_tokens", "gauge", "Tokens held by the radix cache", cache["cached_tokens"])
-            metric("radixlm_evicted_tokens_total", "counter", "Cached tokens evicted to make room", cache["evicted_tokens"])
+            metric("radixlm_radix_cache_tokens", "gauge", "Tokens held by the radix cache", cache["tree_tokens"])
+            metric("radixlm_evicted_tokens_total", "counter", "Cached tokens evicted to make room",
+                   cache["num_evicted_tokens"])
             metric("radixlm_retractions_total", "counter", "Decoding requests retracted (KV pool full)", info["num_retractions"])
         lines += self.ttft.render("radixlm_time_to_first_token_seconds", "Time to first token", labels)
         lines += self.itl.render("radixlm_inter_token_latency_seconds", "Time between output tokens", labels)

@@ -102,7 +102,8 @@ def launch_server(args: ServerArgs) -> int:
             children[name].start()
         infos = {name: _wait_ready(name, children[name], conn) for name, conn in readers.items()}
         ranks = [info for info in infos.values() if "dp_rank" in info]
-        info = {"context_len": ranks[0]["context_len"], "max_total_tokens": min(i["max_total_tokens"] for i in ranks)}
+        info = {"context_len": ranks[0]["context_len"],
+                "max_total_num_tokens": min(i["max_total_num_tokens"] for i in ranks)}
         return _serve_http(args, paths, children, info)
     except RuntimeError as e:
         print(f"radixlm: {e}", file=sys.stderr, flush=True)
@@ -140,9 +141,10 @@ def _serve_http(args: ServerArgs, paths: Any, children: dict[str, BaseProcess], 
     async def main() -> None:
         nonlocal exit_code
         tm = TokenizerManager(paths, tokenizer, model_name, info["context_len"], vocab_size,
-                              info["max_total_tokens"], Metrics(model_name), args.incremental_streaming_output,
+                              info["max_total_num_tokens"], Metrics(model_name), args.incremental_streaming_output,
                               args.grammar_backend,
-                              LoadBalancer(args.load_balance_method, args.dp_size, info["max_total_tokens"]))
+                              LoadBalancer(args.load_balance_method, args.dp_size, info["max_total_num_tokens"]),
+                              whitespace_pattern=args.constrained_json_whitespace_pattern)
         tm.start()
         app = create_app(tm, args.api_key, enable_metrics=args.enable_metrics, tool_call_parser=args.tool_call_parser,
                          reasoning_parser=args.reasoning_parser)

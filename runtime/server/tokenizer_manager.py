@@ -60,17 +60,19 @@ class ServiceUnavailable(RuntimeError):
 
 class TokenizerManager:
     def __init__(self, paths: IpcPaths, tokenizer: Tokenizer, model_name: str, context_len: int,
-                 vocab_size: int, max_total_tokens: int, metrics: Metrics, incremental_streaming_output: bool,
-                 grammar_backend: str, balancer: LoadBalancer | None = None):
+                 vocab_size: int, max_total_num_tokens: int, metrics: Metrics, incremental_streaming_output: bool,
+                 grammar_backend: str, balancer: LoadBalancer | None = None,
+                 whitespace_pattern: str | None = None):
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.context_len = context_len
         self.metrics = metrics
-        self.validator = RequestValidator(tokenizer, context_len, vocab_size, max_total_tokens, grammar_backend)
+        self.validator = RequestValidator(tokenizer, context_len, vocab_size, max_total_num_tokens, grammar_backend,
+                                          whitespace_pattern)
         self.token_texts = TokenTexts(tokenizer.decode)
         self.incremental_streaming_output = incremental_streaming_output
         ctx = zmq.asyncio.Context()
-        self.balancer = balancer or LoadBalancer("round_robin", 1, max_total_tokens)
+        self.balancer = balancer or LoadBalancer("round_robin", 1, max_total_num_tokens)
         self._to_schedulers = [push_socket(ctx, paths.scheduler_for_rank(r)) for r in range(self.balancer.dp_size)]
         self._recv = pull_socket(ctx, paths.tokenizer_manager)
         self.arrivals = ArrivalGate(self._send_generate)
@@ -102,7 +104,7 @@ class TokenizerManager:
         try:
             self.arrivals.submit(rank, io.TokenizedGenerateReq(
                 rid, tuple(ids), prepared.params, req.return_logprob, req.logprob_start_len,
-                req.top_logprobs_num, req.stream, req.require_reasoning,
+                req.top_logprobs_num, req.stream, req.require_reasoning, prepared.grammar,
             ))
             while True:
                 await state.event.wait()
@@ -225,7 +227,7 @@ class TokenizerManager:
 
 
 # summed over ranks in the merged info; a rank's other fields (its settings) are the same on every rank
-_SUMMED = ("num_running_reqs", "num_waiting_reqs", "num_grammar_queue_reqs", "num_retractions")
+_SUMMED = ("max_total_num_tokens", "num_running_reqs", "num_waiting_reqs", "num_grammar_queue_reqs", "num_retractions")
 
 
 def merge_rank_infos(infos: list[dict[str, Any]]) -> dict[str, Any]:

@@ -69,7 +69,7 @@ def test_second_identical_request_hits_cache(engine: Engine) -> None:
     assert first["meta_info"]["cached_tokens"] == 0
     assert second["meta_info"]["cached_tokens"] >= n - 1
     assert second["output_ids"] == first["output_ids"]
-    assert engine.get_server_info()["radix_cache"]["cached_tokens"] > 0
+    assert engine.get_server_info()["radix_cache"]["tree_tokens"] > 0
 
 
 def test_shared_new_prefix_computed_once(engine: Engine) -> None:
@@ -189,9 +189,8 @@ def test_async_generate_concurrent(engine: Engine) -> None:
 
 def test_server_info(engine: Engine) -> None:
     info = engine.get_server_info()
-    assert info["kv_pool"]["total_tokens"] == 4096
-    assert set(info["radix_cache"]) == {"cached_tokens", "evictable_tokens", "hit_rate", "evicted_tokens",
-                                        "num_queried_tokens", "num_matched_tokens"}
+    assert info["max_total_num_tokens"] == 4096  # every key: tests/test_public_names.py
+    assert info["radix_cache"]["tree_tokens"] == info["radix_cache"]["evictable_tokens"]  # nothing runs
     assert info["num_running_reqs"] == 0 and info["num_waiting_reqs"] == 0
 
 

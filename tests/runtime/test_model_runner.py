@@ -93,7 +93,7 @@ def run_greedy(runner: ModelRunner, prompts: list[list[int]], steps: int) -> lis
         sched.step()
     sched.check_integrity()
     sched.flush_cache()
-    assert runner.kv_pool.num_free == runner.kv_pool.size
+    assert runner.kv_pool.num_free == runner.kv_pool.max_total_num_tokens
     return [r.output_ids for r in reqs]
 
 

@@ -17,7 +17,7 @@ Prefix = tuple[int, ...]
 
 
 def make_pool(size: int) -> KVPool:
-    return KVPool(size=size, num_layers=1, num_kv_heads=1, head_dim=1, dtype=torch.float32)
+    return KVPool(max_total_num_tokens=size, num_layers=1, num_kv_heads=1, head_dim=1, dtype=torch.float32)
 
 
 def tree_contents(cache: RadixCache) -> dict[Prefix, int]:
@@ -46,11 +46,11 @@ def check_slot_ownership(cache: RadixCache, pool: KVPool) -> None:
     """Every slot 1..size is exactly one of: free in the pool, or in the tree (once)."""
     cached = list(tree_contents(cache).values())
     free = pool._free_slots[: pool.num_free].tolist()
-    assert len(cached) == len(set(cached)) == cache.total_cached_tokens
+    assert len(cached) == len(set(cached)) == cache.tree_tokens
     assert len(free) == len(set(free))
     assert not set(cached) & set(free)
-    assert pool.num_free + cache.total_cached_tokens == pool.size
-    assert set(cached) | set(free) == set(range(1, pool.size + 1))
+    assert pool.num_free + cache.tree_tokens == pool.max_total_num_tokens
+    assert set(cached) | set(free) == set(range(1, pool.max_total_num_tokens + 1))
 
 
 def insert_fresh(cache: BasePrefixCache, pool: KVPool, token_ids: list[int]) -> tuple[torch.Tensor, int]:
@@ -128,7 +128,7 @@ def test_insert_splits_on_divergence_and_on_prefix() -> None:
     insert_fresh(cache, pool, [5, 6, 7, 8])
     assert insert_fresh(cache, pool, [5, 6])[1] == 2
     assert cache.num_nodes == 5  # (5, 6) -> (7, 8)
-    assert cache.total_cached_tokens == 3 + 1 + 4
+    assert cache.tree_tokens == 3 + 1 + 4
     cache.check_invariants()
     check_slot_ownership(cache, pool)
 
@@ -141,18 +141,18 @@ def test_lock_prevents_eviction_and_counts_follow() -> None:
     node = cache.match_prefix([1, 2, 3]).last_node
     cache.inc_lock_ref(node)
     cache.inc_lock_ref(node)
-    assert (cache.protected_tokens, cache.evictable_tokens, cache.total_cached_tokens) == (3, 2, 5)
+    assert (cache.locked_tokens, cache.evictable_tokens, cache.tree_tokens) == (3, 2, 5)
     assert cache.evict(100) == 2  # only (4, 5)
     assert cache.match_prefix([1, 2, 3]).slots.numel() == 3
     cache.dec_lock_ref(node)
     assert cache.evict(100) == 0  # still locked once
     cache.dec_lock_ref(node)
-    assert (cache.protected_tokens, cache.evictable_tokens) == (0, 3)
+    assert (cache.locked_tokens, cache.evictable_tokens) == (0, 3)
     with pytest.raises(RuntimeError):
         cache.dec_lock_ref(node)
     assert cache.evict(1) == 1  # the leaf (3) goes first; (1, 2) is then a leaf
     assert cache.evict(1) == 2
-    assert cache.num_nodes == 0 and pool.num_free == pool.size
+    assert cache.num_nodes == 0 and pool.num_free == pool.max_total_num_tokens
     cache.check_invariants()
 
 
@@ -188,7 +188,7 @@ def test_evict_frees_into_pool() -> None:
     assert pool.num_free == 3
     assert cache.evict(0) == 0
     assert cache.evict(5) == 5
-    assert pool.num_free == pool.size
+    assert pool.num_free == pool.max_total_num_tokens
     assert set(slots.tolist()) <= set(pool._free_slots[: pool.num_free].tolist())
     assert cache.evict(1) == 0
 
@@ -204,7 +204,7 @@ def test_flush() -> None:
         cache.flush()
     cache.dec_lock_ref(node)
     cache.flush()
-    assert (cache.total_cached_tokens, cache.num_nodes, pool.num_free) == (0, 0, pool.size)
+    assert (cache.tree_tokens, cache.num_nodes, pool.num_free) == (0, 0, pool.max_total_num_tokens)
     assert cache.match_prefix([1, 2, 3]).slots.numel() == 0
     insert_fresh(cache, pool, [1, 2])  # usable after a flush
     check_slot_ownership(cache, pool)
@@ -237,7 +237,7 @@ def test_noop_cache_matches_nothing_and_takes_nothing() -> None:
     assert match.slots.numel() == 0 and match.slots.dtype == torch.int64
     cache.inc_lock_ref(match.last_node)
     cache.dec_lock_ref(match.last_node)
-    assert (cache.evict(10), cache.total_cached_tokens, cache.num_nodes, cache.hit_rate) == (0, 0, 0, 0.0)
+    assert (cache.evict(10), cache.tree_tokens, cache.num_nodes, cache.hit_rate) == (0, 0, 0, 0.0)
     cache.flush()
     cache.check_invariants()
 
@@ -248,9 +248,9 @@ def test_same_caller_code_for_both_caches(cache_cls: type[BasePrefixCache]) -> N
     cache = cache_cls(pool)  # type: ignore[call-arg]
     for seq in ([1, 2, 3], [1, 2, 3, 4], [1, 2, 5], [1, 2, 3, 4]):
         serve_request(cache, pool, seq)
-        assert pool.num_free + cache.total_cached_tokens == pool.size
+        assert pool.num_free + cache.tree_tokens == pool.max_total_num_tokens
         cache.check_invariants()
-    assert cache.total_cached_tokens == (5 if cache_cls is RadixCache else 0)  # 1 2 (3 4 | 5)
+    assert cache.tree_tokens == (5 if cache_cls is RadixCache else 0)  # 1 2 (3 4 | 5)
 
 
 # ------------------------------------------------------------------------ property-based model
@@ -392,7 +392,7 @@ class RadixCacheMachine(RuleBasedStateMachine):
         self.cache.flush()
         self.cached.clear()
         self.access_time.clear()
-        assert self.pool.num_free == self.pool.size
+        assert self.pool.num_free == self.pool.max_total_num_tokens
 
     # ------------------------------------------------------------------ invariants
 
@@ -403,9 +403,9 @@ class RadixCacheMachine(RuleBasedStateMachine):
         check_slot_ownership(self.cache, self.pool)
         locked = self.locked_prefixes()
         assert locked <= self.cached.keys()  # locked paths never shrink
-        assert self.cache.protected_tokens == len(locked)
-        assert self.cache.evictable_tokens + self.cache.protected_tokens == self.cache.total_cached_tokens
-        assert self.cache.total_cached_tokens == len(self.cached)
+        assert self.cache.locked_tokens == len(locked)
+        assert self.cache.evictable_tokens + self.cache.locked_tokens == self.cache.tree_tokens
+        assert self.cache.tree_tokens == len(self.cached)
 
 
 RadixCacheMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40)

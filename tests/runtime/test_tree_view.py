@@ -82,8 +82,8 @@ def test_a_cache_of_100000_nodes_gives_a_bounded_answer(big_cache: RadixCache, m
     assert len(view.nodes) == max_nodes  # there are more than enough
     assert view.num_visited <= 1 + VISIT_BUDGET_PER_NODE * max_nodes  # counted, not timed
     assert view.num_nodes == big_cache.num_nodes
-    assert (view.total_tokens, view.evictable_tokens, view.locked_tokens) == (
-        big_cache.total_cached_tokens, big_cache.evictable_tokens, big_cache.protected_tokens)
+    assert (view.tree_tokens, view.evictable_tokens, view.locked_tokens) == (
+        big_cache.tree_tokens, big_cache.evictable_tokens, big_cache.locked_tokens)
     body = CacheTreeView.model_validate(tree_dict(view)).model_dump_json().encode()
     assert len(body) <= MAX_ANSWER_KB * 1024 * max_nodes / MAX_CACHE_TREE_NODES + 1024
     check_connected(view)
@@ -152,7 +152,7 @@ def test_a_small_tree_is_shown_whole_and_exact(seqs: list[list[int]]) -> None:
     view = view_tree(cache, len(nodes) + 1, str)
     assert {n.node_id for n in view.nodes} == {n.node_id for n in nodes}
     assert all(n.num_hidden_children == 0 for n in view.nodes)
-    assert sum(n.num_tokens for n in view.nodes) == cache.total_cached_tokens
+    assert sum(n.num_tokens for n in view.nodes) == cache.tree_tokens
     check_connected(view)
     if nodes:  # with room for one node only, the root's largest child is it
         top = view_tree(cache, 1, str).nodes

@@ -53,7 +53,7 @@ def test_a_shared_prefix_is_one_node_with_its_token_count(tiny_server: ServerHan
     url = tiny_server.url
     assert httpx.post(f"{url}/flush_cache", timeout=60).status_code == 200
     before = cache_tree(url)
-    assert before["tree"]["nodes"] == [] and before["tree"]["total_tokens"] == 0
+    assert before["tree"]["nodes"] == [] and before["tree"]["tree_tokens"] == 0
     for suffix in ([5, 6, 7], [8, 9, 10], [11, 12, 13]):
         out = generate(url, SHARED + suffix)
     assert out["meta_info"]["cached_tokens"] == len(SHARED)
@@ -63,12 +63,12 @@ def test_a_shared_prefix_is_one_node_with_its_token_count(tiny_server: ServerHan
     assert [n["num_tokens"] for n in top] == [len(SHARED)]
     shared = top[0]
     assert shared["num_children"] == 3 and shared["num_hidden_children"] == 0 and not shared["is_locked"]
-    assert tree["total_tokens"] == sum(n["num_tokens"] for n in tree["nodes"]) == tree["evictable_tokens"]
+    assert tree["tree_tokens"] == sum(n["num_tokens"] for n in tree["nodes"]) == tree["evictable_tokens"]
     assert tree["locked_tokens"] == 0 and tree["num_nodes"] == len(tree["nodes"])  # all shown
     pool = state["pool"]
-    assert pool["cached_tokens"] == tree["total_tokens"]
-    assert pool["free_tokens"] + pool["cached_tokens"] + pool["used_tokens"] == pool["total_tokens"]
-    assert state["cache"]["matched_tokens"] >= 2 * len(SHARED)
+    assert pool["tree_tokens"] == tree["tree_tokens"]
+    assert pool["free_tokens"] + pool["tree_tokens"] + pool["used_tokens"] == pool["max_total_num_tokens"]
+    assert state["cache"]["num_matched_tokens"] >= 2 * len(SHARED)
     assert state["server"]["ttft_count"] >= 3 and state["steps"]["num_forwards"] >= 3
     assert state["running"] == [] and state["waiting"] == []
     assert len(cache_tree(url, max_nodes=1)["tree"]["nodes"]) == 1
@@ -104,7 +104,7 @@ def test_a_running_request_shows_its_counts_grammar_and_locked_path(tiny_server:
     assert state is not None, "the request never showed as running"
     (req,) = [r for r in state["running"] if r["rid"] == f"dash-running-{attempt}"]
     assert req["state"] == "running" and req["prompt_tokens"] == len(SHARED) + 3
-    assert req["cached_tokens"] >= len(SHARED) + 2 and req["generated_tokens"] >= 1
+    assert req["cached_tokens"] >= len(SHARED) + 2 and req["completion_tokens"] >= 1
     assert req["grammar"] == {"kind": "regex", "spec": "[ab]+"}
     nodes = {n["id"]: n for n in state["tree"]["nodes"]}
     path = path_to_root(nodes, req["matched_node"])

@@ -134,7 +134,7 @@ def test_every_rank_is_reported(dp_server: ServerHandle) -> None:
     ranks = info["internal_states"]
     assert [s["dp_rank"] for s in ranks] == [0, 1]
     assert len({s["scheduler_pid"] for s in ranks}) == 2  # two scheduler processes
-    assert info["kv_pool"]["total_tokens"] == sum(s["kv_pool"]["total_tokens"] for s in ranks) == 2 * 4096
+    assert info["max_total_num_tokens"] == sum(s["max_total_num_tokens"] for s in ranks) == 2 * 4096
     load = httpx.get(dp_server.url + "/get_load", timeout=30).json()
     assert [entry["dp_rank"] for entry in load] == [0, 1]
     metrics = httpx.get(dp_server.url + "/metrics", timeout=30).text.splitlines()

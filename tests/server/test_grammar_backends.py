@@ -199,3 +199,24 @@ def test_outlines_backend_refuses_structural_tags(tiny_outlines_server: ServerHa
                       json={"text": "x", "sampling_params": {"structural_tag": json.dumps(STRUCTURES)}}, timeout=60)
     assert resp.status_code == 400
     assert "cannot serve structural_tag grammars; start the server with --grammar-backend xgrammar" in resp.text
+
+
+def test_outlines_backend_lowers_at_the_door_and_serves_what_it_lowered(tiny_outlines_server: ServerHandle) -> None:
+    """The outlines backend's schema -> regex runs once, at the door (the scheduler compiles the
+    regex the request carries): an unsupported schema is a 400 with the door's message, a supported
+    one is served and its output validates."""
+    from radixlm.runtime.constrained import backends
+    from radixlm.runtime.constrained.errors import GrammarError
+
+    unsupported = json.dumps({"not": {"type": "string"}})
+    with pytest.raises(GrammarError) as refused:
+        backends.validate("outlines", "json_schema", unsupported)
+    resp = httpx.post(tiny_outlines_server.url + "/generate",
+                      json={"text": "x", "sampling_params": {"json_schema": unsupported}}, timeout=60)
+    assert resp.status_code == 400
+    assert resp.json()["error"]["message"] == f"sampling_params.json_schema: {refused.value}"
+    for seed in range(3):
+        out = httpx.post(tiny_outlines_server.url + "/generate", timeout=120, json={
+            "text": "Answer:", "sampling_params": {"json_schema": json.dumps(CHOICE_SCHEMA), "temperature": 1.0,
+                                                   "seed": seed, "max_new_tokens": 48}}).json()
+        jsonschema.validate(json.loads(out["text"]), CHOICE_SCHEMA)

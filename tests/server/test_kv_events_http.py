@@ -65,15 +65,15 @@ def test_server_events_follow_the_cache(events_server: tuple[ServerHandle, dict]
         generate(server, others)
         sub.wait_for(lambda live: live.num_removed > 0, "blocks removed by eviction")
         info = radix_info(server)
-        assert info["evicted_tokens"] > 0
+        assert info["num_evicted_tokens"] > 0
         sub.wait_for(lambda live: set(chain_block_hashes(others[-1], BLOCK)) <= set(live.blocks), "the last prompt")
-        cached_tokens = radix_info(server)["cached_tokens"]  # the server is idle: its cache is still
-        sub.wait_for(lambda live: BLOCK * len(live.blocks) <= cached_tokens, "as many blocks as the cache holds")
+        tree_tokens = radix_info(server)["tree_tokens"]  # the server is idle: its cache is still
+        sub.wait_for(lambda live: BLOCK * len(live.blocks) <= tree_tokens, "as many blocks as the cache holds")
 
         num_cleared = sub.live.num_cleared
         flush(server)
         sub.wait_for(lambda live: live.num_cleared > num_cleared, "AllBlocksCleared after /flush_cache")
-        assert not sub.live.blocks and radix_info(server)["cached_tokens"] == 0
+        assert not sub.live.blocks and radix_info(server)["tree_tokens"] == 0
         assert sub.ranks == {0}
 
         # the replay socket resends every batch so far, byte for byte, then its end marker

@@ -107,8 +107,8 @@ def test_flush_forgets_every_rank() -> None:
 def rank_info(rank: int, queried: int, matched: int) -> dict[str, object]:
     return {"dp_size": 2, "dp_rank": rank, "scheduler_pid": 100 + rank, "grammar_backend": "xgrammar",
             "num_running_reqs": 1, "num_waiting_reqs": rank, "num_grammar_queue_reqs": 0, "num_retractions": 2,
-            "num_dispatched_reqs": 5 + rank, "kv_pool": {"total_tokens": 1000, "free_tokens": 400 + rank},
-            "radix_cache": {"cached_tokens": 10, "evictable_tokens": 5, "evicted_tokens": 1,
+            "num_dispatched_reqs": 5 + rank, "max_total_num_tokens": 1000, "kv_pool": {"free_tokens": 400 + rank},
+            "radix_cache": {"tree_tokens": 10, "evictable_tokens": 5, "num_evicted_tokens": 1,
                             "hit_rate": matched / queried, "num_queried_tokens": queried,
                             "num_matched_tokens": matched}}
 
@@ -117,7 +117,7 @@ def test_merge_rank_infos_sums_and_keeps_each_rank() -> None:
     merged = merge_rank_infos([rank_info(0, 100, 50), rank_info(1, 300, 0)])
     assert merged["dp_size"] == 2 and "dp_rank" not in merged and "num_dispatched_reqs" not in merged
     assert (merged["num_running_reqs"], merged["num_waiting_reqs"], merged["num_retractions"]) == (2, 1, 4)
-    assert merged["kv_pool"] == {"total_tokens": 2000, "free_tokens": 801}
+    assert (merged["max_total_num_tokens"], merged["kv_pool"]) == (2000, {"free_tokens": 801})
     assert merged["radix_cache"]["hit_rate"] == 50 / 400  # over all lookups, not the mean of the rates
     assert [s["dp_rank"] for s in merged["internal_states"]] == [0, 1]
 

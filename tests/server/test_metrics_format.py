@@ -24,9 +24,9 @@ HOSTILE_NAME = 'we"ird\\name\nx'  # a double quote, a backslash and a newline
 GREEDY = {"temperature": 0, "max_new_tokens": 4, "ignore_eos": True}
 DISCONNECT_LINE = "client disconnected before sending the whole request body"
 SERVER_INFO = {
-    "num_running_reqs": 1, "num_waiting_reqs": 2, "num_retractions": 3,
-    "kv_pool": {"total_tokens": 4096, "free_tokens": 4000},
-    "radix_cache": {"hit_rate": 0.5, "cached_tokens": 64, "evicted_tokens": 7},
+    "num_running_reqs": 1, "num_waiting_reqs": 2, "num_retractions": 3, "max_total_num_tokens": 4096,
+    "kv_pool": {"free_tokens": 4000},
+    "radix_cache": {"hit_rate": 0.5, "tree_tokens": 64, "num_evicted_tokens": 7},
 }
 
 

@@ -41,7 +41,7 @@ def wait_idle(server: ServerHandle) -> dict[str, Any]:
         if info["num_running_reqs"] == 0 and info["num_waiting_reqs"] == 0:
             assert post(server, "/flush_cache", None).status_code == 200
             info = httpx.get(server.url + "/get_server_info", timeout=30).json()
-            assert info["kv_pool"]["free_tokens"] == info["kv_pool"]["total_tokens"]
+            assert info["kv_pool"]["free_tokens"] == info["max_total_num_tokens"]
             return info
         time.sleep(0.1)
     raise AssertionError("requests still running after 120 s")
@@ -54,8 +54,8 @@ def test_health_and_model_info(tiny_server: ServerHandle) -> None:
     assert info["is_generation"] is True and info["model_path"]
     a = httpx.get(tiny_server.url + "/get_server_info").json()
     b = httpx.get(tiny_server.url + "/server_info").json()
-    assert a["kv_pool"]["total_tokens"] == b["kv_pool"]["total_tokens"] == 4096
-    assert {"cached_tokens", "evictable_tokens", "hit_rate"} <= set(a["radix_cache"])
+    assert a["max_total_num_tokens"] == b["max_total_num_tokens"] == 4096
+    assert {"tree_tokens", "evictable_tokens", "hit_rate"} <= set(a["radix_cache"])
 
 
 def test_generate_single_batch_and_ids(tiny_server: ServerHandle) -> None:

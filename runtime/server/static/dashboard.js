@@ -92,8 +92,8 @@ function record(state) {
   const prev = page.previous;
   const s = page.series;
   if (prev !== null) {
-    push(s.hit, ratio(state.cache.matched_tokens - prev.cache.matched_tokens,
-                      state.cache.queried_tokens - prev.cache.queried_tokens));
+    push(s.hit, ratio(state.cache.num_matched_tokens - prev.cache.num_matched_tokens,
+                      state.cache.num_queried_tokens - prev.cache.num_queried_tokens));
     push(s.ttft, ratio(state.server.ttft_sum - prev.server.ttft_sum, state.server.ttft_count - prev.server.ttft_count));
     push(s.itl, ratio(state.server.itl_sum - prev.server.itl_sum, state.server.itl_count - prev.server.itl_count));
   }
@@ -126,15 +126,15 @@ function render(state) {
   page.last = state;
   const { tree, pool, cache } = state;
   $("pool-used").textContent = fmt(pool.used_tokens);
-  $("pool-cached").textContent = fmt(pool.cached_tokens);
+  $("pool-cached").textContent = fmt(pool.tree_tokens);
   $("pool-free").textContent = fmt(pool.free_tokens);
-  $("pool-total").textContent = fmt(pool.total_tokens);
-  $("tree-total").textContent = fmt(tree.total_tokens);
+  $("pool-total").textContent = fmt(pool.max_total_num_tokens);
+  $("tree-total").textContent = fmt(tree.tree_tokens);
   $("tree-locked").textContent = fmt(tree.locked_tokens);
   $("tree-evictable").textContent = fmt(tree.evictable_tokens);
   $("tree-nodes").textContent = fmt(tree.num_nodes) + " (" + fmt(tree.nodes.length) + ")";
   $("hit-rate").textContent = (100 * cache.hit_rate).toFixed(1) + "%";
-  $("evicted").textContent = fmt(cache.evicted_tokens);
+  $("evicted").textContent = fmt(cache.num_evicted_tokens);
   drawPool(pool);
   drawChart($("chart-hit"), [page.series.hit], 1);
   drawChart($("chart-tput"), [page.series.decode, page.series.prefill]);
@@ -147,8 +147,8 @@ function drawPool(pool) {
   const svg = $("pool-bar");
   svg.replaceChildren();
   let x = 0;
-  for (const [part, value] of [["used", pool.used_tokens], ["cached", pool.cached_tokens], ["free", pool.free_tokens]]) {
-    const width = (400 * value) / Math.max(1, pool.total_tokens);
+  for (const [part, value] of [["used", pool.used_tokens], ["cached", pool.tree_tokens], ["free", pool.free_tokens]]) {
+    const width = (400 * value) / Math.max(1, pool.max_total_num_tokens);
     svgEl("rect", { x, y: 0, width, height: 24, class: "pool-" + part }, svg);
     x += width;
   }
@@ -164,7 +164,7 @@ function drawRequests(state) {
     row.dataset.rid = req.rid;
     row.classList.toggle("selected", req.rid === page.selectedRid);
     const grammar = req.grammar ? req.grammar.kind + ": " + req.grammar.spec : "";
-    for (const value of [req.rid, req.state, fmt(req.prompt_tokens), fmt(req.cached_tokens), fmt(req.generated_tokens), grammar]) {
+    for (const value of [req.rid, req.state, fmt(req.prompt_tokens), fmt(req.cached_tokens), fmt(req.completion_tokens), grammar]) {
       row.insertCell().textContent = value;
     }
     const text = row.insertCell();

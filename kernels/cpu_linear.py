@@ -35,7 +35,7 @@ from types import ModuleType
 
 import torch
 
-from radixlm.kernels import isa
+from radixlm.kernels import isa, quant
 
 logger = logging.getLogger(__name__)
 
@@ -74,11 +74,8 @@ _bf16_choice: dict[str, bool] = {}
 
 
 # `--dtype auto` takes bfloat16 weights on a CPU where a batched product runs at least this many
-# times faster with them than with float32 ones (bf16_speedup). Measured: AMD Zen 5 ~1.8x
-# (vdpbf16ps: 32 rows 11.2 against 20.7 ms per step), a Xeon with AMX ~3x; an Intel Xeon (family 6
-# model 207) with AVX512-BF16 but no AMX 0.9-1.0x (vdpbf16ps 46.9 and its emulation 42.7 against
-# float32's 40.9 ms at 32 rows): there float32 ran W2 1.43x, W3 1.20x and W5 1.44x faster, bf16
-# only W1 (bandwidth) 1.63x.
+# times faster with them than with float32 ones (bf16_speedup): CPUs with AMX or fast vdpbf16ps
+# clear it by far, one with vdpbf16ps at half the FMA's rate does not (figures: docs/cpu-support.md, "Thresholds and the measurements behind them").
 BF16_AUTO_MIN_SPEEDUP = 1.25
 
 
@@ -91,7 +88,7 @@ def bf16_speedup(ext: Extension, rows: int = 64, k: int = 576, n: int = 3072, re
     generator = torch.Generator().manual_seed(0)
     weight_t = torch.randn(k, n, generator=generator)
     x = torch.randn(rows, k, generator=generator)
-    fp32, bf16 = pack(weight_t), pack_vnni(weight_t)
+    fp32, bf16 = pack(weight_t), pack_pairs(weight_t)
     path = BF16_PATHS.index(bf16_path(ext))
     runs = {"float32": lambda: ext.packed_linear(x, fp32, None, None),
             "bfloat16": lambda: ext.bf16_linear(x, bf16, None, None, path)}
@@ -196,15 +193,10 @@ def _build(build_root: Path, build: str) -> Extension | None:
 
 
 # Rows up to which our kernels beat torch's GEMM, measured with `python -m radixlm.runtime.bench.gemm`
-# (a decode step's layers of the default model, distinct weights streamed from memory, 2 threads,
-# ms per step). Both vector kernels hold a 6-row x 64-column block of the output in 24 registers
-# (4 dot products per weight vector loaded). On AMD Zen 5 (2026-11-25): float32, ours against
-# torch's, 1 row 11.0 / 26.7, 32 rows 20.7 / 59.6, 512 rows 220 / 549, 2,048 rows 889 / 2,139
-# (~490 GFLOP/s against ~200: torch's float32 GEMM runs at 40% of this CPU's peak), so every
-# float32 product takes ours; bf16 vdpbf16ps 1 row 5.4 / 10.3, 32 rows 11.2 / 17.6, 128 rows
-# 33.9 / 44.6, 512 rows 120 / 121 (~900 GFLOP/s), 2,048 rows 495 / 474. AMX (Xeon, 2026-11-24):
-# a 32 x 32 block in tiles, 1 row 7.7 ms (torch bf16 17.1), 32 rows 11.5 (19.5), 64 rows ~20
-# (~23), about even from 128 rows on. DecodeStack takes decode batches of up to as many rows.
+# (a decode step's layers of the default model, distinct weights streamed from memory): float32
+# ours at every size; bf16 ours up to where torch's oneDNN catches up on each path (figures:
+# docs/cpu-support.md, "Thresholds and the measurements behind them"). Both vector kernels hold a 6-row x 64-column block of the output in 24 registers (4 dot
+# products per weight vector loaded). DecodeStack takes decode batches of up to as many rows.
 FLOAT32_MAX_ROWS = sys.maxsize
 BF16_MAX_ROWS = {"amx": 64, "avx512bf16": 512, "emulated": 16}
 
@@ -254,17 +246,17 @@ def _run_padded(
 
 # The bf16 GEMM's paths (csrc/bf16_gemm.h), slowest first; `bf16_path` gives the one this CPU runs.
 BF16_PATHS = ("emulated", "avx512bf16", "amx")
-VNNI_PANEL = 32
-VNNI_K = 32
+PAIR_PANEL = 32
+PAIR_K = 32
 
 
-def pack_vnni(weight_t: torch.Tensor) -> torch.Tensor:
-    """`[K, N]` -> bfloat16 VNNI panels `[Np/32, Kp/2, 32, 2]` (K padded to a multiple of 32, N to
+def pack_pairs(weight_t: torch.Tensor) -> torch.Tensor:
+    """`[K, N]` -> bfloat16 pair panels `[Np/32, Kp/2, 32, 2]` (K padded to a multiple of 32, N to
     one of 64, with zeros): panel b, row p holds (W[2p, c], W[2p+1, c]) for its 32 columns c."""
     k, n = weight_t.shape
-    kp, np_ = -(-k // VNNI_K) * VNNI_K, -(-n // PANEL) * PANEL
+    kp, np_ = -(-k // PAIR_K) * PAIR_K, -(-n // PANEL) * PANEL
     w = torch.nn.functional.pad(weight_t.to(torch.bfloat16), (0, np_ - n, 0, kp - k))
-    return w.reshape(kp // 2, 2, np_ // VNNI_PANEL, VNNI_PANEL).permute(2, 0, 3, 1).contiguous()
+    return w.reshape(kp // 2, 2, np_ // PAIR_PANEL, PAIR_PANEL).permute(2, 0, 3, 1).contiguous()
 
 
 def bf16_path(ext: Extension) -> str:
@@ -294,11 +286,11 @@ def bf16_linear(
     ext: Extension, x: torch.Tensor, packed: torch.Tensor, n: int,
     residual: torch.Tensor | None = None, bias: torch.Tensor | None = None, path: str | None = None,
 ) -> torch.Tensor:
-    """bf16(x) @ W (+ bias) (+ residual), W from `pack_vnni`, accumulated in float32, in x's dtype;
+    """bf16(x) @ W (+ bias) (+ residual), W from `pack_pairs`, accumulated in float32, in x's dtype;
     `path` forces one of BF16_PATHS (an error where this CPU cannot run it)."""
     index = -1 if path is None else BF16_PATHS.index(path)
     return _run_padded(lambda xf, res, b: ext.bf16_linear(xf, packed, res, b, index), x,
-                       packed.shape[0] * VNNI_PANEL, n, residual, bias)
+                       packed.shape[0] * PAIR_PANEL, n, residual, bias)
 
 
 
@@ -308,7 +300,7 @@ def q_linear(
 ) -> torch.Tensor:
     """x @ W (+ bias) (+ residual) in x's dtype, W block-quantized in quant groups
     (kernels/quant.py `pack`); `mode` one of quant.MODES' values."""
-    return _run_padded(lambda xf, res, b: ext.q_linear(xf, packed, mode, res, b), x, packed.shape[0] * 16, n,
+    return _run_padded(lambda xf, res, b: ext.q_linear(xf, packed, mode, res, b), x, packed.shape[0] * quant.GROUP, n,
                        residual, bias)
 
 
@@ -321,26 +313,26 @@ def amx_attention_supported(ext: Extension, head_dim: int) -> bool:
     return bool(ext.amx_attention_supported(head_dim))
 
 
-def vnni_attention_supported(ext: Extension, head_dim: int) -> bool:
-    """Whether `paged_attention(..., vnni=True)` runs long extends of this head size with the
+def flash_attention_supported(ext: Extension, head_dim: int) -> bool:
+    """Whether `paged_attention(..., flash=True)` runs long extends of this head size with the
     vector kernel (head_dim 64 or 128): with vdpbf16ps or float32 FMAs, whichever the CPU runs
     faster (`ext.long_extend_uses_fma()`, timed once per process; FMAs where it lacks AVX512-BF16)."""
-    return bool(ext.vnni_attention_supported(head_dim))
+    return bool(ext.flash_attention_supported(head_dim))
 
 
 def paged_attention(
     ext: Extension, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, req_to_token: torch.Tensor,
     req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, extend_lens: torch.Tensor,
-    extend_start_loc: torch.Tensor, scale: float, amx: bool = False, vnni: bool = False,
+    extend_start_loc: torch.Tensor, scale: float, amx: bool = False, flash: bool = False,
 ) -> torch.Tensor:
     """Attention of new tokens `q [T, Hq, D]` over their requests' context in the pool (K/V of
     the new tokens already written), causal; in q's dtype. Token i of request b is q row
-    `extend_start_loc[b] + i` at position `seq_lens[b] - extend_lens[b] + i`. `amx` / `vnni`:
+    `extend_start_loc[b] + i` at position `seq_lens[b] - extend_lens[b] + i`. `amx` / `flash`:
     requests with long extends (16+ new tokens) over a bfloat16 pool take the AMX kernel where
-    `amx_attention_supported`, else the vdpbf16ps one where `vnni_attention_supported`."""
+    `amx_attention_supported`, else the flash-style vector kernel (vdpbf16ps or float32 FMAs, csrc/kernels/flash_attention.cpp) where `flash_attention_supported`; with `flash`, a batch sharing a long prefix takes the cascade."""
     wide = q.dtype not in (torch.float32, torch.bfloat16)
     out = ext.paged_attention(
         (q.float() if wide else q).contiguous(), k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens,
-        extend_lens, extend_start_loc, scale, amx, vnni,
+        extend_lens, extend_start_loc, scale, amx, flash,
     )
     return out.to(q.dtype) if wide else out

@@ -167,9 +167,8 @@ class ServerArgs:
     def torch_dtype(self, cpu_prefers_bf16: Callable[[], bool]) -> torch.dtype:
         """`auto`: bfloat16 on CUDA; on CPU bfloat16 where `cpu_prefers_bf16()` (the model layer
         passes `cpu_linear.prefers_bf16` over its kernels: AVX512-BF16 and a batched bf16 product
-        measured 1.25x float32's, as on Zen 5 ~1.8x and AMX ~3x, not on an Intel CPU with
-        AVX512-BF16 but no AMX, ~0.6x), float32 elsewhere (torch's software bf16 prefills 3.4x
-        slower); RADIXLM_CPU_AUTO_DTYPE overrides the CPU choice, and then `cpu_prefers_bf16` is
+        measured 1.25x float32's), float32 elsewhere (torch's software bf16 prefills slower);
+        RADIXLM_CPU_AUTO_DTYPE overrides the CPU choice, and then `cpu_prefers_bf16` is
         not called. docs/cpu-support.md, "What `auto` picks"."""
         import torch
 

@@ -56,7 +56,7 @@ def main(argv: list[str]) -> None:
     torch_bf16 = [[w.t().contiguous().bfloat16() for w in layer] for layer in weights]
     torch_fp32 = [[w.t().contiguous() for w in layer] for layer in weights]
     fp32_panels = [[cpu_linear.pack(w) for w in layer] for layer in weights]
-    vnni = [[cpu_linear.pack_vnni(w) for w in layer] for layer in weights]
+    pairs = [[cpu_linear.pack_pairs(w) for w in layer] for layer in weights]
     quantized = {fmt: [[quant.pack(quant.quantize(w.t(), fmt)) for w in layer] for layer in weights]
                  for fmt in ("q8_0", "q4_1")}
     modes = ["float32", "int8"]
@@ -75,7 +75,7 @@ def main(argv: list[str]) -> None:
         for path in cpu_linear.available_bf16_paths(ext):
             index = cpu_linear.BF16_PATHS.index(path)
             run = partial(_bf16, ext, index)
-            runs[f"ours bf16 {path}"] = (_step(run, vnni, xs), 2)
+            runs[f"ours bf16 {path}"] = (_step(run, pairs, xs), 2)
         for fmt, packed in quantized.items():
             for mode in modes:
                 run = partial(ext.q_linear, mode=quant.MODES[mode])

@@ -67,13 +67,35 @@ class CpuIsa:
         """Products of up to this many rows go through our kernels, the rest through torch's
         GEMM (cpu_linear.kernel_max_rows, measured against torch's oneDNN bf16 GEMM on CPUs with
         bf16 in hardware). Without it, torch's bf16 GEMM is emulated too and slower than ours at
-        every size (capped at AVX2: a 2,000-token prefill of the default model in bfloat16 ran
-        9 tok/s with rows beyond 16 in torch, 290 with every row in ours), so ours take every row."""
+        every size (docs/cpu-support.md, "Thresholds and the measurements behind them"), so ours
+        take every row."""
         if dtype == torch.bfloat16 and bf16_path == "emulated" and not self.bf16_in_hardware:
             return sys.maxsize
         if dtype == torch.float32 and self.level == "generic":
             return GENERIC_FLOAT32_MAX_ROWS
         return cpu_linear.kernel_max_rows(dtype, bf16_path)
+
+
+@dataclass(frozen=True)
+class AttentionKernels:
+    """Which of the paged attention kernel's long paths a model's attention may take."""
+
+    amx: bool  # long extends over a bfloat16 pool on AMX tiles
+    flash: bool  # long extends, and batches sharing a long prefix (the cascade), in the flash kernels
+
+
+def attention_kernels(ext: cpu_linear.Extension, pool_dtype: torch.dtype, bf16_path: str,
+                      head_dim: int) -> AttentionKernels:
+    """The attention kernels for a KV pool of `pool_dtype` when bf16 products take GEMM path
+    `bf16_path` (which RADIXLM_BF16_PATH may force: it names the instructions allowed). Over a
+    bfloat16 pool: AMX tiles on the AMX path, the flash kernels on the vdpbf16ps one, neither on
+    the emulated one (its vdpbf16ps is emulated too); over a float32 pool the flash kernels' float32
+    FMAs at every level. Decode steps (DecodeStack) and the attention backend both ask here."""
+    bf16_pool = pool_dtype == torch.bfloat16
+    return AttentionKernels(
+        amx=bf16_pool and bf16_path == "amx" and cpu_linear.amx_attention_supported(ext, head_dim),
+        flash=(not bf16_pool or bf16_path == "avx512bf16") and cpu_linear.flash_attention_supported(ext, head_dim),
+    )
 
 
 _chosen: dict[str, CpuIsa | None] = {}

@@ -2,7 +2,7 @@
 LinearMethod pattern): the layer keeps torch's GEMM on its float weight for products beyond the
 method's rows, and hands the rest to the method, which holds the weight packed for one kernel:
 
-    float32 panels -> cpu_linear.packed_linear     bf16 VNNI panels -> cpu_linear.bf16_linear (a path)
+    float32 panels -> cpu_linear.packed_linear     bf16 pair panels -> cpu_linear.bf16_linear (a path)
     quant groups (GGUF blocks) -> cpu_linear.q_linear (a mode; every row: the only copy)
 
 Which method and how many rows is the kernel policy's choice (kernel_policy.CpuIsa); the layers
@@ -97,12 +97,12 @@ def padded_bias(bias: torch.Tensor | None) -> torch.Tensor | None:
 
 def float_method(ext: CpuKernels, weight_t: torch.Tensor, bias: torch.Tensor | None, bf16_path: str,
                  max_rows: int) -> KernelLinear:
-    """A float weight `[in, out]` packed for our float32 (panels) or bfloat16 (VNNI panels, on GEMM
+    """A float weight `[in, out]` packed for our float32 (panels) or bfloat16 (pair panels, on GEMM
     path `bf16_path`) kernel, by its dtype."""
     n = weight_t.shape[1]
     if weight_t.dtype == torch.bfloat16:
         product = partial(cpu_linear.bf16_linear, path=bf16_path)
-        return KernelLinear(ext, product, cpu_linear.pack_vnni(weight_t), n, padded_bias(bias), max_rows)
+        return KernelLinear(ext, product, cpu_linear.pack_pairs(weight_t), n, padded_bias(bias), max_rows)
     return KernelLinear(ext, cpu_linear.packed_linear, cpu_linear.pack(weight_t), n, padded_bias(bias), max_rows)
 
 

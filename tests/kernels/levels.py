@@ -38,7 +38,7 @@ def long_extend_path_runs(module: Any, path: str) -> bool:
     """AMX tiles or vdpbf16ps (the avx512 build on a CPU that has them; AMX where the OS lets
     this process use tiles), or the vector kernel's float32 FMAs (every level)."""
     features = module.cpu_features()
-    return {"amx": bool(features["amx_bf16"]), "vnni": bool(features["avx512_bf16"]), "fma": True}[path]
+    return {"amx": bool(features["amx_bf16"]), "dpbf16": bool(features["avx512_bf16"]), "fma": True}[path]
 
 
 def level_params(cases: Iterable[tuple[str, ...]], runs: Callable[[Any, str], bool]) -> list[Any]:

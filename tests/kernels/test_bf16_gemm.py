@@ -64,7 +64,7 @@ def test_a_path_the_level_cannot_run_is_refused(ext: Any, _: str) -> None:
     """By the C++ side too (a path index passed past resolve_bf16_path), naming what it needs (at
     each level that lacks a path here)."""
     missing = [path for path in cpu_linear.BF16_PATHS if path not in cpu_linear.available_bf16_paths(ext)]
-    w = cpu_linear.pack_vnni(torch.randn(64, 64))
+    w = cpu_linear.pack_pairs(torch.randn(64, 64))
     for path, needs in [("avx512bf16", "AVX512-BF16"), ("amx", "AMX")]:
         if path in missing:
             with pytest.raises(RuntimeError, match=needs):
@@ -73,9 +73,9 @@ def test_a_path_the_level_cannot_run_is_refused(ext: Any, _: str) -> None:
                 cpu_linear.resolve_bf16_path(ext, path)
 
 
-def test_vnni_packing_layout() -> None:
+def test_pair_packing_layout() -> None:
     w = torch.arange(5 * 70, dtype=torch.float32).reshape(5, 70)  # K=5 -> 32 rows, N=70 -> 128 columns
-    packed = cpu_linear.pack_vnni(w)
+    packed = cpu_linear.pack_pairs(w)
     assert packed.shape == (4, 16, 32, 2) and packed.dtype == torch.bfloat16
     wb = w.bfloat16()
     for k, n in [(0, 0), (1, 0), (4, 69), (3, 33), (2, 64)]:
@@ -104,7 +104,7 @@ def test_vector_paths_sum_exactly_as_vdpbf16ps(ext: Any, path: str, m: int) -> N
     gen = torch.Generator().manual_seed(7)
     x = torch.randn(m, 96, generator=gen).bfloat16()
     w = (torch.randn(96, 64, generator=gen) * 0.1).bfloat16()
-    out = cpu_linear.bf16_linear(ext, x.float(), cpu_linear.pack_vnni(w), 64, path=path)
+    out = cpu_linear.bf16_linear(ext, x.float(), cpu_linear.pack_pairs(w), 64, path=path)
     assert torch.equal(out, _vdpbf16ps_model(x, w))
 
 
@@ -122,7 +122,7 @@ def test_paths_match_torch(ext: Any, path: str, m: int, k: int, n: int, extras: 
     x = torch.randn(m, k, generator=gen)
     bias = torch.randn(n, generator=gen) if extras == "both" else None
     residual = torch.randn(m, n, generator=gen) if extras == "both" else None
-    out = cpu_linear.bf16_linear(ext, x, cpu_linear.pack_vnni(w), n, residual, bias, path=path)
+    out = cpu_linear.bf16_linear(ext, x, cpu_linear.pack_pairs(w), n, residual, bias, path=path)
     ref = x.bfloat16().double() @ w.bfloat16().double()
     if bias is not None:
         ref += bias.double()
@@ -141,7 +141,7 @@ def test_every_split_of_the_panels_gives_the_same_bits(ext: Any, path: str, on_t
     gen = torch.Generator().manual_seed(11)
     x = torch.randn(3, 576, generator=gen).bfloat16()
     w = (torch.randn(576, 576, generator=gen) * 0.05).bfloat16()
-    packed = cpu_linear.pack_vnni(w)
+    packed = cpu_linear.pack_pairs(w)
     outs = on_thread_counts(lambda: cpu_linear.bf16_linear(ext, x.float(), packed, 576, path=path))
     assert torch.equal(outs[0], _vdpbf16ps_model(x, w))
     assert torch.equal(outs[1], outs[0]) and torch.equal(outs[2], outs[0])
@@ -151,7 +151,7 @@ def test_bf16_input_gives_bf16_output_and_residual_may_be_strided(ext: Any) -> N
     w = torch.randn(64, 128) * 0.1
     x = torch.randn(3, 64).bfloat16()
     wide = torch.randn(3, 256)
-    out = cpu_linear.bf16_linear(ext, x, cpu_linear.pack_vnni(w), 128, wide[:, :128])
+    out = cpu_linear.bf16_linear(ext, x, cpu_linear.pack_pairs(w), 128, wide[:, :128])
     assert out.dtype == torch.bfloat16
     ref = x.float() @ w.bfloat16().float() + wide[:, :128]
     torch.testing.assert_close(out.float(), ref, atol=2 ** -7 * ref.abs().max().item(), rtol=0)

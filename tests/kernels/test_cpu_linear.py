@@ -189,7 +189,7 @@ def test_decodes_sharing_a_long_prefix_take_the_cascade(ext: Any, runner_at_leve
 # DecodeStack's driver links it with every kernel it calls, torch-free (kernels/parallel.h on OpenMP)
 STACK_DRIVER = ["-DRADIXLM_NO_TORCH", "-fopenmp",
                 *(str(REPO / "kernels" / "csrc" / "kernels" / name)
-                  for name in ("decode_stack.cpp", "paged_attention.cpp", "vnni_attention.cpp", "amx_attention.cpp",
+                  for name in ("decode_stack.cpp", "paged_attention.cpp", "flash_attention.cpp", "amx_attention.cpp",
                                "bf16_gemm.cpp", "quant_gemm.cpp"))]
 
 

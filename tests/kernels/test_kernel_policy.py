@@ -51,3 +51,19 @@ def test_bf16_products_take_our_kernel_at_every_size_without_bf16_hardware(
         logits[dtype] = runner_extend(runner, [row], [0], [prompt]).float()
     err = (torch.log_softmax(logits[torch.bfloat16], -1) - torch.log_softmax(logits[torch.float32], -1)).abs().max()
     assert err.item() < 0.1, err.item()
+
+
+def test_attention_kernels_by_pool_and_bf16_path(ext: Any) -> None:
+    """The paged attention's long paths, one rule for decode steps and the attention backend: a
+    float32 pool takes the flash kernels (float32 FMAs) at every level; a bf16 pool the flash
+    kernels on the vdpbf16ps path, AMX tiles on the AMX one, neither where vdpbf16ps is emulated."""
+    choose = kernel_policy.attention_kernels
+    for head_dim in (64, 128):
+        assert choose(ext, torch.float32, "emulated", head_dim) == kernel_policy.AttentionKernels(amx=False, flash=True)
+        assert choose(ext, torch.bfloat16, "emulated", head_dim) == kernel_policy.AttentionKernels(amx=False, flash=False)
+        if "avx512bf16" in cpu_linear.available_bf16_paths(ext):
+            assert choose(ext, torch.bfloat16, "avx512bf16", head_dim).flash
+        if "amx" in cpu_linear.available_bf16_paths(ext):
+            assert choose(ext, torch.bfloat16, "amx", head_dim) == kernel_policy.AttentionKernels(
+                amx=cpu_linear.amx_attention_supported(ext, head_dim), flash=False)
+    assert not choose(ext, torch.float32, "emulated", 80).flash  # a head size the flash kernels do not take

@@ -3,7 +3,7 @@ torch reference (kernels/reference.py), at every ISA level this CPU runs (the `e
 decode, extend and mixed batches over scattered pool slots, float32 and bfloat16 pools, every
 supported head size, GQA; its long-extend kernels over a bfloat16 pool (the vector one in
 float32 FMAs at every level, with vdpbf16ps where the level and CPU have AVX512-BF16:
-csrc/kernels/vnni_attention.cpp; AMX tiles where the CPU has them: csrc/kernels/amx_attention.cpp;
+csrc/kernels/flash_attention.cpp; AMX tiles where the CPU has them: csrc/kernels/amx_attention.cpp;
 the paths a level cannot run are skipped, with the reason); and the attention backend's choice
 of path (the kernel for batches; torch's SDPA for one long uncached prompt unless a long-extend
 path runs). The paged kernel with its dispatch (tests/kernels/csrc/test_paged_attention.cpp) and the
@@ -145,7 +145,7 @@ def amx_runs(ext: Any) -> bool:
     return bool(ext.cpu_features()["amx_bf16"])
 
 
-def vnni_runs(ext: Any) -> bool:
+def dpbf16_runs(ext: Any) -> bool:
     """vdpbf16ps at this level (the avx512 build on a CPU with AVX512-BF16)."""
     return bool(ext.cpu_features()["avx512_bf16"])
 
@@ -153,7 +153,7 @@ def vnni_runs(ext: Any) -> bool:
 def test_long_extend_dispatch_follows_the_cpu(ext: Any) -> None:
     for dim in (16, 32, 64, 80, 128, 256):
         assert cpu_linear.amx_attention_supported(ext, dim) == (amx_runs(ext) and dim in (64, 128, 256))
-        assert cpu_linear.vnni_attention_supported(ext, dim) == (dim in (64, 128))  # vdpbf16ps or FMAs
+        assert cpu_linear.flash_attention_supported(ext, dim) == (dim in (64, 128))  # vdpbf16ps or FMAs
 
 
 @pytest.fixture(autouse=True)
@@ -173,7 +173,7 @@ def test_long_extend_math_is_timed_once_and_can_be_set(ext: Any) -> None:
     """Without AVX512-BF16 the vector kernel always runs in FMAs (vdpbf16ps cannot be asked for);
     with it, the first use times both maths and keeps the faster one; a set math holds."""
     measured = ext.long_extend_uses_fma()
-    if not vnni_runs(ext):
+    if not dpbf16_runs(ext):
         assert measured
         with pytest.raises(RuntimeError, match="lacks AVX512-BF16"):
             ext.set_long_extend_math(0)
@@ -192,16 +192,16 @@ def _reference(q: torch.Tensor, batch: ForwardBatch, args: tuple, dim: int) -> t
 
 
 def _set_math(ext: Any, path: str) -> None:
-    """For the vector kernel ("vnni": vdpbf16ps, "fma": float32 FMAs) its math; paged_attention
-    then takes amx= / vnni=."""
-    if path in ("vnni", "fma"):
+    """For the vector kernel ("dpbf16": vdpbf16ps, "fma": float32 FMAs) its math; paged_attention
+    then takes amx= / flash=."""
+    if path in ("dpbf16", "fma"):
         ext.set_long_extend_math(int(path == "fma"))
 
 
 # the (path, heads, kv_heads, head_dim) the long-extend kernels serve: AMX 64, 128 and 256, the
-# vector kernel 64 and 128 (cpu_linear.amx_attention_supported / vnni_attention_supported)
+# vector kernel 64 and 128 (cpu_linear.amx_attention_supported / flash_attention_supported)
 LONG_SHAPES = [(9, 3, 64), (2, 1, 128), (2, 2, 256), (4, 4, 64)]
-LONG_PATH_SHAPES = [(path, *shape) for path in ("amx", "vnni", "fma") for shape in LONG_SHAPES
+LONG_PATH_SHAPES = [(path, *shape) for path in ("amx", "dpbf16", "fma") for shape in LONG_SHAPES
                     if path == "amx" or shape[2] in (64, 128)]
 
 
@@ -223,7 +223,7 @@ def test_long_extend_paths_match_reference(ext: Any, path: str, case: str, q_dty
     q = q.to(q_dtype)
     args = (pool.k_buffer[0], pool.v_buffer[0], reqs.req_to_token, batch.req_pool_indices, batch.seq_lens)
     got = cpu_linear.paged_attention(ext, q, *args, batch.extend_lens, batch.extend_start_loc, dim**-0.5,
-                                     amx=path == "amx", vnni=path != "amx")
+                                     amx=path == "amx", flash=path != "amx")
     assert got.dtype == q_dtype
     # q, K, V and the softmax weights enter the products as bfloat16
     assert (got.float() - _reference(q, batch, args, dim)).abs().max().item() < 1.6e-2
@@ -236,10 +236,10 @@ def test_long_extends_over_a_float32_pool_run_in_fmas_within_float32_rounding(ex
     """Over a float32 pool the vector kernel always runs in FMAs (whatever the math set for bf16
     pools): nothing is rounded to bf16, so it matches the float32 reference as closely as the
     per-row kernel does."""
-    ext.set_long_extend_math(0 if vnni_runs(ext) else 1)  # a bf16 pool's math must not matter here
+    ext.set_long_extend_math(0 if dpbf16_runs(ext) else 1)  # a bf16 pool's math must not matter here
     pool, reqs, batch, q = scattered_batch(*LONG_CASES[case], heads, kv_heads, dim, torch.float32)
     args = (pool.k_buffer[0], pool.v_buffer[0], reqs.req_to_token, batch.req_pool_indices, batch.seq_lens)
-    got = cpu_linear.paged_attention(ext, q, *args, batch.extend_lens, batch.extend_start_loc, dim**-0.5, vnni=True)
+    got = cpu_linear.paged_attention(ext, q, *args, batch.extend_lens, batch.extend_start_loc, dim**-0.5, flash=True)
     assert got.dtype == torch.float32
     assert (got - _reference(q, batch, args, dim)).abs().max().item() < 1e-5
 
@@ -255,7 +255,7 @@ CASCADE_CASES = {  # (prefix lengths, extend lengths, shared slots, whether the 
 
 
 # (the vector kernel's math, q's dtype): over a float32 pool the math is FMAs and q float32
-CASCADE_MATHS = [("vnni", torch.float32), ("vnni", torch.bfloat16), ("fma", torch.float32), ("fma", torch.bfloat16),
+CASCADE_MATHS = [("dpbf16", torch.float32), ("dpbf16", torch.bfloat16), ("fma", torch.float32), ("fma", torch.bfloat16),
                  ("fma-float32-pool", torch.float32)]
 
 
@@ -263,9 +263,9 @@ CASCADE_MATHS = [("vnni", torch.float32), ("vnni", torch.bfloat16), ("fma", torc
     CASCADE_MATHS, lambda module, math: long_extend_path_runs(module, math.partition("-")[0])), indirect=["ext"])
 @pytest.mark.parametrize("case", sorted(CASCADE_CASES))
 @pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (2, 1, 128)])
-def test_vnni_cascade_over_a_shared_prefix_matches_reference(ext: Any, math: str, case: str, q_dtype: torch.dtype,
+def test_flash_cascade_over_a_shared_prefix_matches_reference(ext: Any, math: str, case: str, q_dtype: torch.dtype,
                                                             heads: int, kv_heads: int, dim: int) -> None:
-    """With vnni, a batch whose requests share 64+ leading slots, 4x their other keys, attends in
+    """With flash, a batch whose requests share 64+ leading slots, 4x their other keys, attends in
     two passes (every row over the shared keys, packed once; each request over its own keys)
     whose softmaxes are merged; otherwise (fewer shared slots, a shorter share, one request) the
     per-request paths run. Each equals the float32 reference within bf16 rounding."""
@@ -277,13 +277,13 @@ def test_vnni_cascade_over_a_shared_prefix_matches_reference(ext: Any, math: str
     q = q.to(q_dtype)
     args = (pool.k_buffer[0], pool.v_buffer[0], reqs.req_to_token, batch.req_pool_indices, batch.seq_lens)
     before = ext.num_cascade_calls()
-    got = cpu_linear.paged_attention(ext, q, *args, batch.extend_lens, batch.extend_start_loc, dim**-0.5, vnni=True)
+    got = cpu_linear.paged_attention(ext, q, *args, batch.extend_lens, batch.extend_start_loc, dim**-0.5, flash=True)
     assert ext.num_cascade_calls() - before == int(cascade)
     assert got.dtype == q_dtype
     assert (got.float() - _reference(q, batch, args, dim)).abs().max().item() < (1e-5 if f32_pool else 1.6e-2)
 
 
-@pytest.mark.parametrize(("ext", "path"), level_params([("amx",), ("vnni",), ("fma",)], long_extend_path_runs),
+@pytest.mark.parametrize(("ext", "path"), level_params([("amx",), ("dpbf16",), ("fma",)], long_extend_path_runs),
                          indirect=["ext"])
 def test_long_extend_paths_are_as_close_as_torch_bf16_sdpa(ext: Any, path: str) -> None:
     """W5's shape (one 2,000-token prompt, the default model's heads): each long-extend path's
@@ -293,7 +293,7 @@ def test_long_extend_paths_are_as_close_as_torch_bf16_sdpa(ext: Any, path: str) 
     args = (pool.k_buffer[0], pool.v_buffer[0], reqs.req_to_token, batch.req_pool_indices, batch.seq_lens)
     want = _reference(q, batch, args, 64)
     got = cpu_linear.paged_attention(ext, q, *args, batch.extend_lens, batch.extend_start_loc, 64**-0.5,
-                                     amx=path == "amx", vnni=path != "amx")
+                                     amx=path == "amx", flash=path != "amx")
     k_ctx, v_ctx = (buf[reqs.req_to_token[batch.req_pool_indices[0], :2000].long()].transpose(0, 1)[None]
                     for buf in args[:2])
     torch_bf16 = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k_ctx, v_ctx, is_causal=True,
@@ -316,12 +316,12 @@ def test_backend_sends_long_prompts_to_a_long_extend_path(ext: Any, monkeypatch:
     vector = TorchAttentionBackend(pool, reqs, 64**-0.5, ext)
     monkeypatch.delenv("RADIXLM_BF16_PATH")
     fast = TorchAttentionBackend(pool, reqs, 64**-0.5, ext)
-    assert not vector.amx and not vector.vnni
-    assert fast.amx == amx_runs(ext) and fast.vnni == (vnni_runs(ext) and not amx_runs(ext))
+    assert not vector.amx and not vector.flash
+    assert fast.amx == amx_runs(ext) and fast.flash == (dpbf16_runs(ext) and not amx_runs(ext))
     for backend in (vector, fast):
         backend.init_forward_metadata(batch)
         got = backend.forward(q, k, v, 0, batch).float()
-        assert backend.num_paged_forwards == int(backend.amx or backend.vnni)
+        assert backend.num_paged_forwards == int(backend.amx or backend.flash)
         assert (got - want).abs().max().item() < 1.6e-2
 
 
@@ -333,7 +333,7 @@ def test_backend_sends_long_prompts_over_a_float32_pool_to_the_fma_kernel(ext: A
     v = pool.v_buffer[0][batch.out_cache_loc].clone()
     plain = TorchAttentionBackend(pool, reqs, 64**-0.5)
     fast = TorchAttentionBackend(pool, reqs, 64**-0.5, ext)
-    assert fast.vnni and not fast.amx
+    assert fast.flash and not fast.amx
     outs = []
     for backend in (plain, fast):
         backend.init_forward_metadata(batch)
@@ -343,7 +343,7 @@ def test_backend_sends_long_prompts_over_a_float32_pool_to_the_fma_kernel(ext: A
 
 
 # the driver links the long-extend kernels alone: kernels/parallel.h on OpenMP
-DRIVER = ["-DRADIXLM_NO_TORCH", "-fopenmp", str(REPO / "kernels" / "csrc" / "kernels" / "vnni_attention.cpp")]
+DRIVER = ["-DRADIXLM_NO_TORCH", "-fopenmp", str(REPO / "kernels" / "csrc" / "kernels" / "flash_attention.cpp")]
 
 
 @pytest.mark.parametrize("level", NATIVE_BUILDS)
@@ -361,7 +361,7 @@ def test_long_extend_driver_aarch64(test_id: str, tmp_path: Path) -> None:
 # the paged kernel's driver links it with the long-extend kernels it hands requests to
 PAGED_DRIVER = ["-DRADIXLM_NO_TORCH", "-fopenmp",
                 *(str(REPO / "kernels" / "csrc" / "kernels" / name)
-                  for name in ("paged_attention.cpp", "vnni_attention.cpp", "amx_attention.cpp"))]
+                  for name in ("paged_attention.cpp", "flash_attention.cpp", "amx_attention.cpp"))]
 
 
 @pytest.mark.parametrize("level", NATIVE_BUILDS)

@@ -19,7 +19,7 @@ def _operands(ext: Any) -> dict[str, tuple[tuple[Any, ...], dict[str, Any]]]:
     k_buf = torch.randn(16, 1, 64)
     return {
         "packed_linear": ((x, cpu_linear.pack(w), None, None), {}),
-        "bf16_linear": ((x, cpu_linear.pack_vnni(w), None, None, 0), {}),
+        "bf16_linear": ((x, cpu_linear.pack_pairs(w), None, None, 0), {}),
         "q_linear": ((x, qpacked), {"mode": 0}),
         "q_columns": ((qpacked, torch.tensor([0, 5, 127])), {}),
         "rms_norm": ((x, torch.ones(64), 1e-6), {}),
@@ -59,3 +59,9 @@ def test_torch_compile_traces_the_ops_in_one_graph(ext: Any) -> None:
 
     compiled = torch.compile(layer, backend="eager", fullgraph=True)
     torch.testing.assert_close(compiled(x), layer(x))
+
+
+def test_python_packs_the_layouts_the_kernels_read(ext: Any) -> None:
+    assert ext.layout() == {"panel": cpu_linear.PANEL, "pair_panel": cpu_linear.PAIR_PANEL,
+                            "pair_k": cpu_linear.PAIR_K, "q_group": quant.GROUP, "q_block": quant.BLOCK}
+    assert quant.N_MULTIPLE == cpu_linear.PANEL

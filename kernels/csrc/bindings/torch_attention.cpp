@@ -16,7 +16,7 @@ DType dtype_of(const torch::Tensor& t) { return t.scalar_type() == at::kBFloat16
 torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& k_buf, const torch::Tensor& v_buf,
                               const torch::Tensor& req_to_token, const torch::Tensor& rows, const torch::Tensor& seq_lens,
                               const torch::Tensor& extend_lens, const torch::Tensor& extend_start, double scale,
-                              bool amx, bool vnni) {
+                              bool amx, bool flash) {
   TORCH_CHECK(q.dim() == 3 && (q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16) && q.is_contiguous(),
               "q must be contiguous float32 or bfloat16 [T, Hq, D]");
   TORCH_CHECK(k_buf.dim() == 3 && k_buf.is_contiguous() && v_buf.sizes() == k_buf.sizes() && v_buf.is_contiguous() &&
@@ -36,7 +36,7 @@ torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& k_buf
                              extend_start.data_ptr<int64_t>(), B};
   auto out = torch::empty_like(q);
   radixlm::paged_attention(q.data_ptr(), out.data_ptr(), dtype_of(q), q.size(0), q.size(1), kv, batch,
-                           static_cast<float>(scale), amx, vnni);
+                           static_cast<float>(scale), amx, flash);
   return out;
 }
 

@@ -22,9 +22,9 @@ PackedWeight packed_weight(const torch::Tensor& w, int64_t k, int64_t n, const c
     return PackedWeight{WeightKind::kQuant, w.data_ptr(), w.size(0), q_format_of(w.size(2))};
   }
   if (w.scalar_type() == at::kBFloat16) {
-    TORCH_CHECK(w.dim() == 4 && w.size(0) * kVnniPanel == padded(n) && w.size(1) * 2 == vnni_k(k) &&
-                    w.size(2) == kVnniPanel && w.size(3) == 2 && w.is_contiguous(),
-                name, " (bfloat16) must be VNNI panels [", padded(n) / kVnniPanel, ", ", vnni_k(k) / 2, ", 32, 2]");
+    TORCH_CHECK(w.dim() == 4 && w.size(0) * kPairPanel == padded(n) && w.size(1) * 2 == pair_k(k) &&
+                    w.size(2) == kPairPanel && w.size(3) == 2 && w.is_contiguous(),
+                name, " (bfloat16) must be pair panels [", padded(n) / kPairPanel, ", ", pair_k(k) / 2, ", 32, 2]");
     return PackedWeight{WeightKind::kBFloat16, w.data_ptr(), w.size(0)};
   }
   TORCH_CHECK(w.scalar_type() == at::kFloat && w.dim() == 3 && w.size(1) == k && w.size(2) == kPanel &&

@@ -18,11 +18,11 @@ namespace radixlm::bindings {
 
 // q [T, Hq, D] float32 or bfloat16; k_buf / v_buf [slots, Hkv, D] float32 or bfloat16;
 // req_to_token int32 [rows, context]; rows, seq_lens, extend_lens, extend_start int64 [B]. Output
-// [T, Hq, D] in q's dtype. amx / vnni as radixlm::paged_attention.
+// [T, Hq, D] in q's dtype. amx / flash as radixlm::paged_attention.
 torch::Tensor paged_attention(const torch::Tensor& q, const torch::Tensor& k_buf, const torch::Tensor& v_buf,
                               const torch::Tensor& req_to_token, const torch::Tensor& rows, const torch::Tensor& seq_lens,
                               const torch::Tensor& extend_lens, const torch::Tensor& extend_start, double scale,
-                              bool amx = false, bool vnni = false);
+                              bool amx = false, bool flash = false);
 
 // x [T, n] (rows may be strided) -> x / sqrt(mean(x^2) + eps) (* weight), contiguous, x's dtype.
 torch::Tensor rms_norm(const torch::Tensor& x, const c10::optional<torch::Tensor>& weight, double eps);
@@ -64,6 +64,9 @@ class DecodeStack {
   // How quantized weights multiply (a QMode; default weight-only float32).
   void set_quant_mode(int64_t mode);
   int64_t get_quant_mode() const;
+  // Whether attention may take the flash kernels (radixlm::DecodeStack::flash_attention).
+  void set_flash_attention(bool on) { core_.flash_attention = on; }
+  bool get_flash_attention() const { return core_.flash_attention; }
 
  private:
   radixlm::DecodeStack core_;

@@ -1,5 +1,5 @@
 // The Python entry points of the extension. Torch ops (TORCH_LIBRARY, below): packed_linear (one
-// linear layer through the packed GEMM of packed_gemm.h), bf16_linear (the VNNI-panel GEMM of
+// linear layer through the packed GEMM of packed_gemm.h), bf16_linear (the pair-panel GEMM of
 // bf16_gemm.h), q_linear and q_columns (block-quantized weights, quant_gemm.h), and the torch
 // layers of torch_layers.h: paged attention and the row-wise ops. The Python module (pybind):
 // DecodeStack (every decoder layer of a decode step), the shared-memory all-reduce, and the CPU's
@@ -64,16 +64,16 @@ torch::Tensor packed_linear(const torch::Tensor& x, const torch::Tensor& packed,
   return out;
 }
 
-// x [M, K] float32 contiguous; packed bfloat16 VNNI panels [N/32, Kp/2, 32, 2] (bf16_gemm.h);
+// x [M, K] float32 contiguous; packed bfloat16 pair panels [N/32, Kp/2, 32, 2] (bf16_gemm.h);
 // path: -1 the fastest this CPU runs, else a radixlm::Bf16Path. Returns [M, N] float32.
 torch::Tensor bf16_linear(const torch::Tensor& x, const torch::Tensor& packed, const c10::optional<torch::Tensor>& residual,
                           const c10::optional<torch::Tensor>& bias, int64_t path) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be a contiguous float32 [M, K]");
   const int64_t M = x.size(0), K = x.size(1);
   TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == at::kBFloat16 && packed.is_contiguous() &&
-                  packed.size(1) * 2 == radixlm::vnni_k(K) && packed.size(2) == radixlm::kVnniPanel && packed.size(3) == 2,
-              "packed must be contiguous bfloat16 VNNI panels [N/32, Kp/2, 32, 2] matching x");
-  const int64_t panels = packed.size(0), N = panels * radixlm::kVnniPanel;
+                  packed.size(1) * 2 == radixlm::pair_k(K) && packed.size(2) == radixlm::kPairPanel && packed.size(3) == 2,
+              "packed must be contiguous bfloat16 pair panels [N/32, Kp/2, 32, 2] matching x");
+  const int64_t panels = packed.size(0), N = panels * radixlm::kPairPanel;
   const auto [res, ld_res] = residual_of(residual, M, N);
   auto out = torch::empty({M, N}, x.options());
   radixlm::bf16_gemm(x.data_ptr<float>(), M, K, static_cast<const uint16_t*>(packed.data_ptr()), panels,
@@ -141,7 +141,7 @@ TORCH_LIBRARY(RADIXLM_OPS, m) {
   m.def("rms_norm(Tensor x, Tensor? weight, float eps) -> Tensor");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
   m.def("paged_attention(Tensor q, Tensor k_buf, Tensor v_buf, Tensor req_to_token, Tensor rows, Tensor seq_lens, "
-        "Tensor extend_lens, Tensor extend_start, float scale, bool amx=False, bool vnni=False) -> Tensor");
+        "Tensor extend_lens, Tensor extend_start, float scale, bool amx=False, bool flash=False) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(RADIXLM_OPS, CPU, m) {
@@ -165,7 +165,7 @@ TORCH_LIBRARY_IMPL(RADIXLM_OPS, Meta, m) {
   m.impl("packed_linear", [](const torch::Tensor& x, const torch::Tensor& packed, const c10::optional<torch::Tensor>&,
                              const c10::optional<torch::Tensor>&) { return rows_by(x, packed.size(0) * radixlm::kPanel); });
   m.impl("bf16_linear", [](const torch::Tensor& x, const torch::Tensor& packed, const c10::optional<torch::Tensor>&,
-                           const c10::optional<torch::Tensor>&, int64_t) { return rows_by(x, packed.size(0) * radixlm::kVnniPanel); });
+                           const c10::optional<torch::Tensor>&, int64_t) { return rows_by(x, packed.size(0) * radixlm::kPairPanel); });
   m.impl("q_linear", [](const torch::Tensor& x, const torch::Tensor& packed, int64_t, const c10::optional<torch::Tensor>&,
                         const c10::optional<torch::Tensor>&) { return rows_by(x, packed.size(0) * radixlm::kQGroup); });
   m.impl("q_columns", [](const torch::Tensor& packed, const torch::Tensor& cols) {
@@ -180,7 +180,20 @@ TORCH_LIBRARY_IMPL(RADIXLM_OPS, Meta, m) {
                                bool, bool) { return torch::empty_like(q); });
 }
 
+// The packed layouts' sizes, which kernels/cpu_linear.py and kernels/quant.py state again to pack
+// weights (tests/kernels/test_torch_ops.py checks they agree).
+pybind11::dict layout() {
+  pybind11::dict d;
+  d["panel"] = radixlm::kPanel;
+  d["pair_panel"] = radixlm::kPairPanel;
+  d["pair_k"] = radixlm::kPairK;
+  d["q_group"] = radixlm::kQGroup;
+  d["q_block"] = radixlm::kQBlock;
+  return d;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("layout", &layout, "the packed layouts' sizes: panel, pair_panel, pair_k, q_group, q_block");
   m.def("num_vnni_calls", &radixlm::num_vnni_calls, "quantized products that ran in an int8 (vpdpbusd) mode");
   m.def("cpu_features", &cpu_features,
         "the features the kernels use, the build, the ISA level, and the bf16 GEMM paths (0 emulated, 1 AVX512-BF16, 2 AMX)");
@@ -190,8 +203,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "whether paged_attention(amx=True) runs long extends of this head_dim on AMX tiles here");
   m.def("num_cascade_calls", &radixlm::num_cascade_calls,
         "calls of paged_attention that took the vdpbf16ps cascade over a shared prefix");
-  m.def("vnni_attention_supported", &radixlm::vnni_attention_supported,
-        "whether paged_attention(vnni=True) runs long extends of this head_dim with the vector kernel");
+  m.def("flash_attention_supported", &radixlm::flash_attention_supported,
+        "whether paged_attention(flash=True) runs long extends of this head_dim with the vector kernel");
   m.def("long_extend_uses_fma", &radixlm::long_extend_uses_fma,
         "whether the vector long-extend kernel runs in float32 FMAs here (else vdpbf16ps): timed once, unless set");
   m.def("set_long_extend_math", &radixlm::set_long_extend_math,
@@ -202,6 +215,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("forward", &radixlm::bindings::DecodeStack::forward)
       .def_property("bf16_path", &radixlm::bindings::DecodeStack::get_bf16_path, &radixlm::bindings::DecodeStack::set_bf16_path)
       .def_property("quant_mode", &radixlm::bindings::DecodeStack::get_quant_mode, &radixlm::bindings::DecodeStack::set_quant_mode)
+      .def_property("flash_attention", &radixlm::bindings::DecodeStack::get_flash_attention,
+                    &radixlm::bindings::DecodeStack::set_flash_attention)
       .def("set_tensor_parallel", &radixlm::bindings::DecodeStack::set_tensor_parallel);
   pybind11::class_<radixlm::ShmAllReduce, std::shared_ptr<radixlm::ShmAllReduce>>(m, "ShmAllReduce", pybind11::module_local())
       .def(pybind11::init<torch::Tensor, int64_t, int64_t, int64_t, std::vector<int64_t>>())

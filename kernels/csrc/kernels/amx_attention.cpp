@@ -4,12 +4,12 @@
 // First each (request, kv head)'s context is packed once from the pool: K as rows [keys][D] (an
 // A tile is 16 keys x 32 dims) and V transposed per 32-key block as [D][32 keys] (an A tile is 16
 // dims x 32 keys), zero past the context. A work unit is (request, query head, 16 new tokens).
-// Its queries become Q^T in VNNI pairs ([D/2][16 rows][2]: a B tile per 32 dims), and for each
+// Its queries become Q^T in bf16 pairs ([D/2][16 rows][2]: a B tile per 32 dims), and for each
 // 32-key block:
 //   S^T = K Q^T   two 16 x 16 float32 tiles, keys down, query rows across;
 //   softmax       one vector per key over the 16 rows: the block's row maxima are 31 vmaxps (no
 //                 horizontal reductions), exp in float32, the causal mask on diagonal blocks only;
-//   O^T += V^T P^T  the weights P^T as bf16 VNNI pairs (a B tile), one float32 tile per 16 dims,
+//   O^T += V^T P^T  the weights P^T as bf16 pairs (a B tile), one float32 tile per 16 dims,
 //                 folded into the float32 accumulator with the rescale of the running maximum.
 // Rows and keys are interleaved so that every reduction runs across vectors, never within one.
 //
@@ -120,7 +120,7 @@ __attribute__((target("amx-tile"))) inline void load_tiles(const float* src) {
 // With D = 64 the accumulator stays in tiles 0-3 for the whole unit: the reference maximum moves
 // rarely (kRescaleMargin, online_softmax.h), and only then is it stored, rescaled and reloaded.
 
-// S^T = K Q^T for one 32-key block (K rows [32][D], Q^T VNNI pairs): tiles 4, 5 -> sc [32 keys][16 rows].
+// S^T = K Q^T for one 32-key block (K rows [32][D], Q^T bf16 pairs): tiles 4, 5 -> sc [32 keys][16 rows].
 template <int D>
 __attribute__((target("amx-tile,amx-bf16"))) inline void score_tiles(const uint16_t* kblock, const uint32_t* qt,
                                                                    float* sc) {
@@ -179,7 +179,7 @@ __attribute__((target("amx-tile,amx-bf16"))) void attend_unit(const ExtendReques
   constexpr bool kResident = D == 64;  // the accumulator fits tiles 0-3
   alignas(64) uint32_t qt[D / 2 * kRows];
   alignas(64) float sc[kBlock * kRows];         // S^T: [key][row]
-  alignas(64) uint32_t pt[kBlock / 2 * kRows];  // P^T VNNI: [key pair][row]
+  alignas(64) uint32_t pt[kBlock / 2 * kRows];  // P^T bf16 pairs: [key pair][row]
   alignas(64) float acc[D * kRows];             // O^T: [dim][row]
   alignas(64) static constexpr int32_t kLane[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   const int64_t n = std::min(kRows, r.extend_len - u.first);

@@ -1,6 +1,6 @@
 // Causal attention of long extends (prompts, chunks of prompts) over their requests' context in
 // the KV pool: on AMX tiles (amx_attention.cpp; the avx512 build on a CPU with AMX-BF16) or with
-// vector registers (vnni_attention.cpp, the same algorithm; float32 FMAs at every ISA level, or
+// vector registers (flash_attention.cpp, the same algorithm; float32 FMAs at every ISA level, or
 // AVX512-BF16 dot products in the avx512 build). paged_attention.cpp hands them the requests with
 // at least kAmxMinTokens new tokens when the caller allows it.
 #pragma once
@@ -34,9 +34,9 @@ void amx_extend_attention(const std::vector<ExtendRequest>& requests, const T* q
 
 // True when the vector path below serves this head size (D 64 or 128; at every ISA level, with
 // vdpbf16ps where it runs and is the faster math, else float32 FMAs).
-bool vnni_attention_supported(int64_t head_dim);
+bool flash_attention_supported(int64_t head_dim);
 
-// The math of the vector path (vnni_attention.cpp): vdpbf16ps on bf16 operands, or float32 FMAs.
+// The math of the vector path (flash_attention.cpp): vdpbf16ps on bf16 operands, or float32 FMAs.
 enum class LongExtendMath : int { kDpbf16 = 0, kFma = 1 };
 
 // Whether the vector path runs in float32 FMAs over a bf16 pool: always but in the avx512 build on
@@ -52,7 +52,7 @@ void set_long_extend_math(int64_t math);
 // pool (P = uint16_t) or a float32 one (P = float: always FMAs); units are (request, kv head, 16
 // rows of (new token, query head of the group)).
 template <typename T, typename P>
-void vnni_extend_attention(const std::vector<ExtendRequest>& requests, const T* q, T* out, int64_t Hq, int64_t Hkv,
+void flash_extend_attention(const std::vector<ExtendRequest>& requests, const T* q, T* out, int64_t Hq, int64_t Hkv,
                            int64_t D, const P* k_buf, const P* v_buf, float scale);
 
 // Cascade attention with the vector kernel (its math and pools as above) for a batch whose
@@ -64,7 +64,7 @@ void vnni_extend_attention(const std::vector<ExtendRequest>& requests, const T* 
 constexpr int64_t kCascadeMinShared = 64;
 
 template <typename T, typename P>
-void vnni_cascade_attention(const std::vector<ExtendRequest>& requests, int64_t shared_len, const T* q, T* out,
+void flash_cascade_attention(const std::vector<ExtendRequest>& requests, int64_t shared_len, const T* q, T* out,
                             int64_t Hq, int64_t Hkv, int64_t D, const P* k_buf, const P* v_buf, float scale);
 
 }  // namespace radixlm

@@ -1,4 +1,4 @@
-// bf16 GEMM over VNNI panels (see bf16_gemm.h): AMX tiles, vdpbf16ps, or vdpbf16ps emulated.
+// bf16 GEMM over pair panels (see bf16_gemm.h): AMX tiles, vdpbf16ps, or vdpbf16ps emulated.
 // Torch-free (kernels/parallel.h): errors are std::runtime_error (Python sees RuntimeError).
 #include "kernels/bf16_gemm.h"
 
@@ -45,7 +45,7 @@ using EmulatedTile = Bf16Tile<4, 8>;
 using EmulatedTile = Bf16Tile<4, 4>;
 #endif
 
-constexpr int64_t kBlockCols = 2 * kVnniPanel;
+constexpr int64_t kBlockCols = 2 * kPairPanel;
 constexpr int64_t kRowChunk = 96;      // rows of one work unit of a large product (a multiple of 6, 4 and 32)
 constexpr int64_t kSplitRows = 12;     // a product of few column blocks is also split by rows from this many
 constexpr int64_t kAmxRowChunk = 128;  // rows of one AMX work unit (a multiple of 32)
@@ -96,15 +96,15 @@ inline void store_acc(const Vf (&acc)[R][V], float* out, int64_t ld_out) {
 
 // Pair-row p's 16 lanes of the unit's vector j (panel a or b: j / 2; columns 16 * (j % 2) on).
 inline const uint16_t* pair_row(const uint16_t* a, const uint16_t* b, int64_t p, int j) {
-  return (j < 2 ? a : b) + p * 2 * kVnniPanel + (j % 2) * 16 * 2;
+  return (j < 2 ? a : b) + p * 2 * kPairPanel + (j % 2) * 16 * 2;
 }
 
 // Read ahead the lines of pair-row p of a unit of kUnit vectors (a pass covering part of the
 // unit reads its whole rows ahead: the other passes then find them in cache).
 template <int kUnit>
 inline void prefetch_pair_row(const uint16_t* a, const uint16_t* b, int64_t p) {
-  prefetch_ahead<std::min(kUnit, 2)>(a + p * 2 * kVnniPanel);
-  if constexpr (kUnit == 4) prefetch_ahead<2>(b + p * 2 * kVnniPanel);
+  prefetch_ahead<std::min(kUnit, 2)>(a + p * 2 * kPairPanel);
+  if constexpr (kUnit == 4) prefetch_ahead<2>(b + p * 2 * kPairPanel);
 }
 
 // A pass: R rows x V vectors of the unit (kUnit vectors: panels a, then b) from its vector J on;
@@ -222,14 +222,14 @@ void vector_unit(const uint16_t* xb, int64_t m0, int64_t m1, int64_t Kp, const u
 template <typename Kernel>
 void vector_gemm(const uint16_t* xb, int64_t M, int64_t Kp, const uint16_t* w, int64_t panels, float* out,
                  int64_t ld_out, const float* residual, int64_t ld_res, const float* bias) {
-  const int64_t panel_elems = Kp * kVnniPanel, blocks = panels / 2;
+  const int64_t panel_elems = Kp * kPairPanel, blocks = panels / 2;
   int64_t chunk = kRowChunk;
   if (M <= kRowChunk && blocks < 8 * num_threads() && M >= kSplitRows) chunk = (M + 1) / 2;
   if (chunk >= M) {
     parallel_for(0, panels, 1, [&](int64_t first, int64_t last) {
       for (int64_t p = first; p < last; p += 2) {
         const uint16_t* a = w + p * panel_elems;
-        const int64_t col = p * kVnniPanel;
+        const int64_t col = p * kPairPanel;
         float* o = out + col;
         const float* rs = residual ? residual + col : nullptr;
         const float* bs = bias ? bias + col : nullptr;
@@ -281,7 +281,7 @@ __attribute__((target("amx-tile,amx-bf16"))) void amx_unit(const uint16_t* xb, i
                                                            int64_t ld_out, const float* res, int64_t ld_res,
                                                            const float* bias) {
   alignas(64) float block[32 * 32];
-  const int64_t steps = Kp / kVnniK, ld_x = Kp * sizeof(uint16_t);
+  const int64_t steps = Kp / kPairK, ld_x = Kp * sizeof(uint16_t);
   for (int64_t m = m0; m < m1; m += 32) {
     const bool two = m + 16 < m1;
     const uint16_t* a = xb + m * Kp;
@@ -291,9 +291,9 @@ __attribute__((target("amx-tile,amx-bf16"))) void amx_unit(const uint16_t* xb, i
       _tile_zero(2);
       _tile_zero(3);
       for (int64_t t = 0; t < steps; ++t) {
-        const uint16_t* b = panel + t * 16 * 2 * kVnniPanel;
-        _tile_loadd(4, a + t * kVnniK, ld_x);
-        _tile_loadd(5, a + 16 * Kp + t * kVnniK, ld_x);
+        const uint16_t* b = panel + t * 16 * 2 * kPairPanel;
+        _tile_loadd(4, a + t * kPairK, ld_x);
+        _tile_loadd(5, a + 16 * Kp + t * kPairK, ld_x);
         _tile_loadd(6, b, 128);
         _tile_loadd(7, b + 32, 128);
         _tile_dpbf16ps(0, 4, 6);
@@ -305,8 +305,8 @@ __attribute__((target("amx-tile,amx-bf16"))) void amx_unit(const uint16_t* xb, i
       _tile_stored(3, block + 16 * 32 + 16, 128);
     } else {
       for (int64_t t = 0; t < steps; ++t) {
-        const uint16_t* b = panel + t * 16 * 2 * kVnniPanel;
-        _tile_loadd(4, a + t * kVnniK, ld_x);
+        const uint16_t* b = panel + t * 16 * 2 * kPairPanel;
+        _tile_loadd(4, a + t * kPairK, ld_x);
         _tile_loadd(6, b, 128);
         _tile_loadd(7, b + 32, 128);
         _tile_dpbf16ps(0, 4, 6);
@@ -326,12 +326,12 @@ __attribute__((target("amx-tile,amx-bf16"))) void amx_unit(const uint16_t* xb, i
 // Units of one panel x kAmxRowChunk rows; each thread configures its tiles once.
 void amx_gemm(const uint16_t* xb, int64_t M, int64_t Kp, const uint16_t* w, int64_t panels, float* out,
               int64_t ld_out, const float* residual, int64_t ld_res, const float* bias) {
-  const int64_t panel_elems = Kp * kVnniPanel, chunks = (M + kAmxRowChunk - 1) / kAmxRowChunk;
+  const int64_t panel_elems = Kp * kPairPanel, chunks = (M + kAmxRowChunk - 1) / kAmxRowChunk;
   parallel_for(0, panels * chunks, 1, [&](int64_t first, int64_t last) {
     amx_configure();
     for (int64_t u = first; u < last; ++u) {
       const int64_t p = u / chunks, m0 = (u % chunks) * kAmxRowChunk, m1 = std::min(M, m0 + kAmxRowChunk);
-      const int64_t col = p * kVnniPanel;
+      const int64_t col = p * kPairPanel;
       amx_unit(xb, m0, m1, M, Kp, w + p * panel_elems, out + col, ld_out, residual ? residual + col : nullptr, ld_res,
                bias ? bias + col : nullptr);
     }
@@ -383,14 +383,14 @@ void bf16_gemm(const float* x, int64_t M, int64_t K, const uint16_t* w, int64_t 
                const float* residual, int64_t ld_res, const float* bias, Bf16Path path) {
   if (M == 0 || panels == 0) return;
   check(bf16_path_runs(path), "this bf16 GEMM path does not run here (see bf16_path_runs)");
-  const int64_t Kp = vnni_k(K), Mp = (M + 15) / 16 * 16;
+  const int64_t Kp = pair_k(K), Mp = (M + 15) / 16 * 16;
   std::vector<uint16_t> xb_store(Mp * Kp + 32);
   uint16_t* xb = reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(xb_store.data()) + 63) & ~uintptr_t{63});
   round_rows(x, M, K, Mp, Kp, xb);
 #if defined(RADIXLM_SIMD_AVX512)
   if (path == Bf16Path::kAmx) return amx_gemm(xb, M, Kp, w, panels, out, ld_out, residual, ld_res, bias);
 #endif
-  check(panels % 2 == 0, "VNNI panels come in pairs (N padded to a multiple of 64)");
+  check(panels % 2 == 0, "pair panels come in pairs (N padded to a multiple of 64)");
 #if defined(RADIXLM_SIMD_AVX512)
   if (path == Bf16Path::kAvx512Bf16) {
     return vector_gemm<Native>(xb, M, Kp, w, panels, out, ld_out, residual, ld_res, bias);

@@ -1,7 +1,7 @@
 // bf16 GEMM over weights packed for the CPU's bf16 dot-product instructions:
 // out[M, N] = bf16(x)[M, K] @ W (+ bias) (+ residual), accumulation in float32.
 //
-// Weight layout ("VNNI panels"): W is padded to Kp = ceil(K/32)*32 rows and N to a multiple of 64
+// Weight layout ("pair panels"): W is padded to Kp = ceil(K/32)*32 rows and N to a multiple of 64
 // columns, then stored as [Np/32][Kp/2][32][2]: a panel of 32 columns; within it, row p holds
 // W[2p][c], W[2p+1][c] side by side for each column c. One 32-bit lane is then the (even, odd)
 // k-pair of one column, which is what vdpbf16ps multiplies against a broadcast (x[2p], x[2p+1])
@@ -35,7 +35,7 @@ bool bf16_path_runs(Bf16Path path);
 // std::runtime_error naming AMX or AVX512-BF16, where it does not run here).
 Bf16Path bf16_path(int requested = -1);
 
-// x [M, K] float32 (rows K apart); w VNNI panels for (K, N = panels*32); out / residual rows
+// x [M, K] float32 (rows K apart); w pair panels for (K, N = panels*32); out / residual rows
 // ld_out / ld_res apart (out may alias residual); bias [panels*32] or null.
 void bf16_gemm(const float* x, int64_t M, int64_t K, const uint16_t* w, int64_t panels, float* out, int64_t ld_out,
                const float* residual, int64_t ld_res, const float* bias, Bf16Path path);
@@ -47,8 +47,8 @@ void amx_configure();
 void amx_release();
 #endif
 
-constexpr int64_t kVnniPanel = 32;
-constexpr int64_t kVnniK = 32;  // K is padded to a multiple of this (one AMX tile's depth)
-inline int64_t vnni_k(int64_t k) { return (k + kVnniK - 1) / kVnniK * kVnniK; }
+constexpr int64_t kPairPanel = 32;
+constexpr int64_t kPairK = 32;  // K is padded to a multiple of this (one AMX tile's depth)
+inline int64_t pair_k(int64_t k) { return (k + kPairK - 1) / kPairK * kPairK; }
 
 }  // namespace radixlm

@@ -95,7 +95,7 @@ void DecodeStack::add_layer(const DecodeLayer& layer) {
   layers_.push_back(layer);
 }
 
-// out = x @ w (+ bias) (+ residual): float32 panels through packed_gemm, bfloat16 VNNI panels
+// out = x @ w (+ bias) (+ residual): float32 panels through packed_gemm, bfloat16 pair panels
 // through bf16_gemm on the stack's path, quant groups through q_gemm in the stack's mode.
 void DecodeStack::linear(const PackedWeight& w, const float* x, int64_t M, int64_t K, float* out, int64_t ld_out,
                          const float* residual, int64_t ld_res, const float* bias) const {
@@ -149,12 +149,10 @@ void DecodeStack::attention_block(const DecodeLayer& L, const DecodeBatch& batch
     }
   }
   for (int64_t b = 0; b < B; ++b) std::memcpy(s.q.data() + b * Hq * D, qkv_p + b * Qp, sizeof(float) * Hq * D);
-  // the vector kernels' cascade over a shared prefix: float32 FMAs over a float32 pool (every
-  // level), vdpbf16ps over a bf16 one (as the attention backend's `vnni`)
   const AttentionBatch attn_batch{batch.req_to_token, batch.num_rows, batch.context, batch.rows,
                                   batch.seq_lens,     s.ones.data(),  s.starts.data(), B};
   paged_attention(s.q.data(), s.attn.data(), DType::kFloat32, B, Hq, L.kv, attn_batch, shape_.scale, false,
-                  !kv_bf16 || bf16_path == Bf16Path::kAvx512Bf16);
+                  flash_attention);
   reduce_into_residual(s, B, [&] { linear(L.o, s.attn.data(), B, Hq * D, res, Hp, res, Hp, L.o_bias); });
 }
 

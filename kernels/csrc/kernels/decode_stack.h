@@ -28,7 +28,7 @@ namespace radixlm {
 
 // How a linear layer's weight W [K, N] is packed, N padded to a multiple of 64 columns:
 //   kFloat32   float32 panels [Np/64][K][64] (packed_gemm.h)
-//   kBFloat16  bfloat16 VNNI panels [Np/32][Kp/2][32][2] (bf16_gemm.h)
+//   kBFloat16  bfloat16 pair panels [Np/32][Kp/2][32][2] (bf16_gemm.h)
 //   kQuant     uint8 quant groups [Np/16][K/32][block bytes] of `format` (quant_gemm.h)
 enum class WeightKind : int { kFloat32 = 0, kBFloat16 = 1, kQuant = 2 };
 
@@ -100,6 +100,10 @@ class DecodeStack {
   // (default weight-only float32); the tensor-parallel sum (default none: one rank).
   Bf16Path bf16_path = radixlm::bf16_path();
   QMode quant_mode = QMode::kFloat;
+  // Whether attention may take the flash kernels (paged_attention's `flash`: a batch sharing a
+  // long prefix attends through the cascade): the caller's kernel policy decides (the runtime's:
+  // runtime/model/kernel_policy.py attention_kernels); off by default.
+  bool flash_attention = false;
   AllReduce all_reduce;
 
  private:

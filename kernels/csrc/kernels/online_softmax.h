@@ -1,12 +1,12 @@
 // The online softmax of one block of 32 keys in the transposed layout of the extend kernels
-// (amx_attention.cpp, vnni_attention.cpp): one vector per key holding the scores of 16 query
+// (amx_attention.cpp, flash_attention.cpp): one vector per key holding the scores of 16 query
 // rows, so every reduction runs across vectors, never within one. Per block:
 //   mx = block_max(...)              the largest visible score of each row (causal mask on
 //                                    diagonal blocks only);
 //   if (move_max(mx * scale, m, l, alpha)) rescale the accumulator by alpha;
 //   block_weights(...)               e^(s * scale - m), summed into l: as P^T float32 rows, or
-//   weights_to_pairs[_bf16](...)     in place and then as P^T bf16 VNNI pairs.
-// Also the bf16 kernels' Q^T in VNNI pairs (pack_query_pairs). Written over the vector layer
+//   weights_to_pairs[_bf16](...)     in place and then as P^T bf16 pairs.
+// Also the bf16 kernels' Q^T in bf16 pairs (pack_query_pairs). Written over the vector layer
 // (every level), but for weights_to_pairs_bf16: the same words with AVX512-BF16's
 // vcvtne2ps2bf16, for kernels that only run where the CPU has it.
 #pragma once
@@ -23,7 +23,7 @@ constexpr int64_t kSoftmaxRows = 16;  // query rows: one vector lane each
 
 constexpr int64_t kMaxPairDim = 256;  // pack_query_pairs' largest head dim
 
-// Q^T of 16 rows (q rows of T: float32, or bfloat16 bits) in VNNI pairs: word [j][r] =
+// Q^T of 16 rows (q rows of T: float32, or bfloat16 bits) in bf16 pairs: word [j][r] =
 // (q_r[2j], q_r[2j + 1]) as bfloat16, float32 rounded to nearest even. D a multiple of 32, at
 // most kMaxPairDim.
 template <typename T>
@@ -97,7 +97,7 @@ inline void block_weights(const Vf* s, const Mask* keep, Vf scale, Vf m, Vf& l, 
   }
 }
 
-// The weights p (block_weights) as P^T VNNI pairs: word [key pair i][row r] = bf16(p[2i][r]) in
+// The weights p (block_weights) as P^T bf16 pairs: word [key pair i][row r] = bf16(p[2i][r]) in
 // the low half, bf16(p[2i + 1][r]) in the high half (rounded to nearest even).
 inline void weights_to_pairs(const Vf* p, uint32_t* pt) {
   for (int64_t i = 0; i < kSoftmaxKeys / 2; ++i) simd::vstore_i(pt + i * kSoftmaxRows, simd::vpack_bf16_pairs(p[2 * i], p[2 * i + 1]));

@@ -315,8 +315,8 @@ int64_t cascade_shared_len(const AttentionBatch& batch) {
   int64_t own_keys = 0;  // keys past the shared ones, over all requests
   for (int64_t b = 0; b < B; ++b) own_keys += seq[b] - shared;
   // the second pass costs more per key than the vector kernel (3 of 16 lanes for a decode), so
-  // the cascade pays where the shared keys dominate (measured on Zen 5: 32 decodes sharing 976
-  // of ~1,000 keys 0.37 ms against 0.95, sharing 80 of 200 0.38 against 0.20)
+  // the cascade pays where the shared keys dominate (figures: docs/cpu-support.md, "Thresholds
+  // and the measurements behind them")
   return shared >= kCascadeMinShared && shared * B >= 4 * own_keys ? shared : 0;
 }
 
@@ -335,7 +335,7 @@ std::vector<ExtendRequest> extend_requests(const AttentionBatch& batch, bool lon
 template <typename T, typename P>
 void cascade(const std::vector<ExtendRequest>& all, int64_t shared, const void* q, void* out, int64_t Hq,
              const KvBuffers& kv, float scale) {
-  vnni_cascade_attention<T, P>(all, shared, static_cast<const T*>(q), static_cast<T*>(out), Hq, kv.num_kv_heads,
+  flash_cascade_attention<T, P>(all, shared, static_cast<const T*>(q), static_cast<T*>(out), Hq, kv.num_kv_heads,
                                kv.head_dim, static_cast<const P*>(kv.k), static_cast<const P*>(kv.v), scale);
 }
 
@@ -344,17 +344,17 @@ void long_extends(const std::vector<ExtendRequest>& requests, bool use_amx, cons
                   int64_t Hq, const KvBuffers& kv, float scale) {
   const int64_t Hkv = kv.num_kv_heads, D = kv.head_dim;
   if (kv.dtype == DType::kFloat32) {
-    vnni_extend_attention<float, float>(requests, static_cast<const float*>(q), static_cast<float*>(out), Hq, Hkv, D,
+    flash_extend_attention<float, float>(requests, static_cast<const float*>(q), static_cast<float*>(out), Hq, Hkv, D,
                                         static_cast<const float*>(kv.k), static_cast<const float*>(kv.v), scale);
     return;
   }
   const auto* kp = static_cast<const uint16_t*>(kv.k);
   const auto* vp = static_cast<const uint16_t*>(kv.v);
   if (q_dtype == DType::kFloat32) {
-    (use_amx ? amx_extend_attention<float> : vnni_extend_attention<float, uint16_t>)(
+    (use_amx ? amx_extend_attention<float> : flash_extend_attention<float, uint16_t>)(
         requests, static_cast<const float*>(q), static_cast<float*>(out), Hq, Hkv, D, kp, vp, scale);
   } else {
-    (use_amx ? amx_extend_attention<uint16_t> : vnni_extend_attention<uint16_t, uint16_t>)(
+    (use_amx ? amx_extend_attention<uint16_t> : flash_extend_attention<uint16_t, uint16_t>)(
         requests, static_cast<const uint16_t*>(q), static_cast<uint16_t*>(out), Hq, Hkv, D, kp, vp, scale);
   }
 }
@@ -387,7 +387,7 @@ bool is_supported_head_dim(int64_t d) { return d == 16 || d == 32 || d == 64 || 
 int64_t num_cascade_calls() { return num_cascade_calls_.load(std::memory_order_relaxed); }
 
 void paged_attention(const void* q, void* out, DType q_dtype, int64_t num_tokens, int64_t num_heads,
-                     const KvBuffers& kv, const AttentionBatch& batch, float scale, bool amx, bool vnni) {
+                     const KvBuffers& kv, const AttentionBatch& batch, float scale, bool amx, bool flash) {
   check_batch(num_tokens, num_heads, kv, batch);
   const int64_t D = kv.head_dim;
   // long extends: over a bf16 pool AMX tiles if the caller asks and the CPU runs them, else the
@@ -395,9 +395,9 @@ void paged_attention(const void* q, void* out, DType q_dtype, int64_t num_tokens
   // float32 pool (and float32 q) the vector kernel in FMAs if the caller asks
   const bool bf16_pool = kv.dtype == DType::kBFloat16, float_q = q_dtype == DType::kFloat32;
   const bool use_amx = amx && bf16_pool && amx_attention_supported(D);
-  const bool use_vnni = vnni && !use_amx && vnni_attention_supported(D) && (bf16_pool || float_q);
-  const bool long_kernel = use_amx || use_vnni;
-  if (use_vnni) {
+  const bool use_flash = flash && !use_amx && flash_attention_supported(D) && (bf16_pool || float_q);
+  const bool long_kernel = use_amx || use_flash;
+  if (use_flash) {
     if (const int64_t shared = cascade_shared_len(batch); shared > 0) {
       num_cascade_calls_.fetch_add(1, std::memory_order_relaxed);
       const std::vector<ExtendRequest> all = extend_requests(batch, false);

@@ -43,14 +43,14 @@ bool is_supported_head_dim(int64_t head_dim);
 // q, out [num_tokens, num_heads, kv.head_dim], contiguous, both of q_dtype (bfloat16 q is widened
 // to float32 and the output rounded back once). New token i of request b is q row
 // extend_start[b] + i at position seq_lens[b] - extend_lens[b] + i, and attends positions
-// [0, that position] of its request, scaled by `scale`. amx / vnni: requests with at least
+// [0, that position] of its request, scaled by `scale`. amx / flash: requests with at least
 // kAmxMinTokens new tokens over a bfloat16 pool take the AMX kernel, or the vector one
-// (amx_attention.h: over a float32 pool, with float32 q, too), where this CPU runs it; with vnni,
+// (amx_attention.h: over a float32 pool, with float32 q, too), where this CPU runs it; with flash,
 // a batch whose requests share a long prefix goes whole to the cascade kernel. Every row of
 // `out` the batch names is written. Refuses (std::runtime_error) a head size, shape, row, length
 // or slot out of range.
 void paged_attention(const void* q, void* out, DType q_dtype, int64_t num_tokens, int64_t num_heads,
-                     const KvBuffers& kv, const AttentionBatch& batch, float scale, bool amx = false, bool vnni = false);
+                     const KvBuffers& kv, const AttentionBatch& batch, float scale, bool amx = false, bool flash = false);
 
 // Calls of paged_attention that took the cascade over a shared prefix (since the process
 // started): a statistic for tests.

@@ -148,7 +148,7 @@ inline void vstore_bf16_n(uint16_t* p, Vf a, int64_t n) {
   const Vi r = vto_bf16_bits(a);
   for (int64_t i = 0; i < n && i < 16; ++i) p[i] = static_cast<uint16_t>(r.v[i]);
 }
-// word i = bf16(lo[i]) | bf16(hi[i]) << 16: a VNNI pair per lane (both rounded as vto_bf16_bits)
+// word i = bf16(lo[i]) | bf16(hi[i]) << 16: a bf16 pair per lane (both rounded as vto_bf16_bits)
 inline Vi vpack_bf16_pairs(Vf lo, Vf hi) { return vor_i(vto_bf16_bits(lo), vshl_i<16>(vto_bf16_bits(hi))); }
 // 16 IEEE half floats -> float (exact; a signaling NaN quieted, as F16C's and NEON's conversions)
 inline Vf vload_f16(const uint16_t* p) {

@@ -4,7 +4,7 @@
   token of any batch (decode, extend, mixed) attends over its request's context read in place
   from the pool: no gather, no padding, no mask. Requests with 16 or more new tokens take a
   flash-style kernel: over a bf16 pool its AMX tile kernel (`csrc/amx_attention.cpp`) on a CPU
-  with AMX, or its vector kernel (`csrc/vnni_attention.cpp`: vdpbf16ps or float32 FMAs,
+  with AMX, or its vector kernel (`csrc/flash_attention.cpp`: vdpbf16ps or float32 FMAs,
   whichever that CPU runs faster) on one with AVX512-BF16; over a float32 pool the vector kernel
   in FMAs on every AVX-512 CPU; then every batch runs here. Elsewhere (a bf16 pool without
   AVX512-BF16), batches holding a long extend (a long prompt or a chunk of one) run torch's own
@@ -26,19 +26,18 @@ import torch.nn.functional as F
 from radixlm.kernels import cpu_linear
 from radixlm.kernels.cpu_linear import (
     PAGED_ATTENTION_HEAD_DIMS,
-    amx_attention_supported,
     paged_attention,
     resolve_bf16_path,
-    vnni_attention_supported,
 )
 from radixlm.runtime.envs import RADIXLM_BF16_PATH
 from radixlm.runtime.mem_cache.mem_pool import KVPool, ReqToTokenPool
 from radixlm.runtime.model.attention.base import BaseAttentionBackend
 from radixlm.runtime.model.forward_batch import ForwardBatch, ForwardMode
+from radixlm.runtime.model.kernel_policy import attention_kernels
 
-# A batch holding an extend at least this long runs torch's SDPA, not the paged kernel (measured
-# per layer, bf16: a 2,000-token prompt 7.5 ms torch vs 26 paged; 32 x 153-token prompts 7.9 vs
-# 7.0; 32 x 20 tokens over a 976-token cached prefix 21 vs 8.6; 32 decodes 0.78 vs 0.35).
+# A batch holding an extend at least this long runs torch's SDPA, not the paged kernel: SDPA wins
+# long dense prompts, the paged kernel everything shorter and every batch over a cached prefix
+# (figures: docs/cpu-support.md, "Thresholds and the measurements behind them").
 DENSE_PREFILL_MIN_LEN = 512
 
 
@@ -75,21 +74,17 @@ class TorchAttentionBackend(BaseAttentionBackend):
         head_dim = kv_pool.k_buffer[0].shape[-1]
         fits = head_dim in PAGED_ATTENTION_HEAD_DIMS and kv_pool.device.type == "cpu"
         self.cpu_kernels = cpu_kernels if fits else None
-        # long extends over a bf16 pool on AMX tiles, or in the vector kernel on a CPU with
-        # AVX512-BF16 but no AMX (the bf16 GEMM path, which RADIXLM_BF16_PATH may force, names the
-        # instructions allowed); over a float32 pool in the vector kernel's FMAs
-        bf16_pool = self.cpu_kernels is not None and kv_pool.k_buffer[0].dtype == torch.bfloat16
-        f32_pool = self.cpu_kernels is not None and kv_pool.k_buffer[0].dtype == torch.float32
-        path = resolve_bf16_path(self.cpu_kernels, RADIXLM_BF16_PATH.get()) if bf16_pool else None
-        self.amx = bf16_pool and path == "amx" and amx_attention_supported(self.cpu_kernels, head_dim)
-        self.vnni = (f32_pool or (bf16_pool and path == "avx512bf16")) and \
-            vnni_attention_supported(self.cpu_kernels, head_dim)
+        self.amx = self.flash = False  # the paged kernel's long paths (kernel_policy.attention_kernels)
+        if self.cpu_kernels is not None and kv_pool.k_buffer[0].dtype in (torch.float32, torch.bfloat16):
+            path = resolve_bf16_path(self.cpu_kernels, RADIXLM_BF16_PATH.get())
+            chosen = attention_kernels(self.cpu_kernels, kv_pool.k_buffer[0].dtype, path, head_dim)
+            self.amx, self.flash = chosen.amx, chosen.flash
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         """Paged kernel where it is faster (see the module docstring); else torch's path, where
         mixed extend batches are split: requests with one new token (decodes riding along, or
         1-token extends) attend as a decode batch instead of being padded to the longest extend."""
-        self._paged = self.cpu_kernels is not None and (self.amx or self.vnni or not _is_dense_prefill(batch))
+        self._paged = self.cpu_kernels is not None and (self.amx or self.flash or not _is_dense_prefill(batch))
         if self._paged:
             self.num_paged_forwards += 1
             return
@@ -151,7 +146,7 @@ class TorchAttentionBackend(BaseAttentionBackend):
             return paged_attention(
                 self.cpu_kernels, q, self.kv_pool.k_buffer[layer_id], self.kv_pool.v_buffer[layer_id],
                 self.req_to_token, batch.req_pool_indices, batch.seq_lens, batch.extend_lens, batch.extend_start_loc,
-                self.scaling, amx=self.amx, vnni=self.vnni,
+                self.scaling, amx=self.amx, flash=self.flash,
             )
         if len(self._parts) == 1:
             return self._attend(q, layer_id, self._parts[0])

@@ -37,7 +37,7 @@ from radixlm.kernels import cpu_linear, quant
 from radixlm.runtime.envs import RADIXLM_BF16_PATH
 from radixlm.runtime.model.attention.base import BaseAttentionBackend
 from radixlm.runtime.model.forward_batch import ForwardBatch, ForwardMode
-from radixlm.runtime.model.kernel_policy import CpuIsa, cpu_isa, load_cpu_kernels
+from radixlm.runtime.model.kernel_policy import CpuIsa, attention_kernels, cpu_isa, load_cpu_kernels
 from radixlm.runtime.model.linear_method import (
     CpuKernels,
     KernelLinear,
@@ -324,6 +324,7 @@ class LlamaForCausalLM(nn.Module):
             )
             modes |= {m.quant_mode for m in (qkv, o, gate_up, down) if m.quant_mode is not None}
         stack.bf16_path = cpu_linear.BF16_PATHS.index(bf16_path)
+        stack.flash_attention = attention_kernels(ext, k_buffers[0].dtype, bf16_path, cfg.head_dim).flash
         if self.tp is not None:
             stack.set_tensor_parallel(self.tp.native_shm)
         if modes:

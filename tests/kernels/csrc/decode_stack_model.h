@@ -31,6 +31,7 @@ inline const char* type_name(WeightType t) {
 struct Options {
   radixlm::Bf16Path bf16_path;
   radixlm::QMode quant_mode;
+  bool flash = false;  // attention may take the flash kernels (DecodeStack::flash_attention)
 };
 // What of the options weights of `type` use: the bf16 GEMM path, or the quantized mode.
 inline std::string options_name(WeightType type, const Options& o) {
@@ -57,7 +58,7 @@ struct Linear {
     if (type == WeightType::kFloat32) {
       l.f32 = driver::pack_panels(values, K, N);
     } else {
-      l.bf16 = driver::pack_vnni(values, K, N);
+      l.bf16 = driver::pack_pairs(values, K, N);
       for (double& w : l.W) w = driver::round_bf16(static_cast<float>(w));
     }
     return l;

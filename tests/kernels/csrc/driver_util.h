@@ -1,7 +1,7 @@
 // What the torch-free kernel drivers of this folder share: deterministic inputs (Rng), the count
 // of checks and the closing line (check, finish), scalar bfloat16 / float16 conversions written
 // from their definitions (not the kernels' own), and weights packed as the kernels read them
-// (float32 panels, bfloat16 VNNI panels, quant groups) with their plain [K][N] values.
+// (float32 panels, bfloat16 pair panels, quant groups) with their plain [K][N] values.
 #pragma once
 
 #include <algorithm>
@@ -150,9 +150,9 @@ inline std::vector<float> pack_panels(const std::vector<float>& W, int64_t K, in
   return p;
 }
 
-// W [K][N] as bfloat16 VNNI panels [Np/32][Kp/2][32][2] (bf16_gemm.h: Np a multiple of 64, Kp of
+// W [K][N] as bfloat16 pair panels [Np/32][Kp/2][32][2] (bf16_gemm.h: Np a multiple of 64, Kp of
 // 32, zeros past N and K), each value rounded to bfloat16.
-inline std::vector<uint16_t> pack_vnni(const std::vector<float>& W, int64_t K, int64_t N) {
+inline std::vector<uint16_t> pack_pairs(const std::vector<float>& W, int64_t K, int64_t N) {
   const int64_t Np = round_up(N, 64), Kp = round_up(K, 32);
   std::vector<uint16_t> p(Np * Kp, 0);
   for (int64_t k = 0; k < K; ++k) {

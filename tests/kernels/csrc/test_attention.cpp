@@ -1,5 +1,5 @@
-// The long-extend vector kernels (kernels/vnni_attention.cpp: vnni_extend_attention and
-// vnni_cascade_attention) at the level this file is compiled for, without torch
+// The long-extend vector kernels (kernels/flash_attention.cpp: flash_extend_attention and
+// flash_cascade_attention) at the level this file is compiled for, without torch
 // (-DRADIXLM_NO_TORCH -fopenmp): every math the level runs (float32 FMAs everywhere, vdpbf16ps in
 // the avx512 build on a CPU with AVX512-BF16), float32 and bfloat16 q over float32 and bfloat16
 // pools, head dims 64 and 128, GQA, requests scattered over the pool, against a float64 reference
@@ -13,7 +13,7 @@
 // Built and run by tests/kernels/test_paged_attention.py for every x86 level and, under qemu, the
 // aarch64 ones (the torch module's tests cover the x86 levels through paged_attention):
 //   g++ -std=c++17 -O2 -I kernels/csrc -DRADIXLM_NO_TORCH -fopenmp [level flags]
-//       tests/kernels/csrc/test_attention.cpp kernels/csrc/kernels/vnni_attention.cpp -o t && ./t
+//       tests/kernels/csrc/test_attention.cpp kernels/csrc/kernels/flash_attention.cpp -o t && ./t
 // Exit 0 with "attention <level>: N checks passed (maths ...)"; else the first mismatches and exit 1.
 #include <omp.h>
 
@@ -111,10 +111,10 @@ void run_case(const Batch& b, int64_t shared, bool rounded, const std::string& n
     omp_set_num_threads(threads);
     std::vector<T> out(q.size());
     if (shared > 0) {
-      radixlm::vnni_cascade_attention<T, P>(b.requests, shared, q.data(), out.data(), b.Hq, b.Hkv, b.D, k.data(),
+      radixlm::flash_cascade_attention<T, P>(b.requests, shared, q.data(), out.data(), b.Hq, b.Hkv, b.D, k.data(),
                                             v.data(), scale);
     } else {
-      radixlm::vnni_extend_attention<T, P>(b.requests, q.data(), out.data(), b.Hq, b.Hkv, b.D, k.data(), v.data(),
+      radixlm::flash_extend_attention<T, P>(b.requests, q.data(), out.data(), b.Hq, b.Hkv, b.D, k.data(), v.data(),
                                            scale);
     }
     if (threads == 1) {

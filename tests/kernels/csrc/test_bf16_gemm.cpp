@@ -46,17 +46,17 @@ struct Shape {
 
 // One shape on one path: the model's bits (vector paths), the float64 tolerance, 1-3 threads.
 void check_shape(Rng& rng, const Shape& s, Bf16Path path) {
-  const int64_t M = s.M, K = s.K, N = s.panels * radixlm::kVnniPanel, ld_out = N + 3, ld_res = N + 5;
+  const int64_t M = s.M, K = s.K, N = s.panels * radixlm::kPairPanel, ld_out = N + 3, ld_res = N + 5;
   std::vector<float> x(M * K), W(K * N), bias(N), residual(M * ld_res);
   for (float& v : x) v = rng.uniform() * 2.0f;
   for (float& v : W) v = rng.uniform() * 0.1f;
   for (float& v : bias) v = rng.uniform();
   for (float& v : residual) v = rng.uniform() * 4.0f;
-  const std::vector<uint16_t> w = driver::pack_vnni(W, K, N);
+  const std::vector<uint16_t> w = driver::pack_pairs(W, K, N);
   // the model of vdpbf16ps, and float64 with the magnitude of each output's terms
   std::vector<float> model(M * N);
   std::vector<double> want(M * N), scale(M * N);
-  const int64_t Kp = radixlm::vnni_k(K);
+  const int64_t Kp = radixlm::pair_k(K);
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t n = 0; n < N; ++n) {
       float acc = s.residual ? residual[m * ld_res + n] : 0.0f;
@@ -118,7 +118,7 @@ void check_refusals() {
   if (!radixlm::bf16_path_runs(Bf16Path::kAmx)) refused("path 2", "AMX", [] { radixlm::bf16_path(2); });
   std::vector<float> x(64, 1.0f), out(32);
   std::vector<uint16_t> w(32 * 64);
-  refused("1 panel", "VNNI panels come in pairs", [&] {
+  refused("1 panel", "pair panels come in pairs", [&] {
     radixlm::bf16_gemm(x.data(), 1, 64, w.data(), 1, out.data(), 32, nullptr, 0, nullptr, Bf16Path::kEmulated);
   });
 }

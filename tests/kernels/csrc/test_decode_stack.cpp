@@ -4,7 +4,7 @@
 // of a batch of 3 requests of different lengths, against a float64 model of the same layer math
 // written here (RMSNorm, q/k/v + bias, q/k norms, RoPE on interleaved pairs, attention over the
 // request's slots, o_proj + bias, RMSNorm, gate/up, SiLU x up, down_proj, on a float64 residual):
-//   - weights as float32 panels, bfloat16 VNNI panels (every bf16 GEMM path that runs here) and
+//   - weights as float32 panels, bfloat16 pair panels (every bf16 GEMM path that runs here) and
 //     q8_0 / q4_1 quant groups in the weight-only float32 mode and both int8 modes;
 //   - float32 and bfloat16 KV pools (prior keys bfloat16-exact, the new ones rounded as stored);
 //   - the final residual and the new tokens' K/V within 2e-5 of the largest magnitude where
@@ -20,7 +20,7 @@
 // Built and run by tests/kernels/test_cpu_linear.py per x86 build and, under qemu, aarch64:
 //   g++ -std=c++17 -O2 -I kernels/csrc -DRADIXLM_NO_TORCH -fopenmp [level flags]
 //       tests/kernels/csrc/test_decode_stack.cpp kernels/csrc/kernels/{decode_stack,paged_attention,
-//       vnni_attention,amx_attention,bf16_gemm,quant_gemm}.cpp -o t && ./t
+//       flash_attention,amx_attention,bf16_gemm,quant_gemm}.cpp -o t && ./t
 // Exit 0 with "decode_stack <level>: N checks passed"; else the first mismatches and exit 1.
 #include <omp.h>
 
@@ -56,6 +56,7 @@ void run_steps(const Model& model, const Batch& batch, DType kv_dtype, const Opt
   for (size_t l = 0; l < model.layers.size(); ++l) stack.add_layer(model.layers[l].view(pools[l]));
   stack.bf16_path = options.bf16_path;
   stack.quant_mode = options.quant_mode;
+  stack.flash_attention = options.flash;
   Reference ref(model, initial);
   for (int64_t step = 0; step < batch.num_steps; ++step) {
     const StepInputs in = batch.step(step, model.dims);
@@ -185,14 +186,14 @@ int main() {
       // x rounded to bfloat16 by the bf16 GEMM, to int8 by the int8 modes; else float32 alone rounds
       const double tolerance = type == WeightType::kBFloat16 ? 1e-2 : o.quant_mode != radixlm::QMode::kFloat ? 3e-2 : 2e-5;
       for (const DType kv : {DType::kFloat32, DType::kBFloat16}) {
-        // the stack's cascade: over a float32 pool always, over a bf16 one with vdpbf16ps
-        const bool cascade = kv == DType::kFloat32 || o.bf16_path == radixlm::Bf16Path::kAvx512Bf16;
         const std::string name = std::string(type_name(type)) + " weights" + options_name(type, o) +
                                  (kv == DType::kFloat32 ? ", float32 KV" : ", bf16 KV");
-        for (const Batch* batch : {&apart, &sharing}) {
-          const int64_t cascades = batch == &sharing && cascade ? layers : 0;
-          run_steps(model, *batch, kv, o, tolerance, cascades,
-                    name + (batch == &sharing ? ", sharing a prefix" : ""));
+        // with the flash kernels allowed, a batch sharing a prefix takes the cascade in every
+        // layer (float32 FMAs over either pool); one whose requests share nothing never does
+        run_steps(model, apart, kv, {o.bf16_path, o.quant_mode, true}, tolerance, 0, name);
+        for (const bool flash : {false, true}) {
+          run_steps(model, sharing, kv, {o.bf16_path, o.quant_mode, flash}, tolerance, flash ? layers : 0,
+                    name + ", sharing a prefix" + (flash ? "" : ", flash off"));
         }
       }
     }

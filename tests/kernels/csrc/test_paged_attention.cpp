@@ -9,14 +9,14 @@
 //   - float32 and bfloat16 q over float32 and bfloat16 pools; every number bfloat16-exact, so
 //     within 2e-5 where nothing is rounded (float32 q and output), 1.6e-2 where the output or the
 //     products are bfloat16 (bf16 q; vdpbf16ps or AMX on long extends);
-//   - each dispatch: the vector kernel alone (amx = vnni = false), and with the long-extend and
-//     cascade kernels allowed (vnni; amx where it runs) on every long-extend math the level runs
+//   - each dispatch: the vector kernel alone (amx = flash = false), and with the long-extend and
+//     cascade kernels allowed (flash; amx where it runs) on every long-extend math the level runs
 //     here; the cascade taken exactly where expected (num_cascade_calls);
 //   - every output row written; the same bits on 1, 2 and 3 threads;
 //   - a head size, a head ratio, a length and a slot out of range refused (std::runtime_error).
 // Built and run by tests/kernels/test_paged_attention.py per x86 build and, under qemu, aarch64:
 //   g++ -std=c++17 -O2 -I kernels/csrc -DRADIXLM_NO_TORCH -fopenmp [level flags]
-//       tests/kernels/csrc/test_paged_attention.cpp kernels/csrc/kernels/{paged,vnni,amx}_attention.cpp
+//       tests/kernels/csrc/test_paged_attention.cpp kernels/csrc/kernels/{paged,flash,amx}_attention.cpp
 // Exit 0 with "paged_attention <level>: N checks passed (maths ...)"; else the first mismatches, exit 1.
 #include <omp.h>
 
@@ -48,7 +48,7 @@ struct Case {
   const char* name;
   std::vector<std::pair<int64_t, int64_t>> lens;  // (cached prefix, new tokens) per request
   int64_t shared;                                 // slots shared by requests whose prefix is that long
-  bool cascade;                                   // the dispatch must take the cascade (with vnni)
+  bool cascade;                                   // the dispatch must take the cascade (with flash)
 };
 
 // A batch over a pool of scattered slots (slot 0 never used, as the pool's dummy), every number
@@ -126,8 +126,8 @@ constexpr DType dtype_of() {
 }
 
 struct Mode {
-  bool amx, vnni;
-  int math;  // the long-extend math (amx_attention.h LongExtendMath) where vnni
+  bool amx, flash;
+  int math;  // the long-extend math (amx_attention.h LongExtendMath) where flash
 };
 
 // One call of the batch with q of T over a pool of P, on 1, 2 and 3 threads.
@@ -139,18 +139,18 @@ void run_case(const Batch& b, const Case& c, const std::vector<double>& want, Mo
   const float scale = 1.0f / std::sqrt(static_cast<float>(b.D));
   const bool bf16_pool = std::is_same_v<P, uint16_t>, float_q = std::is_same_v<T, float>;
   const bool takes_amx = mode.amx && bf16_pool && radixlm::amx_attention_supported(b.D);
-  const bool takes_vnni = mode.vnni && !takes_amx && radixlm::vnni_attention_supported(b.D) && (bf16_pool || float_q);
-  const bool rounded = !float_q || (bf16_pool && (takes_amx || (takes_vnni && mode.math == 0)));
+  const bool takes_flash = mode.flash && !takes_amx && radixlm::flash_attention_supported(b.D) && (bf16_pool || float_q);
+  const bool rounded = !float_q || (bf16_pool && (takes_amx || (takes_flash && mode.math == 0)));
   const double tolerance = rounded ? 1.6e-2 : 2e-5;
-  if (mode.vnni) radixlm::set_long_extend_math(mode.math);
+  if (mode.flash) radixlm::set_long_extend_math(mode.math);
   std::vector<T> first;
   for (int threads = 1; threads <= 3; ++threads) {
     omp_set_num_threads(threads);
     std::vector<T> out(q.size(), driver::from_floats<T>({std::numeric_limits<float>::quiet_NaN()})[0]);  // rows left unwritten show
     const int64_t cascades = radixlm::num_cascade_calls();
-    radixlm::paged_attention(q.data(), out.data(), dtype_of<T>(), b.T, b.Hq, kv, b.view(), scale, mode.amx, mode.vnni);
+    radixlm::paged_attention(q.data(), out.data(), dtype_of<T>(), b.T, b.Hq, kv, b.view(), scale, mode.amx, mode.flash);
     const int64_t took = radixlm::num_cascade_calls() - cascades;
-    check(took == (takes_vnni && c.cascade ? 1 : 0), name + ": the cascade taken " + std::to_string(took) + " times");
+    check(took == (takes_flash && c.cascade ? 1 : 0), name + ": the cascade taken " + std::to_string(took) + " times");
     if (threads == 1) {
       double err = 0.0;
       for (size_t i = 0; i < out.size(); ++i) {
@@ -173,7 +173,7 @@ void run_batch(int64_t Hq, int64_t Hkv, int64_t D, const Case& c, const std::vec
   for (const int math : maths) modes.push_back({false, true, math});
   if (radixlm::amx_attention_supported(D)) modes.push_back({true, true, 1});
   for (const Mode& mode : modes) {
-    const std::string m = !mode.vnni ? " vector" : mode.amx ? " amx" : mode.math == 1 ? " vnni fma" : " vnni vdpbf16ps";
+    const std::string m = !mode.flash ? " vector" : mode.amx ? " amx" : mode.math == 1 ? " flash fma" : " flash vdpbf16ps";
     const std::string shape = std::string(c.name) + " Hq " + std::to_string(Hq) + " Hkv " + std::to_string(Hkv) +
                               " D " + std::to_string(D) + m;
     run_case<float, float>(b, c, want, mode, shape + " float32 q, float32 pool");

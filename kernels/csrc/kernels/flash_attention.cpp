@@ -1,5 +1,6 @@
-// Causal attention of long extends with vector registers, for CPUs without AMX: the AMX kernel's
-// algorithm (amx_attention.cpp) with vectors in place of tiles. Flash-style: no score matrix
+// The flash kernels ("flash" in paged_attention): causal attention of long extends with vector
+// registers, for CPUs without AMX: the AMX kernel's algorithm (amx_attention.cpp) with vectors in
+// place of tiles. Flash-style: no score matrix
 // beyond one 16 x 32 block, online softmax in float32 (online_softmax.h).
 //
 // A work unit is (request, kv head, 16 query rows), its rows the (new token, query head of the
@@ -18,7 +19,7 @@
 //           values packed as float32 rows [32 keys][D], Q^T and P^T float32 (nothing rounded to
 //           bf16), every product an FMA of a broadcast key / value element with 16 rows' lanes.
 //           The only math over a float32 pool.
-//   dpbf16  the avx512 build on a CPU with AVX512-BF16: vdpbf16ps on bf16 VNNI pairs (Q^T
+//   dpbf16  the avx512 build on a CPU with AVX512-BF16: vdpbf16ps on bf16 pairs (Q^T
 //           [D/2][16 rows], V^T [D][16 key pairs], P^T [16 key pairs][16 rows]); q, K, V and the
 //           weights enter the products as bfloat16, as in torch's bf16 SDPA and the AMX kernel.
 // Where vdpbf16ps issues at half the FMA's rate (an Intel Xeon without AMX), fma is the faster
@@ -172,7 +173,7 @@ __attribute__((target("avx512bf16"))) void attend_rows(const T* const* q_rows, c
                                                         int64_t Hkv, const uint16_t* k_buf, const uint16_t* vt,
                                                         const uint16_t* zero_row, float scale, float* o, float* lse) {
   alignas(64) uint32_t qt[D / 2 * kRows];
-  alignas(64) uint32_t pt[kBlock / 2 * kRows];  // P^T VNNI: [key pair][row]
+  alignas(64) uint32_t pt[kBlock / 2 * kRows];  // P^T bf16 pairs: [key pair][row]
   alignas(64) float acc[D * kRows];             // O^T: [dim][row]
   pack_query_pairs(q_rows, D, qt);
   std::fill(acc, acc + D * kRows, 0.0f);
@@ -432,7 +433,7 @@ void run_units(const std::vector<ExtendRequest>& requests, const Plan& plan, con
 
 }  // namespace
 
-bool vnni_attention_supported(int64_t head_dim) { return head_dim == 64 || head_dim == 128; }
+bool flash_attention_supported(int64_t head_dim) { return head_dim == 64 || head_dim == 128; }
 
 namespace {
 
@@ -521,7 +522,7 @@ bool is_fma() {
 }  // namespace
 
 template <typename T, typename P>
-void vnni_extend_attention(const std::vector<ExtendRequest>& requests, const T* q, T* out, int64_t Hq, int64_t Hkv,
+void flash_extend_attention(const std::vector<ExtendRequest>& requests, const T* q, T* out, int64_t Hq, int64_t Hkv,
                            int64_t D, const P* k_buf, const P* v_buf, float scale) {
   const Plan plan = plan_requests(requests, Hkv, D, Hq / Hkv, v_buf, is_fma<P>());
   run_units(requests, plan, q, Hq, Hkv, D, k_buf, scale,
@@ -529,7 +530,7 @@ void vnni_extend_attention(const std::vector<ExtendRequest>& requests, const T* 
 }
 
 template <typename T, typename P>
-void vnni_cascade_attention(const std::vector<ExtendRequest>& requests, int64_t shared_len, const T* q, T* out,
+void flash_cascade_attention(const std::vector<ExtendRequest>& requests, int64_t shared_len, const T* q, T* out,
                             int64_t Hq, int64_t Hkv, int64_t D, const P* k_buf, const P* v_buf, float scale) {
   const int64_t R = static_cast<int64_t>(requests.size()), group = Hq / Hkv;
   const bool fma = is_fma<P>();
@@ -594,18 +595,18 @@ void vnni_cascade_attention(const std::vector<ExtendRequest>& requests, int64_t 
   });
 }
 
-template void vnni_extend_attention<float, uint16_t>(const std::vector<ExtendRequest>&, const float*, float*, int64_t,
+template void flash_extend_attention<float, uint16_t>(const std::vector<ExtendRequest>&, const float*, float*, int64_t,
                                                      int64_t, int64_t, const uint16_t*, const uint16_t*, float);
-template void vnni_extend_attention<uint16_t, uint16_t>(const std::vector<ExtendRequest>&, const uint16_t*, uint16_t*,
+template void flash_extend_attention<uint16_t, uint16_t>(const std::vector<ExtendRequest>&, const uint16_t*, uint16_t*,
                                                         int64_t, int64_t, int64_t, const uint16_t*, const uint16_t*, float);
-template void vnni_extend_attention<float, float>(const std::vector<ExtendRequest>&, const float*, float*, int64_t,
+template void flash_extend_attention<float, float>(const std::vector<ExtendRequest>&, const float*, float*, int64_t,
                                                   int64_t, int64_t, const float*, const float*, float);
-template void vnni_cascade_attention<float, uint16_t>(const std::vector<ExtendRequest>&, int64_t, const float*, float*,
+template void flash_cascade_attention<float, uint16_t>(const std::vector<ExtendRequest>&, int64_t, const float*, float*,
                                                       int64_t, int64_t, int64_t, const uint16_t*, const uint16_t*, float);
-template void vnni_cascade_attention<uint16_t, uint16_t>(const std::vector<ExtendRequest>&, int64_t, const uint16_t*,
+template void flash_cascade_attention<uint16_t, uint16_t>(const std::vector<ExtendRequest>&, int64_t, const uint16_t*,
                                                          uint16_t*, int64_t, int64_t, int64_t, const uint16_t*,
                                                          const uint16_t*, float);
-template void vnni_cascade_attention<float, float>(const std::vector<ExtendRequest>&, int64_t, const float*, float*,
+template void flash_cascade_attention<float, float>(const std::vector<ExtendRequest>&, int64_t, const float*, float*,
                                                    int64_t, int64_t, int64_t, const float*, const float*, float);
 
 }  // namespace radixlm

@@ -8,7 +8,7 @@ in a private directory).
 
 Data crosses each boundary once, in its final form: sampling parameters travel as the frozen
 `SamplingParams` validated at the door (pickle rebuilds it without running its checks again), a
-grammar also as the regex the door lowered it to (`constrained.spec.LoweredGrammar`), and outputs
+grammar also in the form the door lowered it to for the backend (`constrained.lowered`), and outputs
 carry only what is new since the request's previous output (token ids, text delta, logprob
 entries); the receiver appends. No message grows with the length of the output so far.
 """
@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import pickle
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from radixlm.runtime.constrained.lowered import LoweredGrammar
 from radixlm.runtime.sampling.sampling_params import SamplingParams
-
-if TYPE_CHECKING:  # not loaded here: the detokenizer, which never gets one, need not load outlines-core
-    from radixlm.runtime.constrained.spec import LoweredGrammar
 
 
 @dataclass(frozen=True)
@@ -35,7 +33,7 @@ class TokenizedGenerateReq:
     top_logprobs_num: int = 0
     stream: bool = False
     require_reasoning: bool = False  # with --reasoning-parser: the grammar waits for the reasoning's end
-    grammar: LoweredGrammar | None = None  # lowered once, at the door (outlines backend): compiled as is
+    grammar: LoweredGrammar | None = None  # lowered once, at the door: compiled as is
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from typing import Any
 from radixlm.runtime.constrained.backends import DEFAULT_GRAMMAR_BACKEND
 from radixlm.runtime.constrained.backends import validate as validate_grammar
 from radixlm.runtime.constrained.errors import GrammarError
-from radixlm.runtime.constrained.spec import LoweredGrammar
+from radixlm.runtime.constrained.lowered import LoweredGrammar
 from radixlm.runtime.errors import RequestError
 from radixlm.runtime.limits import MAX_BATCH, MAX_N, MAX_RID_CHARS, MAX_SEQUENCES, MAX_TOP_LOGPROBS_NUM
 from radixlm.runtime.protocol import GenerateReqInput, parse_body
@@ -52,7 +52,7 @@ class PreparedRequest:
     request: GenerateRequest
     input_ids: list[int]
     params: SamplingParams
-    grammar: LoweredGrammar | None = None  # its grammar as the door lowered it (outlines backend), compiled as is
+    grammar: LoweredGrammar | None = None  # its grammar as the door lowered it, compiled as is
 
 
 def parse_generate(body: Any) -> tuple[list[GenerateRequest], bool]:

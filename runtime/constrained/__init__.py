@@ -3,7 +3,8 @@
 Modules, bottom up: `errors` (GrammarError), `numeric_regex` and `regex_syntax` (regex text),
 `json_schema` (schema -> regex), `spec` (request spec -> cache key -> regex, `validate`),
 `vocabulary` (our tokenizer -> outlines-core Vocabulary), `grammar` (compiled grammars,
-per-request state, the caching background `GrammarBackend`).
+per-request state, the caching background `GrammarBackend`). Every backend's front-door check
+lowers the spec once (`lowered.LoweredGrammar`, carried with the request to the compile worker).
 """
 
 from __future__ import annotations

@@ -12,12 +12,12 @@ door's check of a request's grammar against the chosen one.
 
 from __future__ import annotations
 
-import json
 import re
 from typing import TYPE_CHECKING
 
 from radixlm.runtime.constrained.errors import GrammarError
-from radixlm.runtime.constrained.spec import LoweredGrammar, lower
+from radixlm.runtime.constrained.lowered import LoweredGrammar
+from radixlm.runtime.constrained.spec import lower
 
 if TYPE_CHECKING:
     from radixlm.runtime.constrained.grammar import GrammarBackend
@@ -51,11 +51,12 @@ def create(name: str, tokenizer: Tokenizer, vocab_size: int, *, num_workers: int
                           whitespace_pattern=whitespace_pattern)
 
 
-def validate(name: str, kind: str, spec: object, whitespace_pattern: str | None = None) -> LoweredGrammar | None:
+def validate(name: str, kind: str, spec: object, whitespace_pattern: str | None = None) -> LoweredGrammar:
     """GrammarError if backend `name` cannot serve this grammar (naming the backends that can
-    serve its kind) or the spec is malformed; quick, without the vocabulary. For the outlines
-    backend the check is the lowering to a regex (with `whitespace_pattern`, the server's), returned
-    for the request to carry to the compile worker; None for the others."""
+    serve its kind) or the spec is malformed; quick, without the vocabulary. The check is the
+    backend's lowering (`lowered`: outlines' regex, with `whitespace_pattern`, the server's;
+    xgrammar's Grammar; llguidance's grammar text), returned for the request to carry to the
+    compile worker, which compiles it as it is."""
     if kind not in KINDS[name]:
         able = [b for b in GRAMMAR_BACKENDS if kind in KINDS[b]]
         raise GrammarError(f"the {name} grammar backend cannot serve {kind} grammars; "
@@ -66,31 +67,17 @@ def validate(name: str, kind: str, spec: object, whitespace_pattern: str | None 
 
     normalized = normalize_cfg(kind, spec)
     if name == "llguidance":
-        from radixlm.runtime.constrained.llguidance_backend import check
+        from radixlm.runtime.constrained import llguidance_backend
 
-        check(kind, normalized)
-        return None
-    import xgrammar as xgr
+        lowered = llguidance_backend.lower(kind, normalized)
+        llguidance_backend.check(lowered)
+        return lowered
+    from radixlm.runtime.constrained import xgrammar_backend
 
     try:
-        if kind == "ebnf":
-            xgr.Grammar.from_ebnf(normalized)
-        elif kind == "json_schema":
-            from radixlm.runtime.constrained.xgrammar_backend import xgrammar_schema
-
-            xgr.Grammar.from_json_schema(xgrammar_schema(normalized))
-        elif kind == "regex":
-            xgr.Grammar.from_regex(normalized)
-        elif kind == "structural_tag":
-            from radixlm.runtime.constrained.structural_tag import xgrammar_format
-            from radixlm.runtime.constrained.xgrammar_backend import xgrammar_schema
-
-            xgr.Grammar.from_structural_tag(xgrammar_format(normalized, xgrammar_schema))
-        else:
-            json.loads(normalized)
+        return xgrammar_backend.lower(kind, normalized)
     except (RuntimeError, ValueError) as e:
         raise GrammarError(f"invalid {kind} grammar: {xgrammar_reason(e)}") from None
-    return None
 
 
 def xgrammar_reason(error: Exception) -> str:

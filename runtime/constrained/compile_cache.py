@@ -1,7 +1,8 @@
 """The compile-and-cache half shared by the grammar backends (outlines, xgrammar, llguidance):
 `get(kind, spec)` returns a Future of the compiled grammar, compiled in a worker thread and kept
 in an LRU of `max_cache` entries, so the scheduler never waits on a compile and equal specs
-compile once."""
+compile once. `get_lowered(lowered)` is the same for a spec the front door lowered already
+(`lowered.LoweredGrammar`): its form is compiled as it is, under the same cache key."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from radixlm.runtime.constrained.errors import GrammarError
 from radixlm.runtime.constrained.json_schema import parse_schema
+from radixlm.runtime.constrained.lowered import LoweredGrammar, LoweringSettings
 from radixlm.runtime.constrained.regex_syntax import check_regex_size
 from radixlm.runtime.limits import MAX_EBNF_CHARS, MAX_SCHEMA_BOUND
 
@@ -23,8 +25,12 @@ Compiled = TypeVar("Compiled")
 
 
 class CompileCache(Generic[Compiled]):
-    """Subclasses compile one normalized spec in `_compile` (run in a worker thread); `normalize`
-    turns a request's spec into the cache key's text (GrammarError if malformed)."""
+    """Subclasses lower a normalized spec in `_lower` (with the function their front-door check
+    lowers with) and compile a lowered grammar as it is in `_compile` (both run in a worker
+    thread); `normalize` turns a request's spec into the cache key's text (GrammarError if
+    malformed)."""
+
+    backend_name: ClassVar[str]  # as --grammar-backend names it: the LoweredGrammars it compiles
 
     def __init__(self, name: str, max_cache: int = 64, num_workers: int = 2,
                  normalize: Callable[[str, object], str] | None = None):
@@ -43,7 +49,21 @@ class CompileCache(Generic[Compiled]):
             failed: Future[Compiled] = Future()
             failed.set_exception(e)
             return failed
-        return self._cached(key, lambda: self._submit(*key))
+        return self._cached(key, lambda: self._submit(lambda: self._lower(*key)))
+
+    def get_lowered(self, lowered: LoweredGrammar) -> Future[Compiled]:
+        """`get` for a spec the front door lowered already (`backends.validate`): cached under the
+        same key, and its form compiled as it is, not lowered again. ValueError if another backend,
+        or this one with other settings, lowered it."""
+        if (lowered.backend, lowered.settings) != (self.backend_name, self.lowering_settings):
+            raise ValueError(f"the grammar was lowered by the {lowered.backend} backend with {dict(lowered.settings)}; "
+                             f"this is the {self.backend_name} backend with {dict(self.lowering_settings)}")
+        return self._cached((lowered.kind, lowered.normalized), lambda: self._submit(lambda: lowered))
+
+    @property
+    def lowering_settings(self) -> LoweringSettings:
+        """The settings this backend lowers with (`LoweredGrammar.settings`); none by default."""
+        return ()
 
     def _cached(self, key: tuple[str, str], submit: Callable[[], Future[Compiled]]) -> Future[Compiled]:
         """The future cached under `key` (kind, normalized), else `submit()`'s, cached."""
@@ -58,12 +78,18 @@ class CompileCache(Generic[Compiled]):
                 self._key_to_future.move_to_end(key)
             return future
 
-    def _submit(self, kind: str, normalized: str) -> Future[Compiled]:
-        """Starts compiling (kind, normalized); the future of the result. By default `_compile` in
-        a worker thread; a subclass may schedule its compiles its own way."""
-        return self._executor.submit(self._compile, kind, normalized)
+    def _submit(self, lowering: Callable[[], LoweredGrammar]) -> Future[Compiled]:
+        """Starts compiling the grammar `lowering()` gives (called in the worker thread: the door's,
+        or `_lower` of the spec); the future of the result. By default `_compile` in a worker
+        thread; a subclass may schedule its compiles its own way."""
+        return self._executor.submit(lambda: self._compile(lowering()))
 
-    def _compile(self, kind: str, normalized: str) -> Compiled:
+    def _lower(self, kind: str, normalized: str) -> LoweredGrammar:
+        """The normalized spec lowered as the front door lowers it; GrammarError if it cannot be."""
+        raise NotImplementedError
+
+    def _compile(self, lowered: LoweredGrammar) -> Compiled:
+        """The lowered grammar compiled as it is; GrammarError if it cannot be."""
         raise NotImplementedError
 
     def shutdown(self) -> None:

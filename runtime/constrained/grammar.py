@@ -1,7 +1,7 @@
 """Compiled grammars (token FSMs over our vocabulary), per-request grammar state, and the backend.
 
 Flow: `GrammarBackend.get(kind, spec)` (or `get_lowered`: a spec the front door lowered to its
-regex already) -> Future[CompiledGrammar] (compiled in a worker thread, cached LRU) ->
+regex already, `spec.lower`) -> Future[CompiledGrammar] (compiled in a worker thread, cached LRU) ->
 `CompiledGrammar.new_state()` -> a per-request `Grammar`, which the scheduler drives:
 `fill_vocab_mask` before sampling, `accept_token` after, `is_terminated` to finish the request.
 Jump-forward (see `jump_forward`): `jump_forward_ids` gives the tokens of the text the grammar
@@ -37,8 +37,9 @@ from radixlm.runtime.constrained.compile_cache import CompileCache
 from radixlm.runtime.constrained.errors import GrammarError
 from radixlm.runtime.constrained.index_worker import Build, IndexWorker, token_distances
 from radixlm.runtime.constrained.jump_forward import JumpForward
+from radixlm.runtime.constrained.lowered import LoweredGrammar, LoweringSettings
 from radixlm.runtime.constrained.regex_syntax import python_regex_error
-from radixlm.runtime.constrained.spec import LoweredGrammar, normalize_spec, spec_to_regex, validate
+from radixlm.runtime.constrained.spec import lower_normalized, normalize_spec, outlines_settings, validate
 from radixlm.runtime.constrained.vocabulary import (
     END_MARKER,
     END_MARKER_TOKEN_ID,
@@ -321,7 +322,7 @@ class _Compile:
 
 class GrammarBackend(CompileCache[CompiledGrammar]):
     """Compiles grammars off the caller's thread and caches them (LRU of `max_cache` entries;
-    `get(kind, spec)` -> Future, see `compile_cache`).
+    `get(kind, spec)` -> Future, see `compile_cache`). The form it compiles is a regex (`spec`).
 
     `vocab_size` is the model's logits width (may exceed the tokenizer's length). With
     `enable_jump_forward`, compiled grammars also carry their `JumpForward` (a few ms more).
@@ -337,6 +338,8 @@ class GrammarBackend(CompileCache[CompiledGrammar]):
     past `compile_timeout_s` (default RADIXLM_GRAMMAR_COMPILE_TIMEOUT, see `limits`), counted from
     its start (a build queued and started again gets the whole timeout anew).
     """
+
+    backend_name = "outlines"
 
     def __init__(
         self,
@@ -387,26 +390,21 @@ class GrammarBackend(CompileCache[CompiledGrammar]):
         """The pids of the index-building children alive now, both lanes (for tests)."""
         return sorted(self._fast_builders.pids + self._slow_builders.pids)
 
-    def get_lowered(self, lowered: LoweredGrammar) -> Future[CompiledGrammar]:
-        """`get` for a spec the front door lowered already (`spec.lower`): cached under the same
-        key, and its regex compiled as it is, not lowered again."""
-        if lowered.whitespace_pattern != self.whitespace_pattern:
-            raise ValueError(f"the grammar was lowered with the JSON whitespace pattern {lowered.whitespace_pattern!r}, "
-                             f"this backend's is {self.whitespace_pattern!r}")
-        key = (lowered.kind, lowered.normalized)
-        return self._cached(key, lambda: self._submit_compile(lowered.kind, lambda: lowered.regex))
+    @property
+    def lowering_settings(self) -> LoweringSettings:
+        return outlines_settings(self.whitespace_pattern)
 
-    def _submit(self, kind: str, normalized: str) -> Future[CompiledGrammar]:
-        return self._submit_compile(kind, lambda: spec_to_regex(kind, normalized, self.whitespace_pattern))
+    def _lower(self, kind: str, normalized: str) -> LoweredGrammar:
+        return lower_normalized(kind, normalized, self.whitespace_pattern)
 
-    def _submit_compile(self, kind: str, to_regex: Callable[[], str]) -> Future[CompiledGrammar]:
-        """Starts compiling the regex `to_regex()` gives (called in the compile thread)."""
+    def _submit(self, lowering: Callable[[], LoweredGrammar]) -> Future[CompiledGrammar]:
+        """Starts compiling the regex of `lowering()` (called in the compile thread) in the fast lane."""
         future: Future[CompiledGrammar] = Future()
-        job = self._executor.submit(self._compile_in_fast_lane, kind, to_regex, future)
+        job = self._executor.submit(self._compile_in_fast_lane, lowering, future)
         job.add_done_callback(lambda job: job.cancelled() and future.cancel())  # queued at shutdown
         return future
 
-    def _compile_in_fast_lane(self, kind: str, to_regex: Callable[[], str], future: Future[CompiledGrammar]) -> None:
+    def _compile_in_fast_lane(self, lowering: Callable[[], LoweredGrammar], future: Future[CompiledGrammar]) -> None:
         """Runs in a fast-lane thread. The first call also builds the tokenizer's vocabulary."""
         if not future.set_running_or_notify_cancel():
             return
@@ -416,7 +414,8 @@ class GrammarBackend(CompileCache[CompiledGrammar]):
         try:
             vocab = get_grammar_vocabulary(self.tokenizer)
             start = time.perf_counter()
-            job = _Compile(kind, to_regex(), vocab, start, future)
+            lowered = lowering()
+            job = _Compile(lowered.kind, lowered.form, vocab, start, future)
             build = self._start(job, self._fast_builders)
             if self._fast_builders.is_answering(build, build.started + self.fast_lane_deadline_s):
                 self._finish(job, self._fast_builders, build)

@@ -7,6 +7,10 @@ its parser from it (~2 ms for a recursive schema with the default model's vocabu
 never raises on a bad token: a matcher that consumes one enters an error state for good, so a
 token is checked (`validate_tokens`) before it is consumed. EBNF text is read as Lark or GBNF
 (llguidance tells them apart). Jump-forward drafts are llguidance's fast-forward tokens.
+
+Lowered once (`lowered`): a spec becomes llguidance's grammar text in one place, `grammar_text`
+(at the front door, or in the worker for a spec that comes without the door's); the worker checks
+that text against the vocabulary and builds matchers from it as it is.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import torch
 from radixlm.runtime.constrained.closing import ClosingSearch, Steering
 from radixlm.runtime.constrained.compile_cache import CompileCache, unpack_bitmask
 from radixlm.runtime.constrained.errors import GrammarError
+from radixlm.runtime.constrained.lowered import LoweredGrammar
 from radixlm.runtime.constrained.structural_tag import lark_grammar
 
 if TYPE_CHECKING:
@@ -45,16 +50,22 @@ def grammar_text(kind: str, normalized: str) -> str:
     return llguidance.grammar_from("grammar", normalized)
 
 
-def check(kind: str, normalized: str, tokenizer: llguidance.LLTokenizer | None = None) -> str:
-    """The grammar text, or GrammarError with llguidance's reason."""
+def lower(kind: str, normalized: str) -> LoweredGrammar:
+    """The spec lowered to llguidance's grammar text (`grammar_text`), or GrammarError with
+    llguidance's reason."""
     try:
         text = grammar_text(kind, normalized)
     except (ValueError, RuntimeError) as e:
         raise GrammarError(f"invalid {kind} grammar: {str(e).strip().splitlines()[0]}") from None
-    error = llguidance.LLMatcher.validate_grammar(text, tokenizer)
+    return LoweredGrammar("llguidance", kind, normalized, text)
+
+
+def check(lowered: LoweredGrammar, tokenizer: llguidance.LLTokenizer | None = None) -> None:
+    """GrammarError with llguidance's reason if the grammar text is invalid (for `tokenizer`'s
+    vocabulary, if given)."""
+    error = llguidance.LLMatcher.validate_grammar(lowered.form, tokenizer)
     if error and not error.startswith("WARNING"):
-        raise GrammarError(f"invalid {kind} grammar: {error.strip().splitlines()[0]}")
-    return text
+        raise GrammarError(f"invalid {lowered.kind} grammar: {error.strip().splitlines()[0]}")
 
 
 class LLGuidanceCompiled:
@@ -155,6 +166,8 @@ class LLGuidanceState(ClosingSearch):
 class LLGuidanceBackend(CompileCache[LLGuidanceCompiled]):
     """Validates and caches llguidance grammars; a request's matcher is built from the text."""
 
+    backend_name = "llguidance"
+
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, max_cache: int = 64, num_workers: int = 2,
                  enable_jump_forward: bool = True):
         super().__init__("llguidance", max_cache, num_workers)
@@ -167,11 +180,15 @@ class LLGuidanceBackend(CompileCache[LLGuidanceCompiled]):
         self._steering = Steering.build(get_grammar_vocabulary(tokenizer).id_to_bytes, vocab_size,
                                         tokenizer.encode_plain, tokenizer.eos_token_id)
 
-    def _compile(self, kind: str, normalized: str) -> LLGuidanceCompiled:
+    def _lower(self, kind: str, normalized: str) -> LoweredGrammar:
+        return lower(kind, normalized)
+
+    def _compile(self, lowered: LoweredGrammar) -> LLGuidanceCompiled:
+        """The lowered grammar text, checked against the vocabulary and its parser built once."""
         start = time.perf_counter()
-        text = check(kind, normalized, self._lltokenizer)
-        compiled = LLGuidanceCompiled(kind, text, self._lltokenizer, self.vocab_size, self.tokenizer.vocab_size,
-                                      self.enable_jump_forward, self._steering, 0.0)
+        check(lowered, self._lltokenizer)
+        compiled = LLGuidanceCompiled(lowered.kind, lowered.form, self._lltokenizer, self.vocab_size,
+                                      self.tokenizer.vocab_size, self.enable_jump_forward, self._steering, 0.0)
         compiled.new_state()  # builds the parser once: grammar errors surface here, not per request
         compiled.compile_secs = time.perf_counter() - start
         return compiled

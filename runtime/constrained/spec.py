@@ -4,18 +4,18 @@ Kinds: "regex" (a regex string, Rust `regex` syntax as outlines-core compiles it
 (a dict or a JSON string), "choices" (a list of strings; the output is exactly one of them).
 
 Lowered once: the front door checks a spec by lowering it (`lower`), and the `LoweredGrammar` it
-gets travels with the request to the compile worker (`GrammarBackend.get_lowered`), which builds
-the token index of its regex as it is.
+gets (the outlines backend's: its form is the regex) travels with the request to the compile
+worker (`GrammarBackend.get_lowered`), which builds the token index of that regex as it is.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Literal, get_args
 
 from radixlm.runtime.constrained.errors import GrammarError
 from radixlm.runtime.constrained.json_schema import parse_schema, schema_to_regex
+from radixlm.runtime.constrained.lowered import LoweredGrammar, LoweringSettings
 from radixlm.runtime.constrained.regex_syntax import check_regex_size, check_regex_syntax, escape_literal
 
 GrammarKind = Literal["regex", "json_schema", "choices"]
@@ -63,15 +63,9 @@ def spec_to_regex(kind: str, normalized: str, whitespace_pattern: str | None = N
     raise GrammarError(f"unknown grammar kind {kind!r}; expected one of {', '.join(GRAMMAR_KINDS)}")
 
 
-@dataclass(frozen=True)
-class LoweredGrammar:
-    """A spec as the front door checked it: its cache key's text (`normalize_spec`) and its
-    regex, lowered with `whitespace_pattern` (JSON schemas; None: outlines-core's `[ ]?`)."""
-
-    kind: str
-    normalized: str
-    regex: str
-    whitespace_pattern: str | None = None
+def outlines_settings(whitespace_pattern: str | None) -> LoweringSettings:
+    """The outlines backend's `LoweredGrammar.settings`: its JSON whitespace pattern."""
+    return (("whitespace_pattern", whitespace_pattern),)
 
 
 def lower(kind: str, spec: object, whitespace_pattern: str | None = None) -> LoweredGrammar:
@@ -79,7 +73,14 @@ def lower(kind: str, spec: object, whitespace_pattern: str | None = None) -> Low
     normalized = normalize_spec(kind, spec)
     if kind == "regex":
         check_regex_syntax(normalized)
-    return LoweredGrammar(kind, normalized, spec_to_regex(kind, normalized, whitespace_pattern), whitespace_pattern)
+    return lower_normalized(kind, normalized, whitespace_pattern)
+
+
+def lower_normalized(kind: str, normalized: str, whitespace_pattern: str | None = None) -> LoweredGrammar:
+    """A normalized spec (`normalize_spec`) lowered to its regex (JSON schemas with
+    `whitespace_pattern`); GrammarError if unsupported."""
+    regex = spec_to_regex(kind, normalized, whitespace_pattern)
+    return LoweredGrammar("outlines", kind, normalized, regex, outlines_settings(whitespace_pattern))
 
 
 def validate(kind: str, spec: object) -> None:

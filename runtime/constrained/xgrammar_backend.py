@@ -12,6 +12,12 @@ them raw, which JSON forbids, and the layout we ask for (`json.dumps`'s) needs n
 xgrammar's int32 bitmasks (bit i % 32 of word i // 32 allows token i) unpacked to our bool rows.
 xgrammar compiles in milliseconds (a recursive schema ~5 ms, an EBNF ~0.2 ms with the default
 model's vocabulary), in a worker thread so the scheduler never waits on one.
+
+Lowered once (`lowered`): a spec becomes an `xgr.Grammar` in one place, `xgrammar_grammar` (at
+the front door, or in the worker for a spec that comes without the door's), and travels as
+xgrammar's exact serialization of it; the worker compiles that grammar (`compile_grammar`), the
+same compiled grammar `compile_json_schema` / `compile_regex` / `compile_structural_tag` made of
+the spec (tests/runtime/test_request_path_once.py compares them).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import xgrammar as xgr
 from radixlm.runtime.constrained.closing import ClosingSearch, Steering
 from radixlm.runtime.constrained.compile_cache import DATA_KEYS, SCHEMA_MAPS, CompileCache, unpack_bitmask
 from radixlm.runtime.constrained.errors import GrammarError
+from radixlm.runtime.constrained.lowered import LoweredGrammar, LoweringSettings
 from radixlm.runtime.constrained.spec import choices_regex
 from radixlm.runtime.constrained.structural_tag import xgrammar_format
 
@@ -34,6 +41,38 @@ if TYPE_CHECKING:
     from radixlm.runtime.tokenizer import Tokenizer
 
 MAX_DRAFT_TOKENS = 16  # the longest jump-forward draft
+# JSON laid out as `json.dumps` does by default (`", "` and `": "` between items, no other
+# whitespace): the server's layout with xgrammar, at the door and in the worker
+ANY_WHITESPACE = False
+
+
+def xgrammar_grammar(kind: str, normalized: str, any_whitespace: bool = ANY_WHITESPACE) -> xgr.Grammar:
+    """xgrammar's grammar of a normalized spec (`compile_cache.normalize_cfg`), a JSON schema's
+    with `any_whitespace`; xgrammar's RuntimeError / ValueError (a GrammarError from
+    `xgrammar_schema`) if it cannot be made."""
+    if kind == "regex":
+        return xgr.Grammar.from_regex(normalized)
+    if kind == "json_schema":
+        return xgr.Grammar.from_json_schema(xgrammar_schema(normalized), any_whitespace=any_whitespace)
+    if kind == "choices":
+        return xgr.Grammar.from_regex(choices_regex(json.loads(normalized)))
+    if kind == "structural_tag":
+        return xgr.Grammar.from_structural_tag(xgrammar_format(normalized, xgrammar_schema))
+    if kind == "ebnf":
+        return xgr.Grammar.from_ebnf(normalized)
+    raise GrammarError(f"unknown grammar kind {kind!r}")
+
+
+def xgrammar_settings(any_whitespace: bool) -> LoweringSettings:
+    """The xgrammar backend's `LoweredGrammar.settings`: its JSON layout."""
+    return (("any_whitespace", any_whitespace),)
+
+
+def lower(kind: str, normalized: str, any_whitespace: bool = ANY_WHITESPACE) -> LoweredGrammar:
+    """The spec lowered to its xgrammar grammar (`xgrammar_grammar`, which says what it raises),
+    carried as `Grammar.serialize_json()`: the worker deserializes the very grammar made here."""
+    form = xgrammar_grammar(kind, normalized, any_whitespace).serialize_json()
+    return LoweredGrammar("xgrammar", kind, normalized, form, xgrammar_settings(any_whitespace))
 
 
 class XGrammarCompiled:
@@ -142,8 +181,10 @@ class XGrammarState(ClosingSearch):
 class XGrammarBackend(CompileCache[XGrammarCompiled]):
     """Compiles grammars with xgrammar in a worker thread, cached (LRU of `max_cache` entries)."""
 
+    backend_name = "xgrammar"
+
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, max_cache: int = 64, num_workers: int = 2,
-                 any_whitespace: bool = False, enable_jump_forward: bool = True):
+                 any_whitespace: bool = ANY_WHITESPACE, enable_jump_forward: bool = True):
         """`any_whitespace=False`: JSON output is laid out as `json.dumps` does by default
         (`", "` and `": "` between items, no other whitespace)."""
         super().__init__("xgrammar", max_cache, num_workers)
@@ -162,28 +203,36 @@ class XGrammarBackend(CompileCache[XGrammarCompiled]):
         # JSON's vocabulary has no control-character tokens: never tried (xgrammar logs each refusal)
         self._json_steering = self._steering.without_control_bytes()
 
-    def _compile(self, kind: str, normalized: str) -> XGrammarCompiled:
-        start = time.perf_counter()
-        try:
-            if kind == "regex":
-                compiled = self._compiler.compile_regex(normalized)
-            elif kind == "json_schema":
-                compiled = self._json_compiler.compile_json_schema(xgrammar_schema(normalized),
-                                                                   any_whitespace=self.any_whitespace)
-            elif kind == "choices":
-                compiled = self._compiler.compile_regex(choices_regex(json.loads(normalized)))
-            elif kind == "structural_tag":
-                compiled = self._compiler.compile_structural_tag(xgrammar_format(normalized, xgrammar_schema))
-            else:
-                compiled = self._compiler.compile_grammar(normalized)
-        except (RuntimeError, ValueError) as e:
-            from radixlm.runtime.constrained.backends import xgrammar_reason
+    @property
+    def lowering_settings(self) -> LoweringSettings:
+        return xgrammar_settings(self.any_whitespace)
 
-            raise GrammarError(f"cannot compile the {kind} grammar with xgrammar: {xgrammar_reason(e)}") from None
+    def _lower(self, kind: str, normalized: str) -> LoweredGrammar:
+        try:
+            return lower(kind, normalized, self.any_whitespace)
+        except (RuntimeError, ValueError) as e:
+            raise _compile_error(kind, e) from None
+
+    def _compile(self, lowered: LoweredGrammar) -> XGrammarCompiled:
+        """Compiles the lowered grammar as it is: JSON schemas against the vocabulary without
+        control-character tokens, the rest against the whole vocabulary."""
+        start = time.perf_counter()
+        kind = lowered.kind
+        compiler = self._json_compiler if kind == "json_schema" else self._compiler
+        try:
+            compiled = compiler.compile_grammar(xgr.Grammar.deserialize_json(lowered.form))
+        except (RuntimeError, ValueError) as e:
+            raise _compile_error(kind, e) from None
         return XGrammarCompiled(kind, compiled, self.vocab_size, self.tokenizer.vocab_size,
                                 self.tokenizer.encode_plain if self.enable_jump_forward else None,
                                 self._json_steering if kind == "json_schema" else self._steering,
                                 time.perf_counter() - start)
+
+
+def _compile_error(kind: str, error: Exception) -> GrammarError:
+    from radixlm.runtime.constrained.backends import xgrammar_reason
+
+    return GrammarError(f"cannot compile the {kind} grammar with xgrammar: {xgrammar_reason(error)}")
 
 
 def tokenizer_info(id_to_bytes: Mapping[int, bytes], vocab_size: int, stop_token_ids: list[int],

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from concurrent.futures import Future
 
     from radixlm.runtime.constrained.grammar import CompiledGrammar, Grammar
-    from radixlm.runtime.constrained.spec import LoweredGrammar
+    from radixlm.runtime.constrained.lowered import LoweredGrammar
     from radixlm.runtime.detokenizer.detokenizer import IncrementalDecoder
     from radixlm.runtime.mem_cache.radix_cache import TreeNode
     from radixlm.runtime.scheduler.token_matcher import TokenSequenceMatcher
@@ -71,8 +71,8 @@ class Req:
     cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache (meta_info)
     is_retracted: bool = False
     finish_reason: FinishReason | None = None
-    # constrained decoding: its grammar as the front door lowered it (outlines backend; None: the
-    # backend takes the spec from params), the compile in flight, then the request's own FSM state
+    # constrained decoding: its grammar as the front door lowered it for the backend (None: the
+    # backend lowers the spec from params), the compile in flight, then the request's own FSM state
     lowered_grammar: LoweredGrammar | None = None
     grammar_future: Future[CompiledGrammar] | None = None
     grammar: Grammar | None = None

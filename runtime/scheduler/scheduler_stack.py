@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from radixlm.reasoning import reasoning_format
 from radixlm.runtime.constrained import backends as grammar_backends
 from radixlm.runtime.constrained.grammar import NUM_GRAMMAR_COMPILE_WORKERS, GrammarBackend
-from radixlm.runtime.constrained.spec import LoweredGrammar
+from radixlm.runtime.constrained.lowered import LoweredGrammar
 from radixlm.runtime.detokenizer.detokenizer import IncrementalDecoder
 from radixlm.runtime.model.kernel_policy import cpu_isa
 from radixlm.runtime.model.model_config import ModelConfig
@@ -90,7 +90,7 @@ class SchedulerStack:
         (`track_text=False`), and then sends its text (`ReqOutput.new_text`) in place of the detokenizer's.
         `require_reasoning` (SGLang's): the output starts with reasoning, so with a reasoning
         parser its grammar, if any, applies only after the end-of-reasoning marker. `grammar`: the
-        front door's lowering of its grammar (outlines backend), compiled as it is."""
+        front door's lowering of its grammar, compiled as it is."""
         decoder = IncrementalDecoder(self.tokenizer, params, ids) if track_text or params.stop or params.stop_regex else None
         req = Req(rid, ids, params, self.eos_ids, logprob, decoder, lowered_grammar=grammar)
         if require_reasoning and self.think_end_ids and grammar_spec(params) is not None:

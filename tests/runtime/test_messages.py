@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from radixlm.runtime import messages as io
+from radixlm.runtime.constrained.lowered import LoweredGrammar
 from radixlm.runtime.request_io import GenerateRequest
 from radixlm.runtime.request_output import MIN_LOGPROB, RequestOutput, TokenTexts
 from radixlm.runtime.sampling.sampling_params import SamplingParams
@@ -22,6 +23,8 @@ ENTRIES = io.LogprobEntries(
 )
 MESSAGES = [
     io.TokenizedGenerateReq("r1", (1, 2, 3), PARAMS, True, 0, 2, True),
+    io.TokenizedGenerateReq("r2", (1,), PARAMS, grammar=LoweredGrammar(  # the door's lowering, compiled as is
+        "xgrammar", "regex", "a+", '{"rules": [["root", 0, -1]]}', (("any_whitespace", False),))),
     io.AbortReq("r1"),
     io.FlushCacheReq("f"),
     io.FlushCacheResp("f", True),

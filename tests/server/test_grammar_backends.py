@@ -89,6 +89,22 @@ def test_native_json_schema_output_validates(cfg_server: ServerHandle) -> None:
         jsonschema.validate(json.loads(out["text"]), CHOICE_SCHEMA)
 
 
+def test_an_unsupported_schema_is_refused_by_the_doors_lowering(cfg_server: ServerHandle) -> None:
+    """The door's check is the backend's lowering (which the request then carries to the compile
+    worker): an unsupported schema is a 400 with `backends.validate`'s message."""
+    from radixlm.runtime.constrained import backends
+    from radixlm.runtime.constrained.errors import GrammarError
+
+    name = httpx.get(cfg_server.url + "/get_server_info", timeout=60).json()["grammar_backend"]
+    unsupported = json.dumps({"type": "object", "not": {"type": "string"}})
+    with pytest.raises(GrammarError) as refused:
+        backends.validate(name, "json_schema", unsupported)
+    resp = httpx.post(cfg_server.url + "/generate",
+                      json={"text": "x", "sampling_params": {"json_schema": unsupported}}, timeout=60)
+    assert resp.status_code == 400
+    assert resp.json()["error"]["message"] == f"sampling_params.json_schema: {refused.value}"
+
+
 def test_openai_endpoints_take_ebnf_in_the_body(cfg_server: ServerHandle) -> None:
     client = openai.OpenAI(base_url=cfg_server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
     model = client.models.list().data[0].id

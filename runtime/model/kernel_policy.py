@@ -98,6 +98,22 @@ def attention_kernels(ext: cpu_linear.Extension, pool_dtype: torch.dtype, bf16_p
     )
 
 
+def float_weights_instead(requested: str) -> str | None:
+    """Why a model's quantized weights load as float32 here under `--quantization requested`, or
+    None where our quantized kernels run them: with `auto`, where no kernel can run (no compiler, a
+    failed build) or at the generic level (torch's float32 GEMM is faster there); an explicit
+    format where no kernel can run is a ValueError (refused at start, with the reason)."""
+    chosen = cpu_isa()
+    if chosen is None or load_cpu_kernels() is None:
+        if requested != "auto":
+            raise ValueError(f"--quantization {requested} needs the C++ CPU kernels, which cannot run here (no C++ "
+                             "compiler, or their build failed: see the log above); use --quantization none")
+        return "the C++ CPU kernels cannot run here (see the log above), so a decode step is slower too"
+    if requested == "auto" and not chosen.quantized_kernels_are_fast:
+        return f"at the {chosen.level} ISA level torch's float32 GEMM runs it faster than our quantized kernels"
+    return None
+
+
 _chosen: dict[str, CpuIsa | None] = {}
 
 

@@ -20,7 +20,7 @@ from radixlm.runtime.mem_cache.mem_pool import KVPool, ReqToTokenPool
 from radixlm.runtime.model.attention.base import create_attention_backend
 from radixlm.runtime.model.cpu_threads import ThreadGovernor
 from radixlm.runtime.model.forward_batch import ForwardBatch
-from radixlm.runtime.model.kernel_policy import cpu_isa, load_cpu_kernels
+from radixlm.runtime.model.kernel_policy import cpu_isa, float_weights_instead, load_cpu_kernels
 from radixlm.runtime.model.model_config import ModelConfig
 from radixlm.runtime.model.models.llama import LlamaForCausalLM
 from radixlm.runtime.model.tensor_parallel import TPGroup, TPWorkers
@@ -62,14 +62,12 @@ class RunnerConfig:
         context_len = min(args.context_length or model_cfg.context_len, model_cfg.context_len)
         quantization = args.resolved_quantization
         chosen = cpu_isa()
-        if quantized and args.device == "cpu" and load_cpu_kernels() is None:
-            quantized, quantization = False, _without_quantized_kernels(args.quantization, quantization)
-        elif quantized and args.device == "cpu" and args.quantization == "auto" and chosen is not None \
-                and not chosen.quantized_kernels_are_fast:
-            logger.warning("--quantization auto: the model's quantized weights are loaded as float32 instead: at "
-                           "the %s ISA level torch's float32 GEMM runs it faster than our quantized kernels "
-                           "(~4-7x the memory)", chosen.level)
-            quantized, quantization = False, "none"
+        if quantized and args.device == "cpu":
+            why = float_weights_instead(args.quantization)
+            if why is not None:
+                logger.warning("--quantization auto: the model's quantized weights are loaded as float32 instead: %s "
+                               "(~4-7x the memory)", why)
+                quantized, quantization = False, "none"
         bf16_in_hardware = chosen is not None and chosen.bf16_in_hardware
         if quantized and args.dtype == "auto" and args.device == "cpu":
             dtype = torch.float32
@@ -210,17 +208,6 @@ class ModelRunner:
         if not self.model.runs_in_decode_stack(batch):
             self.attn_backend.init_forward_metadata(batch)
         return self.model(batch, self.attn_backend)
-
-
-def _without_quantized_kernels(requested: str, resolved: str) -> str:
-    """The quantization to load with where no quantized kernel can run (no compiler, a failed
-    build): float weights for `auto`, with one log line; an explicit request is refused."""
-    if requested != "auto":
-        raise ValueError(f"--quantization {requested} needs the C++ CPU kernels, which cannot run here (no C++ "
-                         "compiler, or their build failed: see the log above); use --quantization none")
-    logger.warning("--quantization auto: the model's quantized weights are loaded as float32 instead, since the C++ "
-                   "CPU kernels cannot run here (see the log above): ~4-7x the memory and a slower decode step")
-    return "none"
 
 
 def quantizes(model_dir: Path, quantization: str) -> bool:

@@ -147,6 +147,9 @@ def test_quantization_where_no_kernel_can_run(monkeypatch: pytest.MonkeyPatch, c
     """No kernel here (no compiler, a failed build): `--quantization auto` loads float weights with
     one log line saying why and what it costs; an explicit quantization is refused at start."""
     monkeypatch.delenv("RADIXLM_AUTO_QUANTIZATION", raising=False)
+    from radixlm.runtime.model import kernel_policy
+
+    monkeypatch.setattr(kernel_policy, "load_cpu_kernels", lambda: None)
     monkeypatch.setattr(model_runner, "load_cpu_kernels", lambda: None)
     cfg = _tiny_config()
     with caplog.at_level("WARNING", logger=model_runner.__name__):

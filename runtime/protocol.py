@@ -33,7 +33,7 @@ from pydantic import (
     ValidationError,
 )
 
-from radixlm.reasoning import REASONING_PARSERS
+from radixlm.formats.reasoning import REASONING_PARSERS
 from radixlm.runtime.errors import RequestError
 from radixlm.runtime.json_types import Int, Strict, TokenId, either
 from radixlm.runtime.limits import (

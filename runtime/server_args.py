@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from radixlm.reasoning import REASONING_PARSERS
+from radixlm.formats.reasoning import REASONING_PARSERS
 from radixlm.runtime import envs
 from radixlm.runtime.constrained.backends import DEFAULT_GRAMMAR_BACKEND, GRAMMAR_BACKENDS
 from radixlm.runtime.envs import RADIXLM_AUTO_QUANTIZATION, RADIXLM_CPU_AUTO_DTYPE

@@ -30,8 +30,8 @@ from transformers import (
 )
 
 from radixlm.backend.base import UNCONDITIONAL_PREFIX, Backend
-from radixlm.chat_template import CHATML, derive_chat_template
 from radixlm.choices import ChoiceScores, choice_token_span, decide
+from radixlm.formats.chat_template import CHATML, derive_chat_template
 from radixlm.ir import UNCONDITIONAL_LIKELIHOOD_NORMALIZED, Gen, SamplingArgs, Select
 
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from radixlm.reasoning import reasoning_format
+from radixlm.formats.reasoning import reasoning_format
 from radixlm.runtime.constrained import backends as grammar_backends
 from radixlm.runtime.constrained.grammar import NUM_GRAMMAR_COMPILE_WORKERS, GrammarBackend
 from radixlm.runtime.constrained.spec import LoweredGrammar

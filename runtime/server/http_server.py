@@ -5,7 +5,7 @@ Native API: POST /generate (text or input_ids, single or batch, `n`, logprobs, S
 GET /get_model_info (= /model_info), GET /get_server_info (= /server_info), POST (or GET)
 /flush_cache, GET /health, GET /health_generate, POST /abort_request, GET /metrics, GET /get_load
 (what sglang-router reads of a worker's load), POST /separate_reasoning (a text split by a named
-reasoning parser, `radixlm.reasoning`); the dashboard's GET /cache_tree and GET /dashboard are
+reasoning parser, `radixlm.formats.reasoning`); the dashboard's GET /cache_tree and GET /dashboard are
 added by `dashboard.register_dashboard_routes`.
 """
 
@@ -29,8 +29,9 @@ from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from radixlm.chat_template import derive_chat_template
-from radixlm.reasoning import UnknownReasoningParser, separate_reasoning
+from radixlm.formats.chat_template import derive_chat_template
+from radixlm.formats.reasoning import UnknownReasoningParser, separate_reasoning
+from radixlm.formats.tool_calls import ToolSpecError
 from radixlm.runtime.limits import MAX_BODY_BYTES, MAX_JSON_DEPTH, json_depth
 from radixlm.runtime.protocol import (
     JSON,
@@ -54,7 +55,6 @@ from radixlm.runtime.request_io import GenerateRequest, PreparedRequest, Request
 from radixlm.runtime.request_output import OutputChunk
 from radixlm.runtime.server.dashboard import PAGE_FILES, register_dashboard_routes
 from radixlm.runtime.server.tokenizer_manager import ServiceUnavailable, TokenizerManager
-from radixlm.tool_calls import ToolSpecError
 
 OPEN_PATHS = {"/health", *PAGE_FILES}  # reachable without the API key (the dashboard's page holds no data)
 logger = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ text is buffered and sent at its end as content and/or one `delta.tool_calls` ch
 With `--reasoning-parser`, chat requests are generated as reasoning (`require_reasoning`: a
 grammar applies after it) and, unless `separate_reasoning` is false, answered with the reasoning in
 `message.reasoning_content` (streamed as `delta.reasoning_content` chunks, or in one chunk when it
-ends if `stream_reasoning` is false) and the rest in `content` (`radixlm.reasoning`).
+ends if `stream_reasoning` is false) and the rest in `content` (`radixlm.formats.reasoning`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,20 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from radixlm.reasoning import ReasoningFormat, ReasoningStream, reasoning_format, separate_reasoning
+from radixlm.formats.reasoning import ReasoningFormat, ReasoningStream, reasoning_format, separate_reasoning
+from radixlm.formats.tool_calls import (
+    Tool,
+    ToolCall,
+    add_tools_to_messages,
+    openai_tool_calls,
+    parse_tool_calls,
+    parse_tool_choice,
+    parse_tools,
+    render_history_calls,
+    render_tool_response,
+    tool_call_schema,
+    tool_call_structures,
+)
 from radixlm.runtime.limits import MAX_BATCH, MAX_SEQUENCES
 from radixlm.runtime.protocol import (
     JSON,
@@ -58,19 +71,6 @@ from radixlm.runtime.request_io import (
     requested_rank,
 )
 from radixlm.runtime.server.tokenizer_manager import TokenizerManager
-from radixlm.tool_calls import (
-    Tool,
-    ToolCall,
-    add_tools_to_messages,
-    openai_tool_calls,
-    parse_tool_calls,
-    parse_tool_choice,
-    parse_tools,
-    render_history_calls,
-    render_tool_response,
-    tool_call_schema,
-    tool_call_structures,
-)
 
 
 def _sampling_params(req: CompletionRequest | ChatRequest, max_tokens: int | None) -> dict[str, Any]:

@@ -34,9 +34,7 @@ from pydantic import (
 )
 
 from radixlm.formats.reasoning import REASONING_PARSERS
-from radixlm.runtime.errors import RequestError
-from radixlm.runtime.json_types import Int, Strict, TokenId, either
-from radixlm.runtime.limits import (
+from radixlm.runtime.config.limits import (
     MAX_N,
     MAX_OPENAI_TOP_LOGPROBS,
     MAX_RID_CHARS,
@@ -46,6 +44,8 @@ from radixlm.runtime.limits import (
     MAX_TOP_LOGPROBS_NUM,
     MAX_TRACE_CALLS_PER_POST,
 )
+from radixlm.runtime.errors import RequestError
+from radixlm.runtime.json_types import Int, Strict, TokenId, either
 from radixlm.runtime.protocol_sglang import (
     SglangChatFields,
     SglangCompletionFields,

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from radixlm.formats.reasoning import REASONING_PARSERS
-from radixlm.runtime import envs
+from radixlm.runtime.config import envs
+from radixlm.runtime.config.envs import RADIXLM_AUTO_QUANTIZATION, RADIXLM_CPU_AUTO_DTYPE
 from radixlm.runtime.constrained.backends import DEFAULT_GRAMMAR_BACKEND, GRAMMAR_BACKENDS
-from radixlm.runtime.envs import RADIXLM_AUTO_QUANTIZATION, RADIXLM_CPU_AUTO_DTYPE
 from radixlm.runtime.mem_cache.kv_events import KVEventsConfig
 
 if TYPE_CHECKING:  # torch and the kernels load where they run, not in every process that reads settings
@@ -366,7 +366,7 @@ def _env_descriptions() -> dict[str, str]:
 
 def settings_markdown() -> str:
     """The generated part of docs/settings.md: every ServerArgs field (flag, default, HELP) and every
-    environment variable of runtime/envs.py (name, default, the comment above it)."""
+    environment variable of runtime/config/envs.py (name, default, the comment above it)."""
     lines = ["### Flags", ""]
     for f in dataclasses.fields(ServerArgs):
         flag = "--" + f.name.replace("_", "-")

@@ -19,7 +19,7 @@ from typing import Any  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
-from radixlm.runtime.envs import set_process_defaults  # noqa: E402
+from radixlm.runtime.config.envs import set_process_defaults  # noqa: E402
 
 set_process_defaults()  # before anything loads torch
 

@@ -38,7 +38,8 @@ def runtime(*names: str) -> set[str]:
 # The units, bottom up: a unit may import units of its own layer or below, never above.
 LAYERS: list[set[str]] = [
     {"radixlm.formats", "radixlm.kernels"},  # self-contained (test_bottom_units_import_no_other_unit)
-    runtime("errors", "limits", "envs", "json_types"),
+    runtime("config"),  # settings, environment, limits: imports nothing of the runtime
+    runtime("errors", "json_types"),
     runtime("tokenizer", "ipc"),
     runtime("mem_cache", "sampling", "constrained"),
     runtime("server_args"),  # checks a JSON whitespace pattern with constrained/ when built

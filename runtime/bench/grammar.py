@@ -46,7 +46,7 @@ import numpy as np
 
 from radixlm.runtime.bench import workloads as wl
 from radixlm.runtime.bench.schema_corpus import CorpusSchema, corpus
-from radixlm.runtime.envs import set_process_defaults
+from radixlm.runtime.config.envs import set_process_defaults
 
 set_process_defaults()  # before torch loads (the runtime's modules load it; imported where used, so the
 # main bench, which imports this module for its flags, loads torch only when it needs it)

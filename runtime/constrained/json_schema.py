@@ -26,17 +26,17 @@ from typing import Any
 import interegular
 from outlines_core.json_schema import build_regex_from_schema
 
-from radixlm.runtime.constrained.errors import GrammarError
-from radixlm.runtime.constrained.numeric_regex import bounded_number_regex
-from radixlm.runtime.constrained.regex_syntax import check_regex_size, check_regex_syntax, rewrite_regex
-from radixlm.runtime.constrained.schema_size import estimate_regex_chars
-from radixlm.runtime.limits import (
+from radixlm.runtime.config.limits import (
     MAX_SCHEMA_BOUND,
     MAX_SCHEMA_CHARS,
     MAX_SCHEMA_DEPTH,
     MAX_SCHEMA_REGEX_CHARS,
     json_depth,
 )
+from radixlm.runtime.constrained.errors import GrammarError
+from radixlm.runtime.constrained.numeric_regex import bounded_number_regex
+from radixlm.runtime.constrained.regex_syntax import check_regex_size, check_regex_syntax, rewrite_regex
+from radixlm.runtime.constrained.schema_size import estimate_regex_chars
 
 _IGNORED_KEYWORDS = (
     "multipleOf", "minProperties", "maxProperties", "patternProperties", "propertyNames",

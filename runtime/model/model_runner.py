@@ -15,7 +15,7 @@ import torch
 
 from radixlm.kernels import cpu_linear
 from radixlm.kernels.quant import QuantizedTensor
-from radixlm.runtime.envs import RADIXLM_ADAPTIVE_THREADS, RADIXLM_CPU_AUTO_DTYPE
+from radixlm.runtime.config.envs import RADIXLM_ADAPTIVE_THREADS, RADIXLM_CPU_AUTO_DTYPE
 from radixlm.runtime.mem_cache.mem_pool import KVPool, ReqToTokenPool
 from radixlm.runtime.model.attention.base import create_attention_backend
 from radixlm.runtime.model.cpu_threads import ThreadGovernor

@@ -32,7 +32,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from radixlm.formats.chat_template import derive_chat_template
 from radixlm.formats.reasoning import UnknownReasoningParser, separate_reasoning
 from radixlm.formats.tool_calls import ToolSpecError
-from radixlm.runtime.limits import MAX_BODY_BYTES, MAX_JSON_DEPTH, json_depth
+from radixlm.runtime.config.limits import MAX_BODY_BYTES, MAX_JSON_DEPTH, json_depth
 from radixlm.runtime.protocol import (
     JSON,
     SSE,

@@ -43,7 +43,7 @@ from radixlm.formats.tool_calls import (
     tool_call_schema,
     tool_call_structures,
 )
-from radixlm.runtime.limits import MAX_BATCH, MAX_SEQUENCES
+from radixlm.runtime.config.limits import MAX_BATCH, MAX_SEQUENCES
 from radixlm.runtime.protocol import (
     JSON,
     SSE,

@@ -14,7 +14,7 @@ from typing import Annotated
 
 from fastapi import FastAPI, Query, Request
 
-from radixlm.runtime.limits import TRACE_CALLS_KEPT
+from radixlm.runtime.config.limits import TRACE_CALLS_KEPT
 from radixlm.runtime.protocol import (
     JSON,
     OpenAPIDocs,

@@ -1,4 +1,4 @@
-"""Unit tests of the request limits (runtime/limits.py) and the bounded grammar compile: regex and
+"""Unit tests of the request limits (runtime/config/limits.py) and the bounded grammar compile: regex and
 JSON-schema size bounds, the schema-size estimate, the killable index builder, and the
 security-relevant defaults (loopback host, private socket directory)."""
 
@@ -16,12 +16,7 @@ import pytest
 from outlines_core.json_schema import build_regex_from_schema
 from test_constrained import SCHEMAS
 
-from radixlm.runtime.constrained import GrammarBackend, GrammarError, validate
-from radixlm.runtime.constrained.index_worker import IndexWorker
-from radixlm.runtime.constrained.regex_syntax import check_regex_syntax, regex_positions
-from radixlm.runtime.constrained.schema_size import estimate_regex_chars
-from radixlm.runtime.ipc import IpcPaths
-from radixlm.runtime.limits import (
+from radixlm.runtime.config.limits import (
     MAX_REGEX_POSITIONS,
     MAX_SCHEMA_DEPTH,
     MAX_SCHEMA_REGEX_CHARS,
@@ -29,6 +24,11 @@ from radixlm.runtime.limits import (
     MAX_STOP_STRINGS,
     json_depth,
 )
+from radixlm.runtime.constrained import GrammarBackend, GrammarError, validate
+from radixlm.runtime.constrained.index_worker import IndexWorker
+from radixlm.runtime.constrained.regex_syntax import check_regex_syntax, regex_positions
+from radixlm.runtime.constrained.schema_size import estimate_regex_chars
+from radixlm.runtime.ipc import IpcPaths
 from radixlm.runtime.request_io import copy_seed
 from radixlm.runtime.sampling.sampling_params import InvalidSamplingParams, SamplingParams
 from radixlm.runtime.server_args import ServerArgs

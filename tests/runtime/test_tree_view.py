@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixlm.runtime.limits import MAX_CACHE_TREE_NODES
+from radixlm.runtime.config.limits import MAX_CACHE_TREE_NODES
 from radixlm.runtime.mem_cache.radix_cache import RadixCache, TreeNode
 from radixlm.runtime.mem_cache.tree_view import (
     LABEL_CHARS,

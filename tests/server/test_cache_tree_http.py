@@ -14,7 +14,7 @@ import pytest
 from conftest import ServerHandle
 from radixlm_testing import wait_until
 
-from radixlm.runtime.limits import MAX_CACHE_TREE_NODES
+from radixlm.runtime.config.limits import MAX_CACHE_TREE_NODES
 from radixlm.runtime.protocol import CacheTree
 
 SHARED = list(range(300, 340))  # 40 prompt tokens every request below starts with

@@ -39,10 +39,9 @@ def runtime(*names: str) -> set[str]:
 LAYERS: list[set[str]] = [
     {"radixlm.formats", "radixlm.kernels"},  # self-contained (test_bottom_units_import_no_other_unit)
     runtime("config"),  # settings, environment, limits: imports nothing of the runtime
-    runtime("errors", "json_types"),
+    runtime("server_args", "errors", "json_types"),
     runtime("tokenizer", "ipc"),
     runtime("mem_cache", "sampling", "constrained"),
-    runtime("server_args"),  # checks a JSON whitespace pattern with constrained/ when built
     runtime("messages"),  # carry the frozen SamplingParams
     runtime("protocol", "protocol_sglang"),  # the HTTP contract's typed bodies (SGLang's whole schema), publishing SamplingParams' ranges
     runtime("model", "detokenizer"),

@@ -141,11 +141,12 @@ class NaiveTransformersBackend(Backend):
             return None
         if self._grammar_backend is None:
             from radixlm.runtime.constrained import backends
+            from radixlm.runtime.server_args import DEFAULT_GRAMMAR_BACKEND
             from radixlm.runtime.tokenizer import Tokenizer
 
             # the server's default engine, so both systems produce the same outputs
             self._grammar_backend = backends.create(
-                backends.DEFAULT_GRAMMAR_BACKEND, Tokenizer(self.model_path), self.model.config.vocab_size,
+                DEFAULT_GRAMMAR_BACKEND, Tokenizer(self.model_path), self.model.config.vocab_size,
                 num_workers=1, enable_jump_forward=False, whitespace_pattern=None)
         kind, spec = ("json_schema", sampling.json_schema) if sampling.json_schema else ("regex", sampling.regex)
         return self._grammar_backend.get(kind, spec).result().new_state()  # type: ignore[no-any-return]

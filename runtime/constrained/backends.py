@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from radixlm.runtime.constrained.errors import GrammarError
 from radixlm.runtime.constrained.spec import LoweredGrammar, lower
+from radixlm.runtime.server_args import GRAMMAR_BACKENDS  # the flag's choices: `--grammar-backend`
 
 if TYPE_CHECKING:
     from radixlm.runtime.constrained.grammar import GrammarBackend
@@ -25,9 +26,6 @@ if TYPE_CHECKING:
     from radixlm.runtime.constrained.xgrammar_backend import XGrammarBackend
     from radixlm.runtime.tokenizer import Tokenizer
 
-GRAMMAR_BACKENDS = ("outlines", "xgrammar", "llguidance")
-# The default: most schemas of the corpus compiled and served (runtime/bench/grammar.py), then mask p99.
-DEFAULT_GRAMMAR_BACKEND = "xgrammar"
 CFG = ("regex", "json_schema", "choices", "ebnf", "structural_tag")
 KINDS = {"outlines": ("regex", "json_schema", "choices"), "xgrammar": CFG, "llguidance": CFG}
 

@@ -23,7 +23,6 @@ import math
 import secrets
 from typing import Any
 
-import interegular
 from outlines_core.json_schema import build_regex_from_schema
 
 from radixlm.runtime.config.limits import (
@@ -61,23 +60,6 @@ _EMAIL = (
     r"[a-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\.[a-z0-9!#$%&'*+/=?^_`{|}~-]+)*"
     r"@(?:[a-z0-9](?:[a-z0-9-]*[a-z0-9])?\.)+[a-z0-9](?:[a-z0-9-]*[a-z0-9])?"
 )
-
-
-def check_whitespace_pattern(pattern: str) -> None:
-    """ValueError unless `pattern` is a regex whose every match is JSON whitespace (space, tab,
-    newline, carriage return), so that it can stand between the tokens of a JSON text."""
-    try:
-        check_regex_syntax(pattern, "JSON whitespace pattern")
-    except GrammarError as e:
-        raise ValueError(str(e)) from None
-    try:
-        matches = interegular.parse_pattern(pattern).to_fsm()
-    except Exception as e:  # interegular's own parse errors: constructs it does not support
-        raise ValueError(f"JSON whitespace pattern {pattern!r} cannot be checked: {e}") from None
-    if not matches.difference(interegular.parse_pattern(r"[ \t\n\r]*").to_fsm()).empty():
-        raise ValueError(
-            f"JSON whitespace pattern {pattern!r} matches more than spaces, tabs and newlines"
-        )
 
 
 def parse_schema(spec: object) -> dict[str, Any]:

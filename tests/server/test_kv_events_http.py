@@ -13,7 +13,8 @@ import pytest
 from conftest import ServerHandle, start_server
 from kv_events_testing import Subscriber, replay
 
-from radixlm.runtime.mem_cache.kv_events import KVEventsConfig, chain_block_hashes
+from radixlm.runtime.config.kv_events_config import KVEventsConfig
+from radixlm.runtime.mem_cache.kv_events import chain_block_hashes
 from radixlm.runtime.server_args import ServerArgs
 
 BLOCK = 4

@@ -9,10 +9,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from radixlm.runtime.config.server_args import DEFAULT_GRAMMAR_BACKEND, GRAMMAR_BACKENDS
 from radixlm.runtime.constrained.grammar import GrammarBackend
 from radixlm.runtime.constrained.llguidance_backend import LLGuidanceBackend
 from radixlm.runtime.constrained.xgrammar_backend import XGrammarBackend
-from radixlm.runtime.server_args import DEFAULT_GRAMMAR_BACKEND, GRAMMAR_BACKENDS
 
 __all__ = ["ENDS_BEFORE_EOS", "GRAMMAR_BACKENDS", "Backend", "backend_engine",
            "grammar_backend"]

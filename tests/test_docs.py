@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from radixlm.runtime.server_args import DOCS_BEGIN, DOCS_COMMAND, DOCS_END, settings_markdown
+from radixlm.runtime.config.server_args import DOCS_BEGIN, DOCS_COMMAND, DOCS_END, settings_markdown
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

@@ -39,7 +39,7 @@ def runtime(*names: str) -> set[str]:
 LAYERS: list[set[str]] = [
     {"radixlm.formats", "radixlm.kernels"},  # self-contained (test_bottom_units_import_no_other_unit)
     runtime("config"),  # settings, environment, limits: imports nothing of the runtime
-    runtime("server_args", "errors", "json_types"),
+    runtime("errors", "json_types"),
     runtime("tokenizer", "ipc"),
     runtime("mem_cache", "sampling", "constrained"),
     runtime("messages"),  # carry the frozen SamplingParams

@@ -147,7 +147,7 @@ class GrammarBenchConfig:
 
     @property
     def backend_names(self) -> tuple[str, ...]:
-        from radixlm.runtime.server_args import GRAMMAR_BACKENDS
+        from radixlm.runtime.config.server_args import GRAMMAR_BACKENDS
 
         return self.backends or GRAMMAR_BACKENDS
 
@@ -413,9 +413,9 @@ def _judge(schema: dict[str, Any], result: dict[str, Any]) -> Outcome:
 def run_table(config: GrammarBenchConfig, coverage_model_path: Path | None = None) -> list[BackendRow]:
     """Every part of `config.parts`, each backend's apart. Coverage runs on `coverage_model_path`,
     by default a tiny random-weight Llama written to a temporary directory."""
+    from radixlm.runtime.config.server_args import GRAMMAR_BACKENDS
     from radixlm.runtime.model.model_config import ModelConfig
     from radixlm.runtime.model.model_files import resolve_model_path
-    from radixlm.runtime.server_args import GRAMMAR_BACKENDS
     from radixlm.runtime.tokenizer import Tokenizer
 
     unknown = [name for name in config.backend_names if name not in GRAMMAR_BACKENDS]

@@ -140,8 +140,8 @@ class NaiveTransformersBackend(Backend):
         if not sampling.json_schema and not sampling.regex:
             return None
         if self._grammar_backend is None:
+            from radixlm.runtime.config.server_args import DEFAULT_GRAMMAR_BACKEND
             from radixlm.runtime.constrained import backends
-            from radixlm.runtime.server_args import DEFAULT_GRAMMAR_BACKEND
             from radixlm.runtime.tokenizer import Tokenizer
 
             # the server's default engine, so both systems produce the same outputs

@@ -16,9 +16,9 @@ import json
 import re
 from typing import TYPE_CHECKING
 
+from radixlm.runtime.config.server_args import GRAMMAR_BACKENDS  # the flag's choices: `--grammar-backend`
 from radixlm.runtime.constrained.errors import GrammarError
 from radixlm.runtime.constrained.spec import LoweredGrammar, lower
-from radixlm.runtime.server_args import GRAMMAR_BACKENDS  # the flag's choices: `--grammar-backend`
 
 if TYPE_CHECKING:
     from radixlm.runtime.constrained.grammar import GrammarBackend

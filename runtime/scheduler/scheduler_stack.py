@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from radixlm.formats.reasoning import reasoning_format
+from radixlm.runtime.config.server_args import ServerArgs
 from radixlm.runtime.constrained import backends as grammar_backends
 from radixlm.runtime.constrained.grammar import NUM_GRAMMAR_COMPILE_WORKERS, GrammarBackend
 from radixlm.runtime.constrained.spec import LoweredGrammar
@@ -20,7 +21,6 @@ from radixlm.runtime.scheduler.kv_events_publisher import KVEventStream
 from radixlm.runtime.scheduler.req import LogprobOptions, Req
 from radixlm.runtime.scheduler.scheduler import Scheduler, SchedulerConfig, grammar_spec
 from radixlm.runtime.scheduler.token_matcher import TokenSequenceMatcher
-from radixlm.runtime.server_args import ServerArgs
 from radixlm.runtime.tokenizer import Tokenizer
 
 if TYPE_CHECKING:  # the backends load with their library, only when chosen (`grammar_backends.create`):

@@ -28,7 +28,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from radixlm.runtime.config.envs import set_process_defaults
-from radixlm.runtime.server_args import ServerArgs, add_cli_args, from_cli_args
+from radixlm.runtime.config.server_args import ServerArgs, add_cli_args, from_cli_args
 
 set_process_defaults()  # before torch loads here or in a child process
 

@@ -24,6 +24,7 @@ from radixlm.runtime.config.limits import (
     MAX_STOP_STRINGS,
     json_depth,
 )
+from radixlm.runtime.config.server_args import ServerArgs
 from radixlm.runtime.constrained import GrammarBackend, GrammarError, validate
 from radixlm.runtime.constrained.index_worker import IndexWorker
 from radixlm.runtime.constrained.regex_syntax import check_regex_syntax, regex_positions
@@ -31,7 +32,6 @@ from radixlm.runtime.constrained.schema_size import estimate_regex_chars
 from radixlm.runtime.ipc import IpcPaths
 from radixlm.runtime.request_io import copy_seed
 from radixlm.runtime.sampling.sampling_params import InvalidSamplingParams, SamplingParams
-from radixlm.runtime.server_args import ServerArgs
 
 BYTE_VOCABULARY = outlines_core.Vocabulary(0, {bytes([b]): [b + 1] for b in range(256)})
 EXPLOSIVE_REGEX = "(a|b)*a(a|b){24}"  # 2**24 DFA states, yet only ~80 positions
@@ -249,7 +249,7 @@ def test_limits_constants_are_consistent() -> None:
 def test_server_binds_loopback_by_default() -> None:
     import argparse
 
-    from radixlm.runtime.server_args import add_cli_args, from_cli_args
+    from radixlm.runtime.config.server_args import add_cli_args, from_cli_args
 
     assert ServerArgs().host == "127.0.0.1"
     parser = argparse.ArgumentParser()

@@ -15,12 +15,12 @@ from radixlm_testing import runner_decode, runner_extend, save_tiny_model
 from safetensors.torch import load_file
 
 from radixlm.kernels import cpu_linear, isa, quant
+from radixlm.runtime.config.server_args import ServerArgs
 from radixlm.runtime.model import model_files, model_runner
 from radixlm.runtime.model.kernel_policy import CpuIsa
 from radixlm.runtime.model.model_config import ModelConfig
 from radixlm.runtime.model.model_runner import ModelRunner, RunnerConfig, weights_of
 from radixlm.runtime.model.models.llama import Linear, QuantizedEmbedding
-from radixlm.runtime.server_args import ServerArgs
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 

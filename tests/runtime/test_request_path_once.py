@@ -19,13 +19,13 @@ import jsonschema
 import pytest
 
 from radixlm.runtime import messages as io
+from radixlm.runtime.config.server_args import ServerArgs
 from radixlm.runtime.constrained import spec
 from radixlm.runtime.detokenizer.detokenizer import REPLACEMENT_CHAR, IncrementalDecoder
 from radixlm.runtime.detokenizer.detokenizer_process import DetokenizerManager
 from radixlm.runtime.engine import Engine
 from radixlm.runtime.sampling.sampling_params import SamplingParams
 from radixlm.runtime.scheduler.scheduler_process import SchedulerServer
-from radixlm.runtime.server_args import ServerArgs
 from radixlm.runtime.tokenizer import Tokenizer
 
 PROMPT = "The capital of France is"

@@ -350,7 +350,7 @@ def from_cli_args(args: argparse.Namespace) -> ServerArgs:
 # tests/test_docs.py fails when the two differ.
 DOCS_BEGIN = "<!-- generated: settings -->"
 DOCS_END = "<!-- end generated -->"
-DOCS_COMMAND = "python -m radixlm.runtime.server_args --markdown docs/settings.md"
+DOCS_COMMAND = "python -m radixlm.runtime.config.server_args --markdown docs/settings.md"
 
 
 def _markdown_item(head: str, text: str) -> list[str]:
@@ -409,7 +409,7 @@ def write_settings_doc(path: Path) -> None:
 
 
 def _main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m radixlm.runtime.server_args",
+    parser = argparse.ArgumentParser(prog="python -m radixlm.runtime.config.server_args",
                                      description="Render the settings page's generated part.")
     parser.add_argument("--markdown", nargs="?", const="-", required=True, metavar="FILE",
                         help="print it, or with FILE (docs/settings.md) rewrite it between the markers")

@@ -14,7 +14,7 @@
 
 `engine.py` is the same path in one process (no zmq), `bench/` the benchmarks and the soak.
 `config/` holds what every layer reads: `server_args` (settings), `envs` (environment),
-`limits`. Top-level modules: `errors`, `tokenizer`, `request_io` (the front door shared by Engine and server:
+`limits`; `tokenizer/` the HF tokenizer's facade. Top-level modules: `errors`, `request_io` (the front door shared by Engine and server:
 parsing, `n` copies and seeds, validation) and `request_output` (result shaping shared by both:
 output deltas in, /generate results and stream chunks out).
 Imports point down this list, never up; `radixlm` (the language) imports none of it.

@@ -23,7 +23,7 @@ from radixlm.runtime.errors import RequestError
 from radixlm.runtime.protocol import GenerateReqInput, parse_body
 from radixlm.runtime.protocol_sglang import SGLANG_SAMPLING_FIELDS
 from radixlm.runtime.sampling.sampling_params import InvalidSamplingParams, SamplingParams
-from radixlm.runtime.tokenizer import Tokenizer
+from radixlm.runtime.tokenizer.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)

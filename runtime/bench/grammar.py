@@ -52,7 +52,7 @@ set_process_defaults()  # before torch loads (the runtime's modules load it; imp
 # main bench, which imports this module for its flags, loads torch only when it needs it)
 
 if TYPE_CHECKING:
-    from radixlm.runtime.tokenizer import Tokenizer
+    from radixlm.runtime.tokenizer.tokenizer import Tokenizer
 
 _LEAVES: list[dict[str, Any]] = [{"type": "string", "maxLength": 20}, {"type": "integer"}, {"type": "boolean"},
                                  {"type": "number"}]
@@ -416,7 +416,7 @@ def run_table(config: GrammarBenchConfig, coverage_model_path: Path | None = Non
     from radixlm.runtime.config.server_args import GRAMMAR_BACKENDS
     from radixlm.runtime.model.model_config import ModelConfig
     from radixlm.runtime.model.model_files import resolve_model_path
-    from radixlm.runtime.tokenizer import Tokenizer
+    from radixlm.runtime.tokenizer.tokenizer import Tokenizer
 
     unknown = [name for name in config.backend_names if name not in GRAMMAR_BACKENDS]
     if unknown:

@@ -142,7 +142,7 @@ class NaiveTransformersBackend(Backend):
         if self._grammar_backend is None:
             from radixlm.runtime.config.server_args import DEFAULT_GRAMMAR_BACKEND
             from radixlm.runtime.constrained import backends
-            from radixlm.runtime.tokenizer import Tokenizer
+            from radixlm.runtime.tokenizer.tokenizer import Tokenizer
 
             # the server's default engine, so both systems produce the same outputs
             self._grammar_backend = backends.create(

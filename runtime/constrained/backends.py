@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from radixlm.runtime.constrained.grammar import GrammarBackend
     from radixlm.runtime.constrained.llguidance_backend import LLGuidanceBackend
     from radixlm.runtime.constrained.xgrammar_backend import XGrammarBackend
-    from radixlm.runtime.tokenizer import Tokenizer
+    from radixlm.runtime.tokenizer.tokenizer import Tokenizer
 
 CFG = ("regex", "json_schema", "choices", "ebnf", "structural_tag")
 KINDS = {"outlines": ("regex", "json_schema", "choices"), "xgrammar": CFG, "llguidance": CFG}

@@ -49,7 +49,7 @@ from radixlm.runtime.constrained.vocabulary import (
 )
 
 if TYPE_CHECKING:
-    from radixlm.runtime.tokenizer import Tokenizer
+    from radixlm.runtime.tokenizer.tokenizer import Tokenizer
 
 __all__ = ["CompiledGrammar", "Grammar", "GrammarBackend", "GrammarError", "validate"]
 

@@ -21,7 +21,7 @@ from radixlm.runtime.scheduler.kv_events_publisher import KVEventStream
 from radixlm.runtime.scheduler.req import LogprobOptions, Req
 from radixlm.runtime.scheduler.scheduler import Scheduler, SchedulerConfig, grammar_spec
 from radixlm.runtime.scheduler.token_matcher import TokenSequenceMatcher
-from radixlm.runtime.tokenizer import Tokenizer
+from radixlm.runtime.tokenizer.tokenizer import Tokenizer
 
 if TYPE_CHECKING:  # the backends load with their library, only when chosen (`grammar_backends.create`):
     # importing llguidance.torch alone took ~2 s of every scheduler's start

@@ -130,7 +130,7 @@ def _serve_http(args: ServerArgs, paths: Any, children: dict[str, BaseProcess], 
     from radixlm.runtime.server.load_balance import LoadBalancer
     from radixlm.runtime.server.metrics import Metrics
     from radixlm.runtime.server.tokenizer_manager import TokenizerManager
-    from radixlm.runtime.tokenizer import Tokenizer
+    from radixlm.runtime.tokenizer.tokenizer import Tokenizer
 
     model_dir = resolve_model_path(args.model_path)
     model_name = args.served_model_name or (args.model_path or "SmolLM2-135M-Instruct")

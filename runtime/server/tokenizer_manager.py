@@ -36,7 +36,7 @@ from radixlm.runtime.request_output import OutputChunk, RequestOutput, TokenText
 from radixlm.runtime.server.arrival_gate import ArrivalGate
 from radixlm.runtime.server.load_balance import LoadBalancer
 from radixlm.runtime.server.metrics import Metrics
-from radixlm.runtime.tokenizer import Tokenizer
+from radixlm.runtime.tokenizer.tokenizer import Tokenizer
 
 logger = logging.getLogger("radixlm.request")
 

@@ -28,7 +28,7 @@ from radixlm.runtime.constrained.grammar import GrammarBackend
 from radixlm.runtime.constrained.vocabulary import END_MARKER_TOKEN_ID
 from radixlm.runtime.engine import Engine
 from radixlm.runtime.errors import RequestError
-from radixlm.runtime.tokenizer import Tokenizer
+from radixlm.runtime.tokenizer.tokenizer import Tokenizer
 
 VALIDATOR = jsonschema.Draft202012Validator
 FORMATS = jsonschema.FormatChecker()

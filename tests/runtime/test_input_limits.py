@@ -213,7 +213,7 @@ def test_grammar_backend_refuses_a_grammar_that_compiles_too_long(tokenizer) -> 
 
 @pytest.fixture(scope="module")
 def tokenizer(default_model_dir: Path):
-    from radixlm.runtime.tokenizer import Tokenizer
+    from radixlm.runtime.tokenizer.tokenizer import Tokenizer
 
     return Tokenizer(default_model_dir)
 

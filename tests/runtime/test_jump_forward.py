@@ -28,7 +28,7 @@ from radixlm.runtime.bench.workloads import W4_MAX_TOKENS, W4_SCHEMA, w4_cases
 from radixlm.runtime.constrained.jump_forward import draft_tokens
 from radixlm.runtime.constrained.vocabulary import get_grammar_vocabulary
 from radixlm.runtime.engine import Engine
-from radixlm.runtime.tokenizer import Tokenizer
+from radixlm.runtime.tokenizer.tokenizer import Tokenizer
 
 # ---------------------------------------------------------------- grammar level
 

@@ -84,7 +84,7 @@ def test_default_model_q4_1_weight_only_within_1e3_of_its_dequantized_float32(de
     """The default model's own Q4_1 weights, kept as blocks, against the same weights dequantized
     to float32 (another order of additions): every position of a prefill and 64 decode steps."""
     from radixlm.runtime.model.model_files import load_quantized, load_state_dict
-    from radixlm.runtime.tokenizer import Tokenizer
+    from radixlm.runtime.tokenizer.tokenizer import Tokenizer
 
     cfg = ModelConfig.from_dir(default_model_dir)
     text = ("Quantized weights keep a model small: each block of thirty-two values shares one scale, and the "

@@ -26,7 +26,7 @@ from radixlm.runtime.detokenizer.detokenizer_process import DetokenizerManager
 from radixlm.runtime.engine import Engine
 from radixlm.runtime.sampling.sampling_params import SamplingParams
 from radixlm.runtime.scheduler.scheduler_process import SchedulerServer
-from radixlm.runtime.tokenizer import Tokenizer
+from radixlm.runtime.tokenizer.tokenizer import Tokenizer
 
 PROMPT = "The capital of France is"
 GREEDY = {"temperature": 0.0, "max_new_tokens": 24, "ignore_eos": True}

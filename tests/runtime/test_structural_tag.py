@@ -17,7 +17,7 @@ from radixlm.formats.tool_calls import parse_tool_calls, parse_tools, tool_call_
 from radixlm.runtime.constrained import backends
 from radixlm.runtime.constrained.errors import GrammarError
 from radixlm.runtime.constrained.structural_tag import _no_raw_controls, normalize_structural_tag
-from radixlm.runtime.tokenizer import Tokenizer
+from radixlm.runtime.tokenizer.tokenizer import Tokenizer
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
                                             "unit": {"enum": ["celsius", "fahrenheit"]}},

@@ -3,7 +3,7 @@
   HTTP client
     -> server/        (main process) FastAPI routes, OpenAI routes, TokenizerManager: validate at
                       the door (request_io), apply the chat template, tokenize
-    -> messages.py    frozen IPC messages over zmq (ipc.py: sockets)
+    -> ipc/           frozen IPC messages over zmq (messages), the sockets
     -> scheduler/     (scheduler process) Scheduler.step(): admission, schedule policy, the cache
                       bridge between requests and mem_cache/, retraction; logprob bookkeeping
     -> model/         ModelRunner.forward over a ForwardBatch: model code, attention backends

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from radixlm.runtime.messages import LOGPROB_LISTS, LogprobEntries, StrOutput
+from radixlm.runtime.ipc.messages import LOGPROB_LISTS, LogprobEntries, StrOutput
 from radixlm.runtime.request_io import GenerateRequest
 
 MIN_LOGPROB = -9999.0

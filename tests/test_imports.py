@@ -40,9 +40,9 @@ LAYERS: list[set[str]] = [
     {"radixlm.formats", "radixlm.kernels"},  # self-contained (test_bottom_units_import_no_other_unit)
     runtime("config"),  # settings, environment, limits: imports nothing of the runtime
     runtime("errors", "json_types"),
-    runtime("tokenizer", "ipc"),
+    runtime("tokenizer"),
     runtime("mem_cache", "sampling", "constrained"),
-    runtime("messages"),  # carry the frozen SamplingParams
+    runtime("ipc"),  # the messages carry the frozen SamplingParams
     runtime("protocol", "protocol_sglang"),  # the HTTP contract's typed bodies (SGLang's whole schema), publishing SamplingParams' ranges
     runtime("model", "detokenizer"),
     runtime("scheduler"),

@@ -87,7 +87,7 @@ def _rank_args(args: ServerArgs) -> ServerArgs:
 
 def launch_server(args: ServerArgs) -> int:
     """Run the server until a signal or a child's death; returns the process exit code."""
-    from radixlm.runtime.ipc import IpcPaths
+    from radixlm.runtime.ipc.sockets import IpcPaths
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     paths = IpcPaths.create()

@@ -29,8 +29,8 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from radixlm.runtime import messages as io
-from radixlm.runtime.ipc import IpcPaths, pull_socket, push_socket
+from radixlm.runtime.ipc import messages as io
+from radixlm.runtime.ipc.sockets import IpcPaths, pull_socket, push_socket
 from radixlm.runtime.request_io import PreparedRequest, RequestError, RequestValidator
 from radixlm.runtime.request_output import OutputChunk, RequestOutput, TokenTexts
 from radixlm.runtime.server.arrival_gate import ArrivalGate

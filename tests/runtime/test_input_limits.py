@@ -29,7 +29,7 @@ from radixlm.runtime.constrained import GrammarBackend, GrammarError, validate
 from radixlm.runtime.constrained.index_worker import IndexWorker
 from radixlm.runtime.constrained.regex_syntax import check_regex_syntax, regex_positions
 from radixlm.runtime.constrained.schema_size import estimate_regex_chars
-from radixlm.runtime.ipc import IpcPaths
+from radixlm.runtime.ipc.sockets import IpcPaths
 from radixlm.runtime.request_io import copy_seed
 from radixlm.runtime.sampling.sampling_params import InvalidSamplingParams, SamplingParams
 

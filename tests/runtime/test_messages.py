@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from radixlm.runtime import messages as io
+from radixlm.runtime.ipc import messages as io
 from radixlm.runtime.request_io import GenerateRequest
 from radixlm.runtime.request_output import MIN_LOGPROB, RequestOutput, TokenTexts
 from radixlm.runtime.sampling.sampling_params import SamplingParams

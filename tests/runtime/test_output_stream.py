@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from radixlm.runtime import messages as io
 from radixlm.runtime.config.server_args import ServerArgs
+from radixlm.runtime.ipc import messages as io
 from radixlm.runtime.sampling.sampling_params import SamplingParams
 from radixlm.runtime.scheduler.scheduler_process import SchedulerServer
 

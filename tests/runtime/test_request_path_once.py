@@ -18,12 +18,12 @@ from typing import Any
 import jsonschema
 import pytest
 
-from radixlm.runtime import messages as io
 from radixlm.runtime.config.server_args import ServerArgs
 from radixlm.runtime.constrained import spec
 from radixlm.runtime.detokenizer.detokenizer import REPLACEMENT_CHAR, IncrementalDecoder
 from radixlm.runtime.detokenizer.detokenizer_process import DetokenizerManager
 from radixlm.runtime.engine import Engine
+from radixlm.runtime.ipc import messages as io
 from radixlm.runtime.sampling.sampling_params import SamplingParams
 from radixlm.runtime.scheduler.scheduler_process import SchedulerServer
 from radixlm.runtime.tokenizer.tokenizer import Tokenizer

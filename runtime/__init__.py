@@ -13,10 +13,11 @@
     -> HTTP client
 
 `engine.py` is the same path in one process (no zmq), `bench/` the benchmarks and the soak.
-`config/` holds what every layer reads: `server_args` (settings), `envs` (environment),
-`limits`; `tokenizer/` the HF tokenizer's facade. Top-level modules: `errors`, `request_io` (the front door shared by Engine and server:
-parsing, `n` copies and seeds, validation) and `request_output` (result shaping shared by both:
-output deltas in, /generate results and stream chunks out).
+`api/` is the contract both doors serve and the door they share: the typed request and response
+bodies (`protocol`), `request_io` (a request in: parsing, `n` copies and seeds, validation),
+`request_output` (a result out: output deltas in, /generate results and stream chunks out) and
+`RequestError`. `config/` holds what every layer reads: `server_args` (settings), `envs`
+(environment), `limits`; `tokenizer/` is the HF tokenizer's facade.
 Imports point down this list, never up; `radixlm` (the language) imports none of it.
 Importing this package changes nothing in the process (see `radixlm.runtime.config.envs.set_process_defaults`,
 called by each process entry point).

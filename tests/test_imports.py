@@ -39,14 +39,13 @@ def runtime(*names: str) -> set[str]:
 LAYERS: list[set[str]] = [
     {"radixlm.formats", "radixlm.kernels"},  # self-contained (test_bottom_units_import_no_other_unit)
     runtime("config"),  # settings, environment, limits: imports nothing of the runtime
-    runtime("errors", "json_types"),
     runtime("tokenizer"),
     runtime("mem_cache", "sampling", "constrained"),
     runtime("ipc"),  # the messages carry the frozen SamplingParams
-    runtime("protocol", "protocol_sglang"),  # the HTTP contract's typed bodies (SGLang's whole schema), publishing SamplingParams' ranges
+    runtime("api"),  # the contract and the door: nothing of how it is served (model, scheduler)
     runtime("model", "detokenizer"),
     runtime("scheduler"),
-    runtime("request_io", "request_output", "engine") | {RUNTIME},  # the package root hands out the Engine
+    runtime("engine") | {RUNTIME},  # the package root hands out the Engine
     runtime("server"),
     {LANGUAGE},  # the language: of the runtime only the Engine, lazily (test_language_imports_no_runtime)
     runtime("bench"),  # runs the language's programs on the runtime

@@ -372,7 +372,7 @@ def _generate(engine: Any, entries: Sequence[CorpusSchema], seeds: Sequence[int]
               max_new_tokens: int) -> dict[str, Outcome]:
     """Every (schema, seed) request in one batch, each schema's outcome. A batch the front door
     refuses is run again schema by schema, so the refusal lands on its own schema."""
-    from radixlm.runtime.request_io import RequestError
+    from radixlm.runtime.api.request_io import RequestError
 
     if not entries:
         return {}

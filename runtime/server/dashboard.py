@@ -19,8 +19,8 @@ from typing import Annotated, Any
 from fastapi import FastAPI, Query
 from fastapi.responses import Response
 
+from radixlm.runtime.api.protocol import JSON, CacheTree, OpenAPIDocs, Operation, error_responses
 from radixlm.runtime.config.limits import DEFAULT_CACHE_TREE_NODES, MAX_CACHE_TREE_NODES
-from radixlm.runtime.protocol import JSON, CacheTree, OpenAPIDocs, Operation, error_responses
 from radixlm.runtime.server.tokenizer_manager import TokenizerManager
 from radixlm.runtime.server.traces import register_trace_routes
 

@@ -32,8 +32,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from radixlm.formats.chat_template import derive_chat_template
 from radixlm.formats.reasoning import UnknownReasoningParser, separate_reasoning
 from radixlm.formats.tool_calls import ToolSpecError
-from radixlm.runtime.config.limits import MAX_BODY_BYTES, MAX_JSON_DEPTH, json_depth
-from radixlm.runtime.protocol import (
+from radixlm.runtime.api.protocol import (
     JSON,
     SSE,
     TEXT,
@@ -51,8 +50,9 @@ from radixlm.runtime.protocol import (
     error_responses,
     parse_body,
 )
-from radixlm.runtime.request_io import GenerateRequest, PreparedRequest, RequestError, parse_generate
-from radixlm.runtime.request_output import OutputChunk
+from radixlm.runtime.api.request_io import GenerateRequest, PreparedRequest, RequestError, parse_generate
+from radixlm.runtime.api.request_output import OutputChunk
+from radixlm.runtime.config.limits import MAX_BODY_BYTES, MAX_JSON_DEPTH, json_depth
 from radixlm.runtime.server.dashboard import PAGE_FILES, register_dashboard_routes
 from radixlm.runtime.server.tokenizer_manager import ServiceUnavailable, TokenizerManager
 

@@ -43,8 +43,7 @@ from radixlm.formats.tool_calls import (
     tool_call_schema,
     tool_call_structures,
 )
-from radixlm.runtime.config.limits import MAX_BATCH, MAX_SEQUENCES
-from radixlm.runtime.protocol import (
+from radixlm.runtime.api.protocol import (
     JSON,
     SSE,
     ChatCompletionChunk,
@@ -63,13 +62,14 @@ from radixlm.runtime.protocol import (
     error_responses,
     parse_body,
 )
-from radixlm.runtime.request_io import (
+from radixlm.runtime.api.request_io import (
     GenerateRequest,
     PreparedRequest,
     RequestError,
     expand_copies,
     requested_rank,
 )
+from radixlm.runtime.config.limits import MAX_BATCH, MAX_SEQUENCES
 from radixlm.runtime.server.tokenizer_manager import TokenizerManager
 
 

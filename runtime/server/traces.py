@@ -14,8 +14,7 @@ from typing import Annotated
 
 from fastapi import FastAPI, Query, Request
 
-from radixlm.runtime.config.limits import TRACE_CALLS_KEPT
-from radixlm.runtime.protocol import (
+from radixlm.runtime.api.protocol import (
     JSON,
     OpenAPIDocs,
     Operation,
@@ -26,6 +25,7 @@ from radixlm.runtime.protocol import (
     error_responses,
     parse_body,
 )
+from radixlm.runtime.config.limits import TRACE_CALLS_KEPT
 
 
 class TraceStore:

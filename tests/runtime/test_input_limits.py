@@ -16,6 +16,7 @@ import pytest
 from outlines_core.json_schema import build_regex_from_schema
 from test_constrained import SCHEMAS
 
+from radixlm.runtime.api.request_io import copy_seed
 from radixlm.runtime.config.limits import (
     MAX_REGEX_POSITIONS,
     MAX_SCHEMA_DEPTH,
@@ -30,7 +31,6 @@ from radixlm.runtime.constrained.index_worker import IndexWorker
 from radixlm.runtime.constrained.regex_syntax import check_regex_syntax, regex_positions
 from radixlm.runtime.constrained.schema_size import estimate_regex_chars
 from radixlm.runtime.ipc.sockets import IpcPaths
-from radixlm.runtime.request_io import copy_seed
 from radixlm.runtime.sampling.sampling_params import InvalidSamplingParams, SamplingParams
 
 BYTE_VOCABULARY = outlines_core.Vocabulary(0, {bytes([b]): [b + 1] for b in range(256)})

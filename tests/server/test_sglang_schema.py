@@ -14,8 +14,8 @@ import httpx
 import pytest
 from conftest import ServerHandle
 
-from radixlm.runtime.errors import RequestError
-from radixlm.runtime.protocol import (
+from radixlm.runtime.api.errors import RequestError
+from radixlm.runtime.api.protocol import (
     ChatRequest,
     CompletionRequest,
     GenerateReqInput,

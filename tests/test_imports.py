@@ -11,7 +11,9 @@ top-level module of the runtime (`radixlm.runtime.config`, ...). Then:
 - the bottom layer's units (the shared formats, the kernels) import no other unit;
 - the language imports nothing of the runtime except the in-process Engine, lazily (inside a
   function), and `import radixlm` loads neither the runtime nor torch and changes no environment
-  variable.
+  variable;
+- the server's route modules (each defines a `register_*_routes`) share `server/http_common.py`
+  and never import each other; the app (`server/http_server.py`) imports them all.
 """
 
 from __future__ import annotations
@@ -154,6 +156,32 @@ def test_imports_point_down() -> None:
     bad = [f"{src} (layer {RANK[src]}) imports {dst} (layer {RANK[dst]})"
            for src, dsts in graph.items() for dst in dsts if RANK[dst] > RANK[src]]
     assert not bad, "\n".join(sorted(bad))
+
+
+def route_modules() -> set[str]:
+    """The server's route modules: those that define a `register_*_routes(app, ...)` function."""
+    found = set()
+    for path in (ROOT / "runtime" / "server").glob("*.py"):
+        for node in ast.parse(path.read_text(), str(path)).body:
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("register_") and node.name.endswith("_routes"):
+                found.add(module_name(path))
+    return found
+
+
+def test_route_modules_share_one_helper_module_and_never_import_each_other() -> None:
+    routes = route_modules()
+    assert {f"{RUNTIME}.server.{name}" for name in ("native_api", "openai_api", "dashboard", "traces")} <= routes
+    bad, helpers = [], set()
+    for path in (ROOT / "runtime" / "server").glob("*.py"):
+        if (module := module_name(path)) not in routes:
+            continue
+        for name, _ in imports(path):
+            if name in routes and name != module:
+                bad.append(f"{path.relative_to(ROOT)}: {name}")
+            elif name.startswith(f"{RUNTIME}.server.") and name != module:
+                helpers.add(name)
+    assert not bad, "a route module imports another (share server/http_common.py instead):\n" + "\n".join(bad)
+    assert f"{RUNTIME}.server.http_common" in helpers
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:

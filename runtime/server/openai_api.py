@@ -70,6 +70,7 @@ from radixlm.runtime.api.request_io import (
     requested_rank,
 )
 from radixlm.runtime.config.limits import MAX_BATCH, MAX_SEQUENCES
+from radixlm.runtime.server.http_common import merged_outputs, prepare_all, read_json, run_all, sse, sse_error
 from radixlm.runtime.server.tokenizer_manager import TokenizerManager
 
 
@@ -177,15 +178,6 @@ def _chat_logprobs(meta: dict[str, Any]) -> dict[str, Any]:
 
 def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser: str, docs: OpenAPIDocs,
                            secured: bool, reasoning_parser: str | None = None) -> None:
-    from radixlm.runtime.server.http_server import (
-        merged_outputs,
-        prepare_all,
-        read_json,
-        run_all,
-        sse,
-        sse_error,
-    )
-
     auth = (401,) if secured else ()
     reasoning = None if reasoning_parser is None else reasoning_format(reasoning_parser)
     docs.add("/v1/models", "get", Operation(responses={200: ("the served model", {JSON: ModelList}),

@@ -20,6 +20,7 @@ from dataclasses import replace
 from typing import Any
 
 from radixlm.backend.base import Backend
+from radixlm.formats.reasoning import separate_reasoning
 from radixlm.global_config import global_config
 from radixlm.ir import (
     Concat,
@@ -37,7 +38,6 @@ from radixlm.ir import (
     VarScopeEnd,
     generated_names,
 )
-from radixlm.reasoning import separate_reasoning
 from radixlm.tools import ToolSet
 from radixlm.trace import TraceLog
 

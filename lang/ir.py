@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from radixlm.choices import BUILTIN_METHODS, ScoredChoicesMethod, as_choices_method
-from radixlm.reasoning import REASONING_PARSERS, reasoning_format
+from radixlm.formats.reasoning import REASONING_PARSERS, reasoning_format
 from radixlm.typed import OutputType, is_output_type
 
 # dtype= in gen: the constraint each type implies (the variable stays text, as in SGLang).

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixlm.tool_calls import Tool, parse_tools, tool_call_schema, tools_system_prompt
+from radixlm.formats.tool_calls import Tool, parse_tools, tool_call_schema, tools_system_prompt
 from radixlm.typed import schema_problem, type_schema
 
 __all__ = ["ToolCall", "ToolSet", "function_to_tool", "schema_problem", "tools_prompt"]

@@ -1,24 +1,26 @@
-"""The serving runtime, one subpackage per process and concern. A request flows:
+"""The serving runtime, one room (subpackage) per process and concern. A request flows:
 
   HTTP client
-    -> server/        (main process) FastAPI routes, OpenAI routes, TokenizerManager: validate at
-                      the door (request_io), apply the chat template, tokenize
-    -> messages.py    frozen IPC messages over zmq (ipc.py: sockets)
+    -> server/        (main process) the app and its route modules, the TokenizerManager
+    -> api/           the door shared with the Engine: validate, `n` copies and seeds, tokenize
+    -> ipc/           frozen IPC messages over zmq (messages), the sockets
     -> scheduler/     (scheduler process) Scheduler.step(): admission, schedule policy, the cache
                       bridge between requests and mem_cache/, retraction; logprob bookkeeping
     -> model/         ModelRunner.forward over a ForwardBatch: model code, attention backends
                       over the paged KV pool (mem_cache/), model files and GGUF conversion
     -> sampling/      sampler (masks from constrained/ applied here), sampling params
     -> detokenizer/   (detokenizer process) incremental text deltas back to the TokenizerManager
+    -> api/           result shaping shared with the Engine: deltas -> /generate results, chunks
     -> HTTP client
 
-`engine.py` is the same path in one process (no zmq), `bench/` the benchmarks and the soak.
-Top-level modules hold what every layer reads: `server_args` (config), `envs` (environment),
-`limits`, `errors`, `tokenizer`, `request_io` (the front door shared by Engine and server:
-parsing, `n` copies and seeds, validation) and `request_output` (result shaping shared by both:
-output deltas in, /generate results and stream chunks out).
-Imports point down this list, never up; `radixlm` (the language) imports none of it.
-Importing this package changes nothing in the process (see `radixlm.runtime.envs.set_process_defaults`,
+`engine.py` is the same path in one process (no zmq): `Engine`, which this package hands out.
+`api/` is the contract both doors serve (typed bodies, `request_io`, `request_output`,
+`RequestError`); `config/` holds what every room reads (`server_args`, `envs`, `limits`) and
+imports nothing of the runtime; `tokenizer/` is the HF tokenizer's facade; `bench/` the
+benchmarks and the soak, their fixed data in `bench/data/`. The rooms' import order is
+tests/test_imports.py's LAYERS (docs/architecture.md); `radixlm` (the language) imports none of
+it but the Engine, lazily.
+Importing this package changes nothing in the process (see `radixlm.runtime.config.envs.set_process_defaults`,
 called by each process entry point).
 """
 

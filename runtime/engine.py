@@ -17,17 +17,17 @@ import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from radixlm.runtime.envs import set_process_defaults
+from radixlm.runtime.config.envs import set_process_defaults
 
 set_process_defaults()  # before the imports below load torch
 
-from radixlm.runtime.messages import StrOutput  # noqa: E402
-from radixlm.runtime.request_io import PreparedRequest, RequestError, RequestValidator, parse_generate  # noqa: E402
-from radixlm.runtime.request_output import RequestOutput, TokenTexts  # noqa: E402
+from radixlm.runtime.api.request_io import PreparedRequest, RequestError, RequestValidator, parse_generate  # noqa: E402
+from radixlm.runtime.api.request_output import RequestOutput, TokenTexts  # noqa: E402
+from radixlm.runtime.config.server_args import ServerArgs  # noqa: E402
+from radixlm.runtime.ipc.messages import StrOutput  # noqa: E402
 from radixlm.runtime.scheduler.req import LogprobOptions, Req  # noqa: E402
 from radixlm.runtime.scheduler.scheduler import StepOutput  # noqa: E402
 from radixlm.runtime.scheduler.scheduler_stack import SchedulerStack  # noqa: E402
-from radixlm.runtime.server_args import ServerArgs  # noqa: E402
 
 Started = tuple[Req, RequestOutput]
 

@@ -19,7 +19,7 @@ from typing import Any  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
-from radixlm.runtime.envs import set_process_defaults  # noqa: E402
+from radixlm.runtime.config.envs import set_process_defaults  # noqa: E402
 
 set_process_defaults()  # before anything loads torch
 
@@ -68,7 +68,7 @@ def scripted_model_dir(tmp_path_factory: pytest.TempPathFactory, default_model_d
     REASONING_SCRIPT, DeepSeek-R1 style: reasoning, `</think>` (3 tokens here), the answer, EOS."""
     from radixlm_testing import FALLBACK_DIGIT, REASONING_SCRIPT, save_tiny_model, script_weights
 
-    from radixlm.runtime.tokenizer import Tokenizer
+    from radixlm.runtime.tokenizer.tokenizer import Tokenizer
 
     tokenizer = Tokenizer(default_model_dir)
     newline, = tokenizer.encode_plain("\n")

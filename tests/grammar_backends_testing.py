@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from radixlm.runtime.constrained.backends import DEFAULT_GRAMMAR_BACKEND, GRAMMAR_BACKENDS
+from radixlm.runtime.config.server_args import DEFAULT_GRAMMAR_BACKEND, GRAMMAR_BACKENDS
 from radixlm.runtime.constrained.grammar import GrammarBackend
 from radixlm.runtime.constrained.llguidance_backend import LLGuidanceBackend
 from radixlm.runtime.constrained.xgrammar_backend import XGrammarBackend

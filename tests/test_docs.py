@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from radixlm.runtime.server_args import DOCS_BEGIN, DOCS_COMMAND, DOCS_END, settings_markdown
+from radixlm.runtime.config.server_args import DOCS_BEGIN, DOCS_COMMAND, DOCS_END, settings_markdown
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -44,7 +44,7 @@ def test_settings_page_is_generated_from_server_args() -> None:
     assert DOCS_BEGIN in text and DOCS_END in text, f"docs/settings.md lacks {DOCS_BEGIN} ... {DOCS_END}"
     generated = text.split(DOCS_BEGIN + "\n", 1)[1].split(DOCS_END, 1)[0]
     assert generated == settings_markdown(), (
-        "docs/settings.md is out of date with ServerArgs, HELP or runtime/envs.py; regenerate it with\n"
+        "docs/settings.md is out of date with ServerArgs, HELP or runtime/config/envs.py; regenerate it with\n"
         f"    .venv/bin/{DOCS_COMMAND}"
     )
 

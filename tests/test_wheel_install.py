@@ -1,6 +1,6 @@
 """A plain install is as good as the editable one: the wheel built from this tree carries every
-file the C++ kernels need (sources and headers), and in a fresh venv they compile and run a
-decode step.
+file the C++ kernels need (sources and headers), the dashboard's page and the benchmarks' data,
+and in a fresh venv the kernels compile and run a decode step.
 
 The fresh venv gets the built wheel alone (`pip install --no-deps`); its dependencies (torch
 2.13.0 pinned, transformers, ...) come from this suite's venv through a .pth line, so the test
@@ -64,6 +64,8 @@ def test_the_wheel_carries_every_kernel_source(wheel: Path) -> None:
         assert package in names
     page = {f"radixlm/runtime/server/static/{p.name}" for p in (ROOT / "runtime" / "server" / "static").iterdir()}
     assert len(page) == 3 and page <= names, f"the dashboard's page is missing: {sorted(page - names)}"
+    data = {f"radixlm/runtime/bench/data/{p.name}" for p in (ROOT / "runtime" / "bench" / "data").glob("*.json")}
+    assert data and data <= names, f"the benchmarks' data is missing: {sorted(data - names)}"
 
 
 def test_kernels_compile_and_decode_in_a_fresh_venv_from_the_wheel(

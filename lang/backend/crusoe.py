@@ -9,7 +9,7 @@ import os
 from typing import Any
 
 from radixlm.backend.openai import OpenAI
-from radixlm.chat_template import ChatTemplate
+from radixlm.formats.chat_template import ChatTemplate
 
 CRUSOE_BASE_URL = "https://managed-inference-api-proxy.crusoecloud.com/v1/"
 

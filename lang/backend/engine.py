@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from radixlm.backend.base import BackendError, NativeBackend
-from radixlm.chat_template import CHATML, derive_chat_template
+from radixlm.formats.chat_template import CHATML, derive_chat_template
 
 _ENGINE_KEYS = ("sampling_params", "return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs",
                 "require_reasoning")

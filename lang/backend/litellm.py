@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from radixlm.backend.openai import OpenAI
-from radixlm.chat_template import ChatTemplate
+from radixlm.formats.chat_template import ChatTemplate
 
 LITELLM_PROXY_URL = "http://0.0.0.0:4000"
 

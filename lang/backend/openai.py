@@ -49,8 +49,8 @@ from radixlm.backend.base import (
     chat_messages,
     import_client,
 )
-from radixlm.chat_template import CHATML, ChatTemplate
 from radixlm.choices import ChoiceScores, choice_token_span, decide, requires_unconditional
+from radixlm.formats.chat_template import CHATML, ChatTemplate
 from radixlm.ir import Gen, SamplingArgs, Select
 from radixlm.tools import ToolCall, ToolSet
 

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 
 from radixlm.backend.base import BackendError, NativeBackend
-from radixlm.chat_template import CHATML, ChatTemplate
+from radixlm.formats.chat_template import CHATML, ChatTemplate
 
 TRACE_CALLS_PER_POST = 256  # the server's limit (runtime.limits.MAX_TRACE_CALLS_PER_POST)
 

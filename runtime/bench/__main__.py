@@ -60,7 +60,7 @@ from radixlm.runtime.bench.llamacpp_peer import (
     run_llamacpp,
 )
 from radixlm.runtime.bench.plot import plot_ratios, speed_ratio
-from radixlm.runtime.envs import set_process_defaults
+from radixlm.runtime.config.envs import set_process_defaults
 
 set_process_defaults()  # before torch loads, for our engine and the baseline alike
 ALL_THREADS = len(os.sched_getaffinity(0))

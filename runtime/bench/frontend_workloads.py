@@ -9,6 +9,9 @@ paper's benchmark suite, sized for SmolLM2-135M on a CPU.
       one system prompt
   F4  JSON extraction: W4's passages, one gen under W4's JSON schema per passage (`run_batch`)
 
+The programs' inputs (F1's descriptions and endings, F2's questions, F3's turns and topics) are
+data, data/frontend_workloads.json; F4 takes W4's passages.
+
 Everything is deterministic (fixed texts, a seeded shuffle) and decoding is greedy, so two
 systems running these programs should give the same outputs. Each builder takes its size, so a
 test can run a tiny configuration of the same programs.
@@ -23,6 +26,9 @@ from typing import Any
 
 import radixlm as rl
 from radixlm.runtime.bench import workloads as wl
+from radixlm.runtime.bench.data_files import load_json
+
+_DATA = load_json("frontend_workloads.json")
 
 
 @dataclass
@@ -37,31 +43,9 @@ class FrontendWorkload:
 
 
 # ---------------------------------------------------------------- F1 few-shot multiple choice
-# (description, its plausible ending); the first F1_NUM_SHOTS are the solved examples, and each
+# [description, its plausible ending]; the first F1_NUM_SHOTS are the solved examples, and each
 # question's wrong endings are the right endings of other questions (HellaSwag-style distractors).
-_ACTIVITIES = [
-    ("A woman pours flour, sugar and eggs into a large bowl. She", "stirs the mixture with a wooden spoon until the batter is smooth."),
-    ("A man kneels beside a flat bicycle tire in his driveway. He", "pries the tire off the rim and patches the small hole in the tube."),
-    ("A girl stands at the edge of a swimming pool wearing goggles. She", "dives into the water and swims a lap of freestyle."),
-    ("A boy holds a kite while his father runs across the windy field. The kite", "lifts into the air and climbs high above the trees."),
-    ("A man spreads shaving cream over his cheeks in front of a mirror. He", "draws the razor carefully down his jaw in short strokes."),
-    ("Two friends unpack a tent at a campsite in the woods. They", "hammer the stakes into the ground and tighten the ropes."),
-    ("A woman sits at a piano with sheet music open in front of her. She", "places her fingers on the keys and begins to play a slow melody."),
-    ("A chef places a thick steak on a very hot grill. The steak", "sizzles loudly as dark grill marks form on its underside."),
-    ("A child blows into a red balloon until it is very large. The balloon", "pops with a loud bang and the child jumps back in surprise."),
-    ("A man climbs a ladder with a small can of paint and a brush. He", "paints the window frame a bright shade of blue."),
-    ("A gardener digs a hole in the soft soil of a flower bed. She", "sets a young rose bush in the hole and fills it with earth."),
-    ("A teenager stands on a skateboard at the top of a ramp. He", "pushes off, rolls down the ramp and lands a small jump at the bottom."),
-    ("A woman ties the laces of her running shoes at the start of a trail. She", "sets off at an easy jog along the path through the park."),
-    ("A barber drapes a cape over a customer sitting in the chair. The barber", "combs the customer's hair and begins trimming it with scissors."),
-    ("A man sets a log upright on a chopping block behind his cabin. He", "swings the axe down and splits the log cleanly in two."),
-    ("A girl pulls a loaf of bread out of the oven with thick mitts. She", "sets it on a wire rack to cool before slicing it."),
-    ("A fisherman casts his line from the end of a wooden pier. After a while he", "feels a tug, reels in quickly and lands a small silver fish."),
-    ("A couple carries a heavy sofa up a narrow staircase. They", "tilt it on its end to squeeze it around the corner at the landing."),
-    ("A mechanic slides under a car on a rolling board. He", "loosens the drain plug and lets the old oil run into a pan."),
-    ("A student opens a thick textbook at a desk in the library. She", "reads a chapter and copies the key points into her notebook."),
-    ("A dog owner holds up a tennis ball in the park. The dog", "sprints after the ball as soon as it is thrown and brings it back."),
-]
+_ACTIVITIES = _DATA["f1_activities"]
 F1_NUM_SHOTS = 5
 F1_NUM_CHOICES = 4
 F1_HEADER = "Each description below is completed with its most plausible ending.\n\n"
@@ -108,14 +92,7 @@ def f1_workload(num_questions: int = 16) -> FrontendWorkload:
 
 # ---------------------------------------------------------------- F2 tree of thought
 F2_SYSTEM = "You are a practical assistant. You think of several different ideas before choosing one."
-F2_QUESTIONS = [
-    "How can a small town reduce traffic jams near its primary school in the morning?",
-    "How can a family of four cut its weekly grocery bill without eating worse?",
-    "How can a public library attract more teenagers?",
-    "How can an office save electricity during the summer?",
-    "How can a runner prepare for a first marathon in four months?",
-    "How can a small bakery sell more bread on weekdays?",
-]
+F2_QUESTIONS = _DATA["f2_questions"]
 F2_OPENERS = ["One idea is to", "Another idea is to", "A third idea is to"]  # one per branch
 
 
@@ -149,13 +126,8 @@ F3_SYSTEM = (
     "You are a friendly assistant in a chat about everyday topics. Keep every answer short, at most "
     "two sentences, and build on what was said earlier in the conversation."
 )
-F3_TURNS = [
-    "Tell me one interesting fact about {topic}.",
-    "Why does that matter?",
-    "Give me one practical tip related to {topic}.",
-    "Summarize our conversation in one sentence.",
-]
-F3_TOPICS = ["bees", "railways", "bread", "volcanoes", "chess", "solar panels", "sleep", "libraries"]
+F3_TURNS = _DATA["f3_turns"]  # {topic}: the conversation's
+F3_TOPICS = _DATA["f3_topics"]
 
 
 @rl.function

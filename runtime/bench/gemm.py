@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from functools import partial
 
-from radixlm.runtime.envs import set_process_defaults
+from radixlm.runtime.config.envs import set_process_defaults
 
 set_process_defaults()  # before torch loads (RADIXLM_CPU_ISA caps torch's kernels too)
 

@@ -46,13 +46,13 @@ import numpy as np
 
 from radixlm.runtime.bench import workloads as wl
 from radixlm.runtime.bench.schema_corpus import CorpusSchema, corpus
-from radixlm.runtime.envs import set_process_defaults
+from radixlm.runtime.config.envs import set_process_defaults
 
 set_process_defaults()  # before torch loads (the runtime's modules load it; imported where used, so the
 # main bench, which imports this module for its flags, loads torch only when it needs it)
 
 if TYPE_CHECKING:
-    from radixlm.runtime.tokenizer import Tokenizer
+    from radixlm.runtime.tokenizer.tokenizer import Tokenizer
 
 _LEAVES: list[dict[str, Any]] = [{"type": "string", "maxLength": 20}, {"type": "integer"}, {"type": "boolean"},
                                  {"type": "number"}]
@@ -134,7 +134,7 @@ class BackendRow:
 
 @dataclass(frozen=True)
 class GrammarBenchConfig:
-    backends: tuple[str, ...] = ()  # (): all of constrained.backends.GRAMMAR_BACKENDS
+    backends: tuple[str, ...] = ()  # (): all of server_args.GRAMMAR_BACKENDS
     parts: tuple[str, ...] = PARTS
     deadline_s: float = 120.0
     walks: int = 5
@@ -147,7 +147,7 @@ class GrammarBenchConfig:
 
     @property
     def backend_names(self) -> tuple[str, ...]:
-        from radixlm.runtime.constrained.backends import GRAMMAR_BACKENDS
+        from radixlm.runtime.config.server_args import GRAMMAR_BACKENDS
 
         return self.backends or GRAMMAR_BACKENDS
 
@@ -372,7 +372,7 @@ def _generate(engine: Any, entries: Sequence[CorpusSchema], seeds: Sequence[int]
               max_new_tokens: int) -> dict[str, Outcome]:
     """Every (schema, seed) request in one batch, each schema's outcome. A batch the front door
     refuses is run again schema by schema, so the refusal lands on its own schema."""
-    from radixlm.runtime.request_io import RequestError
+    from radixlm.runtime.api.request_io import RequestError
 
     if not entries:
         return {}
@@ -413,10 +413,10 @@ def _judge(schema: dict[str, Any], result: dict[str, Any]) -> Outcome:
 def run_table(config: GrammarBenchConfig, coverage_model_path: Path | None = None) -> list[BackendRow]:
     """Every part of `config.parts`, each backend's apart. Coverage runs on `coverage_model_path`,
     by default a tiny random-weight Llama written to a temporary directory."""
-    from radixlm.runtime.constrained.backends import GRAMMAR_BACKENDS
+    from radixlm.runtime.config.server_args import GRAMMAR_BACKENDS
     from radixlm.runtime.model.model_config import ModelConfig
     from radixlm.runtime.model.model_files import resolve_model_path
-    from radixlm.runtime.tokenizer import Tokenizer
+    from radixlm.runtime.tokenizer.tokenizer import Tokenizer
 
     unknown = [name for name in config.backend_names if name not in GRAMMAR_BACKENDS]
     if unknown:

@@ -209,7 +209,7 @@ def import_llama_cpp() -> Any:
     """The llama_cpp module built for radixlm's ISA level (RADIXLM_CPU_ISA: avx2 takes the AVX2
     build, other levels the native one), quiet (its log goes to llama-cpp-python's logger,
     errors only)."""
-    from radixlm.runtime.envs import RADIXLM_CPU_ISA
+    from radixlm.runtime.config.envs import RADIXLM_CPU_ISA
 
     build = peer_build_dir(RADIXLM_CPU_ISA.get())
     if build is not None:

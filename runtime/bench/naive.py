@@ -30,8 +30,8 @@ from transformers import (
 )
 
 from radixlm.backend.base import UNCONDITIONAL_PREFIX, Backend
-from radixlm.chat_template import CHATML, derive_chat_template
 from radixlm.choices import ChoiceScores, choice_token_span, decide
+from radixlm.formats.chat_template import CHATML, derive_chat_template
 from radixlm.ir import UNCONDITIONAL_LIKELIHOOD_NORMALIZED, Gen, SamplingArgs, Select
 
 if TYPE_CHECKING:
@@ -140,12 +140,13 @@ class NaiveTransformersBackend(Backend):
         if not sampling.json_schema and not sampling.regex:
             return None
         if self._grammar_backend is None:
+            from radixlm.runtime.config.server_args import DEFAULT_GRAMMAR_BACKEND
             from radixlm.runtime.constrained import backends
-            from radixlm.runtime.tokenizer import Tokenizer
+            from radixlm.runtime.tokenizer.tokenizer import Tokenizer
 
             # the server's default engine, so both systems produce the same outputs
             self._grammar_backend = backends.create(
-                backends.DEFAULT_GRAMMAR_BACKEND, Tokenizer(self.model_path), self.model.config.vocab_size,
+                DEFAULT_GRAMMAR_BACKEND, Tokenizer(self.model_path), self.model.config.vocab_size,
                 num_workers=1, enable_jump_forward=False, whitespace_pattern=None)
         kind, spec = ("json_schema", sampling.json_schema) if sampling.json_schema else ("regex", sampling.regex)
         return self._grammar_backend.get(kind, spec).result().new_state()  # type: ignore[no-any-return]

@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"heavy logprob stream ({HEAVY_TOKENS} tokens x 100 top logprobs with text): worst /health "
           f"{worst:.1f} ms over {args.repeats} runs (median {median_health:.1f} ms), {heavy_mb:.1f} MB sent")
     if args.engine_baseline:
-        from radixlm.runtime.envs import set_process_defaults
+        from radixlm.runtime.config.envs import set_process_defaults
 
         set_process_defaults()
         from radixlm.runtime.engine import Engine

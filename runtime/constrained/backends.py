@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
+from radixlm.runtime.config.server_args import GRAMMAR_BACKENDS  # the flag's choices: `--grammar-backend`
 from radixlm.runtime.constrained.errors import GrammarError
 from radixlm.runtime.constrained.lowered import LoweredGrammar
 from radixlm.runtime.constrained.spec import lower
@@ -23,11 +24,8 @@ if TYPE_CHECKING:
     from radixlm.runtime.constrained.grammar import GrammarBackend
     from radixlm.runtime.constrained.llguidance_backend import LLGuidanceBackend
     from radixlm.runtime.constrained.xgrammar_backend import XGrammarBackend
-    from radixlm.runtime.tokenizer import Tokenizer
+    from radixlm.runtime.tokenizer.tokenizer import Tokenizer
 
-GRAMMAR_BACKENDS = ("outlines", "xgrammar", "llguidance")
-# The default: most schemas of the corpus compiled and served (runtime/bench/grammar.py), then mask p99.
-DEFAULT_GRAMMAR_BACKEND = "xgrammar"
 CFG = ("regex", "json_schema", "choices", "ebnf", "structural_tag")
 KINDS = {"outlines": ("regex", "json_schema", "choices"), "xgrammar": CFG, "llguidance": CFG}
 

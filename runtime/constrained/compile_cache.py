@@ -14,11 +14,11 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, ClassVar, Generic, TypeVar
 
+from radixlm.runtime.config.limits import MAX_EBNF_CHARS, MAX_SCHEMA_BOUND
 from radixlm.runtime.constrained.errors import GrammarError
 from radixlm.runtime.constrained.json_schema import parse_schema
 from radixlm.runtime.constrained.lowered import LoweredGrammar, LoweringSettings
 from radixlm.runtime.constrained.regex_syntax import check_regex_size
-from radixlm.runtime.limits import MAX_EBNF_CHARS, MAX_SCHEMA_BOUND
 
 CFG_KINDS = ("regex", "json_schema", "choices", "ebnf", "structural_tag")
 Compiled = TypeVar("Compiled")

@@ -33,6 +33,8 @@ import numpy as np
 import outlines_core
 import torch
 
+from radixlm.runtime.config.envs import RADIXLM_GRAMMAR_COMPILE_TIMEOUT, RADIXLM_GRAMMAR_FAST_LANE_DEADLINE
+from radixlm.runtime.config.limits import GRAMMAR_COMPILE_MAX_MEMORY_BYTES
 from radixlm.runtime.constrained.compile_cache import CompileCache
 from radixlm.runtime.constrained.errors import GrammarError
 from radixlm.runtime.constrained.index_worker import Build, IndexWorker, token_distances
@@ -46,11 +48,9 @@ from radixlm.runtime.constrained.vocabulary import (
     GrammarVocabulary,
     get_grammar_vocabulary,
 )
-from radixlm.runtime.envs import RADIXLM_GRAMMAR_COMPILE_TIMEOUT, RADIXLM_GRAMMAR_FAST_LANE_DEADLINE
-from radixlm.runtime.limits import GRAMMAR_COMPILE_MAX_MEMORY_BYTES
 
 if TYPE_CHECKING:
-    from radixlm.runtime.tokenizer import Tokenizer
+    from radixlm.runtime.tokenizer.tokenizer import Tokenizer
 
 __all__ = ["CompiledGrammar", "Grammar", "GrammarBackend", "GrammarError", "validate"]
 

@@ -23,20 +23,19 @@ import math
 import secrets
 from typing import Any
 
-import interegular
 from outlines_core.json_schema import build_regex_from_schema
 
-from radixlm.runtime.constrained.errors import GrammarError
-from radixlm.runtime.constrained.numeric_regex import bounded_number_regex
-from radixlm.runtime.constrained.regex_syntax import check_regex_size, check_regex_syntax, rewrite_regex
-from radixlm.runtime.constrained.schema_size import estimate_regex_chars
-from radixlm.runtime.limits import (
+from radixlm.runtime.config.limits import (
     MAX_SCHEMA_BOUND,
     MAX_SCHEMA_CHARS,
     MAX_SCHEMA_DEPTH,
     MAX_SCHEMA_REGEX_CHARS,
     json_depth,
 )
+from radixlm.runtime.constrained.errors import GrammarError
+from radixlm.runtime.constrained.numeric_regex import bounded_number_regex
+from radixlm.runtime.constrained.regex_syntax import check_regex_size, check_regex_syntax, rewrite_regex
+from radixlm.runtime.constrained.schema_size import estimate_regex_chars
 
 _IGNORED_KEYWORDS = (
     "multipleOf", "minProperties", "maxProperties", "patternProperties", "propertyNames",
@@ -61,23 +60,6 @@ _EMAIL = (
     r"[a-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\.[a-z0-9!#$%&'*+/=?^_`{|}~-]+)*"
     r"@(?:[a-z0-9](?:[a-z0-9-]*[a-z0-9])?\.)+[a-z0-9](?:[a-z0-9-]*[a-z0-9])?"
 )
-
-
-def check_whitespace_pattern(pattern: str) -> None:
-    """ValueError unless `pattern` is a regex whose every match is JSON whitespace (space, tab,
-    newline, carriage return), so that it can stand between the tokens of a JSON text."""
-    try:
-        check_regex_syntax(pattern, "JSON whitespace pattern")
-    except GrammarError as e:
-        raise ValueError(str(e)) from None
-    try:
-        matches = interegular.parse_pattern(pattern).to_fsm()
-    except Exception as e:  # interegular's own parse errors: constructs it does not support
-        raise ValueError(f"JSON whitespace pattern {pattern!r} cannot be checked: {e}") from None
-    if not matches.difference(interegular.parse_pattern(r"[ \t\n\r]*").to_fsm()).empty():
-        raise ValueError(
-            f"JSON whitespace pattern {pattern!r} matches more than spaces, tabs and newlines"
-        )
 
 
 def parse_schema(spec: object) -> dict[str, Any]:

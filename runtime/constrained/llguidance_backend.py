@@ -30,7 +30,7 @@ from radixlm.runtime.constrained.lowered import LoweredGrammar
 from radixlm.runtime.constrained.structural_tag import lark_grammar
 
 if TYPE_CHECKING:
-    from radixlm.runtime.tokenizer import Tokenizer
+    from radixlm.runtime.tokenizer.tokenizer import Tokenizer
 
 MAX_DRAFT_TOKENS = 16
 

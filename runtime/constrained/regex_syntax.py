@@ -11,8 +11,8 @@ from __future__ import annotations
 import re
 import warnings
 
+from radixlm.runtime.config.limits import MAX_REGEX_CHARS, MAX_REGEX_POSITIONS
 from radixlm.runtime.constrained.errors import GrammarError
-from radixlm.runtime.limits import MAX_REGEX_CHARS, MAX_REGEX_POSITIONS
 
 # Characters that are special somewhere in Rust regex syntax; escaping them is valid in Python too.
 _META = frozenset("\\.+*?()|[]{}^$#&-~")

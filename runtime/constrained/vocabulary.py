@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 import outlines_core
 
 if TYPE_CHECKING:
-    from radixlm.runtime.tokenizer import Tokenizer
+    from radixlm.runtime.tokenizer.tokenizer import Tokenizer
 
 
 END_MARKER = "\\x00"  # regex text of the end marker appended to every grammar

@@ -38,7 +38,7 @@ from radixlm.runtime.constrained.spec import choices_regex
 from radixlm.runtime.constrained.structural_tag import xgrammar_format
 
 if TYPE_CHECKING:
-    from radixlm.runtime.tokenizer import Tokenizer
+    from radixlm.runtime.tokenizer.tokenizer import Tokenizer
 
 MAX_DRAFT_TOKENS = 16  # the longest jump-forward draft
 # JSON laid out as `json.dumps` does by default (`", "` and `": "` between items, no other

@@ -42,7 +42,7 @@ from radixlm.runtime.sampling.stop_regex import StopRegexMatcher
 
 if TYPE_CHECKING:
     from radixlm.runtime.sampling.sampling_params import SamplingParams
-    from radixlm.runtime.tokenizer import Tokenizer
+    from radixlm.runtime.tokenizer.tokenizer import Tokenizer
 
 REPLACEMENT_CHAR = "\ufffd"
 # At most this many trailing prompt ids are used as the initial decode context.

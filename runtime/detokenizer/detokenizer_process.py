@@ -15,11 +15,11 @@ from multiprocessing.connection import Connection
 
 import zmq
 
-from radixlm.runtime import messages as io
+from radixlm.runtime.config.server_args import ServerArgs
 from radixlm.runtime.detokenizer.detokenizer import IncrementalDecoder
-from radixlm.runtime.ipc import IpcPaths, exit_with_parent, pull_socket, push_socket
-from radixlm.runtime.server_args import ServerArgs
-from radixlm.runtime.tokenizer import Tokenizer
+from radixlm.runtime.ipc import messages as io
+from radixlm.runtime.ipc.sockets import IpcPaths, exit_with_parent, pull_socket, push_socket
+from radixlm.runtime.tokenizer.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 `BlockEventRecorder` observes a `RadixCache` (its `CacheObserver`) and turns each change of the
 set of cached prefixes into events; the scheduler takes them after every step and publishes them
-(`scheduler/kv_events_publisher.py`). `KVEventsConfig` is `--kv-events-config` parsed and checked.
+(`scheduler/kv_events_publisher.py`), as `--kv-events-config` says (`config/kv_events_config.py`).
 Nothing here does I/O.
 
 Wire format (pinned from SGLang's `python/sglang/srt/disaggregation/kv_events.py`, commit
@@ -42,83 +42,16 @@ per evicted leaf); `flush` publishes AllBlocksCleared. Splits change no prefix a
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import hashlib
-import json
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # the settings read KVEventsConfig in every process; the cache (and torch) load where it runs
+from radixlm.runtime.config.kv_events_config import DEFAULT_BLOCK_SIZE
+
+if TYPE_CHECKING:
     from radixlm.runtime.mem_cache.radix_cache import RadixCache, TreeNode
-
-DEFAULT_BLOCK_SIZE = 16
-PUBLISHERS = ("null", "zmq")
-
-
-def endpoint_for_rank(endpoint: str, dp_rank: int) -> str:
-    """The endpoint data-parallel rank `dp_rank` uses: tcp ports offset by the rank."""
-    if dp_rank == 0:
-        return endpoint
-    if endpoint.startswith("inproc://"):
-        return f"{endpoint}_dp{dp_rank}"
-    if endpoint.startswith("tcp://"):
-        host, _, port = endpoint.rpartition(":")
-        return f"{host}:{int(port) + dp_rank}"
-    raise ValueError(f"with data parallelism the KV events endpoint must be tcp:// or inproc://, got {endpoint!r}")
-
-
-
-@dataclass(frozen=True)
-class KVEventsConfig:
-    """SGLang's KVEventsConfig fields (same names and defaults), plus our `block_size`."""
-
-    publisher: str = "null"  # "zmq" publishes; "null" records nothing
-    endpoint: str = "tcp://*:5557"
-    replay_endpoint: str | None = None
-    buffer_steps: int = 10_000  # batches kept for replay
-    hwm: int = 100_000  # the PUB socket's send high-water mark (zmq drops past it)
-    max_queue_size: int = 100_000  # batches waiting for the publisher thread
-    topic: str = ""
-    block_size: int = DEFAULT_BLOCK_SIZE  # tokens per published block (radixlm's; SGLang: its page size)
-
-    @classmethod
-    def from_json(cls, text: str) -> KVEventsConfig:
-        """Parse the flag's JSON object; anything unknown or mistyped is a ValueError naming it."""
-        try:
-            raw = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"--kv-events-config is not valid JSON ({e}): {text!r}") from None
-        if not isinstance(raw, dict):
-            raise ValueError(f"--kv-events-config must be a JSON object, got {text!r}")
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        unknown = sorted(set(raw) - set(fields))
-        if unknown:
-            raise ValueError(f"--kv-events-config: unknown key(s) {', '.join(unknown)}; known: {', '.join(fields)}")
-        for name, value in raw.items():
-            kind = str(fields[name].type)
-            ok = isinstance(value, str) if kind.startswith("str") else \
-                isinstance(value, int) and not isinstance(value, bool)
-            if not (ok or (value is None and kind.endswith("None"))):
-                raise ValueError(f"--kv-events-config: {name} must be {kind.replace(' | None', ' or null')}, got {value!r}")
-        return cls(**raw)
-
-    def __post_init__(self) -> None:
-        if self.publisher not in PUBLISHERS:
-            raise ValueError(f"--kv-events-config: publisher must be one of {', '.join(PUBLISHERS)}, got {self.publisher!r}")
-        for name in ("endpoint", "replay_endpoint"):
-            value = getattr(self, name)
-            if value is not None and not value.startswith(("tcp://", "ipc://", "inproc://")):
-                raise ValueError(f"--kv-events-config: {name} must be a tcp://, ipc:// or inproc:// address, got {value!r}")
-        for name in ("buffer_steps", "hwm", "max_queue_size", "block_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--kv-events-config: {name} must be >= 1, got {getattr(self, name)}")
-
-    @property
-    def is_enabled(self) -> bool:
-        return self.publisher == "zmq"
-
 
 @dataclass(frozen=True)
 class BlockStored:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from radixlm.kernels import cpu_linear, isa
-from radixlm.runtime.envs import RADIXLM_CPU_ISA
+from radixlm.runtime.config.envs import RADIXLM_CPU_ISA
 from radixlm.runtime.model.model_files import cache_dir
 
 logger = logging.getLogger(__name__)

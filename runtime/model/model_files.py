@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from radixlm.runtime.envs import RADIXLM_CACHE
+from radixlm.runtime.config.envs import RADIXLM_CACHE
 
 if TYPE_CHECKING:
     import torch

@@ -15,7 +15,8 @@ import torch
 
 from radixlm.kernels import cpu_linear
 from radixlm.kernels.quant import QuantizedTensor
-from radixlm.runtime.envs import RADIXLM_ADAPTIVE_THREADS, RADIXLM_CPU_AUTO_DTYPE
+from radixlm.runtime.config.envs import RADIXLM_ADAPTIVE_THREADS, RADIXLM_CPU_AUTO_DTYPE
+from radixlm.runtime.config.server_args import ServerArgs
 from radixlm.runtime.mem_cache.mem_pool import KVPool, ReqToTokenPool
 from radixlm.runtime.model.attention.base import create_attention_backend
 from radixlm.runtime.model.cpu_threads import ThreadGovernor
@@ -25,7 +26,6 @@ from radixlm.runtime.model.model_config import ModelConfig
 from radixlm.runtime.model.models.llama import LlamaForCausalLM
 from radixlm.runtime.model.tensor_parallel import TPGroup, TPWorkers
 from radixlm.runtime.model.tp_sharding import ShardedWeights, check_tp_size, shard_config, vocab_part
-from radixlm.runtime.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 

@@ -293,7 +293,7 @@ def run_worker(rank: int, spec: dict[str, Any]) -> None:
 
 
 def main() -> None:
-    from radixlm.runtime.ipc import exit_with_parent
+    from radixlm.runtime.ipc.sockets import exit_with_parent
 
     exit_with_parent()  # rank 0's process gone: so is this one
     rank = int(sys.argv[1])

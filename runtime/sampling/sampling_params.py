@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from radixlm.runtime.limits import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS
+from radixlm.runtime.config.limits import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS
 from radixlm.runtime.sampling.stop_regex import compile_stop_regex
 
 # Temperatures below this are greedy, as in SGLang (`0 <= temperature < 1e-6`).

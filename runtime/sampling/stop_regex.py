@@ -26,7 +26,7 @@ try:
 except ImportError:  # pragma: no cover - Python 3.10
     import sre_parse  # type: ignore[no-redef]
 
-from radixlm.runtime.limits import MAX_STOP_STRING_CHARS
+from radixlm.runtime.config.limits import MAX_STOP_STRING_CHARS
 
 # Each character of output costs up to one step per automaton state (the scheduler runs this), so
 # a stop regex may have as many states as four stop strings of the longest length allowed.

@@ -25,13 +25,8 @@ from collections import deque
 import msgpack
 import zmq
 
-from radixlm.runtime.mem_cache.kv_events import (
-    BlockEventRecorder,
-    KVCacheEvent,
-    KVEventBatch,
-    KVEventsConfig,
-    endpoint_for_rank,
-)
+from radixlm.runtime.config.kv_events_config import KVEventsConfig, endpoint_for_rank
+from radixlm.runtime.mem_cache.kv_events import BlockEventRecorder, KVCacheEvent, KVEventBatch
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from radixlm.runtime.messages import LogprobEntries
+from radixlm.runtime.ipc.messages import LogprobEntries
 from radixlm.runtime.sampling.sampler import SampleOutput, top_logprobs
 from radixlm.runtime.scheduler.req import Req
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from radixlm.runtime.messages import ReqOutput
+from radixlm.runtime.ipc.messages import ReqOutput
 from radixlm.runtime.scheduler.scheduler import StepOutput
 
 

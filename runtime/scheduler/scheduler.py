@@ -37,8 +37,8 @@ import torch
 
 from radixlm.runtime.constrained.closing import MAX_PLAN_BYTES
 from radixlm.runtime.constrained.grammar import GrammarBackend
+from radixlm.runtime.ipc.messages import ReqOutput
 from radixlm.runtime.mem_cache.radix_cache import BasePrefixCache, NoopRadixCache, RadixCache
-from radixlm.runtime.messages import ReqOutput
 from radixlm.runtime.model.forward_batch import ForwardBatch
 from radixlm.runtime.model.model_runner import ModelRunner
 from radixlm.runtime.sampling.sampler import SampleOutput, SamplingBatch, count_tokens, has_penalties, sample

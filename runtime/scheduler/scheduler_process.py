@@ -17,14 +17,14 @@ from typing import Any
 
 import zmq
 
-from radixlm.runtime import messages as io
+from radixlm.runtime.config.server_args import ServerArgs
 from radixlm.runtime.detokenizer.detokenizer import MAX_PROMPT_CONTEXT_LEN
-from radixlm.runtime.ipc import IpcPaths, exit_with_parent, pull_socket, push_socket
+from radixlm.runtime.ipc import messages as io
+from radixlm.runtime.ipc.sockets import IpcPaths, exit_with_parent, pull_socket, push_socket
 from radixlm.runtime.scheduler.cache_tree_state import cache_tree_state
 from radixlm.runtime.scheduler.output_stream import OutputStream
 from radixlm.runtime.scheduler.req import LogprobOptions
 from radixlm.runtime.scheduler.scheduler_stack import SchedulerStack
-from radixlm.runtime.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from radixlm.reasoning import reasoning_format
+from radixlm.formats.reasoning import reasoning_format
+from radixlm.runtime.config.server_args import ServerArgs
 from radixlm.runtime.constrained import backends as grammar_backends
 from radixlm.runtime.constrained.grammar import NUM_GRAMMAR_COMPILE_WORKERS, GrammarBackend
 from radixlm.runtime.constrained.lowered import LoweredGrammar
@@ -20,8 +21,7 @@ from radixlm.runtime.scheduler.kv_events_publisher import KVEventStream
 from radixlm.runtime.scheduler.req import LogprobOptions, Req
 from radixlm.runtime.scheduler.scheduler import Scheduler, SchedulerConfig, grammar_spec
 from radixlm.runtime.scheduler.token_matcher import TokenSequenceMatcher
-from radixlm.runtime.server_args import ServerArgs
-from radixlm.runtime.tokenizer import Tokenizer
+from radixlm.runtime.tokenizer.tokenizer import Tokenizer
 
 if TYPE_CHECKING:  # the backends load with their library, only when chosen (`grammar_backends.create`):
     # importing llguidance.torch alone took ~2 s of every scheduler's start

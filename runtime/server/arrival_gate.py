@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from radixlm.runtime import messages as io
+from radixlm.runtime.ipc import messages as io
 
 HOLD_S = 0.01
 

@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 
-from radixlm.runtime.envs import set_process_defaults
+from radixlm.runtime.config.envs import set_process_defaults
 
 set_process_defaults()  # before torch loads
 

@@ -1,6 +1,6 @@
 """The live dashboard: `GET /cache_tree` (JSON: the radix tree, the KV pool, the requests, the
-server's counters), `GET /dashboard` (the page that draws it, with its script and style), and the
-program traces it shows as a timeline (`POST /traces`, `GET /traces`: `traces.py`).
+server's counters) and `GET /dashboard` (the page that draws it, with its script and style; it
+also shows the program traces of `traces.py` as a timeline).
 
 Auth: the page and its two files are open and hold no data (a page load cannot send an
 `Authorization` header); the page asks for the API key once, keeps it in its memory and sends it
@@ -19,10 +19,9 @@ from typing import Annotated, Any
 from fastapi import FastAPI, Query
 from fastapi.responses import Response
 
-from radixlm.runtime.limits import DEFAULT_CACHE_TREE_NODES, MAX_CACHE_TREE_NODES
-from radixlm.runtime.protocol import JSON, CacheTree, OpenAPIDocs, Operation, error_responses
+from radixlm.runtime.api.protocol import JSON, CacheTree, OpenAPIDocs, Operation, error_responses
+from radixlm.runtime.config.limits import DEFAULT_CACHE_TREE_NODES, MAX_CACHE_TREE_NODES
 from radixlm.runtime.server.tokenizer_manager import TokenizerManager
-from radixlm.runtime.server.traces import register_trace_routes
 
 # path -> (file in static/, media type); open: no data in them
 PAGE_FILES = {
@@ -69,7 +68,6 @@ def register_dashboard_routes(app: FastAPI, tm: TokenizerManager, docs: OpenAPID
         body = CacheTree.model_validate({**state, "server": server_counters(tm)})
         return Response(body.model_dump_json(), media_type=JSON)
 
-    register_trace_routes(app, docs, secured)
     docs.add("/cache_tree", "get", Operation(responses={
         200: ("the radix cache's largest nodes, the KV pool and the requests", {JSON: CacheTree}),
         **error_responses(400, 503, *auth)}))

@@ -14,7 +14,7 @@ text is buffered and sent at its end as content and/or one `delta.tool_calls` ch
 With `--reasoning-parser`, chat requests are generated as reasoning (`require_reasoning`: a
 grammar applies after it) and, unless `separate_reasoning` is false, answered with the reasoning in
 `message.reasoning_content` (streamed as `delta.reasoning_content` chunks, or in one chunk when it
-ends if `stream_reasoning` is false) and the rest in `content` (`radixlm.reasoning`).
+ends if `stream_reasoning` is false) and the rest in `content` (`radixlm.formats.reasoning`).
 """
 
 from __future__ import annotations
@@ -29,9 +29,21 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from radixlm.reasoning import ReasoningFormat, ReasoningStream, reasoning_format, separate_reasoning
-from radixlm.runtime.limits import MAX_BATCH, MAX_SEQUENCES
-from radixlm.runtime.protocol import (
+from radixlm.formats.reasoning import ReasoningFormat, ReasoningStream, reasoning_format, separate_reasoning
+from radixlm.formats.tool_calls import (
+    Tool,
+    ToolCall,
+    add_tools_to_messages,
+    openai_tool_calls,
+    parse_tool_calls,
+    parse_tool_choice,
+    parse_tools,
+    render_history_calls,
+    render_tool_response,
+    tool_call_schema,
+    tool_call_structures,
+)
+from radixlm.runtime.api.protocol import (
     JSON,
     SSE,
     ChatCompletionChunk,
@@ -50,27 +62,16 @@ from radixlm.runtime.protocol import (
     error_responses,
     parse_body,
 )
-from radixlm.runtime.request_io import (
+from radixlm.runtime.api.request_io import (
     GenerateRequest,
     PreparedRequest,
     RequestError,
     expand_copies,
     requested_rank,
 )
+from radixlm.runtime.config.limits import MAX_BATCH, MAX_SEQUENCES
+from radixlm.runtime.server.http_common import merged_outputs, prepare_all, read_json, run_all, sse, sse_error
 from radixlm.runtime.server.tokenizer_manager import TokenizerManager
-from radixlm.tool_calls import (
-    Tool,
-    ToolCall,
-    add_tools_to_messages,
-    openai_tool_calls,
-    parse_tool_calls,
-    parse_tool_choice,
-    parse_tools,
-    render_history_calls,
-    render_tool_response,
-    tool_call_schema,
-    tool_call_structures,
-)
 
 
 def _sampling_params(req: CompletionRequest | ChatRequest, max_tokens: int | None) -> dict[str, Any]:
@@ -177,15 +178,6 @@ def _chat_logprobs(meta: dict[str, Any]) -> dict[str, Any]:
 
 def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser: str, docs: OpenAPIDocs,
                            secured: bool, reasoning_parser: str | None = None) -> None:
-    from radixlm.runtime.server.http_server import (
-        merged_outputs,
-        prepare_all,
-        read_json,
-        run_all,
-        sse,
-        sse_error,
-    )
-
     auth = (401,) if secured else ()
     reasoning = None if reasoning_parser is None else reasoning_format(reasoning_parser)
     docs.add("/v1/models", "get", Operation(responses={200: ("the served model", {JSON: ModelList}),

@@ -27,8 +27,8 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from radixlm.runtime.envs import set_process_defaults
-from radixlm.runtime.server_args import ServerArgs, add_cli_args, from_cli_args
+from radixlm.runtime.config.envs import set_process_defaults
+from radixlm.runtime.config.server_args import ServerArgs, add_cli_args, from_cli_args
 
 set_process_defaults()  # before torch loads here or in a child process
 
@@ -87,7 +87,7 @@ def _rank_args(args: ServerArgs) -> ServerArgs:
 
 def launch_server(args: ServerArgs) -> int:
     """Run the server until a signal or a child's death; returns the process exit code."""
-    from radixlm.runtime.ipc import IpcPaths
+    from radixlm.runtime.ipc.sockets import IpcPaths
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     paths = IpcPaths.create()
@@ -130,7 +130,7 @@ def _serve_http(args: ServerArgs, paths: Any, children: dict[str, BaseProcess], 
     from radixlm.runtime.server.load_balance import LoadBalancer
     from radixlm.runtime.server.metrics import Metrics
     from radixlm.runtime.server.tokenizer_manager import TokenizerManager
-    from radixlm.runtime.tokenizer import Tokenizer
+    from radixlm.runtime.tokenizer.tokenizer import Tokenizer
 
     model_dir = resolve_model_path(args.model_path)
     model_name = args.served_model_name or (args.model_path or "SmolLM2-135M-Instruct")

@@ -29,14 +29,14 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from radixlm.runtime import messages as io
-from radixlm.runtime.ipc import IpcPaths, pull_socket, push_socket
-from radixlm.runtime.request_io import PreparedRequest, RequestError, RequestValidator
-from radixlm.runtime.request_output import OutputChunk, RequestOutput, TokenTexts
+from radixlm.runtime.api.request_io import PreparedRequest, RequestError, RequestValidator
+from radixlm.runtime.api.request_output import OutputChunk, RequestOutput, TokenTexts
+from radixlm.runtime.ipc import messages as io
+from radixlm.runtime.ipc.sockets import IpcPaths, pull_socket, push_socket
 from radixlm.runtime.server.arrival_gate import ArrivalGate
 from radixlm.runtime.server.load_balance import LoadBalancer
 from radixlm.runtime.server.metrics import Metrics
-from radixlm.runtime.tokenizer import Tokenizer
+from radixlm.runtime.tokenizer.tokenizer import Tokenizer
 
 logger = logging.getLogger("radixlm.request")
 

@@ -14,8 +14,7 @@ from typing import Annotated
 
 from fastapi import FastAPI, Query, Request
 
-from radixlm.runtime.limits import TRACE_CALLS_KEPT
-from radixlm.runtime.protocol import (
+from radixlm.runtime.api.protocol import (
     JSON,
     OpenAPIDocs,
     Operation,
@@ -26,6 +25,8 @@ from radixlm.runtime.protocol import (
     error_responses,
     parse_body,
 )
+from radixlm.runtime.config.limits import TRACE_CALLS_KEPT
+from radixlm.runtime.server.http_common import read_json  # the one body reader (its checks)
 
 
 class TraceStore:
@@ -42,8 +43,6 @@ class TraceStore:
 
 
 def register_trace_routes(app: FastAPI, docs: OpenAPIDocs, secured: bool) -> TraceStore:
-    from radixlm.runtime.server.http_server import read_json  # the one body reader (its checks)
-
     store = TraceStore()
     auth = (401,) if secured else ()
 

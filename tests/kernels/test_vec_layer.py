@@ -53,7 +53,7 @@ def _build(cxx: str, driver: str, flags: list[str], out: Path, extra: list[str] 
 
 def _run(cmd: list[str], closing: str) -> str:
     """Run a driver; it must exit 0 and print its closing line (matched by the regex `closing`).
-    OpenMP threads spin briefly only (as runtime/envs.py sets for the server): on a shared machine
+    OpenMP threads spin briefly only (as runtime/config/envs.py sets for the server): on a shared machine
     libgomp's default spin at each region's end made the packed_gemm driver 40x slower."""
     env = dict(os.environ)
     if "OMP_WAIT_POLICY" not in env:

@@ -16,8 +16,8 @@ from radixlm_testing import assert_engine_clean
 import radixlm as rl
 from radixlm.backend.base import BackendError
 from radixlm.backend.engine import EngineBackend
-from radixlm.chat_template import CHATML, derive_chat_template
 from radixlm.choices import ChoiceScores, choice_token_span, decide
+from radixlm.formats.chat_template import CHATML, derive_chat_template
 from radixlm.tools import function_to_tool
 
 

@@ -72,7 +72,7 @@ def test_engine_and_server_args_load_lazily(tiny_engine: Any) -> None:
             "args = radixlm.ServerArgs(max_total_tokens=2048); "
             "print(before, type(args).__module__, args.max_total_tokens, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert out == ["False", "radixlm.runtime.server_args", "2048", "True"]
+    assert out == ["False", "radixlm.runtime.config.server_args", "2048", "True"]
     assert isinstance(tiny_engine, rl.Engine) and isinstance(tiny_engine.server_args, rl.ServerArgs)
 
 

@@ -1,4 +1,4 @@
-"""Reasoning separation (radixlm.reasoning): the formats' rules on whole texts, and the streaming
+"""Reasoning separation (radixlm.formats.reasoning): the formats' rules on whole texts, and the streaming
 splitter, which must agree with them however the text is cut into pieces."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from radixlm.reasoning import (
+from radixlm.formats.reasoning import (
     REASONING_PARSERS,
     ReasoningStream,
     UnknownReasoningParser,

@@ -29,7 +29,7 @@ from radixlm.runtime.bench.grammar import (
 from radixlm.runtime.bench.schema_corpus import corpus
 from radixlm.runtime.constrained import backends
 from radixlm.runtime.model.model_config import ModelConfig
-from radixlm.runtime.tokenizer import Tokenizer
+from radixlm.runtime.tokenizer.tokenizer import Tokenizer
 
 # corpus schemas every backend compiles in well under a second (outlines takes seconds on some)
 QUICK_SCHEMAS = ("order_with_line_items", "invoice_summary", "calendar_event_simple")

@@ -22,13 +22,13 @@ from radixlm_testing import assert_engine_clean
 from test_constrained import SCHEMAS
 from test_engine_constrained import near_uniform_model_dir  # noqa: F401 (a fixture)
 
+from radixlm.runtime.api.errors import RequestError
 from radixlm.runtime.bench import workloads as wl
 from radixlm.runtime.constrained import backends
 from radixlm.runtime.constrained.grammar import GrammarBackend
 from radixlm.runtime.constrained.vocabulary import END_MARKER_TOKEN_ID
 from radixlm.runtime.engine import Engine
-from radixlm.runtime.errors import RequestError
-from radixlm.runtime.tokenizer import Tokenizer
+from radixlm.runtime.tokenizer.tokenizer import Tokenizer
 
 VALIDATOR = jsonschema.Draft202012Validator
 FORMATS = jsonschema.FormatChecker()

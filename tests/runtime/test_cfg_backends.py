@@ -17,7 +17,7 @@ import torch
 from radixlm.runtime.constrained.errors import GrammarError
 from radixlm.runtime.constrained.llguidance_backend import LLGuidanceBackend
 from radixlm.runtime.constrained.xgrammar_backend import XGrammarBackend
-from radixlm.runtime.tokenizer import Tokenizer
+from radixlm.runtime.tokenizer.tokenizer import Tokenizer
 
 Backend = XGrammarBackend | LLGuidanceBackend
 

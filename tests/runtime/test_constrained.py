@@ -37,7 +37,7 @@ from radixlm.runtime.constrained.numeric_regex import bounded_number_regex, inte
 from radixlm.runtime.constrained.regex_syntax import rewrite_regex
 from radixlm.runtime.constrained.spec import normalize_spec, spec_to_regex
 from radixlm.runtime.constrained.vocabulary import byte_fallback_token_bytes, get_grammar_vocabulary
-from radixlm.runtime.tokenizer import Tokenizer
+from radixlm.runtime.tokenizer.tokenizer import Tokenizer
 
 EXTRA_IDS = 64  # model logits wider than the tokenizer, as with padded embedding tables
 MAX_WALK_LEN = 200

@@ -17,7 +17,7 @@ from radixlm_testing import first_regex_match
 from radixlm.runtime.detokenizer.detokenizer import IncrementalDecoder
 from radixlm.runtime.model.model_files import resolve_model_path
 from radixlm.runtime.sampling.sampling_params import SamplingParams
-from radixlm.runtime.tokenizer import Tokenizer
+from radixlm.runtime.tokenizer.tokenizer import Tokenizer
 
 MULTIBYTE_TEXT = "héllo 世界 🎉🎉 naïve Ωmega — café ½ 日本語 👩\u200d💻"
 FFFD = "\ufffd"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from radixlm.runtime.server_args import ServerArgs
+from radixlm.runtime.config.server_args import ServerArgs
 
 
 @pytest.mark.parametrize("device", ["cuda", "cuda:0"])

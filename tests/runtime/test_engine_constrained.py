@@ -16,8 +16,8 @@ from grammar_backends_testing import GRAMMAR_BACKENDS, backend_engine
 from radixlm_testing import assert_engine_clean, save_tiny_model
 from test_constrained import SCHEMAS
 
+from radixlm.runtime.api.errors import RequestError
 from radixlm.runtime.engine import Engine
-from radixlm.runtime.errors import RequestError
 
 # bounded, so that it finishes within max_new_tokens on the backends that do not steer by the budget
 SCHEMA = {

@@ -1,4 +1,4 @@
-"""The process defaults set before torch loads (runtime/envs.py set_process_defaults)."""
+"""The process defaults set before torch loads (runtime/config/envs.py set_process_defaults)."""
 
 from __future__ import annotations
 

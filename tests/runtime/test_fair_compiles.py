@@ -17,7 +17,7 @@ import pytest
 from radixlm_testing import accepts_text, wait_until
 
 from radixlm.runtime.constrained import GrammarBackend, GrammarError
-from radixlm.runtime.tokenizer import Tokenizer
+from radixlm.runtime.tokenizer.tokenizer import Tokenizer
 
 PATHOLOGICAL = r"[^\x00]{0,19990}"
 PATHOLOGICAL_TOO = r"[^\x00]{0,19989}"  # another spec: equal specs would share one compile

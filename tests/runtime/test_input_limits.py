@@ -1,4 +1,4 @@
-"""Unit tests of the request limits (runtime/limits.py) and the bounded grammar compile: regex and
+"""Unit tests of the request limits (runtime/config/limits.py) and the bounded grammar compile: regex and
 JSON-schema size bounds, the schema-size estimate, the killable index builder, and the
 security-relevant defaults (loopback host, private socket directory)."""
 
@@ -16,12 +16,8 @@ import pytest
 from outlines_core.json_schema import build_regex_from_schema
 from test_constrained import SCHEMAS
 
-from radixlm.runtime.constrained import GrammarBackend, GrammarError, validate
-from radixlm.runtime.constrained.index_worker import IndexWorker
-from radixlm.runtime.constrained.regex_syntax import check_regex_syntax, regex_positions
-from radixlm.runtime.constrained.schema_size import estimate_regex_chars
-from radixlm.runtime.ipc import IpcPaths
-from radixlm.runtime.limits import (
+from radixlm.runtime.api.request_io import copy_seed
+from radixlm.runtime.config.limits import (
     MAX_REGEX_POSITIONS,
     MAX_SCHEMA_DEPTH,
     MAX_SCHEMA_REGEX_CHARS,
@@ -29,9 +25,13 @@ from radixlm.runtime.limits import (
     MAX_STOP_STRINGS,
     json_depth,
 )
-from radixlm.runtime.request_io import copy_seed
+from radixlm.runtime.config.server_args import ServerArgs
+from radixlm.runtime.constrained import GrammarBackend, GrammarError, validate
+from radixlm.runtime.constrained.index_worker import IndexWorker
+from radixlm.runtime.constrained.regex_syntax import check_regex_syntax, regex_positions
+from radixlm.runtime.constrained.schema_size import estimate_regex_chars
+from radixlm.runtime.ipc.sockets import IpcPaths
 from radixlm.runtime.sampling.sampling_params import InvalidSamplingParams, SamplingParams
-from radixlm.runtime.server_args import ServerArgs
 
 BYTE_VOCABULARY = outlines_core.Vocabulary(0, {bytes([b]): [b + 1] for b in range(256)})
 EXPLOSIVE_REGEX = "(a|b)*a(a|b){24}"  # 2**24 DFA states, yet only ~80 positions
@@ -213,7 +213,7 @@ def test_grammar_backend_refuses_a_grammar_that_compiles_too_long(tokenizer) -> 
 
 @pytest.fixture(scope="module")
 def tokenizer(default_model_dir: Path):
-    from radixlm.runtime.tokenizer import Tokenizer
+    from radixlm.runtime.tokenizer.tokenizer import Tokenizer
 
     return Tokenizer(default_model_dir)
 
@@ -249,7 +249,7 @@ def test_limits_constants_are_consistent() -> None:
 def test_server_binds_loopback_by_default() -> None:
     import argparse
 
-    from radixlm.runtime.server_args import add_cli_args, from_cli_args
+    from radixlm.runtime.config.server_args import add_cli_args, from_cli_args
 
     assert ServerArgs().host == "127.0.0.1"
     parser = argparse.ArgumentParser()

@@ -28,7 +28,7 @@ from radixlm.runtime.bench.workloads import W4_MAX_TOKENS, W4_SCHEMA, w4_cases
 from radixlm.runtime.constrained.jump_forward import draft_tokens
 from radixlm.runtime.constrained.vocabulary import get_grammar_vocabulary
 from radixlm.runtime.engine import Engine
-from radixlm.runtime.tokenizer import Tokenizer
+from radixlm.runtime.tokenizer.tokenizer import Tokenizer
 
 # ---------------------------------------------------------------- grammar level
 
@@ -341,7 +341,7 @@ def test_compact_whitespace_pattern_gives_compact_json_and_forces_more(tiny_mode
 
 @pytest.mark.parametrize("pattern", ["x", r"\s*", "[ ]+(", "a?"])
 def test_whitespace_pattern_must_match_only_json_whitespace(pattern: str) -> None:
-    from radixlm.runtime.server_args import ServerArgs
+    from radixlm.runtime.config.server_args import ServerArgs
 
     with pytest.raises(ValueError, match="JSON whitespace pattern"):
         ServerArgs(constrained_json_whitespace_pattern=pattern, grammar_backend="outlines")
@@ -349,7 +349,7 @@ def test_whitespace_pattern_must_match_only_json_whitespace(pattern: str) -> Non
 
 @pytest.mark.parametrize("backend_name", ["xgrammar", "llguidance"])
 def test_whitespace_pattern_is_refused_where_it_would_not_apply(backend_name: str) -> None:
-    from radixlm.runtime.server_args import ServerArgs
+    from radixlm.runtime.config.server_args import ServerArgs
 
     with pytest.raises(ValueError, match="applies to the outlines grammar backend only"):
         ServerArgs(constrained_json_whitespace_pattern="", grammar_backend=backend_name)

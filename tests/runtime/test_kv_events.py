@@ -23,13 +23,13 @@ from kv_events_testing import (
     full_blocks,
 )
 
+from radixlm.runtime.config.kv_events_config import KVEventsConfig
 from radixlm.runtime.mem_cache.kv_events import (
     AllBlocksCleared,
     BlockEventRecorder,
     BlockRemoved,
     BlockStored,
     KVEventBatch,
-    KVEventsConfig,
     block_hash,
     chain_block_hashes,
 )
@@ -176,7 +176,7 @@ def test_recorder_rejects_bad_block_size() -> None:
     ("inproc://kv", 1, "inproc://kv_dp1"),
 ])
 def test_each_data_parallel_rank_publishes_on_its_own_endpoint(endpoint: str, rank: int, want: str) -> None:
-    from radixlm.runtime.mem_cache.kv_events import endpoint_for_rank
+    from radixlm.runtime.config.kv_events_config import endpoint_for_rank
 
     assert endpoint_for_rank(endpoint, rank) == want
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from radixlm.runtime import messages as io
+from radixlm.runtime.api.request_io import GenerateRequest
+from radixlm.runtime.api.request_output import MIN_LOGPROB, RequestOutput, TokenTexts
 from radixlm.runtime.constrained.lowered import LoweredGrammar
-from radixlm.runtime.request_io import GenerateRequest
-from radixlm.runtime.request_output import MIN_LOGPROB, RequestOutput, TokenTexts
+from radixlm.runtime.ipc import messages as io
 from radixlm.runtime.sampling.sampling_params import SamplingParams
 
 PARAMS = SamplingParams(max_new_tokens=7, temperature=0.5, stop=("\n",), seed=3)

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from radixlm.runtime import messages as io
+from radixlm.runtime.config.server_args import ServerArgs
+from radixlm.runtime.ipc import messages as io
 from radixlm.runtime.sampling.sampling_params import SamplingParams
 from radixlm.runtime.scheduler.scheduler_process import SchedulerServer
-from radixlm.runtime.server_args import ServerArgs
 
 PROMPT = tuple(range(100, 140))
 NEW_TOKENS = 10

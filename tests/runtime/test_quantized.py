@@ -15,12 +15,12 @@ from radixlm_testing import runner_decode, runner_extend, save_tiny_model
 from safetensors.torch import load_file
 
 from radixlm.kernels import cpu_linear, isa, quant
+from radixlm.runtime.config.server_args import ServerArgs
 from radixlm.runtime.model import model_files, model_runner
 from radixlm.runtime.model.kernel_policy import CpuIsa
 from radixlm.runtime.model.model_config import ModelConfig
 from radixlm.runtime.model.model_runner import ModelRunner, RunnerConfig, weights_of
 from radixlm.runtime.model.models.llama import Linear, QuantizedEmbedding
-from radixlm.runtime.server_args import ServerArgs
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -84,7 +84,7 @@ def test_default_model_q4_1_weight_only_within_1e3_of_its_dequantized_float32(de
     """The default model's own Q4_1 weights, kept as blocks, against the same weights dequantized
     to float32 (another order of additions): every position of a prefill and 64 decode steps."""
     from radixlm.runtime.model.model_files import load_quantized, load_state_dict
-    from radixlm.runtime.tokenizer import Tokenizer
+    from radixlm.runtime.tokenizer.tokenizer import Tokenizer
 
     cfg = ModelConfig.from_dir(default_model_dir)
     text = ("Quantized weights keep a model small: each block of thirty-two values shares one scale, and the "

@@ -69,7 +69,7 @@ def test_language_on_the_engine_backend(engine: Any) -> None:
 def test_an_unknown_reasoning_parser_is_refused_at_startup() -> None:
     import argparse
 
-    from radixlm.runtime.server_args import ServerArgs, add_cli_args
+    from radixlm.runtime.config.server_args import ServerArgs, add_cli_args
 
     with pytest.raises(ValueError, match="reasoning_parser must be one of deepseek-r1, kimi, qwen3, qwen3-thinking, got 'r1'"):
         ServerArgs(reasoning_parser="r1")

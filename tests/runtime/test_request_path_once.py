@@ -26,17 +26,17 @@ import jsonschema
 import pytest
 from grammar_backends_testing import backend_engine
 
-from radixlm.runtime import messages as io
+from radixlm.runtime.config.server_args import ServerArgs
 from radixlm.runtime.constrained import spec
 from radixlm.runtime.constrained.backends import GRAMMAR_BACKENDS, KINDS
 from radixlm.runtime.constrained.lowered import LoweredGrammar
 from radixlm.runtime.detokenizer.detokenizer import REPLACEMENT_CHAR, IncrementalDecoder
 from radixlm.runtime.detokenizer.detokenizer_process import DetokenizerManager
 from radixlm.runtime.engine import Engine
+from radixlm.runtime.ipc import messages as io
 from radixlm.runtime.sampling.sampling_params import SamplingParams
 from radixlm.runtime.scheduler.scheduler_process import SchedulerServer
-from radixlm.runtime.server_args import ServerArgs
-from radixlm.runtime.tokenizer import Tokenizer
+from radixlm.runtime.tokenizer.tokenizer import Tokenizer
 
 PROMPT = "The capital of France is"
 GREEDY = {"temperature": 0.0, "max_new_tokens": 24, "ignore_eos": True}

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from grammar_backends_testing import grammar_backend
 
+from radixlm.formats.tool_calls import parse_tool_calls, parse_tools, tool_call_structures
 from radixlm.runtime.constrained import backends
 from radixlm.runtime.constrained.errors import GrammarError
 from radixlm.runtime.constrained.structural_tag import _no_raw_controls, normalize_structural_tag
-from radixlm.runtime.tokenizer import Tokenizer
-from radixlm.tool_calls import parse_tool_calls, parse_tools, tool_call_structures
+from radixlm.runtime.tokenizer.tokenizer import Tokenizer
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
                                             "unit": {"enum": ["celsius", "fahrenheit"]}},

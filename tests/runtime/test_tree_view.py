@@ -12,7 +12,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixlm.runtime.limits import MAX_CACHE_TREE_NODES
+from radixlm.runtime.api.protocol import CacheTreeView
+from radixlm.runtime.config.limits import MAX_CACHE_TREE_NODES
 from radixlm.runtime.mem_cache.radix_cache import RadixCache, TreeNode
 from radixlm.runtime.mem_cache.tree_view import (
     LABEL_CHARS,
@@ -22,7 +23,6 @@ from radixlm.runtime.mem_cache.tree_view import (
     shown_ancestor,
     view_tree,
 )
-from radixlm.runtime.protocol import CacheTreeView
 from radixlm.runtime.scheduler.cache_tree_state import tree_dict
 
 NUM_NODES = 100_000

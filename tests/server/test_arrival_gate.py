@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 from conftest import ServerHandle
 
-from radixlm.runtime import messages as io
+from radixlm.runtime.ipc import messages as io
 from radixlm.runtime.sampling.sampling_params import SamplingParams
 from radixlm.runtime.server.arrival_gate import ArrivalGate
 

@@ -14,8 +14,8 @@ import pytest
 from conftest import ServerHandle
 from radixlm_testing import wait_until
 
-from radixlm.runtime.limits import MAX_CACHE_TREE_NODES
-from radixlm.runtime.protocol import CacheTree
+from radixlm.runtime.api.protocol import CacheTree
+from radixlm.runtime.config.limits import MAX_CACHE_TREE_NODES
 
 SHARED = list(range(300, 340))  # 40 prompt tokens every request below starts with
 SVG_NAMESPACE = "http://www.w3.org/2000/svg"  # a name, not an address the page loads

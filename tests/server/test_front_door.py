@@ -10,8 +10,8 @@ import httpx
 import pytest
 from conftest import ServerHandle
 
-from radixlm.runtime.errors import RequestError
-from radixlm.runtime.limits import MAX_BATCH, MAX_TOP_LOGPROBS_NUM
+from radixlm.runtime.api.errors import RequestError
+from radixlm.runtime.config.limits import MAX_BATCH, MAX_TOP_LOGPROBS_NUM
 
 # /generate bodies that are refused; the tiny server and the tiny engine share the model and the
 # 4,096-token pool, so the limits in the messages agree.

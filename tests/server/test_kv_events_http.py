@@ -13,8 +13,9 @@ import pytest
 from conftest import ServerHandle, start_server
 from kv_events_testing import Subscriber, replay
 
-from radixlm.runtime.mem_cache.kv_events import KVEventsConfig, chain_block_hashes
-from radixlm.runtime.server_args import ServerArgs
+from radixlm.runtime.config.kv_events_config import KVEventsConfig
+from radixlm.runtime.config.server_args import ServerArgs
+from radixlm.runtime.mem_cache.kv_events import chain_block_hashes
 
 BLOCK = 4
 GREEDY = {"max_new_tokens": 4, "temperature": 0.0, "ignore_eos": True}

@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from radixlm.runtime.config.server_args import ServerArgs
 from radixlm.runtime.mem_cache.kv_events import chain_block_hashes
 from radixlm.runtime.server.load_balance import (
     BALANCE_ABS,
@@ -15,7 +16,6 @@ from radixlm.runtime.server.load_balance import (
     PrefixIndex,
 )
 from radixlm.runtime.server.tokenizer_manager import merge_rank_infos
-from radixlm.runtime.server_args import ServerArgs
 
 
 def prompt(family: int, tail: int, prefix_len: int = 64, tail_len: int = 16) -> list[int]:

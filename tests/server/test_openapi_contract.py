@@ -15,7 +15,7 @@ import pytest
 from conftest import ServerHandle
 
 from radixlm.runtime.bench.fuzz import format_runs, fuzz
-from radixlm.runtime.limits import MAX_CACHE_TREE_NODES
+from radixlm.runtime.config.limits import MAX_CACHE_TREE_NODES
 
 EXAMPLES = 25
 

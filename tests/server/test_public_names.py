@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 from conftest import ServerHandle
 
-from radixlm.runtime.server_args import SECRET_FIELDS, ServerArgs, add_cli_args
+from radixlm.runtime.config.server_args import SECRET_FIELDS, ServerArgs, add_cli_args
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "http-api.md"
 WAIT_GUARD_S = 120  # a failure guard, not a speed check

@@ -14,8 +14,8 @@ import httpx
 import pytest
 from conftest import ServerHandle
 
-from radixlm.runtime.errors import RequestError
-from radixlm.runtime.protocol import (
+from radixlm.runtime.api.errors import RequestError
+from radixlm.runtime.api.protocol import (
     ChatRequest,
     CompletionRequest,
     GenerateReqInput,
@@ -188,7 +188,7 @@ def test_chat_continue_final_message(tiny_server: ServerHandle) -> None:
 
 
 def test_chat_template_kwargs_reach_the_template(tiny_model_dir: Path) -> None:
-    from radixlm.runtime.tokenizer import Tokenizer
+    from radixlm.runtime.tokenizer.tokenizer import Tokenizer
 
     template = "{% for m in messages %}{{ m['content'] }}{% endfor %}{{ suffix | default('') }}"
     tokenizer = Tokenizer(tiny_model_dir, chat_template=template)

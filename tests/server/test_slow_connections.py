@@ -21,8 +21,8 @@ import pytest
 from conftest import ServerHandle, start_server
 from radixlm_testing import wait_until
 
+from radixlm.runtime.config.server_args import ServerArgs, add_cli_args, from_cli_args
 from radixlm.runtime.server.http_protocol import error_response
-from radixlm.runtime.server_args import ServerArgs, add_cli_args, from_cli_args
 
 RECV_TIMEOUT = 60.0  # a socket waits this long for the server before the test fails
 GENERATE = {"text": "Hello", "sampling_params": {"max_new_tokens": 2, "temperature": 0}}

@@ -17,7 +17,7 @@ from conftest import ServerHandle
 from test_native_api import sse_events, wait_idle
 
 from radixlm.runtime.detokenizer.detokenizer import REPLACEMENT_CHAR
-from radixlm.runtime.tokenizer import Tokenizer
+from radixlm.runtime.tokenizer.tokenizer import Tokenizer
 
 PROMPT = "The capital of France is"
 GREEDY = {"temperature": 0.0, "max_new_tokens": 24, "ignore_eos": True}

@@ -13,8 +13,7 @@ import openai
 import pytest
 from conftest import ServerHandle, start_server
 
-from radixlm.runtime.constrained.json_schema import schema_to_regex
-from radixlm.tool_calls import (
+from radixlm.formats.tool_calls import (
     Tool,
     ToolCall,
     ToolSpecError,
@@ -25,6 +24,7 @@ from radixlm.tool_calls import (
     render_history_calls,
     tool_call_schema,
 )
+from radixlm.runtime.constrained.json_schema import schema_to_regex
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"],
            "additionalProperties": False}

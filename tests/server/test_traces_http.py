@@ -12,7 +12,7 @@ from conftest import ServerHandle
 
 import radixlm as rl
 from radixlm.backend.runtime_endpoint import TRACE_CALLS_PER_POST
-from radixlm.runtime.limits import MAX_TRACE_CALLS_PER_POST, TRACE_CALLS_KEPT
+from radixlm.runtime.config.limits import MAX_TRACE_CALLS_PER_POST, TRACE_CALLS_KEPT
 
 
 def call(index: int, **fields: Any) -> dict[str, Any]:

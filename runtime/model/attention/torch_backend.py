@@ -29,7 +29,7 @@ from radixlm.kernels.cpu_linear import (
     paged_attention,
     resolve_bf16_path,
 )
-from radixlm.runtime.envs import RADIXLM_BF16_PATH
+from radixlm.runtime.config.envs import RADIXLM_BF16_PATH
 from radixlm.runtime.mem_cache.mem_pool import KVPool, ReqToTokenPool
 from radixlm.runtime.model.attention.base import BaseAttentionBackend
 from radixlm.runtime.model.forward_batch import ForwardBatch, ForwardMode

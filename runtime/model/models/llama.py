@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixlm.kernels import cpu_linear, quant
-from radixlm.runtime.envs import RADIXLM_BF16_PATH
+from radixlm.runtime.config.envs import RADIXLM_BF16_PATH
 from radixlm.runtime.model.attention.base import BaseAttentionBackend
 from radixlm.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from radixlm.runtime.model.kernel_policy import CpuIsa, attention_kernels, cpu_isa, load_cpu_kernels

@@ -25,8 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from radixlm.runtime.messages import LOGPROB_LISTS, LogprobEntries, StrOutput
-from radixlm.runtime.request_io import GenerateRequest
+from radixlm.runtime.api.request_io import GenerateRequest
+from radixlm.runtime.ipc.messages import LOGPROB_LISTS, LogprobEntries, StrOutput
 
 MIN_LOGPROB = -9999.0
 # Keys whose stream chunks carry only new entries (the sglang frontend concatenates them).

@@ -14,16 +14,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from radixlm.runtime.constrained.backends import DEFAULT_GRAMMAR_BACKEND
+from radixlm.runtime.api.errors import RequestError
+from radixlm.runtime.api.protocol import GenerateReqInput, parse_body
+from radixlm.runtime.api.protocol_sglang import SGLANG_SAMPLING_FIELDS
+from radixlm.runtime.config.limits import MAX_BATCH, MAX_N, MAX_RID_CHARS, MAX_SEQUENCES, MAX_TOP_LOGPROBS_NUM
+from radixlm.runtime.config.server_args import DEFAULT_GRAMMAR_BACKEND
 from radixlm.runtime.constrained.backends import validate as validate_grammar
 from radixlm.runtime.constrained.errors import GrammarError
 from radixlm.runtime.constrained.lowered import LoweredGrammar
-from radixlm.runtime.errors import RequestError
-from radixlm.runtime.limits import MAX_BATCH, MAX_N, MAX_RID_CHARS, MAX_SEQUENCES, MAX_TOP_LOGPROBS_NUM
-from radixlm.runtime.protocol import GenerateReqInput, parse_body
-from radixlm.runtime.protocol_sglang import SGLANG_SAMPLING_FIELDS
 from radixlm.runtime.sampling.sampling_params import InvalidSamplingParams, SamplingParams
-from radixlm.runtime.tokenizer import Tokenizer
+from radixlm.runtime.tokenizer.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)

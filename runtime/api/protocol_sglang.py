@@ -28,7 +28,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, Field, SkipValidation
 from pydantic_core import PydanticCustomError
 
-from radixlm.runtime.json_types import Int, either
+from radixlm.runtime.api.json_types import Int, either
 
 _DEFAULTS: tuple[Any, ...] = (None, False, "", [], {})
 

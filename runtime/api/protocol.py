@@ -33,10 +33,17 @@ from pydantic import (
     ValidationError,
 )
 
-from radixlm.reasoning import REASONING_PARSERS
-from radixlm.runtime.errors import RequestError
-from radixlm.runtime.json_types import Int, Strict, TokenId, either
-from radixlm.runtime.limits import (
+from radixlm.formats.reasoning import REASONING_PARSERS
+from radixlm.runtime.api.errors import RequestError
+from radixlm.runtime.api.json_types import Int, Strict, TokenId, either
+from radixlm.runtime.api.protocol_sglang import (
+    SglangChatFields,
+    SglangCompletionFields,
+    SglangGenerateFields,
+    SglangSamplingFields,
+    refused,
+)
+from radixlm.runtime.config.limits import (
     MAX_N,
     MAX_OPENAI_TOP_LOGPROBS,
     MAX_RID_CHARS,
@@ -45,13 +52,6 @@ from radixlm.runtime.limits import (
     MAX_STOP_TOKEN_IDS,
     MAX_TOP_LOGPROBS_NUM,
     MAX_TRACE_CALLS_PER_POST,
-)
-from radixlm.runtime.protocol_sglang import (
-    SglangChatFields,
-    SglangCompletionFields,
-    SglangGenerateFields,
-    SglangSamplingFields,
-    refused,
 )
 from radixlm.runtime.sampling.sampling_params import FLOAT_RANGES
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from radixlm.runtime.limits import GRAMMAR_COMPILE_TIMEOUT_S
+from radixlm.runtime.config.limits import GRAMMAR_COMPILE_TIMEOUT_S
 
 
 @dataclass(frozen=True)

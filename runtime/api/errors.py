@@ -1,5 +1,6 @@
-"""Errors shared by the server's modules; torch-free, so the language can use the pure helpers
-(e.g. tool_calls) that raise them."""
+"""The error a request gets from either door, the Engine's or the server's: a message and the
+HTTP status the server answers with. Each subsystem's own error (`GrammarError`,
+`InvalidSamplingParams`, ...) stays in its room; the door turns it into this one."""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
 """All runtime settings in one frozen dataclass (SGLang's names), built once per Engine / server.
 
 Derived values are properties; nothing is assigned after construction. The command-line parser
-(one `add_cli_args` / `from_cli_args` pair) lives here too, so every flag is defined once.
+(one `add_cli_args` / `from_cli_args` pair) lives here too, so every flag is defined once, with its
+choices. A bad setting fails here, at startup; the checks need nothing of the runtime above the
+config (the grammar backends and the KV events publisher read their settings from here).
 """
 
 from __future__ import annotations
@@ -9,17 +11,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
+import re
 import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from radixlm.reasoning import REASONING_PARSERS
-from radixlm.runtime import envs
-from radixlm.runtime.constrained.backends import DEFAULT_GRAMMAR_BACKEND, GRAMMAR_BACKENDS
-from radixlm.runtime.envs import RADIXLM_AUTO_QUANTIZATION, RADIXLM_CPU_AUTO_DTYPE
-from radixlm.runtime.mem_cache.kv_events import KVEventsConfig
+from radixlm.formats.reasoning import REASONING_PARSERS
+from radixlm.runtime.config import envs
+from radixlm.runtime.config.envs import RADIXLM_AUTO_QUANTIZATION, RADIXLM_CPU_AUTO_DTYPE
+from radixlm.runtime.config.kv_events_config import KVEventsConfig, endpoint_for_rank
 
 if TYPE_CHECKING:  # torch and the kernels load where they run, not in every process that reads settings
     from collections.abc import Callable
@@ -41,6 +43,9 @@ CUDA_REFUSAL = (
     "GPU's; run with --device cpu"
 )
 ATTENTION_BACKENDS = ("torch", "triton")
+GRAMMAR_BACKENDS = ("outlines", "xgrammar", "llguidance")  # what each serves: constrained/backends.py
+# The default: most schemas of the corpus compiled and served (runtime/bench/grammar.py), then mask p99.
+DEFAULT_GRAMMAR_BACKEND = "xgrammar"
 SCHEDULE_POLICIES = ("lpm", "dfs-weight", "fcfs", "lof", "random")
 # --load-balance-method: SGLang's values and ours (prefix_affinity, the default; server/load_balance.py)
 LOAD_BALANCE_METHODS = ("prefix_affinity", "round_robin", "total_requests", "total_tokens")
@@ -134,8 +139,6 @@ class ServerArgs:
         if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
             raise ValueError(f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, got {self.reasoning_parser!r}")
         if self.constrained_json_whitespace_pattern is not None:
-            from radixlm.runtime.constrained.json_schema import check_whitespace_pattern
-
             check_whitespace_pattern(self.constrained_json_whitespace_pattern)
         if self.kv_events_config is not None:
             KVEventsConfig.from_json(self.kv_events_config)  # a bad config fails here, at startup
@@ -150,8 +153,6 @@ class ServerArgs:
             raise ValueError(f"--tp-size {self.tp_size} with --dp-size {self.dp_size}: data and tensor parallelism "
                              "together are not supported; use one of them")
         if self.dp_size > 1 and self.kv_events is not None:
-            from radixlm.runtime.mem_cache.kv_events import endpoint_for_rank
-
             for endpoint in (self.kv_events.endpoint, self.kv_events.replay_endpoint):
                 if endpoint is not None:
                     endpoint_for_rank(endpoint, 1)  # a ValueError names what data parallelism needs
@@ -233,6 +234,23 @@ class ServerArgs:
 
 # Settings no endpoint, log line or error message may show.
 SECRET_FIELDS = frozenset({"api_key"})
+
+
+def check_whitespace_pattern(pattern: str) -> None:
+    """ValueError unless `pattern` is a regex whose every match is JSON whitespace (space, tab,
+    newline, carriage return), so that it can stand between the tokens of a JSON text."""
+    import interegular  # the regex's language as an FSM; loaded only for this setting
+
+    try:
+        re.compile(pattern)
+    except re.error as e:
+        raise ValueError(f"invalid JSON whitespace pattern {pattern[:80]!r}: {e}") from None
+    try:
+        matches = interegular.parse_pattern(pattern).to_fsm()
+    except Exception as e:  # interegular's own parse errors: constructs it does not support
+        raise ValueError(f"JSON whitespace pattern {pattern!r} cannot be checked: {e}") from None
+    if not matches.difference(interegular.parse_pattern(r"[ \t\n\r]*").to_fsm()).empty():
+        raise ValueError(f"JSON whitespace pattern {pattern!r} matches more than spaces, tabs and newlines")
 
 
 HELP = {
@@ -331,7 +349,7 @@ def from_cli_args(args: argparse.Namespace) -> ServerArgs:
 # tests/test_docs.py fails when the two differ.
 DOCS_BEGIN = "<!-- generated: settings -->"
 DOCS_END = "<!-- end generated -->"
-DOCS_COMMAND = "python -m radixlm.runtime.server_args --markdown docs/settings.md"
+DOCS_COMMAND = "python -m radixlm.runtime.config.server_args --markdown docs/settings.md"
 
 
 def _markdown_item(head: str, text: str) -> list[str]:
@@ -365,7 +383,7 @@ def _env_descriptions() -> dict[str, str]:
 
 def settings_markdown() -> str:
     """The generated part of docs/settings.md: every ServerArgs field (flag, default, HELP) and every
-    environment variable of runtime/envs.py (name, default, the comment above it)."""
+    environment variable of runtime/config/envs.py (name, default, the comment above it)."""
     lines = ["### Flags", ""]
     for f in dataclasses.fields(ServerArgs):
         flag = "--" + f.name.replace("_", "-")
@@ -390,7 +408,7 @@ def write_settings_doc(path: Path) -> None:
 
 
 def _main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m radixlm.runtime.server_args",
+    parser = argparse.ArgumentParser(prog="python -m radixlm.runtime.config.server_args",
                                      description="Render the settings page's generated part.")
     parser.add_argument("--markdown", nargs="?", const="-", required=True, metavar="FILE",
                         help="print it, or with FILE (docs/settings.md) rewrite it between the markers")

@@ -1,7 +1,7 @@
 """The bench's results as data (radixlm.runtime.bench.results) and the pages rendered from them
 (radixlm.runtime.bench.report): each printer records the rows it prints, unrounded, and prints as
-before; `--results` writes a real run's file (the default model, W1, one repeat). No timing is
-asserted."""
+before; `--results` writes a real run's file (the default model, W1, one repeat), which renders.
+No timing is asserted."""
 
 from __future__ import annotations
 
@@ -14,12 +14,68 @@ from typing import Any
 import pytest
 
 from radixlm.runtime.bench import __main__ as bench
-from radixlm.runtime.bench import frontend, grammar, neighbour, results, serving
+from radixlm.runtime.bench import frontend, grammar, neighbour, report, results, serving
 from radixlm.runtime.bench import llamacpp_peer as lp
 from radixlm.runtime.bench.grammar_json import row_from_json, row_to_json
 from radixlm.runtime.bench.llamacpp_peer import PeerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+# ---------------------------------------------------------------- rendering
+
+
+def test_numbers_keep_four_significant_digits_and_counts_exactly() -> None:
+    assert [report.number(v) for v in (306.2871, 0.022, 1416.0, 2.0, 0.0, 13990, 0.0266231, None)] == [
+        "306.3", "0.022", "1,416", "2", "0", "13,990", "0.02662", "-"]
+    assert [report.ratio(v) for v in (2.0, 30.2, 1.8734, 10.08, None)] == ["2.0x", "30.2x", "1.87x", "10.08x", "-"]
+
+
+def _paired_run(date: str = "2026-11-27T10:00:00Z") -> dict[str, Any]:
+    rows = [results.comparison_row(key, {"radixlm": (ours, None), "llama.cpp": (theirs, f"{precision} b32")},
+                                   {"llama.cpp": r}, precision)
+            for precision, key, ours, theirs, r in (
+                ("q4_1", "W1 decode tok/s", 300.0, 160.0, 1.9), ("q8_0", "W1 decode tok/s", 200.0, 170.0, 1.2),
+                ("q4_1", "W1 TTFT s", 0.02, 0.06, 3.1), ("q8_0", "W1 TTFT s", 0.03, 0.05, 1.6))]
+    return {"format": results.FORMAT, "source": "python -m radixlm.runtime.bench --results",
+            "command": "python -m radixlm.runtime.bench --paired", "env": {"RADIXLM_CPU_ISA": "avx2"}, "date": date,
+            "commit": "0" * 40, "is_dirty": False,
+            "machine": {"cpu": "Some CPU", "cpu_family": 6, "cpu_model": 1, "num_cpus": 2, "isa_level": "avx2",
+                        "isa_features": ["avx2", "f16c", "fma"]},
+            "notes": [], "tables": [{"kind": "paired", "title": "paired", "meta": {"turns": 3}, "rows": rows}]}
+
+
+def test_the_headline_takes_each_side_best_and_their_ratio() -> None:
+    figures = report.headline_figures(_paired_run())
+    # radixlm's best W1 decode is q4_1's 300 against llama.cpp's best, 170 (its q8_0): 1.76x, not a
+    # per-precision ratio; times: the lowest of each side
+    assert figures["W1 decode tok/s"] == (300.0, "q4_1", pytest.approx(300 / 170))
+    assert figures["W1 TTFT s"] == (0.02, "q4_1", pytest.approx(0.05 / 0.02))
+
+
+def test_a_page_has_a_section_per_run_newest_first(tmp_path: Path) -> None:
+    older, newer = tmp_path / "2026-11-26-a.json", tmp_path / "2026-11-27-b.json"
+    older.write_text(results.dumps(_paired_run("2026-11-26T10:00:00Z")))
+    newer.write_text(results.dumps(_paired_run()))
+    page = report.render_page([older, newer])
+    headings = [line for line in page.splitlines() if line.startswith("## ")]
+    assert headings == ["## Some CPU, avx2: radixlm and llama.cpp in turns, W1 (2026-11-27)",
+                        "## Some CPU, avx2: radixlm and llama.cpp in turns, W1 (2026-11-26)"]
+    assert "RADIXLM_CPU_ISA=avx2 python -m radixlm.runtime.bench --paired" in page
+    assert "| q4_1 | q4_1 b32 | 300 / 160, 1.9x | 0.02 / 0.06, 3.1x |" in page
+    assert page == report.render_page([newer, older])  # the order of the arguments does not matter
+    assert f"](#{report.anchor(headings[0][3:])})" in page
+
+
+def test_the_readme_block_is_rewritten_between_its_markers(tmp_path: Path) -> None:
+    (tmp_path / "run.json").write_text(results.dumps(_paired_run()))
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n<!-- generated: bench headline from run.json -->\nold\n<!-- end generated -->\nrest\n")
+    report.rewrite_headlines(readme)
+    text = readme.read_text()
+    assert text.startswith("intro\n<!-- generated: bench headline from run.json -->\n| CPU, ISA level (date) |")
+    assert "| Some CPU, avx2 (2026-11-27) | 300 q4_1, 1.76x | 0.02 q4_1, 2.5x | - | - | - |" in text
+    assert text.endswith("<!-- end generated -->\nrest\n") and "old" not in text
 
 
 # ---------------------------------------------------------------- the printers record what they print
@@ -116,6 +172,9 @@ def test_the_frontend_table_records_each_report(capsys: pytest.CaptureFixture[st
     (table,) = recorded.tables
     assert table.rows == [{**reports[0].row(), "title": "a title"}]
     assert table.rows[0]["speedup"] == 8.0 / 3.0 and table.rows[0]["identical programs"] == (1, 2)
+    rendered = "\n".join(report.frontend_table(json.loads(results.dumps({"tables": [{"rows": table.rows}]}))
+                                               ["tables"][0]["rows"]))
+    assert "| F9 | 2 | 1.5 | 4 | 2.67x | 0.6667 | 75.0% (75 / 100) | 25 / 90 | 1/2 | 1/2 |" in rendered
 
 
 def test_grammar_rows_round_trip_and_render_as_the_bench_prints_them() -> None:
@@ -134,6 +193,7 @@ def test_grammar_rows_round_trip_and_render_as_the_bench_prints_them() -> None:
                                                 for t in recorded.tables]}))
     table = data["tables"][0]
     assert [row_from_json(row) for row in table["rows"]] == rows
+    assert report.grammar_table(table["rows"], table["meta"]) == grammar.format_table(rows, config)
 
 
 # ---------------------------------------------------------------- a real run
@@ -162,6 +222,9 @@ def test_the_bench_writes_a_real_run_that_renders(tmp_path: Path, capsys: pytest
     for row in table["rows"]:  # what the table printed, unrounded
         value = row["systems"]["radixlm"]["value"]
         assert value > 0 and f"| W1 {row['metric']} | {value:.2f} | - | - |" in printed
+    page = report.render_page([path])
+    assert f"python -m radixlm.runtime.bench {' '.join(argv)}" in page
+    assert "| float32 | W1 decode tok/s |" in page
 
 
 def test_a_results_path_in_no_folder_is_refused_before_the_run() -> None:

@@ -1,12 +1,14 @@
 """The bench's results as data (radixlm.runtime.bench.results) and the pages rendered from them
-(radixlm.runtime.bench.report): each printer records the rows it prints, unrounded, and prints as
-before; `--results` writes a real run's file (the default model, W1, one repeat), which renders.
-No timing is asserted."""
+(radixlm.runtime.bench.report): docs/bench-results.md is what the result files in docs/results/
+render; each printer records the rows it prints, unrounded, and
+prints as before; `--results` writes a real run's file (the default model, W1, one repeat), which
+renders. No timing is asserted."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,34 @@ from radixlm.runtime.bench.grammar_json import row_from_json, row_to_json
 from radixlm.runtime.bench.llamacpp_peer import PeerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
+RESULT_FILES = sorted((ROOT / "docs" / "results").glob("*.json"))
+PAGE = ROOT / "docs" / "bench-results.md"
+
+
+# ---------------------------------------------------------------- the pages
+
+
+def test_the_results_page_is_generated_from_the_result_files() -> None:
+    assert RESULT_FILES, "no result files in docs/results/"
+    assert PAGE.read_text() == report.render_page(RESULT_FILES), (
+        "docs/bench-results.md is out of date with docs/results/*.json; regenerate it with\n"
+        f"    .venv/bin/{report.PAGE_COMMAND}"
+    )
+
+
+@pytest.mark.parametrize("path", RESULT_FILES, ids=lambda p: p.name)
+def test_each_result_file_is_one_run_in_the_format(path: Path) -> None:
+    data = results.load(path)
+    assert set(data) == {"format", "source", "command", "env", "date", "commit", "is_dirty", "machine", "notes",
+                         "tables"}
+    assert re.fullmatch(r"\d{4}-\d{2}-\d{2}(T\d{2}:\d{2}:\d{2}Z)?", data["date"])
+    assert path.name.startswith(data["date"][:10])
+    assert data["source"].endswith("--results") or data["source"].startswith("transcribed from docs/")
+    assert data["tables"] and all(t["rows"] for t in data["tables"])
+    for table in data["tables"]:
+        if table["kind"] in results.COMPARISON_KINDS:
+            assert all({"workload", "metric", "systems", "ratios"} <= set(row) for row in table["rows"])
+    assert path.read_text() == results.dumps(data)  # as the writer writes it: a row per line
 
 
 # ---------------------------------------------------------------- rendering

@@ -1,6 +1,6 @@
 """The bench's results as data (radixlm.runtime.bench.results) and the pages rendered from them
-(radixlm.runtime.bench.report): docs/bench-results.md is what the result files in docs/results/
-render; each printer records the rows it prints, unrounded, and
+(radixlm.runtime.bench.report): docs/bench-results.md and README.md's current figures are what the
+result files in docs/results/ render; each printer records the rows it prints, unrounded, and
 prints as before; `--results` writes a real run's file (the default model, W1, one repeat), which
 renders. No timing is asserted."""
 
@@ -35,6 +35,17 @@ def test_the_results_page_is_generated_from_the_result_files() -> None:
         "docs/bench-results.md is out of date with docs/results/*.json; regenerate it with\n"
         f"    .venv/bin/{report.PAGE_COMMAND}"
     )
+
+
+def test_the_readme_figures_are_generated_from_their_result_files() -> None:
+    text = (ROOT / "README.md").read_text()
+    blocks = report.headline_blocks(text, ROOT)
+    assert len(blocks) == 1, "README.md lacks its <!-- generated: bench headline from ... --> block"
+    for start, end, rendered in blocks:
+        assert text[start:end] == rendered, (
+            "README.md's current figures are out of date with their result files; regenerate them with\n"
+            f"    .venv/bin/{report.PAGE_COMMAND}"
+        )
 
 
 @pytest.mark.parametrize("path", RESULT_FILES, ids=lambda p: p.name)

@@ -32,6 +32,8 @@ With --grammar: after the other tables, the grammar table of radixlm.runtime.ben
 grammar backend: compile times, mask time, W4 on the first of --dtypes with --repeats, and schema
 coverage; --grammar-quick for a smoke run; --workloads '' for that table alone).
 Each figure is the median of --repeats runs after one warm-up; the table gives our/baseline ratios.
+With --results PATH.json: also the run as data, one JSON file (the command, date, commit, machine and
+every table's rows; radixlm.runtime.bench.results), which radixlm.runtime.bench.report renders.
 """
 
 from __future__ import annotations
@@ -41,12 +43,14 @@ import json
 import os
 import shlex
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from radixlm.runtime.bench import grammar as grammar_bench
+from radixlm.runtime.bench import results as bench_results
 from radixlm.runtime.bench import workloads as wl
 from radixlm.runtime.bench.llamacpp_peer import (
     LlamaCppPeer,
@@ -320,8 +324,10 @@ def run_w4(system: Ours | Transformers | LlamaCppPeer, mode: str) -> Result:
     return out
 
 
-def run_paired_table(precisions: list[str], workloads: list[str], configs: list[PeerConfig], repeats: int) -> None:
+def run_paired_table(precisions: list[str], workloads: list[str], configs: list[PeerConfig], repeats: int,
+                     results: bench_results.ResultTables | None = None) -> None:
     """--paired: per precision, radixlm against each llama.cpp configuration of its GGUF type, in turns."""
+    rows = bench_results.table_rows(results, "paired", "paired: radixlm and llama.cpp in turns", turns=repeats)
     print("\n## paired: radixlm and llama.cpp in turns, one measurement each (medians; ratio: median of the "
           "per-turn ratios, >1: radixlm is better)")
     print("| precision | metric | radixlm | llama.cpp | configuration | ratio |")
@@ -345,19 +351,25 @@ def run_paired_table(precisions: list[str], workloads: list[str], configs: list[
                 for metric, ratio in ratios.items():
                     print(f"| {precision} | {metric} | {mine[metric]:.3g} | {theirs[metric]:.3g} | {config.label()} "
                           f"| {ratio:.2f}x |", flush=True)
+                    rows.append(bench_results.comparison_row(metric, {"radixlm": (mine[metric], None), "llama.cpp": (
+                        theirs[metric], config.label())}, {"llama.cpp": ratio}, precision))
         finally:
             ours.shutdown()
 
 
-def _print_table(dtype: str, ours: Result, base: Result | None) -> None:
+def _print_table(dtype: str, ours: Result, base: Result | None, results: bench_results.ResultTables | None = None) -> None:
+    rows = bench_results.table_rows(results, "engine", "radixlm and transformers per precision")
     print(f"\n## dtype {dtype}")
     print("| metric | radixlm | transformers | ratio |")
     print("|---|---|---|---|")
     for key, value in ours.items():
         if base is None or key not in base:
             print(f"| {key} | {value:.2f} | - | - |")
+            rows.append(bench_results.comparison_row(key, {"radixlm": (value, None)}, {}, dtype))
             continue
         ratio = speed_ratio(key, value, base[key])
+        rows.append(bench_results.comparison_row(key, {"radixlm": (value, None), "transformers": (base[key], None)},
+                                   {"transformers": ratio}, dtype))
         shown = "-" if ratio is None else f"{ratio:.2f}x"  # counts: no ratio
         print(f"| {key} | {value:.2f} | {base[key]:.2f} | {shown} |")
 
@@ -404,10 +416,23 @@ def main(argv: list[str] | None = None) -> int:
                         "radixlm and each llama.cpp configuration of that GGUF type take turns, one measurement "
                         "each (W1, W2, W3, W5), so a drift of the machine's speed falls on both; the table gives "
                         "both medians and the median of the per-turn ratios")
+    parser.add_argument("--results", default=None, metavar="PATH.json", help="also write the run as data: "
+                        "the command, date, commit, machine and every table's rows (radixlm.runtime.bench.results; "
+                        "rendered by radixlm.runtime.bench.report)")
     parser.add_argument("--plot", default=None, metavar="OUT.png", help="also draw the table's ratios against "
                         "transformers per workload (serving mode: throughput and latency against concurrency) "
                         "into this file (needs matplotlib: the `plot` extra)")
     args = parser.parse_args(argv)
+    if args.results and not os.path.isdir(os.path.dirname(os.path.abspath(args.results))):
+        parser.error(f"--results {args.results}: no such directory")  # now, not after the run
+    results = bench_results.ResultTables()
+
+    def finish() -> int:
+        if args.results:
+            bench_results.write_results(args.results, list(sys.argv[1:] if argv is None else argv), results)
+            print(f"\nresults: {args.results}")
+        return 0
+
     try:
         grammar_config = grammar_bench.config_from_args(args, prefix="grammar-", repeats=args.repeats,
                                                         dtype=args.dtypes.split(",")[0])
@@ -419,8 +444,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.server_args and args.url is not None:
             parser.error("--server-args applies to the server the bench starts; it cannot change --url's")
         run_serving(args.url, args.concurrency, shlex.split(args.server_args), args.repeats, plot=args.plot,
-                    client=args.client)
-        return 0
+                    client=args.client, results=results)
+        return finish()
     import torch
 
     from radixlm.runtime.model.kernel_policy import cpu_isa
@@ -445,8 +470,8 @@ def main(argv: list[str] | None = None) -> int:
         if not peer_configs:
             parser.error("--paired needs --peers llama.cpp")
         run_paired_table(args.dtypes.split(","), [w for w in engine_workloads if w != "W4"], peer_configs,
-                         args.repeats)
-        return 0
+                         args.repeats, results)
+        return finish()
     ours_by_dtype: dict[str, Result] = {}
     base_by_dtype: dict[str, Result] = {}
     for dtype in args.dtypes.split(","):
@@ -457,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
             if not args.no_baseline and not is_quantized(dtype):
                 systems["transformers"] = quiet_and_loaded(
                     partial(run_system, Transformers(dtype), engine_workloads, base_repeats))
-            print_neighbour_table(dtype, systems)
+            print_neighbour_table(dtype, systems, results)
         elif engine_workloads:
             system = Ours(dtype)
             try:
@@ -468,24 +493,25 @@ def main(argv: list[str] | None = None) -> int:
                 Transformers(dtype), engine_workloads, base_repeats)
             if base is not None:
                 base_by_dtype[dtype] = base
-            _print_table(dtype, ours, base)
+            _print_table(dtype, ours, base, results)
         if frontend_workloads:
             from radixlm.runtime.bench.frontend import run_frontend
 
-            run_frontend(frontend_workloads, dtype, args.repeats, base_repeats, args.no_baseline, args.url)
+            run_frontend(frontend_workloads, dtype, args.repeats, base_repeats, args.no_baseline, args.url,
+                         results)
     peer_best: dict[str, Result] = {}
     if peer_configs and engine_workloads:
         peer = run_llamacpp(engine_workloads, peer_configs, args.repeats, run_system)
-        print_peer_summary(ours_by_dtype, base_by_dtype, peer)
-        print_same_precision(ours_by_dtype, peer)
+        print_peer_summary(ours_by_dtype, base_by_dtype, peer, results)
+        print_same_precision(ours_by_dtype, peer, results)
         best = best_of({config.label(): result for config, result in peer.items()})
         peer_best["llama.cpp"] = {metric: value for metric, (value, _) in best.items()}
     if args.grammar:
-        grammar_bench.print_table(grammar_config)
+        grammar_bench.print_table(grammar_config, results=results)
     if args.plot:
         plot_ratios(args.plot, ours_by_dtype, base_by_dtype, peer_best)
         print(f"\nfigure: {args.plot}")
-    return 0
+    return finish()
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from radixlm.backend.engine import EngineBackend
 from radixlm.backend.runtime_endpoint import RuntimeEndpoint
 from radixlm.runtime.bench.frontend_workloads import FRONTEND_WORKLOADS, FrontendWorkload
 from radixlm.runtime.bench.naive import NaiveTransformersBackend
+from radixlm.runtime.bench.results import ResultTables, table_rows
 
 
 @dataclass
@@ -190,13 +191,15 @@ def run_workload(workload: FrontendWorkload, ours: Backend, base: Backend | None
     )
 
 
-def print_reports(reports: list[WorkloadReport], header: str) -> None:
+def print_reports(reports: list[WorkloadReport], header: str, results: ResultTables | None = None) -> None:
+    rows = table_rows(results, "frontend", f"frontend workloads, {header}")
     print(f"\n## frontend workloads, {header}")
     print("| workload | programs | radixlm s/program | naive s/program | speedup | radixlm programs/s | "
           "cache hit (cached / prompt tokens) | prompt tokens computed, radixlm / naive | identical programs | identical values |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for report in reports:
         r = report.row()
+        rows.append({**r, "title": report.title})
         hit = f"{r['cache hit rate']:.1%} ({r['radixlm cached tokens']} / {r['radixlm prompt tokens']})"
         computed = r["radixlm prompt tokens"] - r["radixlm cached tokens"]
         if "speedup" in r:
@@ -213,7 +216,7 @@ def print_reports(reports: list[WorkloadReport], header: str) -> None:
 
 
 def run_frontend(names: list[str], dtype: str, repeats: int, base_repeats: int, no_baseline: bool,
-                 url: str | None = None) -> list[WorkloadReport]:
+                 url: str | None = None, results: ResultTables | None = None) -> list[WorkloadReport]:
     """`python -m radixlm.runtime.bench --workloads F1,...`: build both systems, run, print the table."""
     ours: _Tallying
     if url is not None:
@@ -231,7 +234,8 @@ def run_frontend(names: list[str], dtype: str, repeats: int, base_repeats: int, 
         reports.append(report)
         base_s = f", naive {report.base.median_s:.1f} s" if report.base is not None else ""
         print(f"{name}: radixlm {report.ours.median_s:.1f} s{base_s}", file=sys.stderr, flush=True)
-    print_reports(reports, f"dtype {dtype}, {where}, medians of {repeats} (radixlm) / {base_repeats} (naive) runs")
+    print_reports(reports, f"dtype {dtype}, {where}, medians of {repeats} (radixlm) / {base_repeats} (naive) runs",
+                  results)
     ours.shutdown()
     if base is not None:
         base.shutdown()

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 import numpy as np
 
 from radixlm.runtime.bench import workloads as wl
+from radixlm.runtime.bench.results import ResultTables, table_rows
 from radixlm.runtime.bench.schema_corpus import CorpusSchema, corpus
 from radixlm.runtime.config.envs import set_process_defaults
 
@@ -552,9 +553,12 @@ def config_from_args(args: argparse.Namespace, prefix: str = "", **fixed: Any) -
     return config
 
 
-def print_table(config: GrammarBenchConfig, details: bool = False) -> None:
+def print_table(config: GrammarBenchConfig, details: bool = False, results: ResultTables | None = None) -> None:
+    from radixlm.runtime.bench.grammar_json import row_to_json  # it imports this module
+
     start = time.perf_counter()
     rows = run_table(config)
+    table_rows(results, "grammar", "grammar backends", **dataclasses.asdict(config)).extend(map(row_to_json, rows))
     print("\n## grammar backends")
     print("\n".join(format_table(rows, config, details)))
     print(f"(measured in {time.perf_counter() - start:.0f} s)", flush=True)

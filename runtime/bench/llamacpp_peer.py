@@ -41,6 +41,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from radixlm.runtime.bench import workloads as wl
+from radixlm.runtime.bench.results import ResultTables, comparison_row, table_rows
 
 Result = dict[str, float]
 DTYPE_TO_FTYPE = {"f32": 0, "f16": 1, "q4_1": 3, "q8_0": 7, "bf16": 32}  # llama.cpp's llama_ftype
@@ -459,10 +460,11 @@ def best_of(figures: dict[str, Result]) -> dict[str, tuple[float, str]]:
 
 
 def print_peer_summary(ours: dict[str, Result], base: dict[str, Result],
-                       peer: dict[PeerConfig, Result]) -> None:
+                       peer: dict[PeerConfig, Result], results: ResultTables | None = None) -> None:
     """Per metric: each system's best (radixlm and transformers over dtypes, llama.cpp over its
     configurations, labelled with the knobs the workload depends on) and radixlm's ratios
     (>1: radixlm is better)."""
+    rows = table_rows(results, "best", "best configurations: radixlm, transformers, llama.cpp")
     peer_labelled = {}
     for config, result in peer.items():
         for metric, value in result.items():
@@ -472,18 +474,22 @@ def print_peer_summary(ours: dict[str, Result], base: dict[str, Result],
     print("\n## best configurations: radixlm, transformers, llama.cpp")
     print("| metric | radixlm | transformers | llama.cpp | vs transformers | vs llama.cpp |")
     print("|---|---|---|---|---|---|")
+    names = ("radixlm", "transformers", "llama.cpp")
     for metric in dict.fromkeys(itertools.chain(*systems)):
         cells = [f"{s[metric][0]:.2f} ({s[metric][1]})" if metric in s else "-" for s in systems]
         ratios = []
-        for other in systems[1:]:
+        ratio_values: dict[str, float | None] = {}
+        for name, other in zip(names[1:], systems[1:]):
             if metric not in systems[0] or metric not in other or not (is_lower_better(metric) or
                                                                       metric.endswith("tok/s")):
                 ratios.append("-")
                 continue
             ours_value, other_value = systems[0][metric][0], other[metric][0]
-            ratio = other_value / ours_value if is_lower_better(metric) else ours_value / other_value
+            ratio = ratio_values[name] = other_value / ours_value if is_lower_better(metric) else ours_value / other_value
             ratios.append(f"{ratio:.2f}x")
         print(f"| {metric} | {' | '.join(cells)} | {' | '.join(ratios)} |")
+        rows.append(comparison_row(metric, {name: s[metric] for name, s in zip(names, systems) if metric in s},
+                                   ratio_values))
 
 
 # our --dtypes names -> llama.cpp's GGUF types
@@ -495,10 +501,13 @@ def peer_dtype(precision: str) -> str | None:
     return _PEER_DTYPE.get(precision.partition("/")[0])
 
 
-def print_same_precision(ours: dict[str, Result], peer: dict[PeerConfig, Result]) -> None:
+def print_same_precision(ours: dict[str, Result], peer: dict[PeerConfig, Result],
+                         results: ResultTables | None = None) -> None:
     """Per precision both ran (radixlm's bfloat16 against llama.cpp's bf16 GGUF, its q4_1 against
     the same q4_1 file, ...): each metric's best llama.cpp configuration at that precision and
     radixlm's ratio (>1: radixlm is better)."""
+    rows = table_rows(results, "same_precision", "same precision: radixlm against llama.cpp's best configuration "
+                      "of that GGUF type")
     print("\n## same precision: radixlm against llama.cpp's best configuration of that GGUF type")
     print("| precision | metric | radixlm | llama.cpp | ratio |")
     print("|---|---|---|---|---|")
@@ -511,3 +520,5 @@ def print_same_precision(ours: dict[str, Result], peer: dict[PeerConfig, Result]
             other, label = theirs[metric]
             ratio = other / value if is_lower_better(metric) else value / other
             print(f"| {precision} | {metric} | {value:.2f} | {other:.2f} ({label}) | {ratio:.2f}x |")
+            rows.append(comparison_row(metric, {"radixlm": (value, None), "llama.cpp": (other, label)},
+                                       {"llama.cpp": ratio}, precision))

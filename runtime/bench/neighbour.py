@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from radixlm.runtime.bench.results import ResultTables, split_metric, table_rows
+
 Result = dict[str, float]
 
 
@@ -60,13 +62,16 @@ def slowdown(key: str, quiet: float, loaded: float) -> float | None:
     return None
 
 
-def print_neighbour_table(dtype: str, systems: dict[str, tuple[Result, Result]]) -> None:
+def print_neighbour_table(dtype: str, systems: dict[str, tuple[Result, Result]],
+                          results: ResultTables | None = None) -> None:
+    rows = table_rows(results, "neighbour", "quiet vs beside one busy process")
     print(f"\n## dtype {dtype}: quiet vs beside one busy process")
     names = list(systems)
     print("| metric | " + " | ".join(f"{n} quiet | {n} loaded | {n} slowdown" for n in names) + " |")
     print("|---|" + "---|---|---|" * len(names))
     for key in systems[names[0]][0]:
         cells = []
+        figures: dict[str, dict[str, float | None]] = {}
         for name in names:
             quiet, loaded = systems[name]
             if key not in quiet or key not in loaded:
@@ -74,4 +79,7 @@ def print_neighbour_table(dtype: str, systems: dict[str, tuple[Result, Result]])
                 continue
             factor = slowdown(key, quiet[key], loaded[key])
             cells.append(f"{quiet[key]:.2f} | {loaded[key]:.2f} | " + ("-" if factor is None else f"{factor:.2f}x"))
+            figures[name] = {"quiet": quiet[key], "loaded": loaded[key], "slowdown": factor}
         print(f"| {key} | " + " | ".join(cells) + " |")
+        workload, metric = split_metric(key)
+        rows.append({"precision": dtype, "workload": workload, "metric": metric, "systems": figures})

@@ -32,6 +32,7 @@ import aiohttp
 import httpx
 
 from radixlm.runtime.bench import workloads as wl
+from radixlm.runtime.bench.results import ResultTables, table_rows
 
 CLIENTS = ("aiohttp", "httpx")
 
@@ -241,7 +242,8 @@ def in_process_once(engine: Any, prompts: list[str], new_tokens: int) -> float:
 
 
 def run_serving(url: str | None, concurrency: int | Sequence[int], server_args: list[str], repeats: int = 1,
-                plot: str | None = None, client: str = "aiohttp") -> dict[int, dict[str, dict[str, float]]]:
+                plot: str | None = None, client: str = "aiohttp",
+                results: ResultTables | None = None) -> dict[int, dict[str, dict[str, float]]]:
     """Each workload replayed `repeats` times at each concurrency (the median run by output tok/s
     is shown). With a server of its own (no `url`), the same workloads also run on an in-process
     Engine with the server's defaults, interleaved with the served runs (a repeat: the served
@@ -252,6 +254,7 @@ def run_serving(url: str | None, concurrency: int | Sequence[int], server_args: 
     With its own server it also prints each process's CPU seconds per served run and output token.
     Returns concurrency -> workload -> figures."""
     levels = [concurrency] if isinstance(concurrency, int) else list(concurrency)
+    server = "its own server" if url is None else url
     proc = engine = None
     if url is None:
         proc, url = start_server(server_args)
@@ -306,9 +309,13 @@ def run_serving(url: str | None, concurrency: int | Sequence[int], server_args: 
             proc.terminate()
             proc.wait(timeout=60)
     for level in levels:
-        _print_serving_table(level, url, repeats, served[level], local, ratios[level], client)
+        _print_serving_table(level, url, repeats, served[level], local, ratios[level], client, table_rows(
+            results, "serving", f"serving, {level} concurrent streaming clients", concurrency=level, client=client,
+            repeats=repeats, server=server))
         _print_cpu_table(level, repeats, {name: meters[(level, name)] for name in workloads if (level, name) in meters},
-                         {name: len(prompts) * new_tokens for name, (prompts, new_tokens) in workloads.items()})
+                         {name: len(prompts) * new_tokens for name, (prompts, new_tokens) in workloads.items()},
+                         table_rows(results, "serving_cpu", f"CPU per served run at {level} clients",
+                                    concurrency=level, repeats=repeats))
     if plot is not None:
         from radixlm.runtime.bench.plot import plot_serving
 
@@ -318,7 +325,9 @@ def run_serving(url: str | None, concurrency: int | Sequence[int], server_args: 
 
 
 def _print_serving_table(concurrency: int, url: str, repeats: int, served: dict[str, dict[str, float]],
-                         local: dict[str, dict[str, float]], ratios: dict[str, float], client: str) -> None:
+                         local: dict[str, dict[str, float]], ratios: dict[str, float], client: str,
+                         rows: list[dict[str, Any]]) -> None:
+    """The table, and its rows into `rows` (results.py's serving rows)."""
     print(f"\n## serving, {concurrency} concurrent streaming clients ({client}), {url}, median of {repeats}")
     print("| workload | requests/s | output tok/s | wall s | TTFT p50 s | TTFT p99 s | ITL p50 ms | ITL p99 ms "
           "| in-process output tok/s | serving / in-process (median of paired runs) |")
@@ -328,9 +337,13 @@ def _print_serving_table(concurrency: int, url: str, repeats: int, served: dict[
         extra = f"{ours['output tok/s']:.1f} | {ratios[name]:.2f}" if ours else "- | -"
         print(f"| {name} | {r['requests/s']:.2f} | {r['output tok/s']:.1f} | {r['wall s']:.2f} | "
               f"{r['TTFT p50 s']:.2f} | {r['TTFT p99 s']:.2f} | {r['ITL p50 ms']:.0f} | {r['ITL p99 ms']:.0f} | {extra} |")
+        rows.append({"workload": name, "served": dict(r), **({"in-process": dict(ours), "served / in-process": ratios[name]}
+                                                             if ours else {})})
 
 
-def _print_cpu_table(concurrency: int, repeats: int, meters: dict[str, CpuMeter], num_tokens: dict[str, int]) -> None:
+def _print_cpu_table(concurrency: int, repeats: int, meters: dict[str, CpuMeter], num_tokens: dict[str, int],
+                     rows: list[dict[str, Any]]) -> None:
+    """The table, and its rows into `rows` (results.py's serving_cpu rows)."""
     if not meters:
         return
     names = list(next(iter(meters.values())).totals)
@@ -341,3 +354,5 @@ def _print_cpu_table(concurrency: int, repeats: int, meters: dict[str, CpuMeter]
         cells = [f"{meter.totals[n] / repeats:.2f} s ({meter.totals[n] / repeats / num_tokens[workload] * 1e6:.0f} us)"
                  for n in names]
         print(f"| {workload} | " + " | ".join(cells) + " |")
+        rows += [{"workload": workload, "process": n, "cpu s/run": meter.totals[n] / repeats,
+                  "cpu us/output token": meter.totals[n] / repeats / num_tokens[workload] * 1e6} for n in names]

@@ -6,7 +6,7 @@ prints to a `ResultTables` as it prints them (`table_rows`), unrounded; stdout s
 A result file (FORMAT 1), its tables in the order the bench printed them:
 
     {"format": 1,
-     "source": "python -m radixlm.runtime.bench --results",   (or "transcribed from docs/... at <commit>")
+     "source": "python -m radixlm.runtime.bench --results",   (or "transcribed from <where> ...": figures of a run made before --results)
      "command": "python -m radixlm.runtime.bench --workloads W1,W5 ...",   (null: not recorded)
      "env": {"RADIXLM_CPU_ISA": "avx2"},     the RADIXLM_* and OMP_* variables of the run
      "date": "2026-11-27T13:36:48Z",         UTC (a transcription: the day)

@@ -55,7 +55,7 @@ def test_each_result_file_is_one_run_in_the_format(path: Path) -> None:
                          "tables"}
     assert re.fullmatch(r"\d{4}-\d{2}-\d{2}(T\d{2}:\d{2}:\d{2}Z)?", data["date"])
     assert path.name.startswith(data["date"][:10])
-    assert data["source"].endswith("--results") or data["source"].startswith("transcribed from docs/")
+    assert data["source"].endswith("--results") or data["source"].startswith("transcribed from ")
     assert data["tables"] and all(t["rows"] for t in data["tables"])
     for table in data["tables"]:
         if table["kind"] in results.COMPARISON_KINDS:

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from radixlm.kernels import cpu_linear, isa
-from radixlm.runtime.config.envs import RADIXLM_CPU_ISA
+from radixlm.runtime.config.envs import RADIXLM_BF16_PATH, RADIXLM_CPU_AUTO_DTYPE, RADIXLM_CPU_ISA
+from radixlm.runtime.config.server_args import ServerArgs
 from radixlm.runtime.model.model_files import cache_dir
 
 logger = logging.getLogger(__name__)
@@ -96,6 +97,55 @@ def attention_kernels(ext: cpu_linear.Extension, pool_dtype: torch.dtype, bf16_p
         amx=bf16_pool and bf16_path == "amx" and cpu_linear.amx_attention_supported(ext, head_dim),
         flash=(not bf16_pool or bf16_path == "avx512bf16") and cpu_linear.flash_attention_supported(ext, head_dim),
     )
+
+
+@dataclass(frozen=True)
+class KernelChoices:
+    """What a model runs as, turned once from the CPU's features and the flags (`choose`); the
+    runner's config carries it to the model's layers and its attention backend."""
+
+    dtype: torch.dtype  # the float weights' and the activations' dtype
+    kv_dtype: torch.dtype  # the KV pool's
+    quantization: str  # --quantization resolved; "none" where quantized weights load as float32
+    quant_mode: str  # how quantized layers multiply (kernels/quant.py MODES)
+    bf16_path: str | None  # our bf16 GEMM's path (cpu_linear.BF16_PATHS); None where our kernels do not run
+
+
+def choose(args: ServerArgs, quantized: bool) -> KernelChoices:
+    """The choices for a model whose checkpoint has quantized weights (`quantized`, as resolved
+    --quantization keeps them) on `args.device`: quantized weights stay so where our kernels run
+    them (`float_weights_instead`); with them, --dtype auto on CPU means float32 activations (our
+    quantized kernels take and give float32; bf16 activations cost a conversion per product, 30% of
+    a W5 prefill) over a bfloat16 KV pool where the CPU has AVX512-BF16 (the paged attention kernel
+    then takes every extend); without, --dtype auto takes bfloat16 where a timed product says it
+    pays (cpu_linear.prefers_bf16); int8 activations where the CPU has a fast int8 dot product."""
+    quantization = args.resolved_quantization
+    on_cpu = args.device == "cpu"
+    chosen = cpu_isa() if on_cpu else None
+    if quantized and on_cpu:
+        why = float_weights_instead(args.quantization)
+        if why is not None:
+            logger.warning("--quantization auto: the model's quantized weights are loaded as float32 instead: %s "
+                           "(~4-7x the memory)", why)
+            quantized, quantization = False, "none"
+    ext = load_cpu_kernels() if on_cpu and not args.disable_cpu_kernels else None
+    bf16_in_hardware = chosen is not None and chosen.bf16_in_hardware
+    if quantized and args.dtype == "auto" and on_cpu:
+        dtype = torch.float32
+        kv_dtype = torch.bfloat16 if bf16_in_hardware and RADIXLM_CPU_AUTO_DTYPE.get() != "float32" else torch.float32
+    else:
+        dtype = kv_dtype = args.torch_dtype(lambda: cpu_linear.prefers_bf16(bf16_in_hardware, lambda: ext))
+    return KernelChoices(
+        dtype=dtype, kv_dtype=kv_dtype, quantization=quantization,
+        quant_mode=args.quant_mode(chosen is not None and chosen.int8_dot_is_fast),
+        bf16_path=bf16_path(ext) if ext is not None else None,
+    )
+
+
+def bf16_path(ext: cpu_linear.Extension) -> str:
+    """Our bf16 GEMM's path: the fastest this CPU runs, or RADIXLM_BF16_PATH's (a ValueError where
+    the CPU cannot run it)."""
+    return cpu_linear.resolve_bf16_path(ext, RADIXLM_BF16_PATH.get())
 
 
 def float_weights_instead(requested: str) -> str | None:

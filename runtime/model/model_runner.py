@@ -13,15 +13,14 @@ from pathlib import Path
 
 import torch
 
-from radixlm.kernels import cpu_linear
 from radixlm.kernels.quant import QuantizedTensor
-from radixlm.runtime.config.envs import RADIXLM_ADAPTIVE_THREADS, RADIXLM_CPU_AUTO_DTYPE
+from radixlm.runtime.config.envs import RADIXLM_ADAPTIVE_THREADS
 from radixlm.runtime.config.server_args import ServerArgs
 from radixlm.runtime.mem_cache.mem_pool import KVPool, ReqToTokenPool
 from radixlm.runtime.model.attention.base import create_attention_backend
 from radixlm.runtime.model.cpu_threads import ThreadGovernor
 from radixlm.runtime.model.forward_batch import ForwardBatch
-from radixlm.runtime.model.kernel_policy import cpu_isa, float_weights_instead, load_cpu_kernels
+from radixlm.runtime.model.kernel_policy import choose, load_cpu_kernels
 from radixlm.runtime.model.model_config import ModelConfig
 from radixlm.runtime.model.models.llama import LlamaForCausalLM
 from radixlm.runtime.model.tensor_parallel import TPGroup, TPWorkers
@@ -51,38 +50,23 @@ class RunnerConfig:
     quant_mode: str = "float32"  # how quantized layers multiply (kernels/quant.py MODES)
     kv_dtype: torch.dtype | None = None  # the KV pool's; None: dtype
     adaptive_threads: bool = True  # CPU: threads = the cores other processes leave free (cpu_threads.py)
+    bf16_path: str | None = None  # our bf16 GEMM's path (kernel_policy.choose); None: kernel_policy.bf16_path's
 
     @classmethod
     def from_server_args(cls, args: ServerArgs, model_cfg: ModelConfig, quantized: bool = False) -> RunnerConfig:
-        """Resolve `auto` values: context length, the KV pool size from available memory, and with
-        `quantized` weights under --dtype auto on CPU: float32 activations (our quantized kernels
-        take and give float32; bf16 activations cost a conversion per product, 30% of a W5
-        prefill) over a bfloat16 KV pool where the CPU has AVX512-BF16 (the paged attention kernel
-        then takes every extend)."""
+        """Resolve `auto` values: context length, the KV pool size from available memory, and what
+        the kernel policy chooses for a model with (`quantized`) or without quantized weights:
+        dtypes, quantization, quantized mode, bf16 GEMM path (kernel_policy.choose)."""
         context_len = min(args.context_length or model_cfg.context_len, model_cfg.context_len)
-        quantization = args.resolved_quantization
-        chosen = cpu_isa()
-        if quantized and args.device == "cpu":
-            why = float_weights_instead(args.quantization)
-            if why is not None:
-                logger.warning("--quantization auto: the model's quantized weights are loaded as float32 instead: %s "
-                               "(~4-7x the memory)", why)
-                quantized, quantization = False, "none"
-        bf16_in_hardware = chosen is not None and chosen.bf16_in_hardware
-        if quantized and args.dtype == "auto" and args.device == "cpu":
-            dtype = torch.float32
-            kv_dtype = torch.bfloat16 if bf16_in_hardware and RADIXLM_CPU_AUTO_DTYPE.get() != "float32" else torch.float32
-        else:
-            dtype = kv_dtype = args.torch_dtype(lambda: cpu_linear.prefers_bf16(
-                bf16_in_hardware, lambda: None if args.disable_cpu_kernels else load_cpu_kernels()))
-        per_token = KVPool.bytes_per_token(model_cfg.num_layers, model_cfg.num_kv_heads, model_cfg.head_dim, kv_dtype)
+        choices = choose(args, quantized)
+        per_token = KVPool.bytes_per_token(model_cfg.num_layers, model_cfg.num_kv_heads, model_cfg.head_dim,
+                                           choices.kv_dtype)
         max_total_num_tokens = args.max_total_tokens or max(
             1024, int(_available_memory_bytes() * args.mem_fraction_static) // per_token
         )
-        quant_mode = args.quant_mode(chosen is not None and chosen.int8_dot_is_fast)
         return cls(
-            dtype=dtype,
-            kv_dtype=kv_dtype,
+            dtype=choices.dtype,
+            kv_dtype=choices.kv_dtype,
             attention_backend=args.resolved_attention_backend,
             max_total_num_tokens=max_total_num_tokens,
             max_running_requests=args.max_running_requests,
@@ -90,8 +74,9 @@ class RunnerConfig:
             device=args.device,
             cpu_kernels=not args.disable_cpu_kernels,
             adaptive_threads=not args.disable_adaptive_threads and RADIXLM_ADAPTIVE_THREADS.get() != "0",
-            quantization=quantization,
-            quant_mode=quant_mode,
+            quantization=choices.quantization,
+            quant_mode=choices.quant_mode,
+            bf16_path=choices.bf16_path,
         )
 
     @property
@@ -139,12 +124,12 @@ class ModelRunner:
         # the C++ decode path writes K/V and attends itself, in the torch backend's slot layout
         self.cpu_kernels = (
             runner_cfg.cpu_kernels and runner_cfg.device == "cpu" and runner_cfg.attention_backend == "torch"
-            and self.model.use_cpu_kernels(self.kv_pool.k_buffer, self.kv_pool.v_buffer)
+            and self.model.use_cpu_kernels(self.kv_pool.k_buffer, self.kv_pool.v_buffer, runner_cfg.bf16_path)
         )
         self.threads = ThreadGovernor() if runner_cfg.adaptive_threads and runner_cfg.device == "cpu" else None
         self.attn_backend = create_attention_backend(
             runner_cfg.attention_backend, self.kv_pool, self.req_to_token_pool, model_cfg.head_dim**-0.5,
-            load_cpu_kernels() if self.cpu_kernels else None,
+            load_cpu_kernels() if self.cpu_kernels else None, runner_cfg.bf16_path,
         )
         logger.info(
             "model loaded in %.1fs: %s%s, dtype %s%s%s, KV pool %d tokens (%s)",

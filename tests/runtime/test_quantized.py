@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from radixlm.kernels import cpu_linear, isa, quant
 from radixlm.runtime.config.server_args import ServerArgs
-from radixlm.runtime.model import model_files, model_runner
+from radixlm.runtime.model import kernel_policy, model_files
 from radixlm.runtime.model.kernel_policy import CpuIsa
 from radixlm.runtime.model.model_config import ModelConfig
 from radixlm.runtime.model.model_runner import ModelRunner, RunnerConfig, weights_of
@@ -150,12 +150,11 @@ def test_quantization_where_no_kernel_can_run(monkeypatch: pytest.MonkeyPatch, c
     from radixlm.runtime.model import kernel_policy
 
     monkeypatch.setattr(kernel_policy, "load_cpu_kernels", lambda: None)
-    monkeypatch.setattr(model_runner, "load_cpu_kernels", lambda: None)
     cfg = _tiny_config()
-    with caplog.at_level("WARNING", logger=model_runner.__name__):
+    with caplog.at_level("WARNING", logger=kernel_policy.__name__):
         runner = RunnerConfig.from_server_args(ServerArgs(max_total_tokens=64), cfg, quantized=True)
     assert runner.quantization == "none" and runner.quantize_to is None
-    (warning,) = [r.getMessage() for r in caplog.records if r.name == model_runner.__name__]
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == kernel_policy.__name__]
     assert "loaded as float32 instead" in warning and "cannot run here" in warning
     for explicit in ("gguf", "q4_0", "w8a8_int8"):
         with pytest.raises(ValueError, match=f"--quantization {explicit} needs the C\\+\\+ CPU kernels"):
@@ -180,7 +179,7 @@ def test_quantized_auto_dtype_is_float32_over_a_bf16_pool_where_the_cpu_has_it(m
     cfg = _tiny_config()
     for bf16 in (True, False):
         chosen = CpuIsa("avx512", frozenset({"avx512_bf16"} if bf16 else set()))
-        monkeypatch.setattr(model_runner, "cpu_isa", lambda chosen=chosen: chosen)
+        monkeypatch.setattr(kernel_policy, "cpu_isa", lambda chosen=chosen: chosen)
         monkeypatch.setattr(cpu_linear, "prefers_bf16", lambda in_hardware, load_ext: in_hardware)
         quantized = RunnerConfig.from_server_args(ServerArgs(max_total_tokens=64), cfg, quantized=True)
         assert quantized.dtype == torch.float32
@@ -223,10 +222,10 @@ def test_the_generic_level_loads_float_weights_for_quantization_auto(
     generic = isa.choose_level(features, "generic")
     monkeypatch.setitem(kernel_policy._chosen, "isa", CpuIsa(generic.name, frozenset(features.present & generic.allows)))
     cfg = _tiny_config()
-    with caplog.at_level("WARNING", logger=model_runner.__name__):
+    with caplog.at_level("WARNING", logger=kernel_policy.__name__):
         runner = RunnerConfig.from_server_args(ServerArgs(max_total_tokens=64), cfg, quantized=True)
     assert runner.quantization == "none" and runner.quant_mode == "float32"
-    (warning,) = [r.getMessage() for r in caplog.records if r.name == model_runner.__name__]
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == kernel_policy.__name__]
     assert "loaded as float32 instead" in warning and "generic ISA level" in warning
     explicit = RunnerConfig.from_server_args(ServerArgs(quantization="gguf", max_total_tokens=64), cfg, quantized=True)
     assert explicit.quantization == "gguf"

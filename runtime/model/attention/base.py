@@ -36,14 +36,14 @@ class BaseAttentionBackend(abc.ABC):
 
 def create_attention_backend(
     name: str, kv_pool: KVPool, req_to_token_pool: ReqToTokenPool, scaling: float,
-    cpu_kernels: cpu_linear.Extension | None = None,
+    cpu_kernels: cpu_linear.Extension | None = None, bf16_path: str | None = None,
 ) -> BaseAttentionBackend:
     """`cpu_kernels` (the loaded C++ extension, CPU only): the torch backend attends through its
     paged kernel where that is faster (see torch_backend)."""
     if name == "torch":
         from radixlm.runtime.model.attention.torch_backend import TorchAttentionBackend
 
-        return TorchAttentionBackend(kv_pool, req_to_token_pool, scaling, cpu_kernels)
+        return TorchAttentionBackend(kv_pool, req_to_token_pool, scaling, cpu_kernels, bf16_path)
     if name == "triton":
         from radixlm.runtime.model.attention.triton_backend import TritonAttentionBackend
 

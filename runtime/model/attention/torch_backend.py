@@ -27,13 +27,11 @@ from radixlm.kernels import cpu_linear
 from radixlm.kernels.cpu_linear import (
     PAGED_ATTENTION_HEAD_DIMS,
     paged_attention,
-    resolve_bf16_path,
 )
-from radixlm.runtime.config.envs import RADIXLM_BF16_PATH
 from radixlm.runtime.mem_cache.mem_pool import KVPool, ReqToTokenPool
+from radixlm.runtime.model import kernel_policy
 from radixlm.runtime.model.attention.base import BaseAttentionBackend
 from radixlm.runtime.model.forward_batch import ForwardBatch, ForwardMode
-from radixlm.runtime.model.kernel_policy import attention_kernels
 
 # A batch holding an extend at least this long runs torch's SDPA, not the paged kernel: SDPA wins
 # long dense prompts, the paged kernel everything shorter and every batch over a cached prefix
@@ -69,15 +67,17 @@ class TorchAttentionBackend(BaseAttentionBackend):
     num_paged_forwards = 0  # forwards that used the paged kernel (a statistic for tests/bench)
 
     def __init__(self, kv_pool: KVPool, req_to_token_pool: ReqToTokenPool, scaling: float,
-                 cpu_kernels: cpu_linear.Extension | None = None):
+                 cpu_kernels: cpu_linear.Extension | None = None, bf16_path: str | None = None):
+        """`bf16_path`: our bf16 GEMM's (kernel_policy.choose), which names the instructions the
+        attention kernels may use; None: kernel_policy.bf16_path's."""
         super().__init__(kv_pool, req_to_token_pool, scaling)
         head_dim = kv_pool.k_buffer[0].shape[-1]
         fits = head_dim in PAGED_ATTENTION_HEAD_DIMS and kv_pool.device.type == "cpu"
         self.cpu_kernels = cpu_kernels if fits else None
         self.amx = self.flash = False  # the paged kernel's long paths (kernel_policy.attention_kernels)
         if self.cpu_kernels is not None and kv_pool.k_buffer[0].dtype in (torch.float32, torch.bfloat16):
-            path = resolve_bf16_path(self.cpu_kernels, RADIXLM_BF16_PATH.get())
-            chosen = attention_kernels(self.cpu_kernels, kv_pool.k_buffer[0].dtype, path, head_dim)
+            path = bf16_path or kernel_policy.bf16_path(self.cpu_kernels)
+            chosen = kernel_policy.attention_kernels(self.cpu_kernels, kv_pool.k_buffer[0].dtype, path, head_dim)
             self.amx, self.flash = chosen.amx, chosen.flash
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixlm.kernels import cpu_linear, quant
-from radixlm.runtime.config.envs import RADIXLM_BF16_PATH
+from radixlm.runtime.model import kernel_policy
 from radixlm.runtime.model.attention.base import BaseAttentionBackend
 from radixlm.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from radixlm.runtime.model.kernel_policy import CpuIsa, attention_kernels, cpu_isa, load_cpu_kernels
@@ -283,14 +283,15 @@ class LlamaForCausalLM(nn.Module):
         )
         return self._logits(residual, batch)
 
-    def use_cpu_kernels(self, k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor]) -> bool:
+    def use_cpu_kernels(self, k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor],
+                        bf16_path: str | None = None) -> bool:
         """Route decode-sized products of every linear layer through the packed C++ kernels and
         decode steps through DecodeStack over these KV pool buffers (where the paged attention
         kernel takes the head size); False (nothing changed) where the kernels cannot run here."""
         ext, chosen = load_cpu_kernels(), cpu_isa()
         if ext is None or chosen is None:
             return False
-        bf16_path = cpu_linear.resolve_bf16_path(ext, RADIXLM_BF16_PATH.get())
+        bf16_path = bf16_path or kernel_policy.bf16_path(ext)
         for module in self.modules():
             if isinstance(module, Linear):
                 module.use_packed(ext, bf16_path, chosen)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -21,6 +23,19 @@ import pytest
 
 SGLANG = "sglang==0.5.23"
 FRONTEND_DEPS = ["orjson", "requests", "setproctitle", "psutil", "pybase64", "IPython", "msgspec", "pillow", "aiohttp"]
+
+
+def ipc_dirs_of(pid: int) -> set[Path]:
+    """The radixlm-ipc-* directories of the sockets process `pid` has bound (Linux /proc): what
+    a server killed with SIGKILL cannot remove itself."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            if (match := re.fullmatch(r"socket:\[(\d+)\]", os.readlink(fd))) is not None:
+                inodes.add(match.group(1))
+    paths = [line.split() for line in Path("/proc/net/unix").read_text().splitlines()[1:]]
+    return {Path(p[7]).parent for p in paths if len(p) >= 8 and p[6] in inodes
+            and Path(p[7]).parent.name.startswith("radixlm-ipc-")}
 
 
 def free_port() -> int:

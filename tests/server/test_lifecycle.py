@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import httpx
-from conftest import start_server, stream_while_killing
+from conftest import ipc_dirs_of, start_server, stream_while_killing
 
 
 def children_of(pid: int) -> list[int]:
@@ -31,18 +31,13 @@ def is_alive(pid: int) -> bool:
         return False
 
 
-def ipc_dirs() -> set[str]:
-    import tempfile
-
-    return {p.name for p in Path(tempfile.gettempdir()).glob("radixlm-ipc-*")}
-
-
 def test_api_key_and_graceful_shutdown(tiny_model_dir: Path, tmp_path: Path) -> None:
-    before = ipc_dirs()
     template = "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}"
     server = start_server(tiny_model_dir, tmp_path / "log", "--api-key", "sekret", "--max-total-tokens", "2048",
                           "--chat-template", template)
     kids = children_of(server.proc.pid)
+    own = ipc_dirs_of(server.proc.pid)  # the server's socket directory (by /proc: other processes' aside)
+    assert own
     assert len(kids) >= 2
     assert httpx.get(server.url + "/health").status_code == 200  # open without the key
     assert httpx.get(server.url + "/get_model_info").status_code == 401
@@ -62,7 +57,7 @@ def test_api_key_and_graceful_shutdown(tiny_model_dir: Path, tmp_path: Path) -> 
     while alive := [k for k in kids if is_alive(k)]:
         assert time.monotonic() < deadline, f"children outlived the server: {alive}"
         time.sleep(0.05)
-    assert ipc_dirs() <= before, "the socket directory was not removed"
+    assert not [d for d in own if d.exists()], "the socket directory was not removed"
 
 
 def test_killed_scheduler_fails_requests_and_exits(tiny_model_dir: Path, tmp_path: Path) -> None:

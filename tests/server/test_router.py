@@ -11,9 +11,7 @@ workers healthy, responses counted), with a generous deadline only as a failure 
 
 from __future__ import annotations
 
-import contextlib
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -25,7 +23,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import ServerHandle, free_port, start_server
+from conftest import ServerHandle, free_port, ipc_dirs_of, start_server
 
 from radixlm.runtime.bench.router_hits import counter, families, hit_rate, send
 from radixlm.runtime.server.replicas import healthy_workers, router_command
@@ -90,19 +88,6 @@ def replicas(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     finally:
         for server in servers:
             server.stop()  # the killed one has exited already
-
-
-def ipc_dirs_of(pid: int) -> set[Path]:
-    """The radixlm-ipc-* directories of the sockets process `pid` has bound (Linux /proc): what
-    a server killed with SIGKILL cannot remove itself."""
-    inodes = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        with contextlib.suppress(OSError):
-            if (match := re.fullmatch(r"socket:\[(\d+)\]", os.readlink(fd))) is not None:
-                inodes.add(match.group(1))
-    paths = [line.split() for line in Path("/proc/net/unix").read_text().splitlines()[1:]]
-    return {Path(p[7]).parent for p in paths if len(p) >= 8 and p[6] in inodes
-            and Path(p[7]).parent.name.startswith("radixlm-ipc-")}
 
 
 def live(replicas: list[ServerHandle]) -> list[ServerHandle]:

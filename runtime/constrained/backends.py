@@ -1,9 +1,9 @@
 """The grammar backends a server can run (`--grammar-backend`), what each serves, and the front
 door's check of a request's grammar against the chosen one.
 
-- `outlines` (default): regex, JSON schema and choices compiled to a token DFA by outlines-core
+- `outlines`: regex, JSON schema and choices compiled to a token DFA by outlines-core
   (`grammar.GrammarBackend`); no context-free grammars, no recursive `$ref`.
-- `xgrammar`: regex, JSON schema (with recursion) and choices, plus EBNF (`ebnf`, xgrammar's
+- `xgrammar` (the default): regex, JSON schema (with recursion) and choices, plus EBNF (`ebnf`, xgrammar's
   GBNF-style dialect: `root ::= ...`) and structural tags (`structural_tag`: free text with
   triggered JSON structures, e.g. tool calls), compiled by xgrammar (`xgrammar_backend`).
 - `llguidance`: the same kinds; `ebnf` is read as a Lark grammar (`start: ...`) or as llama.cpp's
@@ -12,13 +12,14 @@ door's check of a request's grammar against the chosen one.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import TYPE_CHECKING
 
 from radixlm.runtime.config.server_args import GRAMMAR_BACKENDS  # the flag's choices: `--grammar-backend`
 from radixlm.runtime.constrained.errors import GrammarError
 from radixlm.runtime.constrained.lowered import LoweredGrammar
-from radixlm.runtime.constrained.spec import lower
+from radixlm.runtime.constrained.spec import lower_checked, normalize_spec
 
 if TYPE_CHECKING:
     from radixlm.runtime.constrained.grammar import GrammarBackend
@@ -60,10 +61,19 @@ def validate(name: str, kind: str, spec: object, whitespace_pattern: str | None 
         raise GrammarError(f"the {name} grammar backend cannot serve {kind} grammars; "
                            f"start the server with --grammar-backend {' or '.join(able)}")
     if name == "outlines":
-        return lower(kind, spec, whitespace_pattern)
+        return lowered_at_door(name, kind, normalize_spec(kind, spec), whitespace_pattern)
     from radixlm.runtime.constrained.compile_cache import normalize_cfg
 
-    normalized = normalize_cfg(kind, spec)
+    return lowered_at_door(name, kind, normalize_cfg(kind, spec), None)
+
+
+@functools.lru_cache(maxsize=64)
+def lowered_at_door(name: str, kind: str, normalized: str, whitespace_pattern: str | None) -> LoweredGrammar:
+    """Backend `name`'s lowering of a normalized spec, made once per distinct spec (an extraction
+    pipeline sends the same schema with every request; a wide schema's xgrammar grammar takes tens
+    of milliseconds to make and serialize). GrammarError (not cached) where it cannot be lowered."""
+    if name == "outlines":
+        return lower_checked(kind, normalized, whitespace_pattern)
     if name == "llguidance":
         from radixlm.runtime.constrained import llguidance_backend
 

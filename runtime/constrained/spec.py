@@ -70,7 +70,11 @@ def outlines_settings(whitespace_pattern: str | None) -> LoweringSettings:
 
 def lower(kind: str, spec: object, whitespace_pattern: str | None = None) -> LoweredGrammar:
     """The spec checked (as `validate` says) and lowered to its regex; GrammarError if it cannot be."""
-    normalized = normalize_spec(kind, spec)
+    return lower_checked(kind, normalize_spec(kind, spec), whitespace_pattern)
+
+
+def lower_checked(kind: str, normalized: str, whitespace_pattern: str | None = None) -> LoweredGrammar:
+    """`lower` of a normalized spec (`normalize_spec`)."""
     if kind == "regex":
         check_regex_syntax(normalized)
     return lower_normalized(kind, normalized, whitespace_pattern)

@@ -25,12 +25,13 @@ from typing import Any
 import jsonschema
 import pytest
 from grammar_backends_testing import backend_engine
+from radixlm_testing import stop_across_tokens
 
 from radixlm.runtime.config.server_args import ServerArgs
-from radixlm.runtime.constrained import spec
+from radixlm.runtime.constrained import backends, spec
 from radixlm.runtime.constrained.backends import GRAMMAR_BACKENDS, KINDS
 from radixlm.runtime.constrained.lowered import LoweredGrammar
-from radixlm.runtime.detokenizer.detokenizer import REPLACEMENT_CHAR, IncrementalDecoder
+from radixlm.runtime.detokenizer.detokenizer import IncrementalDecoder
 from radixlm.runtime.detokenizer.detokenizer_process import DetokenizerManager
 from radixlm.runtime.engine import Engine
 from radixlm.runtime.ipc import messages as io
@@ -104,19 +105,6 @@ def counts(halves: Halves, monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     return counted
 
 
-def split_stop(tokenizer: Tokenizer, ids: list[int], text: str) -> tuple[str, int]:
-    """A 4-character stop string of `text` that spans a token boundary (two characters before it,
-    two after) and first occurs there, and where it starts."""
-    for k in range(len(ids) // 3, len(ids)):
-        head = tokenizer.decode(ids[:k])
-        start = len(head) - 2
-        stop = text[start : start + 4]
-        if (start >= 0 and text.startswith(head) and not head.endswith(REPLACEMENT_CHAR) and len(stop) == 4
-                and stop.strip() and text.find(stop) == start):
-            return stop, start
-    raise AssertionError(f"no stop string spans a token boundary of {text!r}")
-
-
 def text_of(outputs: list[io.StrOutput]) -> str:
     return "".join(out.new_text for out in outputs)
 
@@ -126,7 +114,7 @@ def test_a_stop_string_split_across_tokens_is_decoded_once(halves: Halves, count
                                                             tiny_engine: Engine, no_stop_trim: bool) -> None:
     ids = tiny_engine.tokenizer.encode(PROMPT)
     free = tiny_engine.generate(input_ids=ids, sampling_params=GREEDY)
-    stop, start = split_stop(tiny_engine.tokenizer, free["output_ids"], free["text"])
+    stop, start = stop_across_tokens(tiny_engine.tokenizer, free["output_ids"], free["text"])
     params = {**GREEDY, "stop": [stop], "no_stop_trim": no_stop_trim}
     engine_out = tiny_engine.generate(input_ids=ids, sampling_params=params)
     counts["decoders"] = 0
@@ -321,9 +309,11 @@ ENGINE_KINDS = [(name, kind) for name in INSTALLED for kind in DOOR_KINDS if kin
 
 @pytest.mark.parametrize(("engine", "kind"), ENGINE_KINDS, indirect=["engine"], ids=[f"{n}-{k}" for n, k in ENGINE_KINDS])
 def test_a_grammar_is_lowered_once_per_request(engine: Engine, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The backend's lowering runs at the door, once per request; the scheduler hands the backend
-    that lowering (never the spec), and the worker compiles it as it is, into what it compiled
-    from the spec before; a second request with the same spec shares the compile."""
+    """The backend's lowering runs at the door, once per distinct spec; the scheduler hands the
+    backend that lowering (never the spec), and the worker compiles it as it is, into what it
+    compiled from the spec before; a second request with the same spec takes the door's lowering
+    of the first and shares its compile."""
+    backends.lowered_at_door.cache_clear()  # the door lowers this test's spec anew
     backend = engine.grammar_backend
     grammar = grammar_of(kind, engine)
     normalized = backend._normalize(kind, grammar)
@@ -346,8 +336,8 @@ def test_a_grammar_is_lowered_once_per_request(engine: Engine, kind: str, monkey
 
     again = engine.generate(prompt=PROMPT, sampling_params=params)
 
-    assert len(counted.lowerings) == 2 and not counted.gets  # the second request: at its door only
-    assert counted.lowered[1] == (lowered, future) and again["text"] == out["text"]  # the same compile
+    assert len(counted.lowerings) == 1 and not counted.gets  # the second request: the door's lowering reused
+    assert counted.lowered[1][0] is lowered and counted.lowered[1][1] is future and again["text"] == out["text"]
     assert len(xgrammar_calls) == (1 if backend.backend_name == "xgrammar" else 0)
     assert_compiled_as_before(engine, kind, normalized, lowered, future.result(), counted.lower)
 
@@ -379,6 +369,7 @@ def test_outlines_lowers_a_json_schema_with_the_servers_whitespace_pattern(tiny_
         return schema_to_regex(*args)
 
     monkeypatch.setattr(spec, "schema_to_regex", counting)
+    backends.lowered_at_door.cache_clear()
     with Engine(str(tiny_model_dir), max_total_tokens=4096, random_seed=0, dtype="float32",
                 grammar_backend="outlines", constrained_json_whitespace_pattern=whitespace_pattern) as engine:
         out = engine.generate(prompt=PROMPT, sampling_params={"temperature": 0.0, "max_new_tokens": 60,

@@ -216,3 +216,18 @@ def first_regex_match(text: str, pattern: str) -> tuple[int, int] | None:
             if re.fullmatch(pattern, text[start:end]):
                 return start, end
     return None
+
+
+def stop_across_tokens(tokenizer: Any, ids: list[int], text: str) -> tuple[str, int]:
+    """A 4-character stop string of `text` (the decoding of `ids`) that spans a token boundary (two
+    characters before it, two after) and first occurs there, and where it starts."""
+    from radixlm.runtime.detokenizer.detokenizer import REPLACEMENT_CHAR
+
+    for k in range(len(ids) // 3, len(ids)):
+        head = tokenizer.decode(ids[:k])
+        start = len(head) - 2
+        stop = text[start : start + 4]
+        if (start >= 0 and text.startswith(head) and not head.endswith(REPLACEMENT_CHAR) and len(stop) == 4
+                and stop.strip() and text.find(stop) == start):
+            return stop, start
+    raise AssertionError(f"no stop string spans a token boundary of {text!r}")

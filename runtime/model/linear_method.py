@@ -73,17 +73,15 @@ def in_one_arena(methods: list[KernelLinear | None]) -> Iterator[KernelLinear]:
     def aligned(nbytes: int) -> int:
         return -(-nbytes // 4096) * 4096
 
-    sizes = [aligned(m.packed.nbytes) for m in methods if m is not None]
-    assert len(sizes) == len(methods), "a method to place is missing"
-    arena = huge_pages.empty((sum(sizes),), torch.uint8)
+    assert all(m is not None for m in methods), "a method to place is missing"
+    arena = huge_pages.empty((sum(aligned(m.packed.nbytes) for m in methods if m is not None),), torch.uint8)
     offset = 0
-    for i, size in enumerate(sizes):
-        m = methods[i]
+    for i, m in enumerate(methods):
         assert m is not None
         methods[i] = None
         view = arena[offset: offset + m.packed.nbytes].view(m.packed.dtype).view(m.packed.shape)
         view.copy_(m.packed)
-        offset += size
+        offset += aligned(m.packed.nbytes)
         yield dataclasses.replace(m, packed=view)
 
 

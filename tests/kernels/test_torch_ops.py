@@ -11,7 +11,7 @@ import torch
 from radixlm.kernels import cpu_linear, quant
 
 
-def _operands(ext: Any) -> dict[str, tuple[tuple[Any, ...], dict[str, Any]]]:
+def _operands() -> dict[str, tuple[tuple[Any, ...], dict[str, Any]]]:
     """Each op's arguments: small, valid, float32 activations."""
     x = torch.randn(3, 64)
     w = torch.randn(64, 128) * 0.1
@@ -32,7 +32,7 @@ def _operands(ext: Any) -> dict[str, tuple[tuple[Any, ...], dict[str, Any]]]:
 
 def test_every_compute_op_is_registered_with_a_meta_kernel(ext: Any) -> None:
     ops = getattr(torch.ops, cpu_linear.ops_namespace(ext.build))
-    operands = _operands(ext)
+    operands = _operands()
     assert set(operands) == set(cpu_linear.Extension.OPS)
     for name, (args, kwargs) in operands.items():
         real = getattr(ops, name)(*args, **kwargs)
@@ -43,7 +43,7 @@ def test_every_compute_op_is_registered_with_a_meta_kernel(ext: Any) -> None:
 
 
 def test_a_profiler_names_the_ops(ext: Any) -> None:
-    args, kwargs = _operands(ext)["packed_linear"]
+    args, kwargs = _operands()["packed_linear"]
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         ext.packed_linear(*args, **kwargs)
     names = {e.name for e in prof.events()}
@@ -52,7 +52,7 @@ def test_a_profiler_names_the_ops(ext: Any) -> None:
 
 def test_torch_compile_traces_the_ops_in_one_graph(ext: Any) -> None:
     """fullgraph: dynamo fails on a graph break, so an op it could not trace would fail here."""
-    x, packed, _, _ = _operands(ext)["packed_linear"][0]
+    x, packed, _, _ = _operands()["packed_linear"][0]
 
     def layer(x: torch.Tensor) -> torch.Tensor:
         return ext.silu_mul(ext.packed_linear(ext.rms_norm(x, None, 1e-6), packed, None, None))

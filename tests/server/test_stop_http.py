@@ -14,9 +14,9 @@ from typing import Any
 import httpx
 import pytest
 from conftest import ServerHandle
+from radixlm_testing import stop_across_tokens
 from test_native_api import sse_events, wait_idle
 
-from radixlm.runtime.detokenizer.detokenizer import REPLACEMENT_CHAR
 from radixlm.runtime.tokenizer.tokenizer import Tokenizer
 
 PROMPT = "The capital of France is"
@@ -40,15 +40,7 @@ def free(tiny_server: ServerHandle) -> dict[str, Any]:
 def split_stop(free: dict[str, Any], tiny_model_dir: Path) -> tuple[str, int]:
     """A 4-character stop string of the free text spanning a token boundary (first occurring there),
     and where it starts."""
-    tokenizer, ids, text = Tokenizer(tiny_model_dir), free["output_ids"], free["text"]
-    for k in range(len(ids) // 3, len(ids)):
-        head = tokenizer.decode(ids[:k])
-        start = len(head) - 2
-        stop = text[start : start + 4]
-        if (start >= 0 and text.startswith(head) and not head.endswith(REPLACEMENT_CHAR) and len(stop) == 4
-                and stop.strip() and text.find(stop) == start):
-            return stop, start
-    raise AssertionError(f"no stop string spans a token boundary of {text!r}")
+    return stop_across_tokens(Tokenizer(tiny_model_dir), free["output_ids"], free["text"])
 
 
 def test_a_split_stop_string_ends_the_request_there(tiny_server: ServerHandle, free: dict[str, Any],

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from radixlm.choices import ChoiceScores, TokenEntry, choice_token_span, decide, requires_unconditional
 from radixlm.formats.chat_template import CHATML, ChatTemplate
-from radixlm.formats.tool_calls import tool_call_structures
+from radixlm.formats.tool_formats import tool_call_structures
 from radixlm.ir import Gen, Media, SamplingArgs, Select
 from radixlm.tools import ToolCall, ToolSet
 
@@ -266,7 +266,7 @@ def refuse_unsupported(sampling: SamplingArgs, gen: Gen, api: str, supported: se
 
 def parse_call(text: str, tools: ToolSet) -> ToolCall | None:
     """The first valid tool call in free text (Hermes blocks or a bare JSON call), else None."""
-    from radixlm.formats.tool_calls import parse_tool_calls
+    from radixlm.formats.tool_formats import parse_tool_calls
 
     _, calls = parse_tool_calls(text, tools.names)
     for found in calls:

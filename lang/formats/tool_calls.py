@@ -1,5 +1,5 @@
-"""OpenAI tool calls: validate `tools`, render them into the chat prompt, constrain `tool_choice`,
-and parse calls out of generated text. Pure functions, no I/O.
+"""OpenAI tool calls: validate `tools`, render them into the chat prompt and constrain
+`tool_choice` (the formats calls are read back from: tool_formats.py). Pure functions, no I/O.
 
 The prompt convention (the default model, SmolLM2, has no tool-aware chat template; this is the
 Hermes/Qwen convention): a system-prompt section lists each function as one JSON line
@@ -10,17 +10,15 @@ content is wrapped in `<tool_response>...</tool_response>`.
 
 `tool_choice`:
 - `"none"`: the tools are not offered; plain generation, nothing parsed;
-- `"auto"` (the default when tools are given): free text, then `parse_tool_calls`; on the
-  context-free grammar backends each `<tool_call>` block the model opens is constrained to one
-  well-formed call (`tool_call_structures`, a structural tag); the outlines backend only parses;
+- `"auto"` (the default when tools are given): free text, then parsed in the format of the
+  server's `--tool-call-parser` (tool_formats.py); on the context-free grammar backends each call
+  the model opens is constrained to be well formed (a structural tag); the outlines backend only parses;
 - `"required"`: the output is constrained by `tool_call_schema(tools)`, an anyOf over
   `{"name": <const>, "arguments": <the tool's parameters>}` objects, so it parses as exactly one call;
 - `{"type": "function", "function": {"name": X}}`: the same with tool X alone.
 
-`parse_tool_calls` reads the formats `--tool-call-parser` names: `hermes` (also Qwen): blocks
-`<tool_call>{json}</tool_call>` (one or more; the last may lack its closing tag); `json`: the whole
-message is one call object or a list of them; `auto` (default): both. A block whose JSON does not parse or names
-no offered tool stays plain content.
+A chat template that renders tools itself (Qwen2.5, Llama 3.1, Mistral, ...) is given them
+instead (`native_messages`), and its model's calls are read in its own format.
 """
 
 from __future__ import annotations
@@ -38,7 +36,6 @@ class ToolSpecError(ValueError):
 
 DEFAULT_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 _NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
-_BLOCK_RE = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
 _TOOL_KEYS = {"type", "function"}
 _FUNCTION_KEYS = {"name", "description", "parameters", "strict"}
 
@@ -129,20 +126,6 @@ def tool_call_schema(tools: list[Tool]) -> dict[str, Any]:
     return options[0] if len(options) == 1 else {"anyOf": options}
 
 
-def tool_call_structures(tools: list[Tool]) -> dict[str, Any]:
-    """The structural tag (`runtime.constrained.structural_tag`) under which each `<tool_call>`
-    block the model opens is one well-formed call of `tools`: `{"name": ..., "arguments": ...}`
-    as the prompt convention writes it, then `</tool_call>`."""
-    return {
-        "structures": [{
-            "begin": f'<tool_call>{{"name": {json.dumps(t.name)}, "arguments": ',
-            "schema": t.parameters,
-            "end": "}</tool_call>",
-        } for t in tools],
-        "triggers": ["<tool_call>"],
-    }
-
-
 def tools_system_prompt(tools: list[Tool]) -> str:
     """The system-prompt section that offers `tools` (see the module docstring)."""
     lines = [json.dumps({"name": t.name, "description": t.description or "", "parameters": t.parameters},
@@ -168,6 +151,27 @@ def add_tools_to_messages(messages: list[dict[str, str]], tools: list[Tool]) -> 
 def render_history_calls(content: str, tool_calls: list[dict[str, Any]]) -> str:
     """An assistant message's `tool_calls` (OpenAI shape) as prompt text: `content` + blocks."""
     blocks = []
+    for call in template_tool_calls(tool_calls):
+        call_json = json.dumps({"name": call["function"]["name"], "arguments": call["function"]["arguments"]},
+                               ensure_ascii=False)
+        blocks.append(f"<tool_call>{call_json}</tool_call>")
+    return "\n".join(([content] if content else []) + blocks)
+
+
+def render_tool_response(content: str) -> str:
+    return f"<tool_response>{content}</tool_response>"
+
+
+def template_tools(tools: list[Tool]) -> list[dict[str, Any]]:
+    """`tools` as a chat template that renders tools takes them (OpenAI's shape)."""
+    return [{"type": "function", "function": {"name": t.name, "description": t.description or "",
+                                              "parameters": t.parameters}} for t in tools]
+
+
+def template_tool_calls(tool_calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """An assistant message's `tool_calls` (OpenAI shape) as such templates take them: the
+    arguments decoded into an object (templates write them with `tojson`)."""
+    calls = []
     for i, call in enumerate(tool_calls):
         function = call.get("function") if isinstance(call, dict) else None
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
@@ -177,72 +181,9 @@ def render_history_calls(content: str, tool_calls: list[dict[str, Any]]) -> str:
             arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
         except json.JSONDecodeError as e:
             raise ToolSpecError(f"messages: tool_calls[{i}].function.arguments is not JSON: {e}") from e
-        call_json = json.dumps({"name": function["name"], "arguments": arguments}, ensure_ascii=False)
-        blocks.append(f"<tool_call>{call_json}</tool_call>")
-    return "\n".join(([content] if content else []) + blocks)
-
-
-def render_tool_response(content: str) -> str:
-    return f"<tool_response>{content}</tool_response>"
-
-
-TOOL_CALL_PARSERS = ("auto", "hermes", "json")
-
-
-def parse_tool_calls(text: str, tool_names: set[str], parser: str = "auto") -> tuple[str | None, list[ToolCall]]:
-    """(the text outside the calls, or None if blank; the calls found). `parser` (the server's
-    --tool-call-parser): "hermes" (also Qwen) reads <tool_call> blocks only, "json" a bare JSON
-    call or list only, "auto" both."""
-    if parser not in TOOL_CALL_PARSERS:
-        raise ValueError(f"unknown tool-call parser {parser!r}; choose one of {TOOL_CALL_PARSERS}")
-    if "<tool_call>" in text and parser in ("auto", "hermes"):
-        calls: list[ToolCall] = []
-        outside: list[str] = []
-        pos = 0
-        for match in _BLOCK_RE.finditer(text):
-            call = _call_from_json(match.group(1), tool_names)
-            if call is None:
-                continue  # left in place as content
-            outside.append(text[pos : match.start()])
-            calls.append(call)
-            pos = match.end()
-        if not calls:
-            return text, []
-        outside.append(text[pos:])
-        content = "".join(outside).strip()
-        return (content or None), calls
-    stripped = text.strip()
-    if parser in ("auto", "json") and stripped.startswith(("{", "[")):
-        try:
-            value = json.loads(stripped)
-        except json.JSONDecodeError:
-            return text, []
-        items = value if isinstance(value, list) else [value]
-        bare = [_call_from_value(v, tool_names) for v in items]
-        if items and all(c is not None for c in bare):
-            return None, [c for c in bare if c is not None]
-    return text, []
-
-
-def _call_from_json(raw: str, tool_names: set[str]) -> ToolCall | None:
-    try:
-        return _call_from_value(json.loads(raw), tool_names)
-    except json.JSONDecodeError:
-        return None
-
-
-def _call_from_value(value: Any, tool_names: set[str]) -> ToolCall | None:
-    if not isinstance(value, dict) or value.get("name") not in tool_names:
-        return None
-    arguments = value.get("arguments", {})
-    if isinstance(arguments, str):  # some models serialize the arguments themselves
-        try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError:
-            return None
-    if not isinstance(arguments, dict):
-        return None
-    return ToolCall(value["name"], json.dumps(arguments, ensure_ascii=False))
+        calls.append({"id": str(call.get("id") or f"call{i}"), "type": "function",
+                      "function": {"name": function["name"], "arguments": arguments}})
+    return calls
 
 
 def openai_tool_calls(calls: list[ToolCall], with_index: bool = False) -> list[dict[str, Any]]:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from radixlm.formats.reasoning import REASONING_PARSERS
+from radixlm.formats.tool_formats import TOOL_CALL_PARSERS
 from radixlm.runtime.config import envs
 from radixlm.runtime.config.envs import RADIXLM_AUTO_QUANTIZATION, RADIXLM_CPU_AUTO_DTYPE
 from radixlm.runtime.config.kv_events_config import KVEventsConfig, endpoint_for_rank
@@ -134,8 +135,8 @@ class ServerArgs:
         if self.constrained_json_whitespace_pattern is not None and self.grammar_backend != "outlines":
             raise ValueError("constrained_json_whitespace_pattern applies to the outlines grammar backend only "
                              f"(grammar_backend is {self.grammar_backend}); add --grammar-backend outlines")
-        if self.tool_call_parser not in ("auto", "hermes", "json"):
-            raise ValueError(f"tool_call_parser must be auto, hermes or json, got {self.tool_call_parser!r}")
+        if self.tool_call_parser not in TOOL_CALL_PARSERS:
+            raise ValueError(f"tool_call_parser must be one of {', '.join(TOOL_CALL_PARSERS)}, got {self.tool_call_parser!r}")
         if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
             raise ValueError(f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, got {self.reasoning_parser!r}")
         if self.constrained_json_whitespace_pattern is not None:
@@ -286,7 +287,10 @@ HELP = {
     "api_key": "require 'Authorization: Bearer KEY' on every endpoint but /health",
     "chat_template": "Jinja chat template (file path or the template itself) for chat requests",
     "served_model_name": "model id reported by /v1/models and accepted in requests",
-    "tool_call_parser": "how tool calls are read from output under tool_choice auto: hermes (<tool_call> blocks, also Qwen), json (a bare JSON call), auto (both)",
+    "tool_call_parser": "the format tool calls are read in under tool_choice auto (SGLang's names): hermes (<tool_call> "
+    "blocks, our tools prompt's), qwen25 (the same, Qwen2.5 / Qwen3 templates), llama3 ({\"name\", \"parameters\"} JSON), "
+    "mistral ([TOOL_CALLS] [...]), pythonic ([f(a=1)]), json (a bare JSON call); auto: the one the chat template "
+    "teaches, else hermes, then a bare JSON call",
     "reasoning_parser": "how a reasoning model's <think> text is told from its answer (SGLang's names): deepseek-r1 "
     "(the output starts inside the reasoning), qwen3 (reasoning only after an opening <think>), qwen3-thinking, kimi; "
     "chat responses then carry reasoning_content, and grammars apply only after the reasoning ends (default: none)",
@@ -329,7 +333,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     """One flag per ServerArgs field, SGLang's names (`--model-path`, ...); types from annotations."""
     choices = {"dtype": DTYPES, "quantization": QUANTIZATIONS, "quantized_activations": QUANTIZED_ACTIVATIONS,
                "attention_backend": ATTENTION_BACKENDS, "schedule_policy": SCHEDULE_POLICIES,
-               "tool_call_parser": ("auto", "hermes", "json"), "grammar_backend": GRAMMAR_BACKENDS,
+               "tool_call_parser": TOOL_CALL_PARSERS, "grammar_backend": GRAMMAR_BACKENDS,
                "reasoning_parser": REASONING_PARSERS, "load_balance_method": LOAD_BALANCE_METHODS}
     for f in dataclasses.fields(ServerArgs):
         flag = "--" + f.name.replace("_", "-")

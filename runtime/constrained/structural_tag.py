@@ -14,7 +14,7 @@ of a structure that starts with that trigger, a JSON value of its `schema` (laid
 Served by xgrammar (its `triggered_tags` format) and llguidance (a Lark grammar with a lazy
 lexeme per trigger, written here); the outlines backend (a regex DFA) cannot.
 
-`tool_choice="auto"` in the chat API is served with these (`tool_calls.tool_call_structures`):
+`tool_choice="auto"` in the chat API is served with these (`tool_formats.tool_call_structures`):
 the trigger is `<tool_call>`, one structure per tool, so once the model opens a call, it is well
 formed.
 """

@@ -6,9 +6,11 @@ repetition_penalty, min_tokens, ignore_eos, stop_token_ids, skip_special_tokens)
 the tokenizer manager, and shaped as OpenAI responses; `stream` gives SSE chunks with text
 deltas and, with `stream_options.include_usage`, a final usage chunk. `response_format`
 (`json_schema`, `json_object`, and SGLang's `regex` and `structural_tag` extensions) constrains
-the output. `tools` and `tool_choice` follow `tool_calls` (prompt convention, constraint, parsers;
-under `auto` on a context-free grammar backend each opened call is constrained by a structural
-tag, `tool_call_structures`): calls come back as
+the output. `tools` and `tool_choice` follow `tool_calls` (prompt convention, constraint) and
+`tool_formats` (the formats calls are read in: `--tool-call-parser`, by default the one the chat
+template teaches; a template that renders tools itself is given them and the history's calls as
+objects; under `auto` on a context-free grammar backend each opened call is constrained by a
+structural tag in that format, where it has one): calls come back as
 `message.tool_calls` with `finish_reason: "tool_calls"`; when streaming with tools, each choice's
 text is buffered and sent at its end as content and/or one `delta.tool_calls` chunk.
 With `--reasoning-parser`, chat requests are generated as reasoning (`require_reasoning`: a
@@ -35,14 +37,15 @@ from radixlm.formats.tool_calls import (
     ToolCall,
     add_tools_to_messages,
     openai_tool_calls,
-    parse_tool_calls,
     parse_tool_choice,
     parse_tools,
     render_history_calls,
     render_tool_response,
+    template_tool_calls,
+    template_tools,
     tool_call_schema,
-    tool_call_structures,
 )
+from radixlm.formats.tool_formats import detect_format, parse_tool_calls, tool_call_structures
 from radixlm.runtime.api.protocol import (
     JSON,
     SSE,
@@ -180,6 +183,8 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
                            secured: bool, reasoning_parser: str | None = None) -> None:
     auth = (401,) if secured else ()
     reasoning = None if reasoning_parser is None else reasoning_format(reasoning_parser)
+    template = tm.tokenizer.chat_template
+    native_tools = detect_format(template) is not None  # the template renders tools in a format we read
     docs.add("/v1/models", "get", Operation(responses={200: ("the served model", {JSON: ModelList}),
                                                        **error_responses(*auth)}))
     for path, request_model, response_model, chunk in (
@@ -255,24 +260,26 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
         tool_names = {t.name for t in offered}
         # a forced call is generated as bare JSON under a schema; `auto` output is read as configured
         parser = tool_call_parser if tool_choice == "auto" else "json"
-        messages = _prompt_messages(req.messages)
-        if offered:
+        messages = _prompt_messages(req.messages, native_tools)
+        if offered and not native_tools:
             messages = add_tools_to_messages(messages, offered)
         num_chars = sum(len(m["content"]) for m in messages)
         if num_chars > tm.validator.max_prompt_chars:  # refused before the template renders it all
             raise RequestError(f"the messages hold {num_chars} characters, more than the context length "
                                f"({tm.context_len} tokens) can hold")
         try:
-            prompt = tm.tokenizer.apply_chat_template(messages, continue_final_message=req.continue_final_message,
-                                                      template_kwargs=req.chat_template_kwargs)
+            prompt = tm.tokenizer.apply_chat_template(
+                messages, continue_final_message=req.continue_final_message, template_kwargs=req.chat_template_kwargs,
+                tools=template_tools(offered) if offered and native_tools else None)
         except Exception as e:  # a template that rejects these messages: the client's problem
             raise RequestError(f"messages: cannot apply the chat template: {e}") from e
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         base_id = f"chatcmpl-{uuid.uuid4().hex}"
         params = {**_sampling_params(req, max_tokens), **response_format_grammar(req.response_format)}
         # `auto` on a context-free backend: each <tool_call> block the model opens is one well-formed call
-        triggers = tm.validator.grammar_backend != "outlines" and parser in ("auto", "hermes")
-        params.update(_tool_choice_grammar(tool_choice, tools, params, triggers))
+        structures = (tool_call_structures(tools, parser, template)
+                      if tm.validator.grammar_backend != "outlines" and tool_choice == "auto" else None)
+        params.update(_tool_choice_grammar(tool_choice, tools, params, structures))
         base = GenerateRequest(
             text=prompt, sampling_params=params, return_logprob=req.logprobs,
             top_logprobs_num=(req.top_logprobs or 0) if req.logprobs else 0, return_text_in_logprobs=True, stream=req.stream,
@@ -292,7 +299,7 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
         choices = []
         for i, r in enumerate(results):
             thought, text = _split_reasoning(r["text"], split)
-            content, calls = _split_calls(text, tool_names, parser, req.parallel_tool_calls)
+            content, calls = _split_calls(text, tool_names, parser, template, req.parallel_tool_calls)
             message: dict[str, Any] = {"role": "assistant", "content": content}
             if split is not None:
                 message["reasoning_content"] = thought or None
@@ -335,7 +342,7 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
             thought, text = _split_reasoning(item.result["text"], split)
             if thought:
                 yield chunk(index, {"reasoning_content": thought}, None)
-            content, calls = _split_calls(text, tool_names, parser, req.parallel_tool_calls)
+            content, calls = _split_calls(text, tool_names, parser, template, req.parallel_tool_calls)
             if content:
                 yield chunk(index, {"content": content}, None)
             if calls:
@@ -419,13 +426,21 @@ def _split_delta(splitter: ReasoningStream, text: str, is_last: bool) -> tuple[s
     return thought, answer
 
 
-def _prompt_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
-    """Chat messages as the chat template takes them; tool calls and results rendered as text."""
-    out = []
+def _prompt_messages(messages: list[ChatMessage], native_tools: bool) -> list[dict[str, Any]]:
+    """Chat messages as the chat template takes them. Tool calls and results: for a template
+    that renders tools (`native_tools`), the calls as objects and the results as `tool`
+    messages; else both rendered as text in our prompt convention."""
+    out: list[dict[str, Any]] = []
     for m in messages:
         content = _content_text(m.content)
         if m.tool_calls is not None and not isinstance(m.tool_calls, list):
             raise RequestError(f"messages: tool_calls must be a list of calls, got {m.tool_calls!r:.80}")
+        if native_tools:
+            message: dict[str, Any] = {"role": m.role, "content": content}
+            if m.role == "assistant" and m.tool_calls:
+                message["tool_calls"] = template_tool_calls(m.tool_calls)
+            out.append(message)
+            continue
         if m.role == "assistant" and m.tool_calls:
             content = render_history_calls(content, m.tool_calls)
         elif m.role == "tool":
@@ -435,13 +450,13 @@ def _prompt_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
 
 
 def _tool_choice_grammar(tool_choice: str | Tool, tools: list[Tool], params: dict[str, Any],
-                         triggers: bool) -> dict[str, str]:
+                         structures: dict[str, Any] | None) -> dict[str, str]:
     """The grammar that forces one call for `required` or a named tool; for `auto` with
-    `triggers` and no other grammar, the structural tag that keeps each opened call well formed;
+    `structures` and no other grammar, that structural tag (each opened call well formed);
     {} otherwise (the output is only parsed)."""
     constrained = any(k in params for k in ("regex", "json_schema", "ebnf", "structural_tag"))
-    if tool_choice == "auto" and triggers and not constrained:
-        return {"structural_tag": json.dumps(tool_call_structures(tools))}
+    if tool_choice == "auto" and structures is not None and not constrained:
+        return {"structural_tag": json.dumps(structures)}
     if tool_choice in ("none", "auto"):
         return {}
     if constrained:
@@ -451,11 +466,11 @@ def _tool_choice_grammar(tool_choice: str | Tool, tools: list[Tool], params: dic
     return {"json_schema": json.dumps(tool_call_schema([t for t in forced if isinstance(t, Tool)]))}
 
 
-def _split_calls(text: str, tool_names: set[str], parser: str,
+def _split_calls(text: str, tool_names: set[str], parser: str, template: str | None,
                  is_parallel: bool = True) -> tuple[str | None, list[ToolCall]]:
-    """(content, calls) of one choice's text; without tools, the text as is. Not `is_parallel`
-    (`parallel_tool_calls: false`): the first call only."""
-    content, calls = parse_tool_calls(text, tool_names, parser) if tool_names else (text, [])
+    """(content, calls) of one choice's text in `parser`'s format (with this chat template);
+    without tools, the text as is. Not `is_parallel` (`parallel_tool_calls: false`): the first call only."""
+    content, calls = parse_tool_calls(text, tool_names, parser, template) if tool_names else (text, [])
     return content, calls if is_parallel else calls[:1]
 
 

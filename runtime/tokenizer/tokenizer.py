@@ -65,16 +65,19 @@ class Tokenizer:
     def apply_chat_template(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, chat_template: str | None = None,
         continue_final_message: bool = False, template_kwargs: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
         """The prompt text of `messages`. `continue_final_message`: the last message (the
         assistant's) is left open to be continued, and no generation prompt follows it;
-        `template_kwargs` are variables for the template (SGLang's `chat_template_kwargs`)."""
+        `template_kwargs` are variables for the template (SGLang's `chat_template_kwargs`);
+        `tools` (OpenAI's shape) for a template that renders them."""
         template = chat_template or self.chat_template
         if template is None:
             raise ValueError("this model's tokenizer has no chat template; pass --chat-template")
         return self._tok.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=add_generation_prompt and not continue_final_message,
-            chat_template=template, continue_final_message=continue_final_message, **(template_kwargs or {}),
+            chat_template=template, continue_final_message=continue_final_message, tools=tools,
+            **(template_kwargs or {}),
         )
 
 

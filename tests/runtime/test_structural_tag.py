@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from grammar_backends_testing import grammar_backend
 
-from radixlm.formats.tool_calls import parse_tool_calls, parse_tools, tool_call_structures
+from radixlm.formats.tool_calls import parse_tools
+from radixlm.formats.tool_formats import parse_tool_calls, tool_call_structures
 from radixlm.runtime.constrained import backends
 from radixlm.runtime.constrained.errors import GrammarError
 from radixlm.runtime.constrained.structural_tag import _no_raw_controls, normalize_structural_tag

@@ -18,12 +18,12 @@ from radixlm.formats.tool_calls import (
     ToolCall,
     ToolSpecError,
     add_tools_to_messages,
-    parse_tool_calls,
     parse_tool_choice,
     parse_tools,
     render_history_calls,
     tool_call_schema,
 )
+from radixlm.formats.tool_formats import parse_tool_calls
 from radixlm.runtime.constrained.json_schema import schema_to_regex
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"],

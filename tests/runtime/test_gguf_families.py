@@ -1,0 +1,173 @@
+"""GGUF files of every issue-35 family, read from the file alone (gguf_convert).
+
+Each family's tiny random-weight model is built by transformers from its config class and saved;
+tests/gguf_testing.py writes it as llama.cpp's converter would (F32, so the conversion must be
+exact). Checked: (a) transformers' own GGUF loader reads our test file back to the source
+weights, where it supports the architecture (validates the test writer independently of our
+reader); (b) our config.json equals the one the source model saved and our tensors equal its
+checkpoint bit for bit (Gemma norms: llama.cpp stores 1 + w in float32, so w comes back within
+one float32 ulp of 1); (c) the runtime on the converted GGUF gives the source model's greedy
+output (the families the runtime runs; extend RUNTIME_FAMILIES as it learns more).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf_testing import FAMILIES, tiny_family_model, write_gguf
+from safetensors.torch import load_file
+
+from radixlm.runtime.model.gguf_config import llama3_rope
+from radixlm.runtime.model.gguf_convert import convert_gguf
+from radixlm.runtime.model.model_files import QUANTIZED_FILE, load_quantized
+
+# Families transformers' GGUF loader reads (its TENSOR_PROCESSORS / config mapping); Mistral's
+# file is a `llama` one. It reads no `llama` file with experts (Mixtral), olmo2, granite, smollm3, olmoe.
+TRANSFORMERS_READS = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "phi3", "gemma2", "gemma3")
+RUNTIME_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+GEMMA_NORM_ATOL = 2**-23  # |(1 + w) - 1 - w| after float32 rounding of 1 + w, for |w| < 1
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family_files(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, Path]:
+    """(family, source HF dir, converted dir) for one family."""
+    family = request.param
+    root = tmp_path_factory.mktemp(family)
+    source, converted = root / "hf", root / "converted"
+    source.mkdir()
+    converted.mkdir()
+    tiny_family_model(family, source)
+    write_gguf(source, root / f"{family}.gguf", family)
+    convert_gguf(root / f"{family}.gguf", converted)
+    return family, source, converted
+
+
+def test_converted_config_equals_the_source_config(family_files: tuple[str, Path, Path]) -> None:
+    family, source, converted = family_files
+    want = json.loads((source / "config.json").read_text())
+    got = json.loads((converted / "config.json").read_text())
+    want.pop("transformers_version")
+    if family == "mistral":  # llama.cpp writes Mistral as `llama`: the same model, as LlamaForCausalLM
+        assert got.pop("architectures") == ["LlamaForCausalLM"] and got.pop("model_type") == "llama"
+        for key in ("architectures", "model_type", "sliding_window"):  # no window: the tiny Mistral has none
+            want.pop(key)
+        for key in ("attention_bias", "mlp_bias", "pretraining_tp"):  # Llama's fields, at their defaults
+            got.pop(key)
+    if family == "phi3":  # Phi3Config saves no head_dim; ours states the one it derives
+        assert got.pop("head_dim") == want["hidden_size"] // want["num_attention_heads"]
+    assert got == want
+
+
+def test_converted_tensors_equal_the_source_checkpoint(family_files: tuple[str, Path, Path]) -> None:
+    family, source, converted = family_files
+    want = load_file(source / "model.safetensors")
+    got = load_file(converted / "model.safetensors")
+    assert sorted(got) == sorted(want)
+    for name, tensor in want.items():
+        if family.startswith("gemma") and name.endswith("norm.weight"):
+            torch.testing.assert_close(got[name], tensor, rtol=0, atol=GEMMA_NORM_ATOL, msg=name)
+        else:
+            assert torch.equal(got[name], tensor), name
+    assert not (converted / QUANTIZED_FILE).exists()  # F32 file: nothing kept quantized
+
+
+def test_converted_tokenizer_carries_the_template(family_files: tuple[str, Path, Path]) -> None:
+    from transformers import AutoTokenizer
+
+    _, _, converted = family_files
+    tokenizer = AutoTokenizer.from_pretrained(converted)
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "hell"}], tokenize=False, add_generation_prompt=True)
+    assert text == "<|im_start|>user\nhell<|im_end|>\n<|im_start|>assistant\n"
+    assert tokenizer.encode("<|im_start|>hell") == [1, 262]
+
+
+@pytest.mark.parametrize("family", TRANSFORMERS_READS)
+def test_transformers_reads_our_test_gguf_as_the_source(family: str, tmp_path: Path) -> None:
+    """Validates the test writer: transformers' own GGUF loader gets the source weights back."""
+    import transformers
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    (tmp_path / "hf").mkdir()
+    model = tiny_family_model(family, tmp_path / "hf")
+    write_gguf(tmp_path / "hf", tmp_path / "m.gguf", family)
+    config = model.config
+    if family == "mistral":  # a `llama` file: transformers reads it as Llama (same weights and names)
+        fields = {k: v for k, v in config.to_dict().items() if k not in ("model_type", "architectures")}
+        config = transformers.LlamaConfig(**fields)
+    with torch.device("meta"):  # supplies the HF names; the loader reads heads etc. from the file
+        skeleton = transformers.AutoModelForCausalLM.from_config(config)
+    loaded = load_gguf_checkpoint(tmp_path / "m.gguf", return_tensors=True, model_to_load=skeleton, torch_dtype=torch.float32)
+    tensors = loaded["tensors"]
+    want = {k: v for k, v in model.state_dict().items() if not (k == "lm_head.weight" and config.tie_word_embeddings)}
+    assert sorted(tensors) == sorted(want)
+    for name, tensor in want.items():
+        atol = GEMMA_NORM_ATOL if family.startswith("gemma") and "norm" in name else 0.0
+        torch.testing.assert_close(tensors[name].float().reshape(tensor.shape), tensor, rtol=0, atol=atol, msg=name)
+
+
+@pytest.mark.parametrize("family", RUNTIME_FAMILIES)
+def test_runtime_on_the_converted_gguf_matches_the_source_greedy(family: str, tmp_path: Path) -> None:
+    from radixlm.runtime.engine import Engine
+
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "converted").mkdir()
+    model = tiny_family_model(family, tmp_path / "hf")
+    write_gguf(tmp_path / "hf", tmp_path / "m.gguf", family)
+    convert_gguf(tmp_path / "m.gguf", tmp_path / "converted")
+    prompts = [[1, 7, 8, 9, 10], list(range(20, 45))]
+    with Engine(str(tmp_path / "converted"), dtype="float32", max_total_tokens=1024, random_seed=0) as engine:
+        ours = engine.generate(input_ids=prompts, sampling_params={"temperature": 0, "max_new_tokens": 12, "ignore_eos": True})
+    for prompt, out in zip(prompts, ours):
+        with torch.no_grad():
+            ref = model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)
+        assert out["output_ids"] == ref[0, len(prompt):].tolist()
+
+
+def test_quantized_experts_are_kept_per_expert(tmp_path: Path) -> None:
+    """A Q8_0 stacked-experts tensor is split into each expert's blocks, as gguf quantizes that
+    expert's rows; its float copy is gguf's dequantization of them."""
+    from gguf.quants import dequantize, quantize
+
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "out").mkdir()
+    tiny_family_model("qwen3_moe", tmp_path / "hf")
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    write_gguf(tmp_path / "hf", tmp_path / "m.gguf", "qwen3_moe", tensor_types={"blk.1.ffn_up_exps.weight": q8})
+    convert_gguf(tmp_path / "m.gguf", tmp_path / "out")
+    blocks = load_quantized(tmp_path / "out")
+    assert sorted(blocks) == [f"model.layers.1.mlp.experts.{e}.up_proj.weight" for e in range(4)]
+    source = load_file(tmp_path / "hf" / "model.safetensors")
+    floats = load_file(tmp_path / "out" / "model.safetensors")
+    for name, qt in blocks.items():
+        want = quantize(source[name].numpy(), q8)
+        assert qt.fmt == "q8_0" and np.array_equal(qt.raw.numpy(), want), name
+        assert np.array_equal(floats[name].numpy(), dequantize(want, q8)), name
+
+
+def _llama_cpp_rope_freqs(rope: dict, head_dim: int) -> np.ndarray:
+    """llama.cpp's converter's `rope_freqs` for Llama 3 rope scaling (written here independently)."""
+    theta, factor, old = rope["rope_theta"], rope["factor"], rope["original_max_position_embeddings"]
+    low, high = rope["low_freq_factor"], rope["high_freq_factor"]
+    out = []
+    for i in range(0, head_dim, 2):
+        wavelen = 2 * np.pi * theta ** (i / head_dim)
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+@pytest.mark.parametrize("factor,high", [(8.0, 4.0), (32.0, 4.0), (16.0, 2.0)])
+def test_llama3_rope_is_recovered_from_rope_freqs(factor: float, high: float) -> None:
+    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": factor, "low_freq_factor": 1.0,
+            "high_freq_factor": high, "original_max_position_embeddings": 8192}
+    assert llama3_rope(_llama_cpp_rope_freqs(rope, 128), 500000.0, 128) == rope

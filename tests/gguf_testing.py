@@ -37,6 +37,15 @@ _MOE = dict(num_experts_per_tok=2)
 # family -> (transformers model_type, GGUF architecture, config overrides of _TINY)
 FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "llama": ("llama", "llama", {}),
+    "llama3": (  # Llama 3 rope scaling: llama.cpp stores it as the tensor rope_freqs; head_dim 64 puts
+        "llama",  # 3 frequencies in the smooth band, enough to recover the parameters
+        "llama",
+        dict(
+            head_dim=64, tie_word_embeddings=True, max_position_embeddings=1024,
+            rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                             "high_freq_factor": 4.0, "original_max_position_embeddings": 256},
+        ),
+    ),
     "mistral": ("mistral", "llama", dict(sliding_window=None)),
     "mixtral": ("mixtral", "llama", dict(_MOE, num_local_experts=4)),
     "qwen2": ("qwen2", "qwen2", dict(rope_theta=1000000.0)),
@@ -67,7 +76,7 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "olmoe": ("olmoe", "olmoe", dict(_MOE, num_experts=4, intermediate_size=32)),
 }
 # Families whose GGUF llama.cpp's converter writes with q/k rows permuted (its LlamaModel subclasses).
-PERMUTED = frozenset({"llama", "mistral", "mixtral", "granite", "smollm3"})
+PERMUTED = frozenset({"llama", "llama3", "mistral", "mixtral", "granite", "smollm3"})
 
 
 def byte_alphabet() -> list[str]:
@@ -171,8 +180,28 @@ def _add_tensor(writer: gguf.GGUFWriter, name: str, values: np.ndarray, qtype: A
     writer.add_tensor(name, quantize(values, qtype), raw_dtype=qtype)
 
 
+def llama3_rope_freqs(rope: dict[str, Any], head_dim: int) -> np.ndarray:
+    """llama.cpp's converter's `rope_freqs` for Llama 3 rope scaling (written here independently):
+    per frequency, the divisor of the frequency."""
+    theta, factor, old = rope["rope_theta"], rope["factor"], rope["original_max_position_embeddings"]
+    low, high = rope["low_freq_factor"], rope["high_freq_factor"]
+    out = []
+    for i in range(0, head_dim, 2):
+        wavelen = 2 * np.pi * theta ** (i / head_dim)
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
 def _rope_tensors(config: dict[str, Any]) -> dict[str, np.ndarray]:
     rope = config.get("rope_parameters") or {}
+    if rope.get("rope_type") == "llama3":
+        return {"rope_freqs.weight": llama3_rope_freqs(rope, config["head_dim"])}
     if rope.get("rope_type") != "longrope":
         return {}
     return {

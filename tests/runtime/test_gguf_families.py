@@ -19,7 +19,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from gguf_testing import FAMILIES, tiny_family_model, write_gguf
+from gguf_testing import FAMILIES, llama3_rope_freqs, tiny_family_model, write_gguf
 from safetensors.torch import load_file
 
 from radixlm.runtime.model.gguf_config import llama3_rope
@@ -28,8 +28,8 @@ from radixlm.runtime.model.model_files import QUANTIZED_FILE, load_quantized
 
 # Families transformers' GGUF loader reads (its TENSOR_PROCESSORS / config mapping); Mistral's
 # file is a `llama` one. It reads no `llama` file with experts (Mixtral), olmo2, granite, smollm3, olmoe.
-TRANSFORMERS_READS = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "phi3", "gemma2", "gemma3")
-RUNTIME_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+TRANSFORMERS_READS = ("llama", "llama3", "mistral", "qwen2", "qwen3", "qwen3_moe", "phi3", "gemma2", "gemma3")
+RUNTIME_FAMILIES = ("llama", "llama3", "mistral", "qwen2", "qwen3")
 GEMMA_NORM_ATOL = 2**-23  # |(1 + w) - 1 - w| after float32 rounding of 1 + w, for |w| < 1
 
 
@@ -149,25 +149,8 @@ def test_quantized_experts_are_kept_per_expert(tmp_path: Path) -> None:
         assert np.array_equal(floats[name].numpy(), dequantize(want, q8)), name
 
 
-def _llama_cpp_rope_freqs(rope: dict, head_dim: int) -> np.ndarray:
-    """llama.cpp's converter's `rope_freqs` for Llama 3 rope scaling (written here independently)."""
-    theta, factor, old = rope["rope_theta"], rope["factor"], rope["original_max_position_embeddings"]
-    low, high = rope["low_freq_factor"], rope["high_freq_factor"]
-    out = []
-    for i in range(0, head_dim, 2):
-        wavelen = 2 * np.pi * theta ** (i / head_dim)
-        if wavelen < old / high:
-            out.append(1.0)
-        elif wavelen > old / low:
-            out.append(factor)
-        else:
-            smooth = (old / wavelen - low) / (high - low)
-            out.append(1 / ((1 - smooth) / factor + smooth))
-    return np.array(out, dtype=np.float32)
-
-
 @pytest.mark.parametrize("factor,high", [(8.0, 4.0), (32.0, 4.0), (16.0, 2.0)])
 def test_llama3_rope_is_recovered_from_rope_freqs(factor: float, high: float) -> None:
     rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": factor, "low_freq_factor": 1.0,
             "high_freq_factor": high, "original_max_position_embeddings": 8192}
-    assert llama3_rope(_llama_cpp_rope_freqs(rope, 128), 500000.0, 128) == rope
+    assert llama3_rope(llama3_rope_freqs(rope, 128), 500000.0, 128) == rope

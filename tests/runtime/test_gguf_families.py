@@ -128,24 +128,30 @@ def test_runtime_on_the_converted_gguf_matches_the_source_greedy(family: str, tm
         assert out["output_ids"] == ref[0, len(prompt):].tolist()
 
 
-def test_quantized_experts_are_kept_per_expert(tmp_path: Path) -> None:
-    """A Q8_0 stacked-experts tensor is split into each expert's blocks, as gguf quantizes that
-    expert's rows; its float copy is gguf's dequantization of them."""
+@pytest.mark.parametrize("family,up_proj", [("qwen3_moe", "mlp.experts.{e}.up_proj"), ("mixtral", "block_sparse_moe.experts.{e}.w3")])
+def test_quantized_tensors_are_kept_per_expert_and_unpermuted(family: str, up_proj: str, tmp_path: Path) -> None:
+    """Q8_0 tensors stay as blocks: a stacked-experts tensor split into each expert's blocks, q/k
+    rows (permuted in a Mixtral file) put back; each equals gguf's quantization of the source
+    weight, and its float copy gguf's dequantization of that."""
     from gguf.quants import dequantize, quantize
 
     (tmp_path / "hf").mkdir()
     (tmp_path / "out").mkdir()
-    tiny_family_model("qwen3_moe", tmp_path / "hf")
+    tiny_family_model(family, tmp_path / "hf")
     q8 = gguf.GGMLQuantizationType.Q8_0
-    write_gguf(tmp_path / "hf", tmp_path / "m.gguf", "qwen3_moe", tensor_types={"blk.1.ffn_up_exps.weight": q8})
+    kept = ("blk.1.ffn_up_exps.weight", "blk.0.attn_q.weight", "blk.0.attn_k.weight")
+    write_gguf(tmp_path / "hf", tmp_path / "m.gguf", family, tensor_types=dict.fromkeys(kept, q8))
     convert_gguf(tmp_path / "m.gguf", tmp_path / "out")
     blocks = load_quantized(tmp_path / "out")
-    assert sorted(blocks) == [f"model.layers.1.mlp.experts.{e}.up_proj.weight" for e in range(4)]
+    want_names = [f"model.layers.1.{up_proj.format(e=e)}.weight" for e in range(4)]
+    want_names += ["model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight"]
+    assert sorted(blocks) == sorted(want_names)
     source = load_file(tmp_path / "hf" / "model.safetensors")
     floats = load_file(tmp_path / "out" / "model.safetensors")
     for name, qt in blocks.items():
         want = quantize(source[name].numpy(), q8)
-        assert qt.fmt == "q8_0" and np.array_equal(qt.raw.numpy(), want), name
+        assert qt.fmt == "q8_0" and qt.shape == tuple(source[name].shape), name
+        assert np.array_equal(qt.raw.numpy(), want), name
         assert np.array_equal(floats[name].numpy(), dequantize(want, q8)), name
 
 

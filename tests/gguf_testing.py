@@ -102,7 +102,7 @@ def tiny_family_model(family: str, out_dir: Path, seed: int = 0, **overrides: An
     import transformers
 
     model_type, _, extra = FAMILIES[family]
-    fields = {**_TINY, **extra, **overrides, "vocab_size": len(tiny_vocab())}
+    fields = {**_TINY, **extra, "vocab_size": len(tiny_vocab()), **overrides}
     if fields.get("head_dim") is None:
         fields.pop("head_dim")
     config = transformers.AutoConfig.for_model(model_type, **fields)
@@ -145,17 +145,23 @@ def _checkpoint_tensors(model_dir: Path, family: str, config: dict[str, Any]) ->
 
 
 def write_gguf(
-    model_dir: Path, path: Path, family: str, split_max_tensors: int = 0, tensor_types: dict[str, Any] | None = None
+    model_dir: Path, path: Path, family: str, split_max_tensors: int = 0, tensor_types: dict[str, Any] | None = None,
+    tokenizer: str = "bpe", add_bos_token: bool | None = None,
 ) -> list[Path]:
     """Write `model_dir`'s model as llama.cpp would; returns the files written (shards if split).
     `tensor_types`: GGUF name -> gguf.GGMLQuantizationType for tensors to quantize (with gguf's own
-    quantizer), the rest stay F32."""
+    quantizer), the rest stay F32. `tokenizer`: "bpe" (tiny_vocab) or "spm" (spm_vocab; the model's
+    vocab_size must be len(SPM_VOCAB))."""
     config = json.loads((model_dir / "config.json").read_text())
     arch_name = FAMILIES[family][1]
     arch = next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch_name)
     names = gguf.get_tensor_name_map(arch, config["num_hidden_layers"])
     writer = gguf.GGUFWriter(path, arch_name, split_max_tensors=split_max_tensors)
     _write_metadata(writer, config, family)
+    if tokenizer == "spm":
+        write_spm_tokenizer_metadata(writer, add_bos_token)
+    else:
+        write_tokenizer_metadata(writer, bool(add_bos_token))
     for name, tensor in _checkpoint_tensors(model_dir, family, config).items():
         gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
         assert gguf_name is not None, name
@@ -246,10 +252,9 @@ def _write_metadata(writer: gguf.GGUFWriter, cfg: dict[str, Any], family: str) -
         writer.add_embedding_scale(cfg["embedding_multiplier"])
         writer.add_residual_scale(cfg["residual_multiplier"])
         writer.add_logit_scale(cfg["logits_scaling"])
-    write_tokenizer_metadata(writer)
 
 
-def write_tokenizer_metadata(writer: gguf.GGUFWriter) -> None:
+def write_tokenizer_metadata(writer: gguf.GGUFWriter, add_bos_token: bool = False) -> None:
     """The tiny GPT-2-style BPE vocabulary, ChatML special tokens and template."""
     vocab = tiny_vocab()
     writer.add_tokenizer_model("gpt2")
@@ -261,5 +266,42 @@ def write_tokenizer_metadata(writer: gguf.GGUFWriter) -> None:
     writer.add_eos_token_id(EOS_ID)
     writer.add_pad_token_id(EOS_ID)
     writer.add_unk_token_id(0)
-    writer.add_add_bos_token(False)
+    writer.add_add_bos_token(add_bos_token)
+    writer.add_chat_template(CHAT_TEMPLATE)
+
+
+# A tiny SentencePiece-style BPE vocabulary (Llama 2 / Mistral shape: "▁" for spaces, byte fallback).
+SPM_PIECES = ["▁", "h", "e", "l", "o", "w", "r", "d", "▁h", "he", "ll", "▁he", "▁hell", "▁hello", "▁w", "or", "▁wor",
+              "▁worl", "▁world"]
+SPM_MERGES = [("▁", "h"), ("h", "e"), ("l", "l"), ("▁h", "e"), ("▁he", "ll"), ("▁hell", "o"), ("▁", "w"), ("o", "r"),
+              ("▁w", "or"), ("▁wor", "l"), ("▁worl", "d")]
+SPM_VOCAB = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + SPM_PIECES
+
+
+def spm_tokenizer() -> Any:
+    """The source tokenizer of SPM_VOCAB: transformers' Llama tokenizer (as Llama 2 / Mistral repos have)."""
+    from transformers import LlamaTokenizer
+
+    return LlamaTokenizer(vocab={t: i for i, t in enumerate(SPM_VOCAB)}, merges=SPM_MERGES)
+
+
+def write_spm_tokenizer_metadata(writer: gguf.GGUFWriter, add_bos_token: bool | None = None) -> None:
+    """SPM_VOCAB as llama.cpp writes a sentencepiece vocabulary: model "llama", a score per piece
+    (a merged piece ranks by its merge; single characters below all merges), token types (2 unknown,
+    3 control, 6 byte, 1 normal). `add_bos_token` None: no key (llama.cpp then adds BOS)."""
+    merged = {a + b: i for i, (a, b) in enumerate(SPM_MERGES)}
+    scores, types = [], []
+    for index, token in enumerate(SPM_VOCAB):
+        scores.append(-float(merged[token]) if token in merged else -1000.0 - index)
+        types.append(2 if token == "<unk>" else 3 if token in ("<s>", "</s>") else 6 if token.startswith("<0x") else 1)
+    writer.add_tokenizer_model("llama")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(SPM_VOCAB)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    if add_bos_token is not None:
+        writer.add_add_bos_token(add_bos_token)
     writer.add_chat_template(CHAT_TEMPLATE)

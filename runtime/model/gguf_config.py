@@ -97,7 +97,8 @@ def _read_metadata(
         bos_token_id=fields["bos_token_id"],
         eos_token_id=fields["eos_token_id"],
         pad_token_id=fields["pad_token_id"],
-        add_bos_token=bool(get("tokenizer.ggml.add_bos_token", False)),
+        # llama.cpp adds BOS to a sentencepiece ("llama") vocabulary unless the file says otherwise
+        add_bos_token=bool(get("tokenizer.ggml.add_bos_token", get("tokenizer.ggml.model", None) == "llama")),
         chat_template=get("tokenizer.chat_template", None),
         tokenizer_pre=get("tokenizer.ggml.pre", None),
     )

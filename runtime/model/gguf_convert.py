@@ -326,6 +326,7 @@ def write_tokenizer(gguf_path: Path, out_dir: Path, meta: GgufMetadata) -> None:
                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
             ]
         )
+    _make_bos_agree(tokenizer, meta.add_bos_token, meta.bos_token_id)
     if meta.eos_token_id is not None and tokenizer.eos_token_id != meta.eos_token_id:
         raise ModelLoadError(f"{gguf_path}: tokenizer eos id {tokenizer.eos_token_id} != {meta.eos_token_id}")
     tokenizer.save_pretrained(str(out_dir))
@@ -338,6 +339,26 @@ def write_tokenizer(gguf_path: Path, out_dir: Path, meta: GgufMetadata) -> None:
     if meta.chat_template is not None:
         config["chat_template"] = meta.chat_template
     _write_json(config_path, config)
+
+
+def _make_bos_agree(tokenizer: Any, add_bos: bool, bos_id: int | None) -> None:
+    """Make `tokenizer.encode` add BOS iff the file says llama.cpp does (transformers' builder adds
+    it to every sentencepiece vocabulary, whatever the file's `add_bos_token`)."""
+    from tokenizers import processors
+
+    if bos_id is None:
+        return
+    adds_bos = tokenizer.backend_tokenizer.encode("a", add_special_tokens=True).ids[:1] == [bos_id]
+    if adds_bos == add_bos:
+        return
+    bos = tokenizer.convert_ids_to_tokens(bos_id)
+    if add_bos:
+        template = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B:1", special_tokens=[(bos, bos_id)])
+    else:
+        template = processors.TemplateProcessing(single="$A", pair="$A $B:1", special_tokens=[])
+    current = tokenizer.backend_tokenizer.post_processor
+    is_template = current is None or isinstance(current, processors.TemplateProcessing)
+    tokenizer.backend_tokenizer.post_processor = template if is_template else processors.Sequence([current, template])
 
 
 def _write_json(path: Path, obj: dict[str, Any]) -> None:

@@ -19,7 +19,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from gguf_testing import FAMILIES, llama3_rope_freqs, tiny_family_model, write_gguf
+from gguf_testing import FAMILIES, SPM_VOCAB, llama3_rope_freqs, spm_tokenizer, tiny_family_model, write_gguf
 from safetensors.torch import load_file
 
 from radixlm.runtime.model.gguf_config import llama3_rope
@@ -160,3 +160,42 @@ def test_llama3_rope_is_recovered_from_rope_freqs(factor: float, high: float) ->
     rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": factor, "low_freq_factor": 1.0,
             "high_freq_factor": high, "original_max_position_embeddings": 8192}
     assert llama3_rope(llama3_rope_freqs(rope, 128), 500000.0, 128) == rope
+
+
+SPM_TEXTS = ["hello world", " hello", "héllo  wörld!", "hello\nworld", "world hello hello"]
+
+
+@pytest.mark.parametrize("add_bos", [None, False, True])
+def test_sentencepiece_vocabulary_converts_to_the_source_tokenizer(add_bos: bool | None, tmp_path: Path) -> None:
+    """A `llama` (sentencepiece) tokenizer, as Mistral / Llama 2 GGUFs carry: the converted tokenizer
+    splits text as the source tokenizer does, and adds BOS as llama.cpp does (the file's
+    add_bos_token; without one, it adds BOS)."""
+    from transformers import AutoTokenizer
+
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "out").mkdir()
+    tiny_family_model("mistral", tmp_path / "hf", vocab_size=len(SPM_VOCAB))
+    write_gguf(tmp_path / "hf", tmp_path / "m.gguf", "mistral", tokenizer="spm", add_bos_token=add_bos)
+    convert_gguf(tmp_path / "m.gguf", tmp_path / "out")
+    ours, source = AutoTokenizer.from_pretrained(tmp_path / "out"), spm_tokenizer()
+    for text in SPM_TEXTS:
+        want = source.encode(text, add_special_tokens=False)
+        assert ours.encode(text, add_special_tokens=False) == want, text
+        assert ours.encode(text) == ([1] if add_bos is not False else []) + want, text
+        assert ours.decode(want) == source.decode(want), text
+    assert (ours.bos_token, ours.eos_token, ours.unk_token) == ("<s>", "</s>", "<unk>")
+    assert json.loads((tmp_path / "out" / "tokenizer_config.json").read_text())["add_bos_token"] is (add_bos is not False)
+
+
+def test_byte_level_vocabulary_adds_bos_when_the_file_says_so(tmp_path: Path) -> None:
+    """Llama 3 GGUFs: a GPT-2-style vocabulary with add_bos_token true; the tokenizer adds BOS."""
+    from transformers import AutoTokenizer
+
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "out").mkdir()
+    tiny_family_model("llama", tmp_path / "hf")
+    write_gguf(tmp_path / "hf", tmp_path / "m.gguf", "llama", add_bos_token=True)
+    convert_gguf(tmp_path / "m.gguf", tmp_path / "out")
+    ours = AutoTokenizer.from_pretrained(tmp_path / "out")
+    assert ours.encode("hell wo") == [1, 262, 261, 3 + ord("o")]  # "o": byte 111 after 3 specials
+    assert ours.decode(ours.encode("hell wo"), skip_special_tokens=True) == "hell wo"

@@ -278,11 +278,16 @@ SPM_MERGES = [("▁", "h"), ("h", "e"), ("l", "l"), ("▁h", "e"), ("▁he", "ll
 SPM_VOCAB = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + SPM_PIECES
 
 
-def spm_tokenizer() -> Any:
-    """The source tokenizer of SPM_VOCAB: transformers' Llama tokenizer (as Llama 2 / Mistral repos have)."""
-    from transformers import LlamaTokenizer
+def spm_tokenizer(family: str = "mistral") -> Any:
+    """The source tokenizer of SPM_VOCAB: transformers' Gemma tokenizer for Gemma, its Llama
+    tokenizer (as Llama 2 / Mistral repos have) otherwise."""
+    from transformers import GemmaTokenizer, LlamaTokenizer
 
-    return LlamaTokenizer(vocab={t: i for i, t in enumerate(SPM_VOCAB)}, merges=SPM_MERGES)
+    vocab = {t: i for i, t in enumerate(SPM_VOCAB)}
+    if family.startswith("gemma"):
+        return GemmaTokenizer(vocab=vocab, merges=SPM_MERGES, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                              pad_token="<unk>")
+    return LlamaTokenizer(vocab=vocab, merges=SPM_MERGES)
 
 
 def write_spm_tokenizer_metadata(writer: gguf.GGUFWriter, add_bos_token: bool | None = None) -> None:

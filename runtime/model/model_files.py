@@ -78,7 +78,7 @@ def resolve_model_path(model_path: str | os.PathLike[str] | None) -> Path:
     if not path.exists():
         raise ModelLoadError(f"{path}: no such file or directory")
     if path.is_dir():
-        if not (path / "config.json").is_file():
+        if _is_gguf_dir(path):
             return gguf_model_dir(single_gguf_in(path))
         validate_model_dir(path)
         return path
@@ -88,6 +88,16 @@ def resolve_model_path(model_path: str | os.PathLike[str] | None) -> Path:
         f"{path}: not a model directory or a .gguf file (expected an HF model directory with "
         "config.json, a .gguf file or the first shard of a split GGUF, or a directory holding one GGUF)"
     )
+
+
+def _is_gguf_dir(model_dir: Path) -> bool:
+    """No config.json, or GGUF files and no safetensors weights (a GGUF repo with a config.json)."""
+    if not (model_dir / "config.json").is_file():
+        return True
+    has_weights = (model_dir / "model.safetensors.index.json").is_file() or any(
+        f.name != QUANTIZED_FILE for f in model_dir.glob("*.safetensors")
+    )
+    return not has_weights and any(f.suffix.lower() == ".gguf" for f in model_dir.iterdir())
 
 
 def single_gguf_in(model_dir: Path) -> Path:
@@ -171,7 +181,9 @@ def safetensors_files(model_dir: Path) -> list[Path]:
     else:
         files = sorted(f for f in model_dir.glob("*.safetensors") if f.name != QUANTIZED_FILE)
     if not files:
-        raise ModelLoadError(f"{model_dir}: no *.safetensors weight files")
+        others = sorted(f.name for f in model_dir.iterdir() if f.suffix in (".bin", ".pt", ".pth", ".ckpt"))
+        found = f" (found {', '.join(others[:4])}: only safetensors weights are read)" if others else ""
+        raise ModelLoadError(f"{model_dir}: no *.safetensors weight files{found}")
     return files
 
 

@@ -311,6 +311,8 @@ def test_dir_holding_one_gguf_resolves_to_it(tmp_cache: Path, tmp_path: Path, ti
     (folder / "README.md").write_text("a model card")
     os.link(tiny_gguf, folder / tiny_gguf.name)
     assert resolve_model_path(folder) == resolve_model_path(folder / tiny_gguf.name)
+    (folder / "config.json").write_text("{}")  # GGUF repos may carry one: no safetensors, so the GGUF counts
+    assert resolve_model_path(folder) == resolve_model_path(folder / tiny_gguf.name)
     (folder / "other.gguf").write_bytes(b"")
     with pytest.raises(ModelLoadError, match=r"holds 2 GGUF models \(other.gguf, tiny-llama.gguf\).*pass one"):
         resolve_model_path(folder)
@@ -380,7 +382,10 @@ def test_dir_without_weights_or_tokenizer(tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError, match="no tokenizer"):
         resolve_model_path(model_dir)
     (model_dir / "model.safetensors").unlink()
-    with pytest.raises(ModelLoadError, match=r"no \*.safetensors"):
+    with pytest.raises(ModelLoadError, match=r"no \*.safetensors weight files$"):
+        resolve_model_path(model_dir)
+    (model_dir / "pytorch_model.bin").write_bytes(b"")
+    with pytest.raises(ModelLoadError, match=r"no \*.safetensors weight files \(found pytorch_model.bin: only safetensors"):
         resolve_model_path(model_dir)
 
 

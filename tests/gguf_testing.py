@@ -146,12 +146,13 @@ def _checkpoint_tensors(model_dir: Path, family: str, config: dict[str, Any]) ->
 
 def write_gguf(
     model_dir: Path, path: Path, family: str, split_max_tensors: int = 0, tensor_types: dict[str, Any] | None = None,
-    tokenizer: str = "bpe", add_bos_token: bool | None = None,
+    tokenizer: str = "bpe", add_bos_token: bool | None = None, legacy_experts: bool = False,
 ) -> list[Path]:
     """Write `model_dir`'s model as llama.cpp would; returns the files written (shards if split).
     `tensor_types`: GGUF name -> gguf.GGMLQuantizationType for tensors to quantize (with gguf's own
     quantizer), the rest stay F32. `tokenizer`: "bpe" (tiny_vocab) or "spm" (spm_vocab; the model's
-    vocab_size must be len(SPM_VOCAB))."""
+    vocab_size must be len(SPM_VOCAB)). `legacy_experts`: each expert apart, `blk.N.ffn_gate.E.weight`
+    (older llama.cpp's Mixtral files), not stacked."""
     config = json.loads((model_dir / "config.json").read_text())
     arch_name = FAMILIES[family][1]
     arch = next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch_name)
@@ -164,6 +165,10 @@ def write_gguf(
         write_tokenizer_metadata(writer, bool(add_bos_token))
     for name, tensor in _checkpoint_tensors(model_dir, family, config).items():
         gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        if legacy_experts and tensor.dim() == 3:
+            for e, part in enumerate(tensor):
+                writer.add_tensor(gguf_name.replace("_exps.weight", f".{e}.weight"), part.numpy().astype(np.float32))
+            continue
         assert gguf_name is not None, name
         _add_tensor(writer, gguf_name, tensor.numpy().astype(np.float32), (tensor_types or {}).get(gguf_name))
     for gguf_name, values in _rope_tensors(config).items():

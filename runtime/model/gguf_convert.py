@@ -40,6 +40,8 @@ if TYPE_CHECKING:
     from gguf.gguf_reader import ReaderTensor
 
 _LAYER_TENSOR_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+# Mixtral files of early 2024 (older llama.cpp) store each expert apart: blk.N.ffn_gate.E.weight
+_LEGACY_EXPERT_RE = re.compile(r"blk\.(\d+)\.(ffn_gate|ffn_up|ffn_down)\.(\d+)\.weight")
 
 # llama.cpp pre-tokenizer types whose text split is "each digit alone, then the GPT-2 regex"
 # (llama-vocab.cpp: `\p{N}` then the GPT-2 pattern). transformers' GGUF converter does not know
@@ -132,6 +134,10 @@ def hf_names(gguf_name: str, arch: GgufArch, num_experts: int) -> list[str] | No
     """The HF names of a llama.cpp tensor (several for stacked experts, in expert order), or None."""
     if gguf_name in GLOBAL_TENSOR_NAMES:
         return [GLOBAL_TENSOR_NAMES[gguf_name]]
+    legacy = _LEGACY_EXPERT_RE.fullmatch(gguf_name)
+    if legacy is not None and arch.expert_names and int(legacy[3]) < num_experts:
+        module = arch.expert_names[f"{legacy[2]}_exps"]
+        return [f"model.layers.{legacy[1]}.{module.format(e=int(legacy[3]))}.weight"]
     match = _LAYER_TENSOR_RE.fullmatch(gguf_name)
     if match is None:
         return None

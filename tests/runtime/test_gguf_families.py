@@ -204,3 +204,16 @@ def test_byte_level_vocabulary_adds_bos_when_the_file_says_so(tmp_path: Path) ->
     ours = AutoTokenizer.from_pretrained(tmp_path / "out")
     assert ours.encode("hell wo") == [1, 262, 261, 3 + ord("o")]  # "o": byte 111 after 3 specials
     assert ours.decode(ours.encode("hell wo"), skip_special_tokens=True) == "hell wo"
+
+
+def test_mixtral_with_experts_stored_apart(tmp_path: Path) -> None:
+    """Older llama.cpp wrote Mixtral's experts one tensor each (blk.N.ffn_gate.E.weight)."""
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "out").mkdir()
+    tiny_family_model("mixtral", tmp_path / "hf")
+    write_gguf(tmp_path / "hf", tmp_path / "m.gguf", "mixtral", legacy_experts=True)
+    assert "blk.0.ffn_gate.3.weight" in {t.name for t in gguf.GGUFReader(tmp_path / "m.gguf").tensors}
+    convert_gguf(tmp_path / "m.gguf", tmp_path / "out")
+    want, got = load_file(tmp_path / "hf" / "model.safetensors"), load_file(tmp_path / "out" / "model.safetensors")
+    assert sorted(got) == sorted(want)
+    assert all(torch.equal(got[name], tensor) for name, tensor in want.items())

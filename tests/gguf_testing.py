@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -147,12 +148,14 @@ def _checkpoint_tensors(model_dir: Path, family: str, config: dict[str, Any]) ->
 def write_gguf(
     model_dir: Path, path: Path, family: str, split_max_tensors: int = 0, tensor_types: dict[str, Any] | None = None,
     tokenizer: str = "bpe", add_bos_token: bool | None = None, legacy_experts: bool = False,
+    edit_metadata: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[Path]:
     """Write `model_dir`'s model as llama.cpp would; returns the files written (shards if split).
     `tensor_types`: GGUF name -> gguf.GGMLQuantizationType for tensors to quantize (with gguf's own
     quantizer), the rest stay F32. `tokenizer`: "bpe" (tiny_vocab) or "spm" (spm_vocab; the model's
     vocab_size must be len(SPM_VOCAB)). `legacy_experts`: each expert apart, `blk.N.ffn_gate.E.weight`
-    (older llama.cpp's Mixtral files), not stacked."""
+    (older llama.cpp's Mixtral files), not stacked. `edit_metadata(kv)` may change the key -> GGUFValue
+    dict before it is written (tests of bad files)."""
     config = json.loads((model_dir / "config.json").read_text())
     arch_name = FAMILIES[family][1]
     arch = next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch_name)
@@ -173,6 +176,8 @@ def write_gguf(
         _add_tensor(writer, gguf_name, tensor.numpy().astype(np.float32), (tensor_types or {}).get(gguf_name))
     for gguf_name, values in _rope_tensors(config).items():
         writer.add_tensor(gguf_name, values)
+    if edit_metadata is not None:
+        edit_metadata(writer.kv_data[0])
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from radixlm.runtime.model.gguf_arch import GgufArch, arch_for
+from radixlm.runtime.model.gguf_arch import ARCHES, GgufArch, arch_for
 from radixlm.runtime.model.model_files import ModelLoadError
 
 Getter = Callable[..., Any]  # get(key) or get(key, default)
@@ -62,6 +62,12 @@ def read_metadata(
         return _read_metadata(get, config_tensors, tensor_names, source)
     except KeyError as e:
         raise ModelLoadError(f"{source}: GGUF metadata key {e.args[0]!r} is missing") from e
+    except _Unsupported as e:
+        raise ModelLoadError(f"{source}: unsupported GGUF model: {e}") from e
+
+
+class _Unsupported(ValueError):
+    """Something in the metadata we cannot express as an HF config (the caller adds the file)."""
 
 
 def _read_metadata(
@@ -72,10 +78,12 @@ def _read_metadata(
     name = str(get("general.architecture"))
     num_experts = int(get(f"{name}.expert_count", 0))
     arch = arch_for(name, num_experts)
+    if arch is None and name in ARCHES:
+        has = f"{num_experts} experts" if num_experts else "no experts"
+        raise _Unsupported(f"a {name!r} file with {has} ({name}.expert_count), unlike every {name} model")
     if arch is None:
-        kind = "mixture-of-experts " if num_experts else ""
         raise ModelLoadError(
-            f"{source}: unsupported GGUF architecture {kind}{name!r} (supported: {', '.join(_supported())})"
+            f"{source}: unsupported GGUF architecture {name!r} (supported: {', '.join(_supported())})"
         )
     fields = _common_fields(get, name, tensor_names)
     fields.update(_FAMILY_FIELDS[arch.model_type](get, name, fields, config_tensors, tensor_names))
@@ -105,8 +113,6 @@ def _read_metadata(
 
 
 def _supported() -> list[str]:
-    from radixlm.runtime.model.gguf_arch import ARCHES
-
     return [*ARCHES, "llama with experts (Mixtral)"]
 
 
@@ -140,7 +146,7 @@ def _per_layer_constant(value: Any, key: str) -> int:
     """A count that some files give per layer (an array): we read only files where all are equal."""
     if isinstance(value, list):
         if len(set(value)) != 1:
-            raise ModelLoadError(f"unsupported GGUF model: {key} differs between layers ({value})")
+            raise _Unsupported(f"{key} differs between layers ({value})")
         value = value[0]
     return int(value)
 
@@ -149,7 +155,7 @@ def _check_rotary(get: Getter, a: str, fields: dict[str, Any], source: str) -> N
     rotary = int(get(f"{a}.rope.dimension_count", fields["head_dim"]))
     factor = fields.get("rope_parameters", {}).get("partial_rotary_factor", 1.0)
     if rotary != round(fields["head_dim"] * factor):
-        raise ModelLoadError(f"{source}: unsupported GGUF model: partial rotary embedding ({rotary} of {fields['head_dim']})")
+        raise _Unsupported(f"partial rotary embedding ({rotary} of {fields['head_dim']} dimensions)")
 
 
 def _rope(get: Getter, a: str, default_theta: float = 10000.0) -> dict[str, Any]:
@@ -158,13 +164,13 @@ def _rope(get: Getter, a: str, default_theta: float = 10000.0) -> dict[str, Any]
     kind = get(f"{a}.rope.scaling.type", "none")
     if kind == "none":
         return {"rope_type": "default", "rope_theta": theta}
+    if kind not in ("linear", "yarn"):
+        raise _Unsupported(f"rope scaling {kind!r} (supported: none, linear, yarn; Llama 3's as rope_freqs)")
     factor = _f32(get(f"{a}.rope.scaling.factor"))
     if kind == "linear":
         return {"rope_type": "linear", "rope_theta": theta, "factor": factor}
-    if kind == "yarn":
-        original = int(get(f"{a}.rope.scaling.original_context_length"))
-        return {"rope_type": "yarn", "rope_theta": theta, "factor": factor, "original_max_position_embeddings": original}
-    raise ModelLoadError(f"unsupported GGUF rope scaling {kind!r} (supported: none, linear, yarn)")
+    original = int(get(f"{a}.rope.scaling.original_context_length"))
+    return {"rope_type": "yarn", "rope_theta": theta, "factor": factor, "original_max_position_embeddings": original}
 
 
 def llama3_rope(rope_freqs: np.ndarray, theta: float, head_dim: int) -> dict[str, Any]:
@@ -182,7 +188,7 @@ def llama3_rope(rope_freqs: np.ndarray, theta: float, head_dim: int) -> dict[str
     wavelen = 2 * math.pi / inv_freq
     smooth = (divisors > 1.0 + 1e-6) & (divisors < factor - 1e-6 * factor)
     if factor <= 1.0 or smooth.sum() < 2:
-        raise ModelLoadError("unsupported GGUF rope_freqs tensor (not a Llama 3 rope scaling)")
+        raise _Unsupported("rope_freqs tensor (not a Llama 3 rope scaling)")
     s = (1.0 / divisors[smooth] - 1.0 / factor) / (1.0 - 1.0 / factor)
     slope, intercept = np.polyfit(1.0 / wavelen[smooth], s, 1)
     low = 1.0
@@ -197,7 +203,7 @@ def llama3_rope(rope_freqs: np.ndarray, theta: float, head_dim: int) -> dict[str
         "original_max_position_embeddings": int(round(original)),
     }
     if not np.allclose(_llama3_divisors(params, wavelen), divisors, rtol=1e-4):
-        raise ModelLoadError("unsupported GGUF rope_freqs tensor (no Llama 3 parameters reproduce it)")
+        raise _Unsupported("rope_freqs tensor (no Llama 3 parameters reproduce it)")
     return params
 
 

@@ -24,7 +24,7 @@ from safetensors.torch import load_file
 
 from radixlm.runtime.model.gguf_config import llama3_rope
 from radixlm.runtime.model.gguf_convert import convert_gguf
-from radixlm.runtime.model.model_files import QUANTIZED_FILE, load_quantized
+from radixlm.runtime.model.model_files import QUANTIZED_FILE, ModelLoadError, load_quantized
 
 # Families transformers' GGUF loader reads (its TENSOR_PROCESSORS / config mapping); Mistral's
 # file is a `llama` one. It reads no `llama` file with experts (Mixtral), olmo2, granite, smollm3, olmoe.
@@ -217,3 +217,33 @@ def test_mixtral_with_experts_stored_apart(tmp_path: Path) -> None:
     want, got = load_file(tmp_path / "hf" / "model.safetensors"), load_file(tmp_path / "out" / "model.safetensors")
     assert sorted(got) == sorted(want)
     assert all(torch.equal(got[name], tensor) for name, tensor in want.items())
+
+
+def _set(key: str, value: object, kind: gguf.GGUFValueType) -> object:
+    return lambda kv: kv.__setitem__(key, gguf.GGUFValue(value, kind))
+
+
+@pytest.mark.parametrize(
+    "family,edit,message",
+    [
+        ("qwen3", lambda kv: kv.pop("qwen3.embedding_length"), r"GGUF metadata key 'qwen3.embedding_length' is missing"),
+        ("qwen3", _set("qwen3.rope.scaling.type", "su", gguf.GGUFValueType.STRING),
+         r"unsupported GGUF model: rope scaling 'su' \(supported: none, linear, yarn"),
+        ("qwen2", _set("qwen2.rope.dimension_count", 8, gguf.GGUFValueType.UINT32),
+         r"unsupported GGUF model: partial rotary embedding \(8 of 16 dimensions\)"),
+        ("qwen3_moe", _set("qwen3moe.expert_count", 0, gguf.GGUFValueType.UINT32),
+         r"unsupported GGUF model: a 'qwen3moe' file with no experts \(qwen3moe.expert_count\)"),
+        ("llama", _set("llama.attention.head_count_kv", [2, 1], gguf.GGUFValueType.ARRAY),
+         r"unsupported GGUF model: llama.attention.head_count_kv differs between layers \(\[2, 1\]\)"),
+        ("llama", _set("llama.block_count", 3, gguf.GGUFValueType.UINT32), r"lacks the tensor for model.layers.2"),
+        ("qwen2", _set("qwen2.embedding_length", 32, gguf.GGUFValueType.UINT32),
+         r"model.embed_tokens.weight has shape \(263, 64\), expected \(263, 32\)"),
+    ],
+)
+def test_unusable_metadata_is_refused_naming_the_file(family: str, edit: object, message: str, tmp_path: Path) -> None:
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "out").mkdir()
+    tiny_family_model(family, tmp_path / "hf")
+    write_gguf(tmp_path / "hf", tmp_path / "bad.gguf", family, edit_metadata=edit)  # type: ignore[arg-type]
+    with pytest.raises(ModelLoadError, match=r"bad\.gguf: .*(" + message + ")"):
+        convert_gguf(tmp_path / "bad.gguf", tmp_path / "out")

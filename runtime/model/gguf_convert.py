@@ -2,7 +2,8 @@
 
 `convert_gguf(gguf_path, out_dir)` writes into an existing, empty `out_dir`:
   config.json             the config transformers' class of the file's family holds (gguf_config)
-  model.safetensors       every weight dequantized to float32, under the HF checkpoint names of
+  model.safetensors       every weight dequantized to float32 (sharded with an index past SHARD_BYTES),
+                          under the HF checkpoint names of
                           that family (gguf_arch): q/k rows un-permuted where llama.cpp permuted
                           them, Gemma norms back from 1 + w to w, stacked experts split per expert
   quantized_blocks.safetensors  the tensors whose GGUF type (lower-cased) is a format our kernels
@@ -72,22 +73,64 @@ class GgufFile:
             yield from reader.tensors
 
 
-def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
-    """Write the HF-style files for `gguf_path` into the existing directory `out_dir`."""
+SHARD_BYTES = 2 << 30  # float weights per model-*.safetensors shard: bounds the conversion's memory
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path, shard_bytes: int = SHARD_BYTES) -> None:
+    """Write the HF-style files for `gguf_path` into the existing directory `out_dir`. The float
+    weights go to model.safetensors, or to shards of about `shard_bytes` with an index when larger."""
     from safetensors.torch import save_file
 
     gguf = open_gguf(gguf_path)
     meta = read_gguf_metadata(gguf)
-    tensors = read_tensors(gguf, meta)
+    shapes = write_float_weights(iter_tensors(gguf, meta), out_dir, shard_bytes)
+    check_shapes(shapes, meta, gguf.paths[0])
     blocks, formats = read_quantized_blocks(gguf, meta)
-    del gguf  # drop the memmaps before the big write
-    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    del tensors
+    del gguf  # drop the memmaps before the write
     if blocks:
         save_file(blocks, str(out_dir / QUANTIZED_FILE), metadata={"format": "pt", "formats": json.dumps(formats)})
     _write_json(out_dir / "config.json", meta.config)
     _write_json(out_dir / "generation_config.json", _generation_config(meta))
     write_tokenizer(gguf_path, out_dir, meta)
+
+
+def write_float_weights(
+    tensors: Iterator[tuple[str, torch.Tensor]], out_dir: Path, shard_bytes: int
+) -> dict[str, tuple[int, ...]]:
+    """Save `tensors` as model.safetensors, or as model-0000i-of-0000n.safetensors shards of about
+    `shard_bytes` each plus model.safetensors.index.json; returns name -> shape. Holds one shard in memory."""
+    from safetensors.torch import save_file
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    shards: list[list[str]] = []
+    pending: dict[str, torch.Tensor] = {}
+    pending_bytes = 0
+
+    def flush() -> None:
+        nonlocal pending, pending_bytes
+        save_file(pending, str(out_dir / f".shard-{len(shards)}.safetensors"), metadata={"format": "pt"})
+        shards.append(list(pending))
+        pending, pending_bytes = {}, 0
+
+    for name, tensor in tensors:
+        if name in shapes:
+            raise ModelLoadError(f"{out_dir}: two GGUF tensors map to {name}")
+        shapes[name] = tuple(tensor.shape)
+        if pending and pending_bytes + tensor.nbytes > shard_bytes:
+            flush()
+        pending[name] = tensor
+        pending_bytes += tensor.nbytes
+    flush()
+    if len(shards) == 1:
+        (out_dir / ".shard-0.safetensors").rename(out_dir / "model.safetensors")
+        return shapes
+    weight_map = {}
+    for number, names in enumerate(shards):
+        file = f"model-{number + 1:05d}-of-{len(shards):05d}.safetensors"
+        (out_dir / f".shard-{number}.safetensors").rename(out_dir / file)
+        weight_map.update(dict.fromkeys(names, file))
+    _write_json(out_dir / "model.safetensors.index.json", {"metadata": {}, "weight_map": weight_map})
+    return shapes
 
 
 def open_gguf(gguf_path: Path) -> GgufFile:
@@ -198,14 +241,14 @@ def _split(tensor: torch.Tensor, names: list[str]) -> Iterator[tuple[str, torch.
         yield name, part.contiguous()
 
 
-def read_tensors(gguf: GgufFile, meta: GgufMetadata) -> dict[str, torch.Tensor]:
-    """All weights dequantized to float32 CPU tensors under HF names, checked against the shapes
-    of the HF model that `meta.config` describes. GGUF lists dimensions innermost first; the numpy
-    arrays gguf hands back are already row-major (reversed GGUF shape) = torch order."""
+def iter_tensors(gguf: GgufFile, meta: GgufMetadata) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, weight) for every weight, dequantized to float32 CPU tensors, one GGUF tensor at a
+    time: q/k rows un-permuted, Gemma norms back to w, stacked experts split. GGUF lists dimensions
+    innermost first; the numpy arrays gguf hands back are already row-major (reversed GGUF shape) =
+    torch order. Names are not checked against the config here (check_shapes does that)."""
     import torch
 
     path = gguf.paths[0]
-    tensors: dict[str, torch.Tensor] = {}
     for t in gguf.tensors():
         if t.name in CONFIG_TENSORS:
             continue
@@ -217,23 +260,21 @@ def read_tensors(gguf: GgufFile, meta: GgufMetadata) -> dict[str, torch.Tensor]:
             part = _fix_rows(part, name, meta)
             if meta.arch.is_norm_plus_one and name.endswith("norm.weight"):
                 part = part - 1.0
-            tensors[name] = part
-    _check_shapes(tensors, meta, path)
-    return tensors
+            yield name, part
 
 
-def _check_shapes(tensors: dict[str, torch.Tensor], meta: GgufMetadata, path: Path) -> None:
-    """Every weight of the HF model is present with its shape (experts: per-expert names are
-    checked against the fused expert parameters transformers builds)."""
+def check_shapes(shapes: dict[str, tuple[int, ...]], meta: GgufMetadata, path: Path) -> None:
+    """Every weight of the HF model is present with its shape, and nothing else (experts: the
+    per-expert names are checked against the fused expert parameters transformers builds)."""
     expected = expected_shapes(meta)
     for name, shape in expected.items():
-        if name not in tensors:
+        if name not in shapes:
             if name == "lm_head.weight" and meta.config.get("tie_word_embeddings"):
                 continue
             raise ModelLoadError(f"{path}: GGUF file lacks the tensor for {name}")
-        if tuple(tensors[name].shape) != shape:
-            raise ModelLoadError(f"{path}: {name} has shape {tuple(tensors[name].shape)}, expected {shape}")
-    extra = sorted(set(tensors) - set(expected))
+        if shapes[name] != shape:
+            raise ModelLoadError(f"{path}: {name} has shape {shapes[name]}, expected {shape}")
+    extra = sorted(set(shapes) - set(expected))
     if extra:
         raise ModelLoadError(f"{path}: unexpected tensor {extra[0]} for this {meta.arch.architecture} config")
 
@@ -278,7 +319,7 @@ def _expert_shapes(arch: GgufArch, prefix: str, kind: str, shape: tuple[int, ...
 def read_quantized_blocks(gguf: GgufFile, meta: GgufMetadata) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """The tensors in a format of kernels.quant.FORMATS as the file stores them: HF name -> uint8
     `[rows, bytes per row]` (q/k rows un-permuted and experts split: whole rows of blocks moved),
-    and HF name -> format ("q4_1", ...). Names and shapes were checked by read_tensors."""
+    and HF name -> format ("q4_1", ...). Names and shapes were checked by check_shapes."""
     import numpy as np
     import torch
 

@@ -247,3 +247,22 @@ def test_unusable_metadata_is_refused_naming_the_file(family: str, edit: object,
     write_gguf(tmp_path / "hf", tmp_path / "bad.gguf", family, edit_metadata=edit)  # type: ignore[arg-type]
     with pytest.raises(ModelLoadError, match=r"bad\.gguf: .*(" + message + ")"):
         convert_gguf(tmp_path / "bad.gguf", tmp_path / "out")
+
+
+def test_large_conversions_are_written_in_shards(tmp_path: Path) -> None:
+    """Past `shard_bytes` the float weights go to model-*-of-*.safetensors with an index (memory
+    bounded by one shard), which the loader reads like any sharded HF folder."""
+    from radixlm.runtime.model.model_files import load_state_dict, safetensors_files, validate_model_dir
+
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "out").mkdir()
+    tiny_family_model("qwen3_moe", tmp_path / "hf")
+    write_gguf(tmp_path / "hf", tmp_path / "m.gguf", "qwen3_moe")
+    convert_gguf(tmp_path / "m.gguf", tmp_path / "out", shard_bytes=100_000)
+    files = safetensors_files(tmp_path / "out")
+    assert len(files) > 2 and files[0].name == f"model-00001-of-{len(files):05d}.safetensors"
+    assert not (tmp_path / "out" / "model.safetensors").exists() and not list((tmp_path / "out").glob(".shard-*"))
+    validate_model_dir(tmp_path / "out")
+    want, got = load_file(tmp_path / "hf" / "model.safetensors"), load_state_dict(tmp_path / "out")
+    assert sorted(got) == sorted(want)
+    assert all(torch.equal(got[name], tensor) for name, tensor in want.items())

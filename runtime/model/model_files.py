@@ -249,9 +249,10 @@ def load_state_dict(model_dir: Path) -> LazyStateDict:
 def load_quantized(model_dir: Path) -> dict[str, Any]:
     """The block-quantized tensors kept from a converted GGUF (HF name -> kernels.quant.QuantizedTensor),
     or {} if the model has none."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
     from safetensors import safe_open
 
-    from radixlm.kernels.quant import BLOCK, FORMATS, QuantizedTensor
+    from radixlm.kernels.quant import QuantizedTensor
 
     file = Path(model_dir) / QUANTIZED_FILE
     if not file.is_file():
@@ -264,7 +265,9 @@ def load_quantized(model_dir: Path) -> dict[str, Any]:
             for name in handle.keys():  # noqa: SIM118
                 raw = handle.get_tensor(name)
                 fmt = formats[name]
-                out[name] = QuantizedTensor(fmt, raw, raw.shape[1] // FORMATS[fmt][0] * BLOCK)
+                # row length from the GGUF block geometry (32 values per Q8_0 block, 256 per K-quant block)
+                block_size, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType[fmt.upper()]]
+                out[name] = QuantizedTensor(fmt, raw, raw.shape[1] // block_bytes * block_size)
             return out
     except (KeyError, ValueError) as e:
         raise ModelLoadError(f"{file}: unreadable quantized blocks ({e})") from e

@@ -242,7 +242,8 @@ def _write_metadata(writer: gguf.GGUFWriter, cfg: dict[str, Any], family: str) -
     writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     writer.add_rope_freq_base(rope["rope_theta"])
     writer.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
-    writer.add_vocab_size(cfg["vocab_size"])
+    if family in ("granite", "olmoe"):  # llama.cpp writes vocab_size for few families
+        writer.add_vocab_size(cfg["vocab_size"])
     num_experts = cfg.get("num_local_experts") or cfg.get("num_experts")
     if num_experts:
         writer.add_expert_count(num_experts)

@@ -1,6 +1,6 @@
 """A GGUF file's metadata as the HF config.json transformers' config class of its family holds.
 
-`read_metadata(get, config_tensors, tensor_names, source)` reads `<arch>.*` and `tokenizer.ggml.*`
+`read_metadata(get, config_tensors, tensor_shapes, source)` reads `<arch>.*` and `tokenizer.ggml.*`
 keys (through `get(key, default)`, which raises KeyError for a missing key without default) and
 returns a frozen `GgufMetadata`; its `config` is what `AutoConfig.for_model(model_type, **fields)`
 writes to config.json (save_pretrained's diff form), so defaults and derived fields (layer types, rope parameters) are transformers' own.
@@ -55,11 +55,11 @@ class GgufMetadata:
 
 
 def read_metadata(
-    get: Getter, config_tensors: Mapping[str, np.ndarray], tensor_names: frozenset[str], source: str
+    get: Getter, config_tensors: Mapping[str, np.ndarray], tensor_shapes: Mapping[str, tuple[int, ...]], source: str
 ) -> GgufMetadata:
     """The metadata of a GGUF file (`source` names it in errors); ModelLoadError if we cannot read it."""
     try:
-        return _read_metadata(get, config_tensors, tensor_names, source)
+        return _read_metadata(get, config_tensors, tensor_shapes, source)
     except KeyError as e:
         raise ModelLoadError(f"{source}: GGUF metadata key {e.args[0]!r} is missing") from e
     except _Unsupported as e:
@@ -71,7 +71,7 @@ class _Unsupported(ValueError):
 
 
 def _read_metadata(
-    get: Getter, config_tensors: Mapping[str, np.ndarray], tensor_names: frozenset[str], source: str
+    get: Getter, config_tensors: Mapping[str, np.ndarray], tensor_shapes: Mapping[str, tuple[int, ...]], source: str
 ) -> GgufMetadata:
     from transformers import AutoConfig
 
@@ -85,8 +85,8 @@ def _read_metadata(
         raise ModelLoadError(
             f"{source}: unsupported GGUF architecture {name!r} (supported: {', '.join(_supported())})"
         )
-    fields = _common_fields(get, name, tensor_names)
-    fields.update(_FAMILY_FIELDS[arch.model_type](get, name, fields, config_tensors, tensor_names))
+    fields = _common_fields(get, name, tensor_shapes)
+    fields.update(_FAMILY_FIELDS[arch.model_type](get, name, fields, config_tensors, tensor_shapes))
     _check_rotary(get, name, fields, source)
     try:
         config = json.loads(AutoConfig.for_model(arch.model_type, **fields).to_json_string(use_diff=True))
@@ -116,13 +116,14 @@ def _supported() -> list[str]:
     return [*ARCHES, "llama with experts (Mixtral)"]
 
 
-def _common_fields(get: Getter, a: str, tensor_names: frozenset[str]) -> dict[str, Any]:
+def _common_fields(get: Getter, a: str, tensor_shapes: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
     hidden = int(get(f"{a}.embedding_length"))
     heads = _per_layer_constant(get(f"{a}.attention.head_count"), f"{a}.attention.head_count")
     kv_heads = _per_layer_constant(get(f"{a}.attention.head_count_kv", heads), f"{a}.attention.head_count_kv")
-    tokens = get("tokenizer.ggml.tokens", None)
+    # llama.cpp writes no vocab_size for most families: the embedding's rows are the vocabulary
+    embedding = tensor_shapes.get("token_embd.weight")
     return dict(
-        vocab_size=int(get(f"{a}.vocab_size", len(tokens) if tokens is not None else None)),
+        vocab_size=int(get(f"{a}.vocab_size", embedding[0] if embedding else len(get("tokenizer.ggml.tokens")))),
         hidden_size=hidden,
         intermediate_size=int(get(f"{a}.feed_forward_length", 0)),
         num_hidden_layers=int(get(f"{a}.block_count")),
@@ -131,7 +132,7 @@ def _common_fields(get: Getter, a: str, tensor_names: frozenset[str]) -> dict[st
         head_dim=int(get(f"{a}.attention.key_length", hidden // heads)),
         max_position_embeddings=int(get(f"{a}.context_length")),
         rms_norm_eps=_f32(get(f"{a}.attention.layer_norm_rms_epsilon")),
-        tie_word_embeddings="output.weight" not in tensor_names,
+        tie_word_embeddings="output.weight" not in tensor_shapes,
         bos_token_id=get("tokenizer.ggml.bos_token_id", None),
         eos_token_id=get("tokenizer.ggml.eos_token_id", None),
         pad_token_id=get("tokenizer.ggml.padding_token_id", None),
@@ -215,17 +216,19 @@ def _llama3_divisors(p: dict[str, Any], wavelen: np.ndarray) -> np.ndarray:
     return np.where(wavelen < high_wavelen, 1.0, np.where(wavelen > low_wavelen, factor, mid))
 
 
-FamilyFields = Callable[[Getter, str, dict[str, Any], Mapping[str, np.ndarray], frozenset[str]], dict[str, Any]]
+FamilyFields = Callable[
+    [Getter, str, dict[str, Any], Mapping[str, np.ndarray], Mapping[str, tuple[int, ...]]], dict[str, Any]
+]
 
 
-def _llama(get: Getter, a: str, f: dict[str, Any], tensors: Mapping[str, np.ndarray], names: frozenset[str]) -> dict[str, Any]:
+def _llama(get: Getter, a: str, f: dict[str, Any], tensors: Mapping[str, np.ndarray], names: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
     rope = _rope(get, a)
     if "rope_freqs.weight" in tensors:
         rope = llama3_rope(tensors["rope_freqs.weight"], rope["rope_theta"], f["head_dim"])
     return dict(rope_parameters=rope, attention_bias="blk.0.attn_q.bias" in names, mlp_bias=False)
 
 
-def _mixtral(get: Getter, a: str, f: dict[str, Any], tensors: Mapping[str, np.ndarray], names: frozenset[str]) -> dict[str, Any]:
+def _mixtral(get: Getter, a: str, f: dict[str, Any], tensors: Mapping[str, np.ndarray], names: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
     return dict(
         rope_parameters=_rope(get, a),
         num_local_experts=int(get(f"{a}.expert_count")),
@@ -234,15 +237,15 @@ def _mixtral(get: Getter, a: str, f: dict[str, Any], tensors: Mapping[str, np.nd
     )
 
 
-def _plain(get: Getter, a: str, f: dict[str, Any], tensors: Mapping[str, np.ndarray], names: frozenset[str]) -> dict[str, Any]:
+def _plain(get: Getter, a: str, f: dict[str, Any], tensors: Mapping[str, np.ndarray], names: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
     return dict(rope_parameters=_rope(get, a))
 
 
-def _qwen2(get: Getter, a: str, f: dict[str, Any], tensors: Mapping[str, np.ndarray], names: frozenset[str]) -> dict[str, Any]:
+def _qwen2(get: Getter, a: str, f: dict[str, Any], tensors: Mapping[str, np.ndarray], names: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
     return dict(rope_parameters=_rope(get, a), use_sliding_window=False)
 
 
-def _qwen3_moe(get: Getter, a: str, f: dict[str, Any], tensors: Mapping[str, np.ndarray], names: frozenset[str]) -> dict[str, Any]:
+def _qwen3_moe(get: Getter, a: str, f: dict[str, Any], tensors: Mapping[str, np.ndarray], names: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
     moe_size = int(get(f"{a}.expert_feed_forward_length"))
     return dict(
         rope_parameters=_rope(get, a),
@@ -256,7 +259,7 @@ def _qwen3_moe(get: Getter, a: str, f: dict[str, Any], tensors: Mapping[str, np.
     )
 
 
-def _olmoe(get: Getter, a: str, f: dict[str, Any], tensors: Mapping[str, np.ndarray], names: frozenset[str]) -> dict[str, Any]:
+def _olmoe(get: Getter, a: str, f: dict[str, Any], tensors: Mapping[str, np.ndarray], names: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
     return dict(
         rope_parameters=_rope(get, a),
         num_experts=int(get(f"{a}.expert_count")),
@@ -271,7 +274,7 @@ def _gemma_query_scalar(f: dict[str, Any]) -> float:
     return f["hidden_size"] / f["num_attention_heads"] if is_27b else f["head_dim"]
 
 
-def _gemma2(get: Getter, a: str, f: dict[str, Any], tensors: Mapping[str, np.ndarray], names: frozenset[str]) -> dict[str, Any]:
+def _gemma2(get: Getter, a: str, f: dict[str, Any], tensors: Mapping[str, np.ndarray], names: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
     return dict(
         rope_parameters=_rope(get, a),
         attn_logit_softcapping=_optional_f32(get(f"{a}.attn_logit_softcapping", None)),
@@ -281,7 +284,7 @@ def _gemma2(get: Getter, a: str, f: dict[str, Any], tensors: Mapping[str, np.nda
     )
 
 
-def _gemma3(get: Getter, a: str, f: dict[str, Any], tensors: Mapping[str, np.ndarray], names: frozenset[str]) -> dict[str, Any]:
+def _gemma3(get: Getter, a: str, f: dict[str, Any], tensors: Mapping[str, np.ndarray], names: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
     full = _rope(get, a, default_theta=1000000.0)
     local = {"rope_type": "default", "rope_theta": _f32(get(f"{a}.rope.freq_base_swa", 10000.0))}
     out: dict[str, Any] = dict(
@@ -302,7 +305,7 @@ def _gemma3(get: Getter, a: str, f: dict[str, Any], tensors: Mapping[str, np.nda
     return out
 
 
-def _phi3(get: Getter, a: str, f: dict[str, Any], tensors: Mapping[str, np.ndarray], names: frozenset[str]) -> dict[str, Any]:
+def _phi3(get: Getter, a: str, f: dict[str, Any], tensors: Mapping[str, np.ndarray], names: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
     rotary = int(get(f"{a}.rope.dimension_count", f["head_dim"]))
     rope = _rope(get, a)
     rope["partial_rotary_factor"] = rotary / f["head_dim"]
@@ -318,7 +321,7 @@ def _phi3(get: Getter, a: str, f: dict[str, Any], tensors: Mapping[str, np.ndarr
     return dict(rope_parameters=rope, original_max_position_embeddings=original, sliding_window=window)
 
 
-def _granite(get: Getter, a: str, f: dict[str, Any], tensors: Mapping[str, np.ndarray], names: frozenset[str]) -> dict[str, Any]:
+def _granite(get: Getter, a: str, f: dict[str, Any], tensors: Mapping[str, np.ndarray], names: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
     return dict(
         rope_parameters=_rope(get, a),
         embedding_multiplier=_f32(get(f"{a}.embedding_scale", 1.0)),
@@ -329,7 +332,7 @@ def _granite(get: Getter, a: str, f: dict[str, Any], tensors: Mapping[str, np.nd
     )
 
 
-def _smollm3(get: Getter, a: str, f: dict[str, Any], tensors: Mapping[str, np.ndarray], names: frozenset[str]) -> dict[str, Any]:
+def _smollm3(get: Getter, a: str, f: dict[str, Any], tensors: Mapping[str, np.ndarray], names: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
     return dict(rope_parameters=_rope(get, a), use_sliding_window=False, no_rope_layer_interval=4)
 
 

@@ -169,8 +169,8 @@ def _open_one(path: Path) -> GGUFReader:
 def read_gguf_metadata(gguf: GgufFile) -> GgufMetadata:
     """The file's architecture, HF config and tokenizer facts (gguf_config.read_metadata)."""
     config_tensors = {t.name: _dequantized(t, gguf.paths[0]).reshape(-1) for t in gguf.tensors() if t.name in CONFIG_TENSORS}
-    names = frozenset(t.name for t in gguf.tensors())
-    return read_metadata(gguf.get, config_tensors, names, str(gguf.paths[0]))
+    shapes = {t.name: tuple(int(dim) for dim in reversed(t.shape.tolist())) for t in gguf.tensors()}
+    return read_metadata(gguf.get, config_tensors, shapes, str(gguf.paths[0]))
 
 
 def hf_names(gguf_name: str, arch: GgufArch, num_experts: int) -> list[str] | None:

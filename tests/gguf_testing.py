@@ -242,7 +242,7 @@ def _write_metadata(writer: gguf.GGUFWriter, cfg: dict[str, Any], family: str) -
     writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     writer.add_rope_freq_base(rope["rope_theta"])
     writer.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
-    if family in ("granite", "olmoe"):  # llama.cpp writes vocab_size for few families
+    if family in ("granite", "olmoe"):  # most llama.cpp files have no vocab_size key: test both forms
         writer.add_vocab_size(cfg["vocab_size"])
     num_experts = cfg.get("num_local_experts") or cfg.get("num_experts")
     if num_experts:

@@ -230,13 +230,13 @@ def _dequantized(t: ReaderTensor, path: Path) -> np.ndarray:
     return np.array(values, dtype=np.float32).reshape(shape)  # a copy, off the memmap
 
 
-def _split(tensor: torch.Tensor, names: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
+def _split(tensor: torch.Tensor, names: list[str], where: str) -> Iterator[tuple[str, torch.Tensor]]:
     """(HF name, tensor) pairs: a stacked-experts tensor [n_expert, ...] split along its first axis."""
     if len(names) == 1:
         yield names[0], tensor
         return
-    if tensor.shape[0] != len(names):
-        raise ModelLoadError(f"stacked experts tensor has {tensor.shape[0]} experts, the metadata says {len(names)}")
+    if tensor.dim() < 2 or tensor.shape[0] != len(names):
+        raise ModelLoadError(f"{where}: holds {tensor.shape[0]} experts, the metadata says {len(names)}")
     for name, part in zip(names, tensor.unbind(0)):
         yield name, part.contiguous()
 
@@ -256,7 +256,7 @@ def iter_tensors(gguf: GgufFile, meta: GgufMetadata) -> Iterator[tuple[str, torc
         if names is None:
             raise ModelLoadError(f"{path}: unexpected tensor {t.name!r} for a {meta.arch.gguf_arch} model")
         tensor = torch.from_numpy(_dequantized(t, path))
-        for name, part in _split(tensor, names):
+        for name, part in _split(tensor, names, f"{path}: tensor {t.name}"):
             part = _fix_rows(part, name, meta)
             if meta.arch.is_norm_plus_one and name.endswith("norm.weight"):
                 part = part - 1.0
@@ -333,7 +333,7 @@ def read_quantized_blocks(gguf: GgufFile, meta: GgufMetadata) -> tuple[dict[str,
         if names is None or fmt not in FORMATS:
             continue
         raw = torch.from_numpy(np.array(t.data, dtype=np.uint8))  # [(experts,) rows, bytes]: a copy
-        for name, part in _split(raw, names):
+        for name, part in _split(raw, names, f"{gguf.paths[0]}: tensor {t.name}"):
             blocks[name] = _fix_rows(part, name, meta)
             formats[name] = fmt
     return blocks, formats

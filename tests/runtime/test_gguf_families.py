@@ -233,6 +233,8 @@ def _set(key: str, value: object, kind: gguf.GGUFValueType) -> object:
          r"unsupported GGUF model: partial rotary embedding \(8 of 16 dimensions\)"),
         ("qwen3_moe", _set("qwen3moe.expert_count", 0, gguf.GGUFValueType.UINT32),
          r"unsupported GGUF model: a 'qwen3moe' file with no experts \(qwen3moe.expert_count\)"),
+        ("olmoe", _set("olmoe.expert_count", 3, gguf.GGUFValueType.UINT32),
+         r"tensor blk.0.ffn_\w+_exps.weight: holds 4 experts, the metadata says 3"),
         ("llama", _set("llama.attention.head_count_kv", [2, 1], gguf.GGUFValueType.ARRAY),
          r"unsupported GGUF model: llama.attention.head_count_kv differs between layers \(\[2, 1\]\)"),
         ("llama", _set("llama.block_count", 3, gguf.GGUFValueType.UINT32), r"lacks the tensor for model.layers.2"),

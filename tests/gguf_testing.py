@@ -53,7 +53,11 @@ FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "qwen3": ("qwen3", "qwen3", dict(head_dim=32, tie_word_embeddings=True)),
     "qwen3_moe": ("qwen3_moe", "qwen3moe", dict(_MOE, num_experts=4, moe_intermediate_size=32, norm_topk_prob=True)),
     "gemma2": ("gemma2", "gemma2", dict(sliding_window=32, query_pre_attn_scalar=16, tie_word_embeddings=True)),
-    "gemma3": ("gemma3_text", "gemma3", dict(sliding_window=32, query_pre_attn_scalar=16, tie_word_embeddings=True)),
+    "gemma3": (  # 6 layers: the 6th is global (llama.cpp's and transformers' default pattern)
+        "gemma3_text",
+        "gemma3",
+        dict(sliding_window=32, query_pre_attn_scalar=16, tie_word_embeddings=True, num_hidden_layers=6),
+    ),
     "phi3": (
         "phi3",
         "phi3",

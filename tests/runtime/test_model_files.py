@@ -363,10 +363,15 @@ def test_engine_serves_a_split_gguf_with_no_other_flag(
     with Engine(str(shards[0]), max_total_tokens=512, random_seed=0) as engine:
         out = engine.generate(input_ids=prompt, sampling_params={"temperature": 0, "max_new_tokens": 8, "ignore_eos": True})
         chat = engine.tokenizer.apply_chat_template([{"role": "user", "content": "hell"}])
-    with torch.no_grad():
-        ref = tiny_model.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0)
-    assert out["output_ids"] == ref[0, len(prompt):].tolist()
-    assert chat.endswith("<|im_start|>assistant\n")
+        dtype = engine.runner.cfg.dtype
+        assert engine.model_config.architecture == "LlamaForCausalLM" and engine.model_config.num_layers == 2
+    assert chat == "<|im_start|>user\nhell<|im_end|>\n<|im_start|>assistant\n"
+    assert len(out["output_ids"]) == 8
+    if dtype == torch.float32:  # --dtype auto picks bfloat16 on CPUs where it is fast: greedy may then differ
+        with torch.no_grad():
+            ref = tiny_model.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, eos_token_id=None,
+                                      pad_token_id=0)
+        assert out["output_ids"] == ref[0, len(prompt):].tolist()
 
 
 def test_unparseable_config(tmp_path: Path) -> None:

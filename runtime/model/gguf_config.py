@@ -3,14 +3,17 @@
 `read_metadata(get, config_tensors, tensor_shapes, source)` reads `<arch>.*` and `tokenizer.ggml.*`
 keys (through `get(key, default)`, which raises KeyError for a missing key without default) and
 returns a frozen `GgufMetadata`; its `config` is what `AutoConfig.for_model(model_type, **fields)`
-writes to config.json (save_pretrained's diff form), so defaults and derived fields (layer types, rope parameters) are transformers' own.
+writes to config.json (save_pretrained's diff form), so defaults and derived fields (layer types,
+rope parameters) are transformers' own. Floats stored as float32 come back as the shortest decimal.
 
 Where llama.cpp does not store a field, we use the value llama.cpp itself assumes when it runs the
 file (so a file behaves here as there): Gemma 2 / 3 scale queries by head_dim^-1/2 except the
 27B models (by (hidden / heads)^-1/2); Gemma 3 alternates 5 sliding layers and 1 global layer
 with local rope base 10000; SmolLM3 drops rope on every 4th layer; Qwen3-MoE and Mixtral
-normalise the top-k routing weights, OLMoE does not; Granite without `attention.scale` uses
-head_dim^-1/2.
+normalise the top-k routing weights, OLMoE does not (unless `expert_weights_norm` says); Granite
+without `attention.scale` uses head_dim^-1/2; a sentencepiece vocabulary without
+`add_bos_token` gets BOS. Llama-architecture files become LlamaForCausalLM (Mistral included:
+llama.cpp keeps no sliding window for them) or, with experts, MixtralForCausalLM.
 """
 
 from __future__ import annotations

@@ -76,6 +76,20 @@ def test_converted_tensors_equal_the_source_checkpoint(family_files: tuple[str, 
     assert not (converted / QUANTIZED_FILE).exists()  # F32 file: nothing kept quantized
 
 
+def test_transformers_runs_the_converted_model_as_the_source(family_files: tuple[str, Path, Path]) -> None:
+    """The converted folder is an HF checkpoint of the family: transformers loads it (config class,
+    per-expert names) and computes the source model's logits exactly (Gemma too: 1 + w of the
+    converted norm is the float32 1 + w the file stores), over more tokens than a sliding window."""
+    import transformers
+
+    _, source, converted = family_files
+    ids = torch.tensor([[5, 17, 42, 99, 3, 7] * 8])
+    with torch.no_grad():
+        want = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()(ids).logits
+        got = transformers.AutoModelForCausalLM.from_pretrained(converted, dtype=torch.float32).eval()(ids).logits
+    assert torch.equal(got, want)
+
+
 def test_converted_tokenizer_carries_the_template(family_files: tuple[str, Path, Path]) -> None:
     from transformers import AutoTokenizer
 

@@ -102,9 +102,11 @@ def _is_gguf_dir(model_dir: Path) -> bool:
 
 def single_gguf_in(model_dir: Path) -> Path:
     """The GGUF that `model_dir` (a directory without config.json) holds: its only .gguf file, or
-    the first shard of its only split GGUF; ModelLoadError saying what is there otherwise."""
+    the first shard of its only split GGUF (mmproj-*.gguf projectors aside); ModelLoadError saying
+    what is there otherwise."""
     ggufs = sorted(f for f in model_dir.iterdir() if f.suffix.lower() == ".gguf" and f.is_file())
-    models = sorted({_first_shard(f) for f in ggufs})
+    # a vision projector shipped beside a model (llama.cpp's mmproj-*.gguf) is not a language model
+    models = sorted({_first_shard(f) for f in ggufs if not f.name.lower().startswith("mmproj")})
     if len(models) == 1:
         return models[0]
     expected = (

@@ -311,6 +311,8 @@ def test_dir_holding_one_gguf_resolves_to_it(tmp_cache: Path, tmp_path: Path, ti
     (folder / "README.md").write_text("a model card")
     os.link(tiny_gguf, folder / tiny_gguf.name)
     assert resolve_model_path(folder) == resolve_model_path(folder / tiny_gguf.name)
+    (folder / "mmproj-model-f16.gguf").write_bytes(b"")  # a vision projector beside it is not a model
+    assert resolve_model_path(folder) == resolve_model_path(folder / tiny_gguf.name)
     (folder / "config.json").write_text("{}")  # GGUF repos may carry one: no safetensors, so the GGUF counts
     assert resolve_model_path(folder) == resolve_model_path(folder / tiny_gguf.name)
     (folder / "other.gguf").write_bytes(b"")

@@ -84,9 +84,10 @@ def resolve_model_path(model_path: str | os.PathLike[str] | None) -> Path:
         return path
     if path.suffix.lower() == ".gguf":
         return gguf_model_dir(path)
+    hint = f"; pass its folder, {path.parent}" if (path.parent / "config.json").is_file() else ""
     raise ModelLoadError(
         f"{path}: not a model directory or a .gguf file (expected an HF model directory with "
-        "config.json, a .gguf file or the first shard of a split GGUF, or a directory holding one GGUF)"
+        f"config.json, a .gguf file or the first shard of a split GGUF, or a directory holding one GGUF){hint}"
     )
 
 

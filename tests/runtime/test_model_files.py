@@ -413,6 +413,9 @@ def test_neither_dir_nor_gguf(tmp_path: Path) -> None:
     path.write_bytes(b"x")
     with pytest.raises(ModelLoadError, match="not a model directory or a .gguf file \\(expected an HF model directory"):
         resolve_model_path(path)
+    model_dir = write_hf_dir(tmp_path / "m")
+    with pytest.raises(ModelLoadError, match=r"model.safetensors: not a model directory .*; pass its folder, .*/m$"):
+        resolve_model_path(model_dir / "model.safetensors")
 
 
 def test_cache_dir_follows_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

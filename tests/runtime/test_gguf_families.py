@@ -282,3 +282,43 @@ def test_large_conversions_are_written_in_shards(tmp_path: Path) -> None:
     want, got = load_file(tmp_path / "hf" / "model.safetensors"), load_state_dict(tmp_path / "out")
     assert sorted(got) == sorted(want)
     assert all(torch.equal(got[name], tensor) for name, tensor in want.items())
+
+
+@pytest.fixture
+def tmp_cache_with_kernels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh model cache ($RADIXLM_CACHE) that shares the real cache's built C++ kernels."""
+    from radixlm.runtime.model.model_files import cache_dir
+
+    kernels = cache_dir() / "extensions"
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "extensions").symlink_to(kernels)
+    monkeypatch.setenv("RADIXLM_CACHE", str(cache))
+    return cache
+
+
+def test_engine_keeps_a_quantized_gguf_quantized_with_no_flag(tmp_cache_with_kernels: Path, tmp_path: Path) -> None:
+    """`--model-path x.gguf` alone on a file with Q8_0 linear weights: they stay quantized, and the
+    greedy output is transformers' on the dequantized weights (where --dtype auto picked float32)."""
+    import transformers
+
+    from radixlm.runtime.engine import Engine
+    from radixlm.runtime.model.model_files import resolve_model_path
+
+    (tmp_path / "hf").mkdir()
+    tiny_family_model("qwen3", tmp_path / "hf")
+    linears = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+    kept = {f"blk.{i}.{key}.weight": gguf.GGMLQuantizationType.Q8_0 for i in range(2) for key in linears}
+    write_gguf(tmp_path / "hf", tmp_path / "q8.gguf", "qwen3", tensor_types=kept)
+    prompt = [1, 7, 8, 9, 10]
+    with Engine(str(tmp_path / "q8.gguf"), max_total_tokens=512, random_seed=0) as engine:
+        assert engine.runner.quantized_layers == 4 * 2  # qkv, o, gate_up, down per layer
+        dtype = engine.runner.cfg.dtype
+        out = engine.generate(input_ids=prompt, sampling_params={"temperature": 0, "max_new_tokens": 8, "ignore_eos": True})
+    assert len(out["output_ids"]) == 8
+    if dtype == torch.float32:
+        model_dir = resolve_model_path(tmp_path / "q8.gguf")
+        hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0)
+        assert out["output_ids"] == ref[0, len(prompt):].tolist()

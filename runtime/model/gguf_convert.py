@@ -2,10 +2,10 @@
 
 `convert_gguf(gguf_path, out_dir)` writes into an existing, empty `out_dir`:
   config.json             the config transformers' class of the file's family holds (gguf_config)
-  model.safetensors       every weight dequantized to float32 (sharded with an index past SHARD_BYTES),
-                          under the HF checkpoint names of
-                          that family (gguf_arch): q/k rows un-permuted where llama.cpp permuted
-                          them, Gemma norms back from 1 + w to w, stacked experts split per expert
+  model.safetensors       every weight dequantized to float32 under the HF checkpoint names of that
+                          family (gguf_arch): q/k rows un-permuted where llama.cpp permuted them,
+                          Gemma norms back from 1 + w to w, stacked experts split per expert
+                          (past SHARD_BYTES: model-0000i-of-0000n.safetensors + index)
   quantized_blocks.safetensors  the tensors whose GGUF type (lower-cased) is a format our kernels
                           read (kernels.quant.FORMATS), as the file stores them: uint8 rows of
                           blocks under the same HF names (q/k rows un-permuted, experts split), their

@@ -257,7 +257,8 @@ def check_whitespace_pattern(pattern: str) -> None:
 HELP = {
     "constrained_json_whitespace_pattern": "regex of the whitespace JSON-schema output may put between JSON tokens "
     "(default [ ]?; '' gives compact JSON, where jump-forward forces every key); it may match only spaces, tabs and newlines",
-    "model_path": "HF model directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)",
+    "model_path": "HF model directory (safetensors, sharded or not), .gguf file (or the first shard of a split "
+    "one), or a directory holding one GGUF (default: the embedded SmolLM2-135M-Instruct)",
     "tokenizer_path": "tokenizer directory (default: the model's)",
     "dtype": "weights and KV cache: auto (bfloat16 on CUDA, and on CPUs with AVX512-BF16 where a timed 64-row product with "
     "bf16 weights runs 1.25x float32's; else float32), float32, bfloat16, float16",

@@ -1,16 +1,21 @@
-"""Convert a llama-architecture GGUF file into an HF-style model directory (our own converter).
+"""Convert a GGUF file (or a split GGUF's shards) into an HF-style model directory (our own converter).
 
 `convert_gguf(gguf_path, out_dir)` writes into an existing, empty `out_dir`:
-  config.json             LlamaForCausalLM config built from the `llama.*` / `tokenizer.ggml.*` metadata
-  model.safetensors       every tensor dequantized to float32, under HF Llama names
-  quantized_blocks.safetensors  the Q8_0 / Q4_0 / Q4_1 tensors as the file stores them (uint8
-                          rows of blocks, q/k rows un-permuted), under HF names, their formats in
-                          the metadata: what the runtime keeps quantized (model_files.load_quantized)
+  config.json             the config transformers' class of the file's family holds (gguf_config)
+  model.safetensors       every weight dequantized to float32 under the HF checkpoint names of that
+                          family (gguf_arch): q/k rows un-permuted where llama.cpp permuted them,
+                          Gemma norms back from 1 + w to w, stacked experts split per expert
+                          (past SHARD_BYTES: model-0000i-of-0000n.safetensors + index)
+  quantized_blocks.safetensors  the tensors whose GGUF type (lower-cased) is a format our kernels
+                          read (kernels.quant.FORMATS), as the file stores them: uint8 rows of
+                          blocks under the same HF names (q/k rows un-permuted, experts split), their
+                          formats in the metadata: what the runtime keeps quantized (model_files.load_quantized)
   tokenizer.json          built by transformers' GGUF tokenizer converter (+ pre-tokenizer fix below)
   tokenizer_config.json   with the GGUF's `chat_template`, special tokens and `add_bos_token`
   generation_config.json  bos / eos / pad ids
-Any problem with the file raises `ModelLoadError` naming the file; the caller (model_files) owns
-the atomic placement of `out_dir` in the cache, so a failure here leaves nothing behind there.
+`gguf_path` may be the first shard of a split file (`*-00001-of-0000N.gguf`): metadata come from
+it, tensors from all shards. Any problem raises `ModelLoadError` naming the file; the caller
+(model_files) owns the atomic placement of `out_dir` in the cache, so a failure leaves nothing there.
 
 Heavy imports (torch, gguf, transformers) happen inside the functions, so that importing
 `radixlm.runtime.model.model_files` (which imports this module lazily anyway) stays cheap.
@@ -20,199 +25,176 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from radixlm.runtime.model.model_files import QUANTIZED_FILE, ModelLoadError
+from radixlm.runtime.model.gguf_arch import CONFIG_TENSORS, GLOBAL_TENSOR_NAMES, GgufArch
+from radixlm.runtime.model.gguf_config import GgufMetadata, read_metadata
+from radixlm.runtime.model.model_files import QUANTIZED_FILE, ModelLoadError, gguf_shard_paths
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
     from gguf import GGUFReader
+    from gguf.gguf_reader import ReaderTensor
 
-SUPPORTED_ARCHITECTURES = ("llama",)
-
-# llama.cpp tensor names -> HF Llama names. Per-layer names are `blk.N.<key>.weight`.
-_GLOBAL_TENSOR_NAMES = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
-_LAYER_TENSOR_NAMES = {
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-}
-_LAYER_TENSOR_RE = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
+_LAYER_TENSOR_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+# Mixtral files of early 2024 (older llama.cpp) store each expert apart: blk.N.ffn_gate.E.weight
+_LEGACY_EXPERT_RE = re.compile(r"blk\.(\d+)\.(ffn_gate|ffn_up|ffn_down)\.(\d+)\.weight")
 
 # llama.cpp pre-tokenizer types whose text split is "each digit alone, then the GPT-2 regex"
 # (llama-vocab.cpp: `\p{N}` then the GPT-2 pattern). transformers' GGUF converter does not know
 # them and would keep plain GPT-2 splitting, which differs e.g. on "a  1" (spaces before a digit).
 _DIGIT_SPLIT_PRE_TYPES = frozenset({"smollm", "starcoder", "refact", "codeshell"})
 
+_REQUIRED = object()
+
 
 @dataclass(frozen=True)
-class LlamaMetadata:
-    """The GGUF metadata a Llama config, tokenizer config and generation config need."""
+class GgufFile:
+    """An open GGUF: one reader per shard (one for an unsplit file); metadata live in the first."""
 
-    context_length: int
-    hidden_size: int
-    num_layers: int
-    intermediate_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    vocab_size: int
-    bos_token_id: int | None
-    eos_token_id: int | None
-    pad_token_id: int | None
-    unk_token_id: int | None
-    add_bos_token: bool
-    chat_template: str | None
-    tokenizer_pre: str | None
+    paths: tuple[Path, ...]
+    readers: tuple[GGUFReader, ...]
+
+    def get(self, key: str, default: Any = _REQUIRED) -> Any:
+        """The value of metadata `key`; KeyError if it is absent and has no default."""
+        field = self.readers[0].fields.get(key)
+        if field is None:
+            if default is _REQUIRED:
+                raise KeyError(key)
+            return default
+        return field.contents()
+
+    def tensors(self) -> Iterator[ReaderTensor]:
+        for reader in self.readers:
+            yield from reader.tensors
 
 
-def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
-    """Write the HF-style files for `gguf_path` into the existing directory `out_dir`."""
-    import torch
+SHARD_BYTES = 2 << 30  # float weights per model-*.safetensors shard: bounds the conversion's memory
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path, shard_bytes: int = SHARD_BYTES) -> None:
+    """Write the HF-style files for `gguf_path` into the existing directory `out_dir`. The float
+    weights go to model.safetensors, or to shards of about `shard_bytes` with an index when larger."""
     from safetensors.torch import save_file
 
-    reader = open_gguf(gguf_path)
-    meta = read_llama_metadata(reader, gguf_path)
-    tensors = read_llama_tensors(reader, meta, gguf_path)
-    blocks, formats = read_quantized_blocks(reader, meta)
-    is_tied = "lm_head.weight" not in tensors
-    del reader  # drop the memmap before the big write
-    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    del tensors
+    gguf = open_gguf(gguf_path)
+    meta = read_gguf_metadata(gguf)
+    shapes = write_float_weights(iter_tensors(gguf, meta), out_dir, shard_bytes)
+    check_shapes(shapes, meta, gguf.paths[0])
+    blocks, formats = read_quantized_blocks(gguf, meta)
+    del gguf  # drop the memmaps before the write
     if blocks:
         save_file(blocks, str(out_dir / QUANTIZED_FILE), metadata={"format": "pt", "formats": json.dumps(formats)})
-    _write_json(out_dir / "config.json", hf_llama_config(meta, is_tied=is_tied, dtype=torch.float32))
+    _write_json(out_dir / "config.json", meta.config)
     _write_json(out_dir / "generation_config.json", _generation_config(meta))
     write_tokenizer(gguf_path, out_dir, meta)
 
 
-def open_gguf(gguf_path: Path) -> GGUFReader:
-    """A reader over the whole file, or ModelLoadError if the file is not a complete GGUF."""
-    from gguf import GGUFReader
+def write_float_weights(
+    tensors: Iterator[tuple[str, torch.Tensor]], out_dir: Path, shard_bytes: int
+) -> dict[str, tuple[int, ...]]:
+    """Save `tensors` as model.safetensors, or as model-0000i-of-0000n.safetensors shards of about
+    `shard_bytes` each plus model.safetensors.index.json; returns name -> shape. Holds one shard in memory."""
+    from safetensors.torch import save_file
 
-    try:
-        reader = GGUFReader(gguf_path)
-    except Exception as e:  # gguf raises bare ValueErrors ("cannot reshape ...") on truncation
-        raise ModelLoadError(f"{gguf_path}: not a readable GGUF file (truncated or corrupt?): {e}") from e
-    file_size = gguf_path.stat().st_size
-    for tensor in reader.tensors:
-        if tensor.data_offset + tensor.n_bytes > file_size:
-            raise ModelLoadError(f"{gguf_path}: truncated GGUF file (tensor {tensor.name} ends past the end)")
-    return reader
+    shapes: dict[str, tuple[int, ...]] = {}
+    shards: list[list[str]] = []
+    pending: dict[str, torch.Tensor] = {}
+    pending_bytes = 0
 
+    def flush() -> None:
+        nonlocal pending, pending_bytes
+        save_file(pending, str(out_dir / f".shard-{len(shards)}.safetensors"), metadata={"format": "pt"})
+        shards.append(list(pending))
+        pending, pending_bytes = {}, 0
 
-_REQUIRED = object()
-
-
-def _field(reader: GGUFReader, key: str, default: Any = _REQUIRED) -> Any:
-    """The value of metadata `key`; KeyError if it is absent and has no default."""
-    field = reader.fields.get(key)
-    if field is None:
-        if default is _REQUIRED:
-            raise KeyError(key)
-        return default
-    return field.contents()
-
-
-def read_llama_metadata(reader: GGUFReader, gguf_path: Path) -> LlamaMetadata:
-    """Check the architecture is supported and read its hyperparameters from the metadata."""
-    try:
-        return _read_llama_metadata(reader, gguf_path)
-    except KeyError as e:
-        raise ModelLoadError(f"{gguf_path}: GGUF metadata key {e.args[0]!r} is missing") from e
-
-
-def _read_llama_metadata(reader: GGUFReader, gguf_path: Path) -> LlamaMetadata:
-    arch = _field(reader, "general.architecture")
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise ModelLoadError(f"{gguf_path}: unsupported GGUF architecture {arch!r} (supported: llama)")
-    if _field(reader, "llama.expert_count", 0):
-        raise ModelLoadError(f"{gguf_path}: unsupported GGUF model: mixture-of-experts llama")
-    scaling = _field(reader, "llama.rope.scaling.type", "none")
-    if scaling != "none":
-        raise ModelLoadError(f"{gguf_path}: unsupported GGUF rope scaling {scaling!r}")
-    hidden = int(_field(reader, "llama.embedding_length"))
-    num_heads = int(_field(reader, "llama.attention.head_count"))
-    head_dim = int(_field(reader, "llama.attention.key_length", hidden // num_heads))
-    if int(_field(reader, "llama.rope.dimension_count", head_dim)) != head_dim:
-        raise ModelLoadError(f"{gguf_path}: unsupported GGUF model: partial rotary embedding")
-    tokens_field = reader.fields.get("tokenizer.ggml.tokens")
-    n_tokens = len(tokens_field.data) if tokens_field is not None else None
-    bos, eos, pad, unk = (
-        _field(reader, f"tokenizer.ggml.{k}_token_id", None) for k in ("bos", "eos", "padding", "unknown")
-    )
-    return LlamaMetadata(
-        context_length=int(_field(reader, "llama.context_length")),
-        hidden_size=hidden,
-        num_layers=int(_field(reader, "llama.block_count")),
-        intermediate_size=int(_field(reader, "llama.feed_forward_length")),
-        num_heads=num_heads,
-        num_kv_heads=int(_field(reader, "llama.attention.head_count_kv", num_heads)),
-        head_dim=head_dim,
-        rms_norm_eps=float(_field(reader, "llama.attention.layer_norm_rms_epsilon")),
-        rope_theta=float(_field(reader, "llama.rope.freq_base", 10000.0)),
-        vocab_size=int(_field(reader, "llama.vocab_size", n_tokens)),
-        bos_token_id=bos,
-        eos_token_id=eos,
-        pad_token_id=pad,
-        unk_token_id=unk,
-        add_bos_token=bool(_field(reader, "tokenizer.ggml.add_bos_token", False)),
-        chat_template=_field(reader, "tokenizer.chat_template", None),
-        tokenizer_pre=_field(reader, "tokenizer.ggml.pre", None),
-    )
-
-
-def hf_tensor_name(gguf_name: str) -> str | None:
-    """The HF Llama name of a llama.cpp tensor name, or None if it has none."""
-    if gguf_name in _GLOBAL_TENSOR_NAMES:
-        return _GLOBAL_TENSOR_NAMES[gguf_name]
-    match = _LAYER_TENSOR_RE.fullmatch(gguf_name)
-    if match is None or match.group(2) not in _LAYER_TENSOR_NAMES:
-        return None
-    return f"model.layers.{match.group(1)}.{_LAYER_TENSOR_NAMES[match.group(2)]}.weight"
-
-
-def expected_shapes(meta: LlamaMetadata) -> dict[str, tuple[int, ...]]:
-    """HF name -> shape (torch order: [out_features, in_features]) of every Llama weight."""
-    h, f, d = meta.hidden_size, meta.intermediate_size, meta.head_dim
-    shapes: dict[str, tuple[int, ...]] = {
-        "model.embed_tokens.weight": (meta.vocab_size, h),
-        "model.norm.weight": (h,),
-        "lm_head.weight": (meta.vocab_size, h),
-    }
-    per_layer = {
-        "self_attn.q_proj": (meta.num_heads * d, h),
-        "self_attn.k_proj": (meta.num_kv_heads * d, h),
-        "self_attn.v_proj": (meta.num_kv_heads * d, h),
-        "self_attn.o_proj": (h, meta.num_heads * d),
-        "mlp.gate_proj": (f, h),
-        "mlp.up_proj": (f, h),
-        "mlp.down_proj": (h, f),
-        "input_layernorm": (h,),
-        "post_attention_layernorm": (h,),
-    }
-    for layer in range(meta.num_layers):
-        for name, shape in per_layer.items():
-            shapes[f"model.layers.{layer}.{name}.weight"] = shape
+    for name, tensor in tensors:
+        if name in shapes:
+            raise ModelLoadError(f"{out_dir}: two GGUF tensors map to {name}")
+        shapes[name] = tuple(tensor.shape)
+        if pending and pending_bytes + tensor.nbytes > shard_bytes:
+            flush()
+        pending[name] = tensor
+        pending_bytes += tensor.nbytes
+    flush()
+    if len(shards) == 1:
+        (out_dir / ".shard-0.safetensors").rename(out_dir / "model.safetensors")
+        return shapes
+    weight_map = {}
+    for number, names in enumerate(shards):
+        file = f"model-{number + 1:05d}-of-{len(shards):05d}.safetensors"
+        (out_dir / f".shard-{number}.safetensors").rename(out_dir / file)
+        weight_map.update(dict.fromkeys(names, file))
+    _write_json(out_dir / "model.safetensors.index.json", {"metadata": {}, "weight_map": weight_map})
     return shapes
 
 
+def open_gguf(gguf_path: Path) -> GgufFile:
+    """Readers over the file (and its other shards, if split), or ModelLoadError if any is not a
+    complete GGUF or the shards do not form one model."""
+    paths = gguf_shard_paths(gguf_path)
+    readers = tuple(_open_one(path) for path in paths)
+    count = readers[0].fields.get("split.count")
+    expected = int(count.contents()) if count is not None else 1
+    if expected != len(paths):
+        raise ModelLoadError(f"{gguf_path}: the file says it is one of {expected} shards, found {len(paths)}")
+    for number, (path, reader) in enumerate(zip(paths, readers)):
+        field = reader.fields.get("split.no")
+        if expected > 1 and (field is None or int(field.contents()) != number):
+            raise ModelLoadError(f"{path}: not shard {number + 1} of {expected} of {gguf_path.name}")
+    total = readers[0].fields.get("split.tensors.count")
+    if total is not None and int(total.contents()) != sum(len(r.tensors) for r in readers):
+        raise ModelLoadError(f"{gguf_path}: the shards hold fewer tensors than the file says ({total.contents()})")
+    return GgufFile(paths, readers)
+
+
+def _open_one(path: Path) -> GGUFReader:
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(path)
+    except Exception as e:  # gguf raises bare ValueErrors ("cannot reshape ...") on truncation
+        raise ModelLoadError(f"{path}: not a readable GGUF file (truncated or corrupt?): {e}") from e
+    file_size = path.stat().st_size
+    for tensor in reader.tensors:
+        if tensor.data_offset + tensor.n_bytes > file_size:
+            raise ModelLoadError(f"{path}: truncated GGUF file (tensor {tensor.name} ends past the end)")
+    return reader
+
+
+def read_gguf_metadata(gguf: GgufFile) -> GgufMetadata:
+    """The file's architecture, HF config and tokenizer facts (gguf_config.read_metadata)."""
+    config_tensors = {t.name: _dequantized(t, gguf.paths[0]).reshape(-1) for t in gguf.tensors() if t.name in CONFIG_TENSORS}
+    shapes = {t.name: tuple(int(dim) for dim in reversed(t.shape.tolist())) for t in gguf.tensors()}
+    return read_metadata(gguf.get, config_tensors, shapes, str(gguf.paths[0]))
+
+
+def hf_names(gguf_name: str, arch: GgufArch, num_experts: int) -> list[str] | None:
+    """The HF names of a llama.cpp tensor (several for stacked experts, in expert order), or None."""
+    if gguf_name in GLOBAL_TENSOR_NAMES:
+        return [GLOBAL_TENSOR_NAMES[gguf_name]]
+    legacy = _LEGACY_EXPERT_RE.fullmatch(gguf_name)
+    if legacy is not None and arch.expert_names and int(legacy[3]) < num_experts:
+        module = arch.expert_names[f"{legacy[2]}_exps"]
+        return [f"model.layers.{legacy[1]}.{module.format(e=int(legacy[3]))}.weight"]
+    match = _LAYER_TENSOR_RE.fullmatch(gguf_name)
+    if match is None:
+        return None
+    layer, key, suffix = match.groups()
+    if key in arch.layer_names:
+        return [f"model.layers.{layer}.{arch.layer_names[key]}.{suffix}"]
+    if key in arch.expert_names:
+        module = arch.expert_names[key]
+        return [f"model.layers.{layer}.{module.format(e=e)}.{suffix}" for e in range(num_experts)]
+    return None
+
+
 def undo_rope_permute(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """Inverse of llama.cpp's convert-time row permutation of a q_proj / k_proj weight.
+    """Inverse of llama.cpp's convert-time row permutation of a q_proj / k_proj weight (or bias).
 
     HF Llama rotates the pairs (i, i + d/2) of each head (rotate_half); llama.cpp rotates
     adjacent pairs (2i, 2i + 1), so its converter reorders each head's d rows as
@@ -220,103 +202,144 @@ def undo_rope_permute(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     i.e. `w.reshape(heads, 2, d/2, in).swapaxes(1, 2)`. Undoing it: view the GGUF rows as
     (heads, d/2, 2), swap the last two axes back. `num_heads` is the KV head count for k_proj.
     """
-    rows, cols = weight.shape
+    rows, rest = weight.shape[0], weight.shape[1:]
     half = rows // num_heads // 2
-    return weight.reshape(num_heads, half, 2, cols).transpose(1, 2).reshape(rows, cols).contiguous()
+    return weight.reshape(num_heads, half, 2, *rest).transpose(1, 2).reshape(weight.shape).contiguous()
 
 
-def read_llama_tensors(reader: GGUFReader, meta: LlamaMetadata, gguf_path: Path) -> dict[str, torch.Tensor]:
-    """All tensors dequantized to float32 CPU tensors under HF names, q/k rows un-permuted.
+def _fix_rows(tensor: torch.Tensor, hf_name: str, meta: GgufMetadata) -> torch.Tensor:
+    """Undo llama.cpp's q/k row permutation where its converter applied one (rows of any dtype)."""
+    if not meta.arch.is_rope_permuted:
+        return tensor
+    if ".q_proj." in hf_name:
+        return undo_rope_permute(tensor, meta.num_heads)
+    if ".k_proj." in hf_name:
+        return undo_rope_permute(tensor, meta.num_kv_heads)
+    return tensor
 
-    Shapes are checked against `meta`: GGUF lists dimensions innermost first, and the numpy
-    arrays gguf hands back are already in row-major order (reversed GGUF shape) = torch order.
-    """
+
+def _dequantized(t: ReaderTensor, path: Path) -> np.ndarray:
     import numpy as np
-    import torch
     from gguf.quants import dequantize
 
-    shapes = expected_shapes(meta)
-    tensors: dict[str, torch.Tensor] = {}
-    for t in reader.tensors:
-        name = hf_tensor_name(t.name)
-        if name is None or name not in shapes:
-            raise ModelLoadError(f"{gguf_path}: unexpected tensor {t.name!r} for a llama model")
-        shape = tuple(int(dim) for dim in reversed(t.shape.tolist()))
-        if shape != shapes[name]:
-            raise ModelLoadError(f"{gguf_path}: tensor {t.name} has shape {shape}, expected {shapes[name]}")
-        try:
-            values = dequantize(t.data, t.tensor_type)
-        except (NotImplementedError, ValueError) as e:
-            raise ModelLoadError(
-                f"{gguf_path}: cannot dequantize {t.name} ({t.tensor_type.name}): {e}"
-            ) from e
-        tensor = torch.from_numpy(np.array(values, dtype=np.float32).reshape(shape))  # a copy, off the memmap
-        if name.endswith("q_proj.weight"):
-            tensor = undo_rope_permute(tensor, meta.num_heads)
-        elif name.endswith("k_proj.weight"):
-            tensor = undo_rope_permute(tensor, meta.num_kv_heads)
-        tensors[name] = tensor
-    missing = sorted(set(shapes) - set(tensors) - {"lm_head.weight"})
-    if missing:
-        raise ModelLoadError(f"{gguf_path}: GGUF file lacks {len(missing)} tensors, e.g. {missing[0]}")
-    return tensors
+    shape = tuple(int(dim) for dim in reversed(t.shape.tolist()))
+    try:
+        values = dequantize(t.data, t.tensor_type)
+    except (NotImplementedError, ValueError) as e:
+        raise ModelLoadError(f"{path}: cannot dequantize {t.name} ({t.tensor_type.name}): {e}") from e
+    return np.array(values, dtype=np.float32).reshape(shape)  # a copy, off the memmap
 
 
-KEPT_QUANTIZED = ("Q8_0", "Q4_0", "Q4_1")  # the block formats our kernels read (kernels/quant.py)
+def _split(tensor: torch.Tensor, names: list[str], where: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, tensor) pairs: a stacked-experts tensor [n_expert, ...] split along its first axis."""
+    if len(names) == 1:
+        yield names[0], tensor
+        return
+    if tensor.dim() < 2 or tensor.shape[0] != len(names):
+        raise ModelLoadError(f"{where}: holds {tensor.shape[0]} experts, the metadata says {len(names)}")
+    for name, part in zip(names, tensor.unbind(0)):
+        yield name, part.contiguous()
 
 
-def read_quantized_blocks(reader: GGUFReader, meta: LlamaMetadata) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """The tensors in a format of KEPT_QUANTIZED as the file stores them: HF name -> uint8
-    `[rows, bytes per row]` (q/k rows un-permuted, whole rows of blocks moved), and HF name ->
-    format ("q4_1", ...). Shapes were checked by read_llama_tensors."""
-    import numpy as np
+def iter_tensors(gguf: GgufFile, meta: GgufMetadata) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, weight) for every weight, dequantized to float32 CPU tensors, one GGUF tensor at a
+    time: q/k rows un-permuted, Gemma norms back to w, stacked experts split. GGUF lists dimensions
+    innermost first; the numpy arrays gguf hands back are already row-major (reversed GGUF shape) =
+    torch order. Names are not checked against the config here (check_shapes does that)."""
     import torch
 
-    blocks: dict[str, torch.Tensor] = {}
-    formats: dict[str, str] = {}
-    for t in reader.tensors:
-        name = hf_tensor_name(t.name)
-        if name is None or t.tensor_type.name not in KEPT_QUANTIZED:
+    path = gguf.paths[0]
+    for t in gguf.tensors():
+        if t.name in CONFIG_TENSORS:
             continue
-        raw = torch.from_numpy(np.array(t.data, dtype=np.uint8))  # [rows, bytes]: a copy, off the memmap
-        if name.endswith("q_proj.weight"):
-            raw = undo_rope_permute(raw, meta.num_heads)
-        elif name.endswith("k_proj.weight"):
-            raw = undo_rope_permute(raw, meta.num_kv_heads)
-        blocks[name] = raw
-        formats[name] = t.tensor_type.name.lower()
-    return blocks, formats
+        names = hf_names(t.name, meta.arch, meta.num_experts)
+        if names is None:
+            raise ModelLoadError(f"{path}: unexpected tensor {t.name!r} for a {meta.arch.gguf_arch} model")
+        tensor = torch.from_numpy(_dequantized(t, path))
+        for name, part in _split(tensor, names, f"{path}: tensor {t.name}"):
+            part = _fix_rows(part, name, meta)
+            if meta.arch.is_norm_plus_one and name.endswith("norm.weight"):
+                part = part - 1.0
+            yield name, part
 
 
-def hf_llama_config(meta: LlamaMetadata, *, is_tied: bool, dtype: torch.dtype) -> dict[str, Any]:
-    """A transformers-loadable LlamaForCausalLM config.json (rope given in both old and new keys)."""
+def check_shapes(shapes: dict[str, tuple[int, ...]], meta: GgufMetadata, path: Path) -> None:
+    """Every weight of the HF model is present with its shape, and nothing else (experts: the
+    per-expert names are checked against the fused expert parameters transformers builds)."""
+    expected = expected_shapes(meta)
+    for name, shape in expected.items():
+        if name not in shapes:
+            if name == "lm_head.weight" and meta.config.get("tie_word_embeddings"):
+                continue
+            raise ModelLoadError(f"{path}: GGUF file lacks the tensor for {name}")
+        if shapes[name] != shape:
+            raise ModelLoadError(f"{path}: {name} has shape {shapes[name]}, expected {shape}")
+    extra = sorted(set(shapes) - set(expected))
+    if extra:
+        raise ModelLoadError(f"{path}: unexpected tensor {extra[0]} for this {meta.arch.architecture} config")
+
+
+def expected_shapes(meta: GgufMetadata) -> dict[str, tuple[int, ...]]:
+    """HF checkpoint name -> shape of every weight of the model `meta.config` describes: the
+    transformers model built on the meta device, its fused expert parameters ([n, 2f, h] gate_up,
+    [n, h, f] down) spelled as the per-expert names of the checkpoints."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(**{**meta.config, "model_type": meta.arch.model_type})
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    shapes: dict[str, tuple[int, ...]] = {}
+    for name, tensor in model.state_dict().items():
+        shape = tuple(tensor.shape)
+        if name.endswith("experts.gate_up_proj") or name.endswith("experts.down_proj"):
+            prefix = name.rsplit(".", 1)[0]
+            kind = name.rsplit(".", 1)[1]
+            shapes.update(_expert_shapes(meta.arch, prefix, kind, shape))
+        else:
+            for old, new in meta.arch.checkpoint_renames.items():
+                name = name.replace(old, new)
+            shapes[name] = shape
+    return shapes
+
+
+def _expert_shapes(arch: GgufArch, prefix: str, kind: str, shape: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
+    layer = prefix.split(".")[2]
+    num, rows, cols = shape
+    modules = arch.expert_names
+    if kind == "gate_up_proj":
+        keys, row_shape = ("ffn_gate_exps", "ffn_up_exps"), (rows // 2, cols)
+    else:
+        keys, row_shape = ("ffn_down_exps",), (rows, cols)
     return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": meta.hidden_size,
-        "intermediate_size": meta.intermediate_size,
-        "num_hidden_layers": meta.num_layers,
-        "num_attention_heads": meta.num_heads,
-        "num_key_value_heads": meta.num_kv_heads,
-        "head_dim": meta.head_dim,
-        "hidden_act": "silu",
-        "max_position_embeddings": meta.context_length,
-        "rms_norm_eps": meta.rms_norm_eps,
-        "rope_theta": meta.rope_theta,
-        "rope_parameters": {"rope_type": "default", "rope_theta": meta.rope_theta},
-        "attention_bias": False,
-        "mlp_bias": False,
-        "vocab_size": meta.vocab_size,
-        "tie_word_embeddings": is_tied,
-        "bos_token_id": meta.bos_token_id,
-        "eos_token_id": meta.eos_token_id,
-        "pad_token_id": meta.pad_token_id,
-        "torch_dtype": str(dtype).removeprefix("torch."),
-        "use_cache": True,
+        f"model.layers.{layer}.{modules[key].format(e=e)}.weight": row_shape for key in keys for e in range(num)
     }
 
 
-def _generation_config(meta: LlamaMetadata) -> dict[str, Any]:
+def read_quantized_blocks(gguf: GgufFile, meta: GgufMetadata) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The tensors in a format of kernels.quant.FORMATS as the file stores them: HF name -> uint8
+    `[rows, bytes per row]` (q/k rows un-permuted and experts split: whole rows of blocks moved),
+    and HF name -> format ("q4_1", ...). Names and shapes were checked by check_shapes."""
+    import numpy as np
+    import torch
+
+    from radixlm.kernels.quant import FORMATS
+
+    blocks: dict[str, torch.Tensor] = {}
+    formats: dict[str, str] = {}
+    for t in gguf.tensors():
+        fmt = t.tensor_type.name.lower()
+        names = hf_names(t.name, meta.arch, meta.num_experts)
+        if names is None or fmt not in FORMATS:
+            continue
+        raw = torch.from_numpy(np.array(t.data, dtype=np.uint8))  # [(experts,) rows, bytes]: a copy
+        for name, part in _split(raw, names, f"{gguf.paths[0]}: tensor {t.name}"):
+            blocks[name] = _fix_rows(part, name, meta)
+            formats[name] = fmt
+    return blocks, formats
+
+
+def _generation_config(meta: GgufMetadata) -> dict[str, Any]:
     ids = {
         "bos_token_id": meta.bos_token_id,
         "eos_token_id": meta.eos_token_id,
@@ -325,17 +348,20 @@ def _generation_config(meta: LlamaMetadata) -> dict[str, Any]:
     return {key: value for key, value in ids.items() if value is not None}
 
 
-def write_tokenizer(gguf_path: Path, out_dir: Path, meta: LlamaMetadata) -> None:
+def write_tokenizer(gguf_path: Path, out_dir: Path, meta: GgufMetadata) -> None:
     """Build the tokenizer from the GGUF vocabulary (via transformers) and save it to `out_dir`.
 
     Afterwards tokenizer_config.json carries the chat template (no separate chat_template.jinja),
     `add_bos_token` as the GGUF states it, and `model_max_length` = the context length.
     """
     from tokenizers import pre_tokenizers
-    from transformers import AutoTokenizer
+    from transformers import TokenizersBackend
 
+    # The backend class directly: AutoTokenizer would first ask transformers' GGUF model loader
+    # for a config, which refuses architectures it cannot load (olmo2, granite, ...); the
+    # tokenizer it builds is this class for every architecture anyway.
     try:
-        tokenizer = AutoTokenizer.from_pretrained(
+        tokenizer = TokenizersBackend.from_pretrained(
             str(gguf_path.parent), gguf_file=str(gguf_path), local_files_only=True
         )
     except Exception as e:
@@ -347,6 +373,7 @@ def write_tokenizer(gguf_path: Path, out_dir: Path, meta: LlamaMetadata) -> None
                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
             ]
         )
+    _make_bos_agree(tokenizer, meta.add_bos_token, meta.bos_token_id)
     if meta.eos_token_id is not None and tokenizer.eos_token_id != meta.eos_token_id:
         raise ModelLoadError(f"{gguf_path}: tokenizer eos id {tokenizer.eos_token_id} != {meta.eos_token_id}")
     tokenizer.save_pretrained(str(out_dir))
@@ -359,6 +386,26 @@ def write_tokenizer(gguf_path: Path, out_dir: Path, meta: LlamaMetadata) -> None
     if meta.chat_template is not None:
         config["chat_template"] = meta.chat_template
     _write_json(config_path, config)
+
+
+def _make_bos_agree(tokenizer: Any, add_bos: bool, bos_id: int | None) -> None:
+    """Make `tokenizer.encode` add BOS iff the file says llama.cpp does (transformers' builder adds
+    it to every sentencepiece vocabulary, whatever the file's `add_bos_token`)."""
+    from tokenizers import processors
+
+    if bos_id is None:
+        return
+    adds_bos = tokenizer.backend_tokenizer.encode("a", add_special_tokens=True).ids[:1] == [bos_id]
+    if adds_bos == add_bos:
+        return
+    bos = tokenizer.convert_ids_to_tokens(bos_id)
+    if add_bos:
+        template = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B:1", special_tokens=[(bos, bos_id)])
+    else:
+        template = processors.TemplateProcessing(single="$A", pair="$A $B:1", special_tokens=[])
+    current = tokenizer.backend_tokenizer.post_processor
+    is_template = current is None or isinstance(current, processors.TemplateProcessing)
+    tokenizer.backend_tokenizer.post_processor = template if is_template else processors.Sequence([current, template])
 
 
 def _write_json(path: Path, obj: dict[str, Any]) -> None:

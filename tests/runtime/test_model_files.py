@@ -14,9 +14,10 @@ import sys
 from pathlib import Path
 
 import gguf
-import numpy as np
+import gguf_testing
 import pytest
 import torch
+from gguf_testing import CHAT_TEMPLATE, tiny_vocab
 from safetensors.torch import save_file
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
@@ -32,40 +33,9 @@ from radixlm.runtime.model.model_files import (
     resolve_model_path,
 )
 
-CHAT_TEMPLATE = (
-    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content']"
-    " + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-MERGES = ["h e", "l l", "Ġ w", "he ll"]
-
 
 def llama_cpp_permute(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """What llama.cpp's convert_hf_to_gguf.py does to q/k rows (written here independently)."""
-    rows = weight.shape[0]
-    return (
-        weight.reshape(num_heads, 2, rows // num_heads // 2, *weight.shape[1:])
-        .swapaxes(1, 2)
-        .reshape(weight.shape)
-    )
-
-
-def byte_alphabet() -> list[str]:
-    """GPT-2's printable spelling of the 256 bytes, in byte order."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-    printable += list(range(ord("®"), ord("ÿ") + 1))
-    spelling, extra = {}, 0
-    for byte in range(256):
-        if byte in printable:
-            spelling[byte] = chr(byte)
-        else:
-            spelling[byte] = chr(256 + extra)
-            extra += 1
-    return [spelling[byte] for byte in range(256)]
-
-
-def tiny_vocab() -> list[str]:
-    return SPECIAL_TOKENS + byte_alphabet() + ["he", "ll", "Ġw", "hell"]
+    return gguf_testing.llama_cpp_permute(weight, num_heads)
 
 
 def tiny_llama(tied: bool = False) -> LlamaForCausalLM:
@@ -93,50 +63,11 @@ def tiny_llama(tied: bool = False) -> LlamaForCausalLM:
     return model
 
 
-def write_tiny_gguf(model: LlamaForCausalLM, path: Path, arch: str = "llama") -> None:
-    """A llama.cpp-style GGUF of `model`: F32 tensors, q/k permuted, ChatML tokenizer metadata."""
-    cfg = model.config
-    writer = gguf.GGUFWriter(path, arch)
-    writer.add_context_length(cfg.max_position_embeddings)
-    writer.add_embedding_length(cfg.hidden_size)
-    writer.add_block_count(cfg.num_hidden_layers)
-    writer.add_feed_forward_length(cfg.intermediate_size)
-    writer.add_head_count(cfg.num_attention_heads)
-    writer.add_head_count_kv(cfg.num_key_value_heads)
-    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_rope_dimension_count(cfg.head_dim)
-    writer.add_vocab_size(cfg.vocab_size)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("smollm")
-    writer.add_token_list(tiny_vocab())
-    writer.add_token_types([3] * len(SPECIAL_TOKENS) + [1] * (len(tiny_vocab()) - len(SPECIAL_TOKENS)))
-    writer.add_token_merges(MERGES)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    writer.add_pad_token_id(2)
-    writer.add_unk_token_id(0)
-    writer.add_add_bos_token(False)
-    writer.add_chat_template(CHAT_TEMPLATE)
-    to_gguf = {hf: g for g, hf in gguf_convert._GLOBAL_TENSOR_NAMES.items()}
-    to_gguf_layer = {hf: g for g, hf in gguf_convert._LAYER_TENSOR_NAMES.items()}
-    for name, tensor in model.state_dict().items():
-        if name == "lm_head.weight" and cfg.tie_word_embeddings:
-            continue
-        if name.startswith("model.layers."):
-            _, _, layer, *rest = name.split(".")
-            gguf_name = f"blk.{layer}.{to_gguf_layer['.'.join(rest[:-1])]}.weight"
-        else:
-            gguf_name = to_gguf[name]
-        if name.endswith("q_proj.weight"):
-            tensor = llama_cpp_permute(tensor, cfg.num_attention_heads)
-        elif name.endswith("k_proj.weight"):
-            tensor = llama_cpp_permute(tensor, cfg.num_key_value_heads)
-        writer.add_tensor(gguf_name, tensor.numpy().astype(np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+def write_tiny_gguf(model: LlamaForCausalLM, path: Path, split_max_tensors: int = 0) -> list[Path]:
+    """A llama.cpp-style GGUF of `model` (tests/gguf_testing.py: F32, q/k permuted, ChatML tokenizer)."""
+    hf_dir = path.with_name(f"{path.stem}-hf")
+    model.save_pretrained(hf_dir, safe_serialization=True)
+    return gguf_testing.write_gguf(hf_dir, path, "llama", split_max_tensors=split_max_tensors)
 
 
 @pytest.fixture
@@ -211,7 +142,7 @@ def test_tiny_gguf_converts_to_the_original_weights(
 
     config = json.loads((model_dir / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"] and config["model_type"] == "llama"
-    assert config["tie_word_embeddings"] is False and config["torch_dtype"] == "float32"
+    assert config["tie_word_embeddings"] is False and config["dtype"] == "float32"
     assert (config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]) == (4, 2, 16)
     assert json.loads((model_dir / "generation_config.json").read_text()) == {
         "bos_token_id": 1,
@@ -300,8 +231,14 @@ def test_concurrent_first_calls_convert_once(tmp_cache: Path, tiny_gguf: Path) -
 
 def test_unsupported_gguf_architecture(tmp_cache: Path, tmp_path: Path) -> None:
     path = tmp_path / "other.gguf"
-    write_tiny_gguf(tiny_llama(), path, arch="qwen3")
-    with pytest.raises(ModelLoadError, match=r"other\.gguf.*unsupported GGUF architecture 'qwen3'"):
+    writer = gguf.GGUFWriter(path, "mamba")
+    writer.add_block_count(2)
+    writer.add_tensor("token_embd.weight", torch.zeros(4, 8).numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ModelLoadError, match=r"other\.gguf.*unsupported GGUF architecture 'mamba' \(supported: llama, qwen2"):
         resolve_model_path(path)
     assert not (tmp_cache / "gguf").exists() or cache_entries(tmp_cache) == ["gguf"]
 
@@ -359,16 +296,84 @@ def test_nonexistent_path(tmp_path: Path) -> None:
         resolve_model_path(tmp_path / "nope")
 
 
-def test_dir_without_config(tmp_path: Path) -> None:
+def test_dir_without_config_or_gguf(tmp_path: Path) -> None:
     model_dir = write_hf_dir(tmp_path / "m")
     (model_dir / "config.json").unlink()
-    with pytest.raises(ModelLoadError, match=r"/m: not a model directory \(no config.json\)$"):
-        resolve_model_path(model_dir)
-    (model_dir / "model.gguf").write_bytes(b"")
     with pytest.raises(
-        ModelLoadError, match=r"no config.json\); to load a GGUF, pass the file, e.g. .*model.gguf"
+        ModelLoadError, match=r"/m: not a model directory \(no config.json, no .gguf file; found \['model.safetensors'"
     ):
         resolve_model_path(model_dir)
+
+
+def test_dir_holding_one_gguf_resolves_to_it(tmp_cache: Path, tmp_path: Path, tiny_gguf: Path) -> None:
+    folder = tmp_path / "downloaded"
+    folder.mkdir()
+    (folder / "README.md").write_text("a model card")
+    os.link(tiny_gguf, folder / tiny_gguf.name)
+    assert resolve_model_path(folder) == resolve_model_path(folder / tiny_gguf.name)
+    (folder / "mmproj-model-f16.gguf").write_bytes(b"")  # a vision projector beside it is not a model
+    assert resolve_model_path(folder) == resolve_model_path(folder / tiny_gguf.name)
+    (folder / "config.json").write_text("{}")  # GGUF repos may carry one: no safetensors, so the GGUF counts
+    assert resolve_model_path(folder) == resolve_model_path(folder / tiny_gguf.name)
+    (folder / "other.gguf").write_bytes(b"")
+    with pytest.raises(ModelLoadError, match=r"holds 2 GGUF models \(other.gguf, tiny-llama.gguf\).*pass one"):
+        resolve_model_path(folder)
+
+
+def test_split_gguf_reads_all_shards(tmp_cache: Path, tmp_path: Path, tiny_model: LlamaForCausalLM) -> None:
+    shards = write_tiny_gguf(tiny_model, tmp_path / "split" / "tiny.gguf", split_max_tensors=5)
+    assert [p.name for p in shards] == [f"tiny-{n:05d}-of-00005.gguf" for n in range(1, 6)]
+    for given in (shards[0], shards[0].parent):  # the first shard, or the folder holding the shards
+        model_dir = resolve_model_path(given)
+        state_dict = load_state_dict(model_dir)
+        assert sorted(state_dict) == sorted(tiny_model.state_dict())
+        for name, tensor in tiny_model.state_dict().items():
+            assert torch.equal(state_dict[name], tensor), name
+    with pytest.raises(ModelLoadError, match=r"shard 3 of a split GGUF; pass its first shard, tiny-00001-of-00005.gguf"):
+        resolve_model_path(shards[2])
+    shards[3].unlink()
+    with pytest.raises(ModelLoadError, match=r"tiny-00001-of-00005.gguf: split GGUF of 5 shards lacks tiny-00004-of-00005.gguf"):
+        resolve_model_path(shards[0])
+
+
+def test_split_gguf_shard_from_another_model(tmp_cache: Path, tmp_path: Path, tiny_model: LlamaForCausalLM) -> None:
+    shards = write_tiny_gguf(tiny_model, tmp_path / "a" / "m.gguf", split_max_tensors=8)
+    other = write_tiny_gguf(tiny_llama(tied=True), tmp_path / "b" / "m.gguf", split_max_tensors=8)
+    assert len(shards) == 3 and len(other) == 3
+    shards[1].write_bytes(other[2].read_bytes())
+    with pytest.raises(ModelLoadError, match=r"m-00002-of-00003.gguf: not shard 2 of 3 of m-00001-of-00003.gguf"):
+        resolve_model_path(shards[0])
+    assert not (tmp_cache / "gguf").exists() or cache_entries(tmp_cache) == ["gguf"]
+
+
+@pytest.fixture
+def built_kernels() -> Path:
+    """The real cache's built C++ kernels (resolved before `tmp_cache` replaces the cache)."""
+    return cache_dir() / "extensions"
+
+
+def test_engine_serves_a_split_gguf_with_no_other_flag(
+    built_kernels: Path, tmp_cache: Path, tmp_path: Path, tiny_model: LlamaForCausalLM
+) -> None:
+    """`--model-path <first shard>` alone: dtype, quantization and chat template from the files."""
+    from radixlm.runtime.engine import Engine
+
+    tmp_cache.mkdir(parents=True, exist_ok=True)
+    (tmp_cache / "extensions").symlink_to(built_kernels)  # the kernels built already, not a rebuild
+    shards = write_tiny_gguf(tiny_model, tmp_path / "split" / "tiny.gguf", split_max_tensors=8)
+    prompt = [1, 7, 8, 9, 10]
+    with Engine(str(shards[0]), max_total_tokens=512, random_seed=0) as engine:
+        out = engine.generate(input_ids=prompt, sampling_params={"temperature": 0, "max_new_tokens": 8, "ignore_eos": True})
+        chat = engine.tokenizer.apply_chat_template([{"role": "user", "content": "hell"}])
+        dtype = engine.runner.cfg.dtype
+        assert engine.model_config.architecture == "LlamaForCausalLM" and engine.model_config.num_layers == 2
+    assert chat == "<|im_start|>user\nhell<|im_end|>\n<|im_start|>assistant\n"
+    assert len(out["output_ids"]) == 8
+    if dtype == torch.float32:  # --dtype auto picks bfloat16 on CPUs where it is fast: greedy may then differ
+        with torch.no_grad():
+            ref = tiny_model.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, eos_token_id=None,
+                                      pad_token_id=0)
+        assert out["output_ids"] == ref[0, len(prompt):].tolist()
 
 
 def test_unparseable_config(tmp_path: Path) -> None:
@@ -384,7 +389,10 @@ def test_dir_without_weights_or_tokenizer(tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError, match="no tokenizer"):
         resolve_model_path(model_dir)
     (model_dir / "model.safetensors").unlink()
-    with pytest.raises(ModelLoadError, match=r"no \*.safetensors"):
+    with pytest.raises(ModelLoadError, match=r"no \*.safetensors weight files$"):
+        resolve_model_path(model_dir)
+    (model_dir / "pytorch_model.bin").write_bytes(b"")
+    with pytest.raises(ModelLoadError, match=r"no \*.safetensors weight files \(found pytorch_model.bin: only safetensors"):
         resolve_model_path(model_dir)
 
 
@@ -403,8 +411,11 @@ def test_corrupt_safetensors(tmp_path: Path, damage: str) -> None:
 def test_neither_dir_nor_gguf(tmp_path: Path) -> None:
     path = tmp_path / "weights.bin"
     path.write_bytes(b"x")
-    with pytest.raises(ModelLoadError, match="not a model directory or a .gguf file"):
+    with pytest.raises(ModelLoadError, match="not a model directory or a .gguf file \\(expected an HF model directory"):
         resolve_model_path(path)
+    model_dir = write_hf_dir(tmp_path / "m")
+    with pytest.raises(ModelLoadError, match=r"model.safetensors: not a model directory .*; pass its folder, .*/m$"):
+        resolve_model_path(model_dir / "model.safetensors")
 
 
 def test_cache_dir_follows_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from radixlm.kernels.quant import QuantizedTensor
 from radixlm.runtime.config.envs import RADIXLM_ADAPTIVE_THREADS
 from radixlm.runtime.config.server_args import ServerArgs
 from radixlm.runtime.mem_cache.mem_pool import KVPool, ReqToTokenPool
-from radixlm.runtime.model.attention.base import create_attention_backend
+from radixlm.runtime.model.attention.base import LayerAttention, create_attention_backend
 from radixlm.runtime.model.cpu_threads import ThreadGovernor
 from radixlm.runtime.model.forward_batch import ForwardBatch
 from radixlm.runtime.model.kernel_policy import choose, load_cpu_kernels
@@ -128,8 +128,8 @@ class ModelRunner:
         )
         self.threads = ThreadGovernor() if runner_cfg.adaptive_threads and runner_cfg.device == "cpu" else None
         self.attn_backend = create_attention_backend(
-            runner_cfg.attention_backend, self.kv_pool, self.req_to_token_pool, model_cfg.head_dim**-0.5,
-            load_cpu_kernels() if self.cpu_kernels else None, runner_cfg.bf16_path,
+            runner_cfg.attention_backend, self.kv_pool, self.req_to_token_pool, model_cfg.scaling,
+            load_cpu_kernels() if self.cpu_kernels else None, runner_cfg.bf16_path, layer_attention(model_cfg),
         )
         logger.info(
             "model loaded in %.1fs: %s%s, dtype %s%s%s, KV pool %d tokens (%s)",
@@ -193,6 +193,12 @@ class ModelRunner:
         if not self.model.runs_in_decode_stack(batch):
             self.attn_backend.init_forward_metadata(batch)
         return self.model(batch, self.attn_backend)
+
+
+def layer_attention(cfg: ModelConfig) -> list[LayerAttention]:
+    """How each of the model's layers attends (its scale, window and soft-cap)."""
+    return [LayerAttention(cfg.scaling, cfg.layer(i).sliding_window, cfg.attn_logit_softcap)
+            for i in range(cfg.num_layers)]
 
 
 def quantizes(model_dir: Path, quantization: str) -> bool:

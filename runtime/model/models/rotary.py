@@ -7,7 +7,10 @@ Partial rotary (only the leading `rotary_dim` dims of a head rotate): the table'
 are 1 + 0i, so those dims pass through unchanged (exactly) and every layer, DecodeStack's too,
 applies one table of head_dim / 2 pairs. LongRoPE keeps two tables, short and long; a token takes
 the long one when its request's sequence is longer than original_max_position_embeddings, which
-is transformers' choice for a whole sequence run in one call (prefill, or a decode step).
+is transformers' choice for a call over a cache (prefill, extend, or a decode step). Not yet
+done: transformers' `generate` (Phi-3) recomputes the whole cache with the long factors when a
+sequence first crosses that length; here the keys cached before the crossing keep the short ones
+(the radix cache shares them with requests that stay short).
 """
 
 from __future__ import annotations

@@ -129,9 +129,7 @@ def _gemma(raw: Raw, opts: dict[str, Any], source: str) -> dict[str, Any]:
     is_gemma3 = opts["variant"] == "gemma3"
     if raw.get("use_bidirectional_attention"):
         raise UnsupportedModelError(f"{source}: use_bidirectional_attention is not supported (causal decoders only)")
-    if "head_dim" not in raw:
-        opts["head_dim"] = 256  # the config classes' default, not hidden / heads
-    head_dim = opts["head_dim"]
+    head_dim = int(raw.get("head_dim") or 256)  # the config classes' default, not hidden / heads
     pattern = int(raw.get("sliding_window_pattern") or raw.get("_sliding_window_pattern") or 6) if is_gemma3 else 2
     if "sliding_window" not in raw:
         raw = dict(raw, sliding_window=4096)
@@ -142,6 +140,7 @@ def _gemma(raw: Raw, opts: dict[str, Any], source: str) -> dict[str, Any]:
     assert global_rope is not None and local_rope is not None
     bias = bool(raw.get("attention_bias", False))
     return dict(
+        head_dim=head_dim,
         rope=global_rope,
         attention_bias=bias,
         o_proj_bias=bias,

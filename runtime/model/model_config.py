@@ -117,7 +117,7 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], source: str = "config") -> ModelConfig:
-        from radixlm.runtime.model.families import FAMILIES, family_options
+        from radixlm.runtime.model.families import FAMILIES, family_options  # it imports this module's types
 
         archs = raw.get("architectures") or []
         arch = next((a for a in archs if a in FAMILIES), None)

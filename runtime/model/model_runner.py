@@ -138,10 +138,18 @@ class ModelRunner:
             "" if tp is None else f" (tensor-parallel rank {tp.rank} of {tp.size})",
             runner_cfg.dtype,
             f", {self.quantized_layers} quantized linear layers ({runner_cfg.quant_mode})" if self.quantized_layers else "",
-            " (C++ CPU decode kernels)" if self.cpu_kernels else "",
+            self._kernels_note(),
             runner_cfg.max_total_num_tokens,
             self.kv_pool.dtype,
         )
+
+    def _kernels_note(self) -> str:
+        if not self.cpu_kernels:
+            return ""
+        if self.model.decode_stack is not None:
+            return " (C++ CPU decode kernels)"
+        lacks = self.model.decode_stack_misfit() or "this head size or shared-memory sum"
+        return f" (C++ CPU kernels; decode steps layer by layer: DecodeStack lacks {lacks})"
 
     @classmethod
     def from_dir(cls, model_dir: Path, runner_cfg: RunnerConfig, tp_size: int = 1,

@@ -82,6 +82,7 @@ class TorchAttentionBackend(BaseAttentionBackend):
         """`bf16_path`: our bf16 GEMM's (kernel_policy.choose), which names the instructions the
         attention kernels may use; None: kernel_policy.bf16_path's."""
         super().__init__(kv_pool, req_to_token_pool, scaling, layers)
+        self._windowed_or_capped = [i for i, a in enumerate(self.layers) if not a.is_plain]
         head_dim = kv_pool.k_buffer[0].shape[-1]
         fits = head_dim in PAGED_ATTENTION_HEAD_DIMS and kv_pool.device.type == "cpu"
         self.cpu_kernels = cpu_kernels if fits else None
@@ -96,7 +97,8 @@ class TorchAttentionBackend(BaseAttentionBackend):
         mixed extend batches are split: requests with one new token (decodes riding along, or
         1-token extends) attend as a decode batch instead of being padded to the longest extend."""
         self._paged = self.cpu_kernels is not None and (self.amx or self.flash or not _is_dense_prefill(batch))
-        self._torch_layers = frozenset(i for i, a in enumerate(self.layers) if a.logit_softcap is not None or a.cuts(batch))
+        self._torch_layers = frozenset(i for i in self._windowed_or_capped
+                                       if self.layers[i].logit_softcap is not None or self.layers[i].cuts(batch))
         self._masks = {}
         if self._paged:
             self.num_paged_forwards += 1

@@ -74,6 +74,8 @@ class DecoderLayer(nn.Module):
         norm_dims = {"head": (cfg.head_dim, cfg.head_dim), "projection": (self.q_size, self.kv_size)}.get(cfg.qk_norm)
         self.q_norm = RMSNorm(norm_dims[0], eps) if norm_dims else None
         self.k_norm = RMSNorm(norm_dims[1], eps) if norm_dims else None
+        # the MLP seam: any module [T, hidden] -> [T, hidden]; a mixture-of-experts block
+        # (models/moe.py) takes this place for the MoE families, loaded by its own code
         self.mlp: nn.Module = DenseMLP(cfg)
         # Granite's residual_multiplier where the output products could not absorb it (quantized)
         self.output_scale = 1.0

@@ -99,7 +99,7 @@ class ModelRunner:
             shard_cfg, lm_head_rows = shard_config(model_cfg, tp.size), vocab_part(model_cfg, tp.size)
             state_dict = ShardedWeights(state_dict, model_cfg, tp.rank, tp.size)  # type: ignore[arg-type]
         with torch.device("meta"):
-            model = LlamaForCausalLM(shard_cfg, lm_head_rows)
+            model = LlamaForCausalLM(shard_cfg, lm_head_rows, runner_cfg.context_len)
         model = model.to_empty(device=runner_cfg.device)
         if runner_cfg.device != "cpu" and (runner_cfg.quantize_to or any(
                 isinstance(w, QuantizedTensor) for w in state_dict.values())):

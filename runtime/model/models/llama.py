@@ -58,8 +58,10 @@ class LlamaForCausalLM(nn.Module):
     """Every dense family's decoder (ModelConfig's options shape its layers; the name is the
     first family's)."""
 
-    def __init__(self, cfg: ModelConfig, lm_head_rows: int | None = None):
-        """`lm_head_rows`: a tensor-parallel rank's share of the vocabulary (default: all of it)."""
+    def __init__(self, cfg: ModelConfig, lm_head_rows: int | None = None, max_positions: int | None = None):
+        """`lm_head_rows`: a tensor-parallel rank's share of the vocabulary (default: all of it);
+        `max_positions`: the longest sequence it will run (default: the model's context length),
+        which sizes the rotary tables (a 128k-token model served at 8k keeps 8k rows)."""
         super().__init__()
         self.cfg = cfg
         # built on the meta device and loaded after: no random init (nn.Embedding's normal_ on a meta
@@ -78,7 +80,8 @@ class LlamaForCausalLM(nn.Module):
             if rope is not None and rope not in ropes:
                 ropes.append(rope)
         with torch.device("cpu"):  # tables, not parameters: real even when the layers are built on meta
-            self.rotaries = [RotaryEmbedding(cfg.head_dim, cfg.context_len, rope) for rope in ropes]
+            positions = min(cfg.context_len, max_positions or cfg.context_len)
+            self.rotaries = [RotaryEmbedding(cfg.head_dim, positions, rope) for rope in ropes]
         self.rotary = self.rotaries[0]
         self.layer_rope = [None if cfg.layer(i).rope is None else ropes.index(cfg.layer(i).rope)  # type: ignore[arg-type]
                            for i in range(cfg.num_layers)]

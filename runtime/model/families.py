@@ -1,7 +1,8 @@
 """Each architecture's config.json turned into ModelConfig's typed options, once, at load.
 
-`FAMILIES` maps the architectures we implement to their variant; `family_options` takes the
-fields every family shares (parsed by ModelConfig.from_dict) and adds what the variant says.
+model_config.SUPPORTED_ARCHITECTURES maps the architectures we implement to their variant;
+`family_options` takes the fields every family shares (parsed by ModelConfig.from_dict) and adds
+what the variant's parser here says.
 Defaults where a config.json omits a field are those of the family's transformers config class;
 an option we do not implement is refused here, by name, never ignored."""
 
@@ -13,25 +14,14 @@ from typing import Any
 
 from radixlm.runtime.model.model_config import Activation, LayerOptions, RopeConfig, UnsupportedModelError
 
-FAMILIES = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "mistral",
-    "Qwen2ForCausalLM": "qwen2",
-    "Qwen3ForCausalLM": "qwen3",
-    "Gemma2ForCausalLM": "gemma2",
-    "Gemma3ForCausalLM": "gemma3",
-    "Phi3ForCausalLM": "phi3",
-    "Olmo2ForCausalLM": "olmo2",
-    "GraniteForCausalLM": "granite",
-    "SmolLM3ForCausalLM": "smollm3",
-}
-
 Raw = dict[str, Any]
 _ACTIVATIONS: dict[str, Activation] = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 
 
 def family_options(variant: str, raw: Raw, common: dict[str, Any], source: str) -> dict[str, Any]:
     """ModelConfig's keyword arguments: `common` plus the variant's options."""
+    if variant not in _PARSERS:
+        raise UnsupportedModelError(f"{source}: no options parser for the {variant!r} variant")
     opts = dict(common)
     opts.update(_PARSERS[variant](raw, opts, source))
     return opts

@@ -11,6 +11,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+# Architectures our decoder implements; the value is the variant whose options parser
+# (families.py) reads the rest of the config.
+SUPPORTED_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+    "Gemma2ForCausalLM": "gemma2",
+    "Gemma3ForCausalLM": "gemma3",
+    "Phi3ForCausalLM": "phi3",
+    "Olmo2ForCausalLM": "olmo2",
+    "GraniteForCausalLM": "granite",
+    "SmolLM3ForCausalLM": "smollm3",
+}
+
 NormLayout = Literal["pre", "sandwich", "post"]
 QKNorm = Literal["none", "head", "projection"]
 Activation = Literal["silu", "gelu_tanh"]
@@ -117,16 +132,16 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], source: str = "config") -> ModelConfig:
-        from radixlm.runtime.model.families import FAMILIES, family_options  # it imports this module's types
+        from radixlm.runtime.model.families import family_options  # it imports this module's types
 
         archs = raw.get("architectures") or []
-        arch = next((a for a in archs if a in FAMILIES), None)
+        arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if arch is None:
             raise UnsupportedModelError(
                 f"{source}: unsupported architecture {archs or raw.get('model_type')!r}; "
-                f"supported: {sorted(FAMILIES)}"
+                f"supported: {sorted(SUPPORTED_ARCHITECTURES)}"
             )
-        variant = FAMILIES[arch]
+        variant = SUPPORTED_ARCHITECTURES[arch]
         try:
             hidden = int(raw["hidden_size"])
             num_heads = int(raw["num_attention_heads"])

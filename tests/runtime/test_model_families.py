@@ -53,11 +53,20 @@ def hf_chunks(hf: torch.nn.Module, seq: list[int], cuts: list[int]) -> list[torc
 def test_prefill_extend_and_decode_match_hf(family_dirs: dict[str, tuple[torch.nn.Module, Path]], kind: str,
                                             batch_size: int) -> None:
     """fp32 logits within 1e-4 of transformers: a batch's prefill, its extend over the cached
-    prefixes, three decode steps, over scattered pool slots."""
-    hf, path = family_dirs[kind]
+    prefixes, three decode steps, over scattered pool slots (our C++ kernels where they run)."""
+    check_batch(*family_dirs[kind], kind, batch_size, cpu_kernels=True)
+
+
+@pytest.mark.parametrize("kind", FAMILIES)
+def test_torch_ops_path_matches_hf(family_dirs: dict[str, tuple[torch.nn.Module, Path]], kind: str) -> None:
+    """The same on torch ops alone (no C++ kernels: every layer's attention on the torch path)."""
+    check_batch(*family_dirs[kind], kind, 7, cpu_kernels=False)
+
+
+def check_batch(hf: torch.nn.Module, path: Path, kind: str, batch_size: int, cpu_kernels: bool) -> None:
     cfg = ModelConfig.from_dir(path)
-    runner = ModelRunner(cfg, RunnerConfig(torch.float32, "torch", 8192, batch_size + 1, cfg.context_len),
-                         load_file(path / "model.safetensors"))
+    runner = ModelRunner(cfg, RunnerConfig(torch.float32, "torch", 8192, batch_size + 1, cfg.context_len,
+                                           cpu_kernels=cpu_kernels), load_file(path / "model.safetensors"))
     if runner.cpu_kernels:
         assert (runner.model.decode_stack is not None) == (kind in IN_DECODE_STACK)
     gen = torch.Generator().manual_seed(batch_size)
@@ -76,6 +85,8 @@ def test_prefill_extend_and_decode_match_hf(family_dirs: dict[str, tuple[torch.n
     for step in range(3):
         got = runner_decode(runner, rows, seqs, [m + step for m in mid])
         assert (got - torch.cat([r[2 + step] for r in refs])).abs().max().item() <= ATOL, step
+    if runner.cpu_kernels and batch_size > 1 and kind in ("gemma3", "phi3"):  # windows without a soft-cap
+        assert runner.attn_backend.num_window_view_forwards == 3  # type: ignore[attr-defined]
 
 
 def hf_greedy(hf: torch.nn.Module, prompt: list[int], steps: int) -> list[int]:

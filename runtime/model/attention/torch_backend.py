@@ -15,10 +15,11 @@
   index matrix `[batch, max_seq_len]`, the boolean mask, and for extend the map from flat new
   tokens to padded query rows.
 
-Layers with a sliding window that cuts some context of the batch, or with a logit soft-cap
-(`LayerAttention`), always attend on the torch path, which the paged kernel cannot take: over the
+Layers with a logit soft-cap, or with a sliding window that cuts some context of an extend batch
+(`LayerAttention`), attend on the torch path, which the paged kernel cannot take: over the
 gathered context with a mask that also hides keys outside the window (SDPA), and soft-capped
-scores in plain float32 math. Their KV stays in the pool whole (no eviction of keys a window has
+scores in plain float32 math. A decode step's windowed layers stay on the paged kernel: it reads
+each request's last `window` slots through a small req_to_token of their own. Their KV stays in the pool whole (no eviction of keys a window has
 passed): correct, not yet memory-saving.
 """
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -57,6 +59,14 @@ class _Metadata:
     shared_prefix_len: int = 0  # > 0: cascade attention over slots shared by every request
 
 
+class _WindowView(NamedTuple):
+    """What the paged kernel reads for a windowed layer of a decode batch (`_decode_window_view`)."""
+
+    req_to_token: torch.Tensor  # int32 [batch, window]: each request's last `window` slots
+    req_pool_indices: torch.Tensor  # int64 [batch]: 0 .. batch-1
+    seq_lens: torch.Tensor  # int64 [batch]: min(seq_len, window)
+
+
 @dataclass(frozen=True)
 class _Part:
     """A group of a batch's requests attended together: their flat token indices, a sub-batch
@@ -72,9 +82,11 @@ class TorchAttentionBackend(BaseAttentionBackend):
     _paged: bool = False  # this forward runs the paged kernel
     num_cascade_forwards = 0  # forwards that used cascade attention (a statistic for tests/bench)
     num_paged_forwards = 0  # forwards that used the paged kernel (a statistic for tests/bench)
+    num_window_view_forwards = 0  # decode forwards whose windowed layers read their windows on the paged kernel
 
     _torch_layers: frozenset[int] = frozenset()  # layers this forward attends on the torch path, paged or not
     _masks: dict[tuple[int, int | None], torch.Tensor]  # per forward: (part, window) -> its layers' mask
+    _window_views: dict[int, _WindowView]  # per decode forward on the paged kernel: windowed layer -> its view
 
     def __init__(self, kv_pool: KVPool, req_to_token_pool: ReqToTokenPool, scaling: float,
                  cpu_kernels: cpu_linear.Extension | None = None, bf16_path: str | None = None,
@@ -97,9 +109,18 @@ class TorchAttentionBackend(BaseAttentionBackend):
         mixed extend batches are split: requests with one new token (decodes riding along, or
         1-token extends) attend as a decode batch instead of being padded to the longest extend."""
         self._paged = self.cpu_kernels is not None and (self.amx or self.flash or not _is_dense_prefill(batch))
-        self._torch_layers = frozenset(i for i in self._windowed_or_capped
-                                       if self.layers[i].logit_softcap is not None or self.layers[i].cuts(batch))
-        self._masks = {}
+        torch_layers = {i for i in self._windowed_or_capped
+                        if self.layers[i].logit_softcap is not None or self.layers[i].cuts(batch)}
+        self._masks, self._window_views = {}, {}
+        if self._paged and batch.mode is ForwardMode.DECODE:  # windows without a soft-cap: the paged kernel
+            views: dict[int, _WindowView] = {}
+            for i in sorted(torch_layers):
+                window = self.layers[i].sliding_window
+                if self.layers[i].logit_softcap is None and window is not None:
+                    self._window_views[i] = views.setdefault(window, self._decode_window_view(batch, window))
+            torch_layers -= set(self._window_views)
+            self.num_window_view_forwards += bool(self._window_views)
+        self._torch_layers = frozenset(torch_layers)
         if self._paged:
             self.num_paged_forwards += 1
             if not self._torch_layers:
@@ -160,9 +181,11 @@ class TorchAttentionBackend(BaseAttentionBackend):
         layer = self.layers[layer_id]
         if self._paged and layer_id not in self._torch_layers:
             assert self.cpu_kernels is not None
+            req_to_token, rows, seq_lens = self._window_views.get(
+                layer_id, (self.req_to_token, batch.req_pool_indices, batch.seq_lens))
             return paged_attention(
                 self.cpu_kernels, q, self.kv_pool.k_buffer[layer_id], self.kv_pool.v_buffer[layer_id],
-                self.req_to_token, batch.req_pool_indices, batch.seq_lens, batch.extend_lens, batch.extend_start_loc,
+                req_to_token, rows, seq_lens, batch.extend_lens, batch.extend_start_loc,
                 layer.scaling, amx=self.amx, flash=self.flash,
             )
         if len(self._parts) == 1:
@@ -192,6 +215,15 @@ class TorchAttentionBackend(BaseAttentionBackend):
                 scale=layer.scaling, enable_gqa=True,
             ).transpose(1, 2)  # [B, q_len, H, D]
         return self._unpad(out, q.shape, meta)
+
+    def _decode_window_view(self, batch: ForwardBatch, window: int) -> _WindowView:
+        """A decode batch as seen by a layer with this window: each request's last `window` slots
+        as the rows of a small req_to_token, so the paged kernel reads only them, in place."""
+        seq_lens = batch.seq_lens
+        cols = (seq_lens - window).clamp(min=0)[:, None] + torch.arange(window)[None, :]
+        cols = cols.clamp(max=self.req_to_token.shape[1] - 1)  # past a short request's end: never read
+        rows = self.req_to_token[batch.req_pool_indices[:, None], cols].contiguous()
+        return _WindowView(rows, torch.arange(batch.batch_size), torch.clamp(seq_lens, max=window))
 
     def _first_plain_layer(self) -> int:
         return next((i for i in range(len(self.layers)) if i not in self._torch_layers), -1)

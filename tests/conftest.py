@@ -79,3 +79,16 @@ def scripted_model_dir(tmp_path_factory: pytest.TempPathFactory, default_model_d
     save_tiny_model(path, "llama", vocab_size=49152, tokenizer_dir=default_model_dir,
                     set_weights=script_weights(chain, tokenizer.eos_token_id, {digit: 2.0}))
     return path
+
+
+@pytest.fixture(scope="session")
+def family_models(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path) -> dict[str, tuple[Any, Path]]:
+    """Each of radixlm_testing.FAMILY_CONFIGS' tiny models with the default model's tokenizer:
+    the transformers model and its saved directory, for the Engine and server greedy tests."""
+    from radixlm_testing import FAMILY_CONFIGS, save_tiny_model
+
+    out = {}
+    for kind in sorted(FAMILY_CONFIGS):
+        path = tmp_path_factory.mktemp(f"family-{kind}")
+        out[kind] = (save_tiny_model(path, kind, vocab_size=49152, tokenizer_dir=default_model_dir), path)
+    return out

@@ -54,11 +54,39 @@ TINY_CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 
+# The families beside Llama/Qwen (issue 35), tiny, with every option they have set so that it
+# counts: windows shorter than the test sequences (with full layers beside them), soft-caps the
+# logits reach, scales and multipliers away from 1, partial rotary with longrope (an original
+# length the sequences cross), a layer without RoPE.
+_SHORT_LONG = dict(short_factor=[1.0, 1.1, 1.3, 1.6, 2.0, 2.5], long_factor=[1.0, 1.5, 2.5, 4.0, 6.0, 9.0])
+FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
+    "gemma2": dict(TINY_COMMON, architectures=["Gemma2ForCausalLM"], model_type="gemma2", head_dim=16,
+                   sliding_window=6, layer_types=["sliding_attention", "full_attention"], query_pre_attn_scalar=24,
+                   attn_logit_softcapping=1.5, final_logit_softcapping=2.0),
+    "gemma3": dict(TINY_COMMON, architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", head_dim=16,
+                   sliding_window=6, layer_types=["sliding_attention", "full_attention"], query_pre_attn_scalar=24,
+                   final_logit_softcapping=2.0,
+                   rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                    "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}}),
+    "phi3": dict(TINY_COMMON, architectures=["Phi3ForCausalLM"], model_type="phi3", sliding_window=20,
+                 pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                 original_max_position_embeddings=24,
+                 rope_parameters=dict(_SHORT_LONG, rope_type="longrope", rope_theta=10000.0,
+                                      partial_rotary_factor=0.75)),
+    "olmo2": dict(TINY_COMMON, architectures=["Olmo2ForCausalLM"], model_type="olmo2", eos_token_id=2),
+    "granite": dict(TINY_COMMON, architectures=["GraniteForCausalLM"], model_type="granite", embedding_multiplier=3.0,
+                    residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=4.0),
+    "smollm3": dict(TINY_COMMON, architectures=["SmolLM3ForCausalLM"], model_type="smollm3", no_rope_layers=[1, 0],
+                    pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                    mlp_bias=True, attention_bias=True),
+}
+
+
 def build_hf_model(kind: str, vocab_size: int = 256, seed: int = 0, **overrides: Any) -> torch.nn.Module:
-    """A random-weight HF model of the given kind, float32, eval mode."""
+    """A random-weight HF model of the given kind (TINY_CONFIGS or FAMILY_CONFIGS), float32, eval mode."""
     import transformers
 
-    raw = dict(TINY_CONFIGS[kind], vocab_size=vocab_size, **overrides)
+    raw = dict({**TINY_CONFIGS, **FAMILY_CONFIGS}[kind], vocab_size=vocab_size, **overrides)
     raw.pop("architectures")
     model_type = raw.pop("model_type")
     config = transformers.AutoConfig.for_model(model_type, **raw)

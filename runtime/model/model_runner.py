@@ -17,7 +17,7 @@ from radixlm.kernels.quant import QuantizedTensor
 from radixlm.runtime.config.envs import RADIXLM_ADAPTIVE_THREADS
 from radixlm.runtime.config.server_args import ServerArgs
 from radixlm.runtime.mem_cache.mem_pool import KVPool, ReqToTokenPool
-from radixlm.runtime.model.attention.base import create_attention_backend
+from radixlm.runtime.model.attention.base import LayerAttention, create_attention_backend
 from radixlm.runtime.model.cpu_threads import ThreadGovernor
 from radixlm.runtime.model.forward_batch import ForwardBatch
 from radixlm.runtime.model.kernel_policy import choose, load_cpu_kernels
@@ -99,7 +99,7 @@ class ModelRunner:
             shard_cfg, lm_head_rows = shard_config(model_cfg, tp.size), vocab_part(model_cfg, tp.size)
             state_dict = ShardedWeights(state_dict, model_cfg, tp.rank, tp.size)  # type: ignore[arg-type]
         with torch.device("meta"):
-            model = LlamaForCausalLM(shard_cfg, lm_head_rows)
+            model = LlamaForCausalLM(shard_cfg, lm_head_rows, runner_cfg.context_len)
         model = model.to_empty(device=runner_cfg.device)
         if runner_cfg.device != "cpu" and (runner_cfg.quantize_to or any(
                 isinstance(w, QuantizedTensor) for w in state_dict.values())):
@@ -128,8 +128,8 @@ class ModelRunner:
         )
         self.threads = ThreadGovernor() if runner_cfg.adaptive_threads and runner_cfg.device == "cpu" else None
         self.attn_backend = create_attention_backend(
-            runner_cfg.attention_backend, self.kv_pool, self.req_to_token_pool, model_cfg.head_dim**-0.5,
-            load_cpu_kernels() if self.cpu_kernels else None, runner_cfg.bf16_path,
+            runner_cfg.attention_backend, self.kv_pool, self.req_to_token_pool, model_cfg.scaling,
+            load_cpu_kernels() if self.cpu_kernels else None, runner_cfg.bf16_path, layer_attention(model_cfg),
         )
         logger.info(
             "model loaded in %.1fs: %s%s, dtype %s%s%s, KV pool %d tokens (%s)",
@@ -138,10 +138,18 @@ class ModelRunner:
             "" if tp is None else f" (tensor-parallel rank {tp.rank} of {tp.size})",
             runner_cfg.dtype,
             f", {self.quantized_layers} quantized linear layers ({runner_cfg.quant_mode})" if self.quantized_layers else "",
-            " (C++ CPU decode kernels)" if self.cpu_kernels else "",
+            self._kernels_note(),
             runner_cfg.max_total_num_tokens,
             self.kv_pool.dtype,
         )
+
+    def _kernels_note(self) -> str:
+        if not self.cpu_kernels:
+            return ""
+        if self.model.decode_stack is not None:
+            return " (C++ CPU decode kernels)"
+        lacks = self.model.decode_stack_misfit() or "this head size or shared-memory sum"
+        return f" (C++ CPU kernels; decode steps layer by layer: DecodeStack lacks {lacks})"
 
     @classmethod
     def from_dir(cls, model_dir: Path, runner_cfg: RunnerConfig, tp_size: int = 1,
@@ -193,6 +201,12 @@ class ModelRunner:
         if not self.model.runs_in_decode_stack(batch):
             self.attn_backend.init_forward_metadata(batch)
         return self.model(batch, self.attn_backend)
+
+
+def layer_attention(cfg: ModelConfig) -> list[LayerAttention]:
+    """How each of the model's layers attends (its scale, window and soft-cap)."""
+    return [LayerAttention(cfg.scaling, cfg.layer(i).sliding_window, cfg.attn_logit_softcap)
+            for i in range(cfg.num_layers)]
 
 
 def quantizes(model_dir: Path, quantization: str) -> bool:

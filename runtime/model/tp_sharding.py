@@ -1,7 +1,9 @@
 """How a model splits over tensor-parallel ranks (runtime/model/tensor_parallel.py has the ranks):
 attention by KV group, the MLP by column, lm_head by vocabulary row where the vocabulary divides;
-`ShardedWeights` is the HF state dict one rank sees. A head count tp does not divide is refused
-(`check_tp_size`), never padded."""
+`ShardedWeights` is the HF state dict one rank sees (a checkpoint's fused qkv_proj / gate_up_proj,
+Phi-3's, cut per part). A head count tp does not divide is refused (`check_tp_size`), never
+padded; so is a model whose math spans every head (OLMo 2's q/k norm over the whole projection).
+Norms on sublayer outputs (Gemma, OLMo 2) apply after the all-reduce (models/decoder_layer.py)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,9 @@ def check_tp_size(cfg: ModelConfig, tp_size: int) -> None:
         raise ValueError(f"tp_size must be >= 1, got {tp_size}")
     if tp_size == 1:
         return
+    if cfg.qk_norm == "projection":
+        raise ValueError(f"--tp-size {tp_size}: {cfg.architecture}'s q/k RMSNorm spans every head of the projection, "
+                         "so a rank holding some of the heads cannot compute it; this model runs with --tp-size 1")
     problems = [f"{what} ({n})" for what, n in _split_sizes(cfg) if n % tp_size]
     if problems:
         raise ValueError(f"--tp-size {tp_size} does not divide this model's {' and '.join(problems)}: tensor "
@@ -31,6 +36,8 @@ def check_tp_size(cfg: ModelConfig, tp_size: int) -> None:
 
 
 def valid_tp_sizes(cfg: ModelConfig) -> list[int]:
+    if cfg.qk_norm == "projection":
+        return [1]
     return [tp for tp in range(1, cfg.num_kv_heads + 1) if all(n % tp == 0 for _, n in _split_sizes(cfg))]
 
 
@@ -71,6 +78,12 @@ def column_slice(w: Weight, start: int, stop: int) -> Weight:
     return w.dequantize()[:, start:stop]
 
 
+def _cat(parts: list[Weight]) -> Weight:
+    if all(isinstance(p, QuantizedTensor) for p in parts):
+        return QuantizedTensor.cat(parts)  # type: ignore[arg-type]
+    return torch.cat([p.dequantize() if isinstance(p, QuantizedTensor) else p for p in parts])
+
+
 class ShardedWeights(Mapping[str, Weight]):
     """An HF-named state dict seen by one rank: each tensor sliced to that rank's part (see the
     module docstring), read from `full` on access."""
@@ -90,6 +103,11 @@ class ShardedWeights(Mapping[str, Weight]):
         q_part, kv_part = cfg.num_heads // n * cfg.head_dim, cfg.num_kv_heads // n * cfg.head_dim
         mlp_part = cfg.intermediate_size // n
         leaf = name.rsplit(".", 2)[-2:]  # e.g. ["q_proj", "weight"]
+        if leaf[0] in ("qkv_proj", "gate_up_proj"):  # fused in the checkpoint (Phi-3): each part's rows
+            sizes = ([cfg.num_heads * cfg.head_dim] + [cfg.num_kv_heads * cfg.head_dim] * 2 if leaf[0] == "qkv_proj"
+                     else [cfg.intermediate_size] * 2)
+            return _cat([row_slice(w, start + r * size // n, start + (r + 1) * size // n)
+                         for start, size in zip([sum(sizes[:i]) for i in range(len(sizes))], sizes)])
         if leaf[0] == "q_proj":
             return row_slice(w, r * q_part, (r + 1) * q_part)
         if leaf[0] in ("k_proj", "v_proj"):
@@ -100,7 +118,7 @@ class ShardedWeights(Mapping[str, Weight]):
             return column_slice(w, r * q_part, (r + 1) * q_part)
         if leaf == ["down_proj", "weight"]:
             return column_slice(w, r * mlp_part, (r + 1) * mlp_part)
-        if leaf == ["o_proj", "bias"] and r != 0:
+        if leaf in (["o_proj", "bias"], ["down_proj", "bias"]) and r != 0:
             assert isinstance(w, torch.Tensor)
             return torch.zeros_like(w)  # added once, by rank 0
         return w  # embedding, norms, lm_head: replicated

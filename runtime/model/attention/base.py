@@ -8,6 +8,8 @@ attends each new query to its request's whole context (cached prefix + new token
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -16,11 +18,32 @@ from radixlm.runtime.mem_cache.mem_pool import KVPool, ReqToTokenPool
 from radixlm.runtime.model.forward_batch import ForwardBatch
 
 
+@dataclass(frozen=True)
+class LayerAttention:
+    """How one layer attends."""
+
+    scaling: float  # of the scores q.k
+    sliding_window: int | None = None  # a query attends to the last `sliding_window` positions, itself included
+    logit_softcap: float | None = None  # scores -> cap * tanh(scores / cap) before the softmax (Gemma 2)
+
+    def cuts(self, batch: ForwardBatch) -> bool:
+        """Whether the window hides any key from a query of this batch."""
+        return self.sliding_window is not None and max(batch.seq_lens_list) > self.sliding_window
+
+    @property
+    def is_plain(self) -> bool:
+        return self.sliding_window is None and self.logit_softcap is None
+
+
 class BaseAttentionBackend(abc.ABC):
-    def __init__(self, kv_pool: KVPool, req_to_token_pool: ReqToTokenPool, scaling: float):
+    def __init__(self, kv_pool: KVPool, req_to_token_pool: ReqToTokenPool, scaling: float,
+                 layers: Sequence[LayerAttention] | None = None):
+        """`layers`: each layer's attention (default: every layer plain, scaled by `scaling`)."""
         self.kv_pool = kv_pool
         self.req_to_token = req_to_token_pool.req_to_token
         self.scaling = scaling
+        self.layers = tuple(layers) if layers is not None else tuple(
+            LayerAttention(scaling) for _ in range(len(kv_pool.k_buffer)))
 
     @abc.abstractmethod
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
@@ -37,15 +60,16 @@ class BaseAttentionBackend(abc.ABC):
 def create_attention_backend(
     name: str, kv_pool: KVPool, req_to_token_pool: ReqToTokenPool, scaling: float,
     cpu_kernels: cpu_linear.Extension | None = None, bf16_path: str | None = None,
+    layers: Sequence[LayerAttention] | None = None,
 ) -> BaseAttentionBackend:
     """`cpu_kernels` (the loaded C++ extension, CPU only): the torch backend attends through its
-    paged kernel where that is faster (see torch_backend)."""
+    paged kernel where that is faster (see torch_backend); `layers`: each layer's attention."""
     if name == "torch":
         from radixlm.runtime.model.attention.torch_backend import TorchAttentionBackend
 
-        return TorchAttentionBackend(kv_pool, req_to_token_pool, scaling, cpu_kernels, bf16_path)
+        return TorchAttentionBackend(kv_pool, req_to_token_pool, scaling, cpu_kernels, bf16_path, layers)
     if name == "triton":
         from radixlm.runtime.model.attention.triton_backend import TritonAttentionBackend
 
-        return TritonAttentionBackend(kv_pool, req_to_token_pool, scaling)
+        return TritonAttentionBackend(kv_pool, req_to_token_pool, scaling, layers)
     raise ValueError(f"unknown attention backend {name!r}; choose 'torch' or 'triton'")

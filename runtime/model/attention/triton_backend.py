@@ -1,15 +1,36 @@
 """Attention through the Triton paged kernels (the default on CUDA; on CPU only in the
-interpreter, for tests). Reads K/V in place from the pool through `req_to_token`."""
+interpreter, for tests). Reads K/V in place from the pool through `req_to_token`. The kernels
+take each layer's scale, but have no sliding window and no logit soft-cap: a model whose windows
+can cut within the context, or that soft-caps its scores, is refused at load."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
-from radixlm.runtime.model.attention.base import BaseAttentionBackend
+from radixlm.runtime.mem_cache.mem_pool import KVPool, ReqToTokenPool
+from radixlm.runtime.model.attention.base import BaseAttentionBackend, LayerAttention
 from radixlm.runtime.model.forward_batch import ForwardBatch, ForwardMode
 
 
 class TritonAttentionBackend(BaseAttentionBackend):
+    def __init__(self, kv_pool: KVPool, req_to_token_pool: ReqToTokenPool, scaling: float,
+                 layers: Sequence[LayerAttention] | None = None):
+        super().__init__(kv_pool, req_to_token_pool, scaling, layers)
+        context_len = self.req_to_token.shape[1]
+        missing = []
+        windowed = [i for i, a in enumerate(self.layers) if a.sliding_window is not None and a.sliding_window < context_len]
+        if windowed:
+            missing.append(f"sliding-window attention (layers {windowed}, windows shorter than the {context_len}-token "
+                           "context)")
+        capped = [i for i, a in enumerate(self.layers) if a.logit_softcap is not None]
+        if capped:
+            missing.append(f"attention logit soft-capping (layers {capped})")
+        if missing:
+            raise ValueError(f"the triton attention backend does not implement {' or '.join(missing)}, which this "
+                             "model needs; use --attention-backend torch")
+
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         device = self.kv_pool.device
         self._req_pool_indices = batch.req_pool_indices.to(device)
@@ -28,12 +49,13 @@ class TritonAttentionBackend(BaseAttentionBackend):
         out = torch.empty_like(q)
         if batch.mode is ForwardMode.DECODE:
             decode_attention_fwd(
-                q, k_buf, v_buf, out, self.req_to_token, self._req_pool_indices, self._seq_lens, self.scaling
+                q, k_buf, v_buf, out, self.req_to_token, self._req_pool_indices, self._seq_lens,
+                self.layers[layer_id].scaling,
             )
         else:
             extend_attention_fwd(
                 q, k_buf, v_buf, out, self.req_to_token, self._req_pool_indices, self._seq_lens,
-                self._extend_lens, self._extend_start_loc, self.scaling,
+                self._extend_lens, self._extend_start_loc, self.layers[layer_id].scaling,
                 max_extend_len=max(batch.extend_lens_list),
             )
         return out

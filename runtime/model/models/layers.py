@@ -1,0 +1,123 @@
+"""The building blocks of our decoders: a Linear layer that runs our packed CPU kernels for
+decode-sized products, an RMSNorm that may have its weight folded into the next layer, and an
+embedding held block-quantized (see models/llama.py for how the model uses them)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixlm.kernels import quant
+from radixlm.runtime.model.kernel_policy import CpuIsa, load_cpu_kernels
+from radixlm.runtime.model.linear_method import CpuKernels, KernelLinear, float_method, quantized_method
+
+
+class Linear(nn.Module):
+    """y = x @ weight_t (+ bias) with the weight stored transposed, `[in, out]`: on CPU, MKL's
+    matrix-vector and small-batch products run markedly faster in this layout than
+    `F.linear` on the HF `[out, in]` layout. Once the model takes the C++ kernels, products of up
+    to `method.max_rows` rows go through its method (linear_method.py); a block-quantized layer
+    (`quantize_`) holds only its packed blocks and its method takes every product."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight_t = nn.Parameter(torch.empty(in_features, out_features))
+        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        self.register_buffer("qweight", None)  # block-quantized weight (quantize_): then the only copy
+        self.method: KernelLinear | None = None
+
+    @property
+    def max_rows(self) -> int:
+        """Products of up to this many rows go through `method`."""
+        return self.method.max_rows if self.method is not None else 0
+
+    def quantize_(self, weight: quant.QuantizedTensor, mode: str) -> None:
+        """Hold `weight` ([out, in], block-quantized) packed for our quantized kernel, in `mode`
+        (kernels/quant.py MODES), instead of a float weight: every product runs that kernel."""
+        ext = load_cpu_kernels()
+        if ext is None:
+            raise RuntimeError("quantized weights need the C++ CPU kernels, which cannot run here (no C++ compiler, or their build failed)")
+        self.register_parameter("weight_t", None)
+        self.register_buffer("qweight", quant.pack(weight))
+        self.method = quantized_method(ext, self.qweight, self.out_features, self.bias, mode)
+
+    def use_packed(self, ext: CpuKernels, bf16_path: str, chosen: CpuIsa) -> None:
+        """Route products of up to `chosen.kernel_max_rows` rows through our kernel (bf16
+        weights on GEMM path `bf16_path`); a quantized layer keeps its kernel."""
+        if self.method is not None:  # quantized: its kernel already
+            return
+        weight_t = self.weight_t.detach()
+        self.method = float_method(ext, weight_t, self.bias, bf16_path,
+                                   chosen.kernel_max_rows(weight_t.dtype, bf16_path))
+
+    def place(self, method: KernelLinear) -> None:
+        """Take `method`, its weight moved (linear_method.in_one_arena); a quantized layer's
+        blocks are that weight."""
+        self.method = method
+        if self.qweight is not None:
+            self.qweight = method.packed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.method is not None and x.shape[0] <= self.method.max_rows:
+            return self.method.apply(x)
+        if self.bias is None:
+            return torch.mm(x, self.weight_t)
+        return torch.addmm(self.bias, x, self.weight_t)
+
+    def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """residual + linear(x) in one GEMM (the residual is the accumulator)."""
+        if self.method is not None and x.shape[0] <= self.method.max_rows:
+            return self.method.apply(x, residual)
+        out = torch.addmm(residual, x, self.weight_t)
+        return out if self.bias is None else out.add_(self.bias)
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm; `has_weight=False` where the checkpoint's norm weight is folded into the input
+    rows of the linear layer that follows (one elementwise op less per norm)."""
+
+    def __init__(self, dim: int, eps: float, has_weight: bool = True):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim)) if has_weight else None
+        self.shape = (dim,)
+        self.eps = eps
+        self.ext: CpuKernels | None = None  # the C++ kernels' fused row-wise norm, once use_kernel ran
+        self.weight_f32: torch.Tensor | None = None
+
+    def set_weight(self, weight: torch.Tensor) -> None:
+        """Give a weightless norm its weight (the layer after it is quantized and cannot absorb it)."""
+        self.weight = nn.Parameter(weight.detach().clone().to(torch.float32))
+
+    def use_kernel(self, ext: CpuKernels) -> None:
+        self.ext = ext
+        if self.weight is not None:
+            self.weight_f32 = self.weight.detach().float().contiguous()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.ext is not None and x.dim() == 2:
+            return self.ext.rms_norm(x, self.weight_f32, self.eps)
+        return F.rms_norm(x, self.shape, self.weight, self.eps)
+
+
+class QuantizedEmbedding(nn.Module):
+    """An embedding held as block-quantized rows (quant groups whose columns are the tokens, the
+    layout of a tied lm_head, which can share them): a lookup dequantizes only its rows, in the
+    model's dtype (that of `self.dtype_marker`, which follows `.to()`). With the C++ kernels
+    (`use_cpu_kernels`) a lookup is one call (`q_columns`: a decode step's one row in ~2.5 us,
+    where the torch ops of `quant.unpack_columns` take ~60 us); both give GGUF's values."""
+
+    def __init__(self, packed: torch.Tensor):
+        super().__init__()
+        self.register_buffer("packed", packed)
+        self.dtype_marker = nn.Parameter(torch.empty(0))
+        self.ext: CpuKernels | None = None  # the C++ kernels, once use_cpu_kernels ran
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        flat = ids.reshape(-1)
+        if self.ext is not None:  # set by use_cpu_kernels, on CPU only
+            rows = self.ext.q_columns(self.packed, flat.to(torch.int64).contiguous())
+        else:
+            rows = quant.unpack_columns(self.packed, flat)
+        return rows.to(self.dtype_marker.dtype).reshape(*ids.shape, rows.shape[-1])

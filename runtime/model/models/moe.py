@@ -1,0 +1,285 @@
+"""The sparse mixture-of-experts block of Qwen3-MoE, Mixtral and OLMoE: a router and E SwiGLU
+experts, each token's output the weighted sum of its top-k experts' outputs.
+
+    x [T, H] -> router logits [T, E] -> softmax (float32) -> top-k (ids, weights; renormalised
+    where the family does) -> rows grouped by expert -> per routed expert: gate_up, SiLU x up,
+    scale by the rows' weights, down -> summed into [T, H]
+
+The three families route alike (softmax over all E experts, then top-k of the probabilities);
+they differ in whether the k weights are renormalised to sum to one (Mixtral always;
+Qwen3-MoE and OLMoE as `norm_topk_prob` says, False when unset), in the dtype of those weights
+(Mixtral keeps them float32, the others cast them to the activations' dtype), in which layers
+are sparse (Qwen3-MoE: `decoder_sparse_step`, `mlp_only_layers`; the others: every layer) and in
+their checkpoint names (Mixtral's `block_sparse_moe.experts.{e}.w1/w3/w2`, the others'
+`mlp.experts.{e}.gate_proj/up_proj/down_proj`).
+
+A step reads only the experts its tokens are routed to, each once for all its rows: at most
+min(E, T x top_k) expert products of each kind per step (`group_by_expert`). An expert's two
+products are our `Linear`s (models/llama.py), so with the C++ kernels (`use_cpu_kernels`) they
+run our packed float32 / bf16 or block-quantized kernels, and without them torch's GEMM; a
+block-quantized expert (GGUF blocks from the file, or `quantize_to` at load) holds only its blocks.
+The block takes x already normalised (the post-attention RMSNorm with its weight: the router
+and every expert read it, so the norm's weight cannot be folded into one linear layer's rows).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixlm.kernels.quant import BLOCK, QuantizedTensor, quantize
+from radixlm.runtime.model.kernel_policy import CpuIsa
+from radixlm.runtime.model.linear_method import CpuKernels
+from radixlm.runtime.model.models.llama import Linear
+from radixlm.runtime.model.models.weights import Weight, WeightLoadError
+
+
+@dataclass(frozen=True)
+class ExpertNames:
+    """How a family's hub checkpoints name one layer's block: `{layer}{block}.gate.weight` (the
+    router, `[E, H]`) and `{layer}{block}.experts.{e}.{gate|up|down}.weight` (`[I, H]`, `[I, H]`,
+    `[H, I]`)."""
+
+    block: str
+    gate: str
+    up: str
+    down: str
+
+
+QWEN_NAMES = ExpertNames("mlp", "gate_proj", "up_proj", "down_proj")
+MIXTRAL_NAMES = ExpertNames("block_sparse_moe", "w1", "w3", "w2")
+
+
+@dataclass(frozen=True)
+class MoeOptions:
+    """One model's mixture-of-experts shape and routing (`moe_options_from_hf`)."""
+
+    architecture: str
+    num_experts: int
+    top_k: int  # experts per token (HF's num_experts_per_tok)
+    moe_intermediate_size: int  # each expert's SwiGLU width
+    norm_topk_prob: bool  # the k weights renormalised to sum to 1
+    router_weights_in_float32: bool  # the k weights stay float32 (Mixtral), else the activations' dtype
+    names: ExpertNames
+    decoder_sparse_step: int = 1  # Qwen3-MoE: layer i is sparse where (i + 1) % step == 0 ...
+    mlp_only_layers: tuple[int, ...] = ()  # ... and i is not listed here (these keep a dense MLP)
+
+    def __post_init__(self) -> None:
+        if self.num_experts < 1 or not 1 <= self.top_k <= self.num_experts:
+            raise ValueError(f"{self.architecture}: top_k must be within 1..num_experts, got top_k={self.top_k} "
+                             f"of {self.num_experts} experts")
+        if self.moe_intermediate_size < 1 or self.decoder_sparse_step < 1:
+            raise ValueError(f"{self.architecture}: moe_intermediate_size and decoder_sparse_step must be positive")
+
+    def is_sparse_layer(self, layer_id: int) -> bool:
+        """Whether decoder layer `layer_id` has this block (else the config's dense MLP)."""
+        return layer_id not in self.mlp_only_layers and (layer_id + 1) % self.decoder_sparse_step == 0
+
+
+MOE_ARCHITECTURES = ("Qwen3MoeForCausalLM", "MixtralForCausalLM", "OlmoeForCausalLM")
+
+
+def moe_options_from_hf(hf: Mapping[str, Any]) -> MoeOptions | None:
+    """The block's options from an HF config.json dict, or None for an architecture without
+    experts. Keys missing from the dict take the defaults of transformers' config class (5.x),
+    as transformers itself would; a MoE config with another activation than SiLU is refused."""
+    architecture = (hf.get("architectures") or [""])[0]
+    if architecture not in MOE_ARCHITECTURES:
+        return None
+    act = hf.get("hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(f"{architecture}: experts with hidden_act {act!r} are not supported (only 'silu')")
+
+    def first(*keys: str, default: Any) -> Any:
+        return next((hf[k] for k in keys if hf.get(k) is not None), default)
+
+    if architecture == "MixtralForCausalLM":
+        return MoeOptions(
+            architecture, num_experts=int(first("num_local_experts", "num_experts", default=8)),
+            top_k=int(first("num_experts_per_tok", default=2)),
+            moe_intermediate_size=int(first("intermediate_size", default=14336)),
+            norm_topk_prob=True, router_weights_in_float32=True, names=MIXTRAL_NAMES,
+        )
+    if architecture == "OlmoeForCausalLM":
+        return MoeOptions(
+            architecture, num_experts=int(first("num_experts", "num_local_experts", default=64)),
+            top_k=int(first("num_experts_per_tok", default=8)),
+            moe_intermediate_size=int(first("intermediate_size", default=2048)),
+            norm_topk_prob=bool(first("norm_topk_prob", default=False)), router_weights_in_float32=False,
+            names=QWEN_NAMES,
+        )
+    return MoeOptions(
+        architecture, num_experts=int(first("num_experts", "num_local_experts", default=128)),
+        top_k=int(first("num_experts_per_tok", default=8)),
+        moe_intermediate_size=int(first("moe_intermediate_size", default=768)),
+        norm_topk_prob=bool(first("norm_topk_prob", default=False)), router_weights_in_float32=False,
+        names=QWEN_NAMES, decoder_sparse_step=int(first("decoder_sparse_step", default=1)),
+        mlp_only_layers=tuple(int(i) for i in first("mlp_only_layers", default=())),
+    )
+
+
+class ExpertGroups(NamedTuple):
+    """A step's (token, expert) pairs ordered by expert: expert `expert_ids[i]` takes the rows
+    `token_ids[offsets[i]:offsets[i + 1]]` of x (each token at most once per expert), scaled by
+    `weights` of the same slice. Only experts with at least one row are listed, ascending."""
+
+    expert_ids: list[int]
+    offsets: list[int]
+    token_ids: torch.Tensor  # [T * top_k] int64
+    weights: torch.Tensor  # [T * top_k]
+
+
+def group_by_expert(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int) -> ExpertGroups:
+    """Group the routing `topk_ids` / `topk_weights` (`[T, k]`) by expert (one host sync)."""
+    flat = topk_ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=num_experts).tolist()
+    expert_ids, offsets = [], [0]
+    for e, count in enumerate(counts):
+        if count:
+            expert_ids.append(e)
+            offsets.append(offsets[-1] + count)
+    return ExpertGroups(expert_ids, offsets, order // topk_ids.shape[1], topk_weights.reshape(-1)[order])
+
+
+class Expert(nn.Module):
+    """One SwiGLU expert: down(SiLU(gate(x)) * up(x)), gate and up fused in one product."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size, bias=False)
+        self.down_proj = Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, rows: torch.Tensor, weights: torch.Tensor, ext: CpuKernels | None) -> torch.Tensor:
+        """`weights[r] * expert(rows[r])` for the rows `[R, H]` routed here (`weights` `[R]`), in
+        the dtype of the product of the two (transformers' order: scaled after the down product)."""
+        gate_up = self.gate_up_proj(rows)
+        if ext is not None:
+            act = ext.silu_mul(gate_up)
+        else:
+            gate, up = gate_up.chunk(2, dim=-1)
+            act = F.silu(gate).mul_(up)
+        return self.down_proj(act) * weights[:, None]
+
+
+class SparseMoeBlock(nn.Module):
+    """The mixture-of-experts block of one decoder layer: forward(x `[T, H]`) -> `[T, H]`."""
+
+    def __init__(self, options: MoeOptions, hidden_size: int):
+        super().__init__()
+        self.options = options
+        self.hidden_size = hidden_size
+        self.gate = nn.Parameter(torch.empty(options.num_experts, hidden_size))  # the router, HF's [E, H]
+        self.experts = nn.ModuleList(
+            Expert(hidden_size, options.moe_intermediate_size) for _ in range(options.num_experts))
+        self.ext: CpuKernels | None = None  # the C++ kernels' fused SiLU x up, once use_cpu_kernels ran
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(topk_ids `[T, k]` int64, topk_weights `[T, k]`) of each token: the router's logits in
+        x's dtype, softmax over all experts in float32, the k most probable, renormalised where
+        the options say, in float32 or x's dtype as the family keeps them."""
+        probs = torch.softmax(F.linear(x, self.gate).float(), dim=-1)
+        weights, ids = torch.topk(probs, self.options.top_k, dim=-1)
+        if self.options.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return ids, weights if self.options.router_weights_in_float32 else weights.to(x.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 2 or x.shape[1] != self.hidden_size:
+            raise ValueError(f"SparseMoeBlock takes x [T, {self.hidden_size}], got {tuple(x.shape)}")
+        groups = group_by_expert(*self.route(x), self.options.num_experts)
+        out = torch.zeros_like(x)
+        for i, e in enumerate(groups.expert_ids):
+            lo, hi = groups.offsets[i], groups.offsets[i + 1]
+            tokens = groups.token_ids[lo:hi]
+            y = self.experts[e](x.index_select(0, tokens), groups.weights[lo:hi], self.ext)
+            out.index_add_(0, tokens, y.to(out.dtype))
+        return out
+
+    def use_cpu_kernels(self, ext: CpuKernels, bf16_path: str, chosen: CpuIsa) -> None:
+        """Run the experts' products in our packed kernels (a quantized expert already does) and
+        their SiLU x up in the fused row-wise one."""
+        for expert in self.experts:
+            assert isinstance(expert, Expert)
+            expert.gate_up_proj.use_packed(ext, bf16_path, chosen)
+            expert.down_proj.use_packed(ext, bf16_path, chosen)
+        self.ext = ext
+
+    def load_weights(self, tensors: Mapping[str, Weight], layer_prefix: str, quantize_to: str | None = None,
+                     quant_mode: str = "float32") -> None:
+        """Load this block of the layer named `layer_prefix` (e.g. "model.layers.3.") from
+        checkpoint tensors as hub files (and transformers' save_pretrained) name them, or in
+        transformers' fused in-memory form (`mlp.experts.gate_up_proj` `[E, 2I, H]`,
+        `mlp.experts.down_proj` `[E, H, I]`, a model's state_dict). Block-quantized experts stay
+        quantized (`quant_mode`: how they multiply, kernels/quant.py MODES); `quantize_to`
+        (q8_0, q4_0, q4_1, w8a8_int8) quantizes float experts; the router stays float."""
+        load_block(self, tensors, layer_prefix, quantize_to, quant_mode)
+
+
+def load_block(block: SparseMoeBlock, tensors: Mapping[str, Weight], layer_prefix: str, quantize_to: str | None,
+               quant_mode: str) -> None:
+    """SparseMoeBlock.load_weights."""
+    names = block.options.names
+    hub = f"{layer_prefix}{names.block}."
+    fused = f"{layer_prefix}mlp.experts."
+
+    def take(name: str) -> Weight:
+        if name not in tensors:
+            raise WeightLoadError(f"checkpoint has no tensor {name!r}")
+        return tensors[name]
+
+    router_name = next((n for n in (hub + "gate.weight", f"{layer_prefix}mlp.gate.weight") if n in tensors),
+                       hub + "gate.weight")
+    router = take(router_name)
+    _put(block.gate, router.dequantize() if isinstance(router, QuantizedTensor) else router, router_name)
+    stacked = None  # transformers' in-memory form: every expert in two 3-D tensors
+    if fused + "gate_up_proj" in tensors:
+        stacked = (_float(take(fused + "gate_up_proj")), _float(take(fused + "down_proj")))
+    for e, expert in enumerate(block.experts):
+        assert isinstance(expert, Expert)
+        if stacked is not None:
+            gate_up: Weight = stacked[0][e]
+            down: Weight = stacked[1][e]
+        else:
+            p = f"{hub}experts.{e}."
+            gate_up = _fuse(take(f"{p}{names.gate}.weight"), take(f"{p}{names.up}.weight"))
+            down = take(f"{p}{names.down}.weight")
+        _put_linear(expert.gate_up_proj, gate_up, f"{hub}experts.{e}.gate_up", quantize_to, quant_mode)
+        _put_linear(expert.down_proj, down, f"{hub}experts.{e}.{names.down}", quantize_to, quant_mode)
+
+
+def _float(w: Weight) -> torch.Tensor:
+    return w.dequantize() if isinstance(w, QuantizedTensor) else w
+
+
+def _fuse(gate: Weight, up: Weight) -> Weight:
+    """gate's rows, then up's: quantized if both are, in one format; else float."""
+    if isinstance(gate, QuantizedTensor) and isinstance(up, QuantizedTensor) and gate.fmt == up.fmt:
+        return QuantizedTensor.cat([gate, up])
+    return torch.cat([_float(gate), _float(up)])
+
+
+def _put(param: torch.Tensor, value: torch.Tensor, name: str) -> None:
+    if tuple(param.shape) != tuple(value.shape):
+        raise WeightLoadError(f"{name}: expected shape {tuple(param.shape)}, got {tuple(value.shape)}")
+    with torch.no_grad():
+        param.copy_(value)
+
+
+def _put_linear(linear: Linear, weight: Weight, name: str, quantize_to: str | None, quant_mode: str) -> None:
+    """An HF `[out, in]` weight into our Linear: its blocks kept (or made, `quantize_to`), or
+    its float values transposed."""
+    expected = (linear.out_features, linear.in_features)
+    if tuple(weight.shape) != expected:
+        raise WeightLoadError(f"{name}: expected shape {expected}, got {tuple(weight.shape)}")
+    if quantize_to is not None and isinstance(weight, torch.Tensor) and weight.shape[1] % BLOCK == 0:
+        weight = quantize(weight, quantize_to)
+    if isinstance(weight, QuantizedTensor):
+        linear.quantize_(weight, quant_mode)
+        return
+    _put(linear.weight_t, weight.t(), name)

@@ -34,7 +34,7 @@ from torch import nn
 
 from radixlm.kernels.quant import BLOCK, QuantizedTensor, quantize
 from radixlm.runtime.model.kernel_policy import CpuIsa
-from radixlm.runtime.model.linear_method import CpuKernels
+from radixlm.runtime.model.linear_method import CpuKernels, in_one_arena
 from radixlm.runtime.model.models.llama import Linear
 from radixlm.runtime.model.models.weights import Weight, WeightLoadError
 
@@ -155,16 +155,15 @@ class Expert(nn.Module):
         self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size, bias=False)
         self.down_proj = Linear(intermediate_size, hidden_size, bias=False)
 
-    def forward(self, rows: torch.Tensor, weights: torch.Tensor, ext: CpuKernels | None) -> torch.Tensor:
-        """`weights[r] * expert(rows[r])` for the rows `[R, H]` routed here (`weights` `[R]`), in
-        the dtype of the product of the two (transformers' order: scaled after the down product)."""
+    def forward(self, rows: torch.Tensor, ext: CpuKernels | None) -> torch.Tensor:
+        """The expert's output for the rows `[R, H]` routed to it (`ext`: the fused SiLU x up)."""
         gate_up = self.gate_up_proj(rows)
         if ext is not None:
             act = ext.silu_mul(gate_up)
         else:
             gate, up = gate_up.chunk(2, dim=-1)
             act = F.silu(gate).mul_(up)
-        return self.down_proj(act) * weights[:, None]
+        return self.down_proj(act)
 
 
 class SparseMoeBlock(nn.Module):
@@ -193,21 +192,25 @@ class SparseMoeBlock(nn.Module):
         if x.dim() != 2 or x.shape[1] != self.hidden_size:
             raise ValueError(f"SparseMoeBlock takes x [T, {self.hidden_size}], got {tuple(x.shape)}")
         groups = group_by_expert(*self.route(x), self.options.num_experts)
-        out = torch.zeros_like(x)
-        for i, e in enumerate(groups.expert_ids):
-            lo, hi = groups.offsets[i], groups.offsets[i + 1]
-            tokens = groups.token_ids[lo:hi]
-            y = self.experts[e](x.index_select(0, tokens), groups.weights[lo:hi], self.ext)
-            out.index_add_(0, tokens, y.to(out.dtype))
-        return out
+        # one gather, one product pair per routed expert on its contiguous slice of rows, one
+        # scale-and-sum: the per-expert work is the expert's products and nothing else
+        rows = x.index_select(0, groups.token_ids)
+        outputs = [self.experts[e](rows[groups.offsets[i]:groups.offsets[i + 1]], self.ext)
+                   for i, e in enumerate(groups.expert_ids)]
+        y = torch.cat(outputs) * groups.weights[:, None]  # transformers' order: scaled after down
+        return torch.zeros_like(x).index_add_(0, groups.token_ids, y.to(x.dtype))
 
     def use_cpu_kernels(self, ext: CpuKernels, bf16_path: str, chosen: CpuIsa) -> None:
         """Run the experts' products in our packed kernels (a quantized expert already does) and
-        their SiLU x up in the fused row-wise one."""
-        for expert in self.experts:
-            assert isinstance(expert, Expert)
-            expert.gate_up_proj.use_packed(ext, bf16_path, chosen)
-            expert.down_proj.use_packed(ext, bf16_path, chosen)
+        their SiLU x up in the fused row-wise one; the experts' packed weights move into one
+        huge-page allocation, expert by expert (linear_method.in_one_arena: a routed expert's
+        two products read one run of memory)."""
+        linears = [lin for expert in self.experts for lin in (expert.gate_up_proj, expert.down_proj)
+                   if isinstance(lin, Linear)]
+        for linear in linears:
+            linear.use_packed(ext, bf16_path, chosen)
+        for linear, method in zip(linears, in_one_arena([lin.method for lin in linears]), strict=True):
+            linear.place(method)
         self.ext = ext
 
     def load_weights(self, tensors: Mapping[str, Weight], layer_prefix: str, quantize_to: str | None = None,

@@ -134,11 +134,13 @@ def test_each_routed_expert_runs_once(saved: tuple[Any, dict]) -> None:
 def test_group_by_expert() -> None:
     ids = torch.tensor([[3, 0], [0, 5], [5, 3], [1, 0]])
     weights = torch.arange(8, dtype=torch.float32).reshape(4, 2)
-    groups = group_by_expert(ids, weights, num_experts=8)
+    groups = group_by_expert(ids, weights)
     assert groups.expert_ids == [0, 1, 3, 5]
     assert groups.offsets == [0, 3, 4, 6, 8]
     assert groups.token_ids.tolist() == [0, 1, 3, 3, 0, 2, 1, 2]
     assert groups.weights.tolist() == [1.0, 2.0, 7.0, 6.0, 0.0, 5.0, 3.0, 4.0]
+    assert groups.inverse.tolist() == [4, 0, 1, 6, 7, 5, 3, 2]
+    assert torch.equal(groups.weights[groups.inverse], weights.flatten())
 
 
 def test_quantized_experts_stay_quantized(saved: tuple[Any, dict]) -> None:

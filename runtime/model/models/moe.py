@@ -126,25 +126,26 @@ def moe_options_from_hf(hf: Mapping[str, Any]) -> MoeOptions | None:
 class ExpertGroups(NamedTuple):
     """A step's (token, expert) pairs ordered by expert: expert `expert_ids[i]` takes the rows
     `token_ids[offsets[i]:offsets[i + 1]]` of x (each token at most once per expert), scaled by
-    `weights` of the same slice. Only experts with at least one row are listed, ascending."""
+    `weights` of the same slice. Only experts with at least one row are listed, ascending.
+    `inverse[t * k + j]` is the grouped position of token t's j-th choice."""
 
     expert_ids: list[int]
     offsets: list[int]
     token_ids: torch.Tensor  # [T * top_k] int64
     weights: torch.Tensor  # [T * top_k]
+    inverse: torch.Tensor  # [T * top_k] int64
 
 
-def group_by_expert(topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int) -> ExpertGroups:
+def group_by_expert(topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> ExpertGroups:
     """Group the routing `topk_ids` / `topk_weights` (`[T, k]`) by expert (one host sync)."""
     flat = topk_ids.reshape(-1)
-    order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=num_experts).tolist()
-    expert_ids, offsets = [], [0]
-    for e, count in enumerate(counts):
-        if count:
-            expert_ids.append(e)
-            offsets.append(offsets[-1] + count)
-    return ExpertGroups(expert_ids, offsets, order // topk_ids.shape[1], topk_weights.reshape(-1)[order])
+    sorted_ids, order = torch.sort(flat, stable=True)
+    experts, counts = torch.unique_consecutive(sorted_ids, return_counts=True)
+    offsets = [0]
+    for count in counts.tolist():
+        offsets.append(offsets[-1] + count)
+    return ExpertGroups(experts.tolist(), offsets, order // topk_ids.shape[1], topk_weights.reshape(-1)[order],
+                        torch.argsort(order))
 
 
 class Expert(nn.Module):
@@ -191,14 +192,16 @@ class SparseMoeBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2 or x.shape[1] != self.hidden_size:
             raise ValueError(f"SparseMoeBlock takes x [T, {self.hidden_size}], got {tuple(x.shape)}")
-        groups = group_by_expert(*self.route(x), self.options.num_experts)
+        groups = group_by_expert(*self.route(x))
         # one gather, one product pair per routed expert on its contiguous slice of rows, one
-        # scale-and-sum: the per-expert work is the expert's products and nothing else
+        # scale, one gather back to token order and a sum over each token's k: the per-expert work
+        # is the expert's products and nothing else (torch's index_add_ / scatter_add_ would sum
+        # too, but run a parallel region that costs a time slice beside a competing process)
         rows = x.index_select(0, groups.token_ids)
         outputs = [self.experts[e](rows[groups.offsets[i]:groups.offsets[i + 1]], self.ext)
                    for i, e in enumerate(groups.expert_ids)]
         y = torch.cat(outputs) * groups.weights[:, None]  # transformers' order: scaled after down
-        return torch.zeros_like(x).index_add_(0, groups.token_ids, y.to(x.dtype))
+        return y.index_select(0, groups.inverse).view(x.shape[0], -1, x.shape[1]).sum(dim=1).to(x.dtype)
 
     def use_cpu_kernels(self, ext: CpuKernels, bf16_path: str, chosen: CpuIsa) -> None:
         """Run the experts' products in our packed kernels (a quantized expert already does) and

@@ -2,8 +2,8 @@
 experts, each token's output the weighted sum of its top-k experts' outputs.
 
     x [T, H] -> router logits [T, E] -> softmax (float32) -> top-k (ids, weights; renormalised
-    where the family does) -> rows grouped by expert -> per routed expert: gate_up, SiLU x up,
-    scale by the rows' weights, down -> summed into [T, H]
+    where the family does) -> rows grouped by expert -> per routed expert, on all its rows:
+    gate_up, SiLU x up, down -> scaled by the weights -> each token's k outputs summed -> [T, H]
 
 The three families route alike (softmax over all E experts, then top-k of the probabilities);
 they differ in whether the k weights are renormalised to sum to one (Mixtral always;

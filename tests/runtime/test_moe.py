@@ -129,6 +129,9 @@ def test_each_routed_expert_runs_once(saved: tuple[Any, dict]) -> None:
         assert sorted(ran) == sorted(set(ids.flatten().tolist()))  # exactly the routed experts
         assert dict(runs) == {e: int((ids == e).sum()) for e in ran}  # each with all its rows
         assert sum(rows for _, rows in runs) == n * top_k
+    runs.clear()
+    with torch.no_grad():
+        assert block(torch.empty(0, 64)).shape == (0, 64) and not runs
 
 
 def test_group_by_expert() -> None:

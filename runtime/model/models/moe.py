@@ -200,6 +200,8 @@ class SparseMoeBlock(nn.Module):
         rows = x.index_select(0, groups.token_ids)
         outputs = [self.experts[e](rows[groups.offsets[i]:groups.offsets[i + 1]], self.ext)
                    for i, e in enumerate(groups.expert_ids)]
+        if not outputs:  # no tokens
+            return torch.zeros_like(x)
         y = torch.cat(outputs) * groups.weights[:, None]  # transformers' order: scaled after down
         return y.index_select(0, groups.inverse).view(x.shape[0], -1, x.shape[1]).sum(dim=1).to(x.dtype)
 

@@ -15,7 +15,7 @@ their checkpoint names (Mixtral's `block_sparse_moe.experts.{e}.w1/w3/w2`, the o
 
 A step reads only the experts its tokens are routed to, each once for all its rows: at most
 min(E, T x top_k) expert products of each kind per step (`group_by_expert`). An expert's two
-products are our `Linear`s (models/llama.py), so with the C++ kernels (`use_cpu_kernels`) they
+products are our `Linear`s (models/layers.py), so with the C++ kernels (`use_cpu_kernels`) they
 run our packed float32 / bf16 or block-quantized kernels, and without them torch's GEMM; a
 block-quantized expert (GGUF blocks from the file, or `quantize_to` at load) holds only its blocks.
 The block takes x already normalised (the post-attention RMSNorm with its weight: the router
@@ -35,7 +35,7 @@ from torch import nn
 from radixlm.kernels.quant import BLOCK, QuantizedTensor, quantize
 from radixlm.runtime.model.kernel_policy import CpuIsa
 from radixlm.runtime.model.linear_method import CpuKernels, in_one_arena
-from radixlm.runtime.model.models.llama import Linear
+from radixlm.runtime.model.models.layers import Linear
 from radixlm.runtime.model.models.weights import Weight, WeightLoadError
 
 

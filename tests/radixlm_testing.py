@@ -79,7 +79,17 @@ FAMILY_CONFIGS: dict[str, dict[str, Any]] = {
     "smollm3": dict(TINY_COMMON, architectures=["SmolLM3ForCausalLM"], model_type="smollm3", no_rope_layers=[1, 0],
                     pad_token_id=0, bos_token_id=1, eos_token_id=2,
                     mlp_bias=True, attention_bias=True),
+    # mixtures of experts (4 experts, top 2): Qwen3-MoE with a dense second layer (mlp_only_layers)
+    # and renormalised weights, Mixtral with a window capping the context, OLMoE not renormalised
+    "qwen3_moe": dict(TINY_COMMON, architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", head_dim=16,
+                      num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+                      mlp_only_layers=[1]),
+    "mixtral": dict(TINY_COMMON, architectures=["MixtralForCausalLM"], model_type="mixtral", intermediate_size=32,
+                    num_local_experts=4, num_experts_per_tok=2, sliding_window=64),
+    "olmoe": dict(TINY_COMMON, architectures=["OlmoeForCausalLM"], model_type="olmoe", intermediate_size=32, eos_token_id=2,
+                  num_experts=4, num_experts_per_tok=2),
 }
+MOE_FAMILIES = ("mixtral", "olmoe", "qwen3_moe")
 
 
 def build_hf_model(kind: str, vocab_size: int = 256, seed: int = 0, **overrides: Any) -> torch.nn.Module:

@@ -94,9 +94,10 @@ def _layer_windows(raw: Raw, num_layers: int, pattern: int, source: str) -> list
 
 
 def _llama(raw: Raw, opts: dict[str, Any], source: str) -> dict[str, Any]:
-    """Llama, Mistral, Qwen2, Qwen3: a window caps the context rather than cutting it."""
+    """Llama, Mistral, Qwen2, Qwen3 (and the attention of Qwen3-MoE and Mixtral): a window caps
+    the context rather than cutting it."""
     variant = opts["variant"]
-    use_sliding = raw.get("use_sliding_window", variant == "mistral")
+    use_sliding = raw.get("use_sliding_window", variant in ("mistral", "mixtral"))
     window = raw.get("sliding_window") if use_sliding else None
     bias = bool(raw.get("attention_bias", False))
     return dict(
@@ -104,7 +105,7 @@ def _llama(raw: Raw, opts: dict[str, Any], source: str) -> dict[str, Any]:
         # Qwen2 always has q/k/v biases and never an o_proj bias; the others follow the flag.
         attention_bias=variant == "qwen2" or bias,
         o_proj_bias=variant != "qwen2" and bias,
-        qk_norm="head" if variant == "qwen3" else "none",
+        qk_norm="head" if variant in ("qwen3", "qwen3_moe") else "none",
         hidden_act=_activation(raw, source),
         mlp_bias=bool(raw.get("mlp_bias", False)),
         sliding_window=int(window) if window else None,
@@ -220,7 +221,31 @@ def _smollm3(raw: Raw, opts: dict[str, Any], source: str) -> dict[str, Any]:
     )
 
 
+def _moe(raw: Raw, opts: dict[str, Any], source: str) -> dict[str, Any]:
+    """Qwen3-MoE (Qwen3's attention), Mixtral (Mistral's) and OLMoE (OLMo 2's q/k norm over the
+    whole projection, but norms before the sublayers), each with its experts (models/moe.py)."""
+    from radixlm.runtime.model.models.moe import moe_options_from_hf  # imports torch modules
+
+    variant = opts["variant"]
+    if variant == "olmoe":
+        if raw.get("clip_qkv") is not None:
+            raise UnsupportedModelError(f"{source}: OLMoE's clip_qkv is not supported")
+        bias = bool(raw.get("attention_bias", False))
+        out = dict(rope=rope_config(_rope_params(raw), raw, source, opts["head_dim"]), attention_bias=bias,
+                   o_proj_bias=bias, qk_norm="projection", hidden_act=_activation(raw, source))
+    else:
+        out = _llama(raw, opts, source)
+    if variant != "qwen3_moe":  # their config classes' default; Qwen3-MoE's is ours (1e-6)
+        out["rms_norm_eps"] = float(raw.get("rms_norm_eps", 1e-5))
+    try:
+        out["moe"] = moe_options_from_hf(dict(raw, architectures=[opts["architecture"]]))
+    except ValueError as e:
+        raise UnsupportedModelError(f"{source}: {e}") from e
+    return out
+
+
 _PARSERS: dict[str, Callable[[Raw, dict[str, Any], str], dict[str, Any]]] = {
     "llama": _llama, "mistral": _llama, "qwen2": _llama, "qwen3": _llama, "gemma2": _gemma, "gemma3": _gemma,
     "phi3": _phi3, "olmo2": _olmo2, "granite": _granite, "smollm3": _smollm3,
+    "qwen3_moe": _moe, "mixtral": _moe, "olmoe": _moe,
 }

@@ -9,7 +9,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from radixlm.runtime.model.models.moe import MoeOptions
 
 # Architectures our decoder implements; the value is the variant whose options parser
 # (families.py) reads the rest of the config.
@@ -24,6 +27,10 @@ SUPPORTED_ARCHITECTURES = {
     "Olmo2ForCausalLM": "olmo2",
     "GraniteForCausalLM": "granite",
     "SmolLM3ForCausalLM": "smollm3",
+    # mixtures of experts (models/moe.py): the decoder layer's MLP a SparseMoeBlock on sparse layers
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "MixtralForCausalLM": "mixtral",
+    "OlmoeForCausalLM": "olmoe",
 }
 
 NormLayout = Literal["pre", "sandwich", "post"]
@@ -99,6 +106,10 @@ class ModelConfig:
     final_logit_softcap: float | None = None  # logits -> cap * tanh(logits / cap) (Gemma 2/3)
     logits_scaling: float = 1.0  # logits divided by it (Granite)
     layers: tuple[LayerOptions, ...] = ()  # per layer; empty: every layer LayerOptions(None, rope)
+    # a mixture of experts' shape and routing (Qwen3-MoE, Mixtral, OLMoE), None for a dense model;
+    # its sparse layers (`moe.is_sparse_layer`) have a SparseMoeBlock for their MLP, the others a
+    # dense one of `intermediate_size`
+    moe: MoeOptions | None = None
 
     @property
     def context_len(self) -> int:

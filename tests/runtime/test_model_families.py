@@ -126,7 +126,8 @@ def test_unknown_architecture_is_refused_by_name() -> None:
     assert "FalconForCausalLM" in msg
     supported = sorted(["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                         "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM", "Olmo2ForCausalLM",
-                        "GraniteForCausalLM", "SmolLM3ForCausalLM"])
+                        "GraniteForCausalLM", "SmolLM3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM",
+                        "OlmoeForCausalLM"])
     assert f"supported: {supported}" in msg
 
 

@@ -54,7 +54,9 @@ class DenseMLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_id: int):
+    def __init__(self, cfg: ModelConfig, layer_id: int, mlp: nn.Module | None = None):
+        """`mlp`: this layer's MLP when not the config's DenseMLP (a mixture of experts, which
+        takes its input normed with the norm's weight: pre_mlp_norm keeps it, see weights.py)."""
         super().__init__()
         self.layer_id = layer_id
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -75,8 +77,9 @@ class DecoderLayer(nn.Module):
         self.q_norm = RMSNorm(norm_dims[0], eps) if norm_dims else None
         self.k_norm = RMSNorm(norm_dims[1], eps) if norm_dims else None
         # the MLP seam: any module [T, hidden] -> [T, hidden]; a mixture-of-experts block
-        # (models/moe.py) takes this place for the MoE families, loaded by its own code
-        self.mlp: nn.Module = DenseMLP(cfg)
+        # (models/moe.py) takes this place on the MoE families' sparse layers, loaded by its own
+        # `load_weights(tensors, layer_prefix, quantize_to=, quant_mode=)`
+        self.mlp: nn.Module = mlp if mlp is not None else DenseMLP(cfg)
         # Granite's residual_multiplier where the output products could not absorb it (quantized)
         self.output_scale = 1.0
         self.tp: TPGroup | None = None  # tensor parallel: o_proj and down_proj give partial sums
@@ -128,6 +131,10 @@ class DecoderLayer(nn.Module):
         if isinstance(mlp, DenseMLP):
             return self._add(mlp.down_proj, mlp.activate(x), residual, self.mlp_out_norm)
         out = mlp(x)  # a block with its own output product (e.g. mixture of experts)
+        if self.tp is not None:  # each rank's experts give a partial sum (tp_sharding.py)
+            self.tp.all_reduce(out)
+        if self.output_scale != 1.0:
+            out = out * self.output_scale
         return residual + (out if self.mlp_out_norm is None else self.mlp_out_norm(out))
 
     def _attention(

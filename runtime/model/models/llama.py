@@ -46,6 +46,7 @@ from radixlm.runtime.model.linear_method import in_one_arena
 from radixlm.runtime.model.model_config import ModelConfig, RopeConfig
 from radixlm.runtime.model.models.decoder_layer import DecoderLayer, DenseMLP
 from radixlm.runtime.model.models.layers import Linear, QuantizedEmbedding, RMSNorm
+from radixlm.runtime.model.models.moe import SparseMoeBlock
 from radixlm.runtime.model.models.rotary import RotaryEmbedding
 
 __all__ = ["DecoderLayer", "Linear", "LlamaForCausalLM", "QuantizedEmbedding", "RMSNorm"]
@@ -68,7 +69,7 @@ class LlamaForCausalLM(nn.Module):
         # tensor goes through torch's reference ops, whose first call imports torch._dynamo: ~1 s)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
                                          _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
-        self.layers = nn.ModuleList([DecoderLayer(cfg, i) for i in range(cfg.num_layers)])
+        self.layers = nn.ModuleList([DecoderLayer(cfg, i, self._experts(cfg, i)) for i in range(cfg.num_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, has_weight=False)  # folded into lm_head
         # its own transposed copy even when tied: the embedding lookup wants [vocab, hidden] rows
         self.lm_head = Linear(cfg.hidden_size, lm_head_rows or cfg.vocab_size, bias=False)
@@ -89,6 +90,13 @@ class LlamaForCausalLM(nn.Module):
         self.min_window = min(windows) if windows else None
         self.decode_stack: object | None = None  # cpu_linear's DecodeStack once use_cpu_kernels ran
         self.tp: TPGroup | None = None
+
+    @staticmethod
+    def _experts(cfg: ModelConfig, layer_id: int) -> SparseMoeBlock | None:
+        """Layer `layer_id`'s mixture of experts, or None (the config's dense MLP)."""
+        if cfg.moe is None or not cfg.moe.is_sparse_layer(layer_id):
+            return None
+        return SparseMoeBlock(cfg.moe, cfg.hidden_size)
 
     def set_tensor_parallel(self, tp: TPGroup | None) -> None:
         """This model is rank `tp.rank`'s shard (runtime/model/tensor_parallel.py): its layers
@@ -192,7 +200,7 @@ class LlamaForCausalLM(nn.Module):
                 module.use_packed(ext, bf16_path, chosen)
             elif isinstance(module, RMSNorm):
                 module.use_kernel(ext)
-            elif isinstance(module, (DenseMLP, QuantizedEmbedding)):
+            elif isinstance(module, (DenseMLP, SparseMoeBlock, QuantizedEmbedding)):
                 module.ext = ext
         self._place_weights()
         cfg = self.cfg

@@ -150,6 +150,11 @@ class _Loader:
             self.load_attention(layer, p + "self_attn.", norms.get("input_layernorm"))
             if isinstance(layer.mlp, DenseMLP):
                 self.load_dense_mlp(layer, layer.mlp, p + "mlp.", norms.get("pre_mlp_norm"))
+            else:  # a block with its own loader (models/moe.py) reading the normed input, weight included
+                if layer.pre_mlp_norm is not None and "pre_mlp_norm" in norms:
+                    layer.pre_mlp_norm.set_weight(self.norm_weight(norms["pre_mlp_norm"]))
+                layer.mlp.load_weights(self.state_dict, p, quantize_to=self.quantize_to,  # type: ignore[operator]
+                                       quant_mode=self.quant_mode)
             self.fold_residual_scale(layer)
 
     def load_attention(self, layer: DecoderLayer, attn: str, norm_name: str | None) -> None:

@@ -29,7 +29,8 @@ from radixlm.runtime.model.model_files import QUANTIZED_FILE, ModelLoadError, lo
 # Families transformers' GGUF loader reads (its TENSOR_PROCESSORS / config mapping); Mistral's
 # file is a `llama` one. It reads no `llama` file with experts (Mixtral), olmo2, granite, smollm3, olmoe.
 TRANSFORMERS_READS = ("llama", "llama3", "mistral", "qwen2", "qwen3", "qwen3_moe", "phi3", "gemma2", "gemma3")
-RUNTIME_FAMILIES = ("llama", "llama3", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "olmo2", "granite", "smollm3")
+RUNTIME_FAMILIES = ("llama", "llama3", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "olmo2", "granite", "smollm3",
+                    "qwen3_moe", "mixtral", "olmoe")
 GEMMA_NORM_ATOL = 2**-23  # |(1 + w) - 1 - w| after float32 rounding of 1 + w, for |w| < 1
 
 

@@ -3,7 +3,10 @@ attention by KV group, the MLP by column, lm_head by vocabulary row where the vo
 `ShardedWeights` is the HF state dict one rank sees (a checkpoint's fused qkv_proj / gate_up_proj,
 Phi-3's, cut per part). A head count tp does not divide is refused (`check_tp_size`), never
 padded; so is a model whose math spans every head (OLMo 2's q/k norm over the whole projection).
-Norms on sublayer outputs (Gemma, OLMo 2) apply after the all-reduce (models/decoder_layer.py)."""
+Norms on sublayer outputs (Gemma, OLMo 2) apply after the all-reduce (models/decoder_layer.py).
+A mixture of experts (models/moe.py) splits each expert like the dense MLP (gate/up by row, down
+by column, of `moe_intermediate_size`); every rank holds every expert's part and the whole router,
+so each routes every token alike and the block's output is one more partial sum."""
 
 from __future__ import annotations
 
@@ -43,8 +46,11 @@ def valid_tp_sizes(cfg: ModelConfig) -> list[int]:
 
 def _split_sizes(cfg: ModelConfig) -> tuple[tuple[str, int], ...]:
     """What tensor parallelism divides among the ranks, by name."""
-    return (("KV heads", cfg.num_kv_heads), ("query heads", cfg.num_heads),
-            ("MLP intermediate size", cfg.intermediate_size))
+    sizes = (("KV heads", cfg.num_kv_heads), ("query heads", cfg.num_heads),
+             ("MLP intermediate size", cfg.intermediate_size))
+    if cfg.moe is not None:
+        sizes += (("experts' intermediate size", cfg.moe.moe_intermediate_size),)
+    return sizes
 
 
 def vocab_part(cfg: ModelConfig, tp_size: int) -> int | None:
@@ -55,8 +61,9 @@ def vocab_part(cfg: ModelConfig, tp_size: int) -> int | None:
 def shard_config(cfg: ModelConfig, tp_size: int) -> ModelConfig:
     """The shape one rank's layers have: 1/tp of the heads and of the MLP width."""
     check_tp_size(cfg, tp_size)
+    moe = cfg.moe and dataclasses.replace(cfg.moe, moe_intermediate_size=cfg.moe.moe_intermediate_size // tp_size)
     return dataclasses.replace(cfg, num_heads=cfg.num_heads // tp_size, num_kv_heads=cfg.num_kv_heads // tp_size,
-                               intermediate_size=cfg.intermediate_size // tp_size)
+                               intermediate_size=cfg.intermediate_size // tp_size, moe=moe)
 
 
 Weight = torch.Tensor | QuantizedTensor
@@ -103,6 +110,8 @@ class ShardedWeights(Mapping[str, Weight]):
         q_part, kv_part = cfg.num_heads // n * cfg.head_dim, cfg.num_kv_heads // n * cfg.head_dim
         mlp_part = cfg.intermediate_size // n
         leaf = name.rsplit(".", 2)[-2:]  # e.g. ["q_proj", "weight"]
+        if ".experts." in name and cfg.moe is not None:
+            return self._expert_part(name, leaf, w)
         if leaf[0] in ("qkv_proj", "gate_up_proj"):  # fused in the checkpoint (Phi-3): each part's rows
             sizes = ([cfg.num_heads * cfg.head_dim] + [cfg.num_kv_heads * cfg.head_dim] * 2 if leaf[0] == "qkv_proj"
                      else [cfg.intermediate_size] * 2)
@@ -122,6 +131,19 @@ class ShardedWeights(Mapping[str, Weight]):
             assert isinstance(w, torch.Tensor)
             return torch.zeros_like(w)  # added once, by rank 0
         return w  # embedding, norms, lm_head: replicated
+
+    def _expert_part(self, name: str, leaf: list[str], w: Weight) -> Weight:
+        """One expert's tensor (checkpoint names, models/moe.py ExpertNames): gate and up by row,
+        down by column, of the rank's part of the expert's width."""
+        assert self.cfg.moe is not None
+        names, r = self.cfg.moe.names, self.rank
+        part = self.cfg.moe.moe_intermediate_size // self.size
+        if leaf[0] in (names.gate, names.up) and leaf[1] == "weight":
+            return row_slice(w, r * part, (r + 1) * part)
+        if leaf == [names.down, "weight"]:
+            return column_slice(w, r * part, (r + 1) * part)
+        raise ValueError(f"tensor parallel: cannot split the expert tensor {name!r} (per-expert checkpoint "
+                         "names only)")
 
     def __iter__(self) -> Iterator[str]:
         yield from self.full

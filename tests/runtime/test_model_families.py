@@ -165,11 +165,12 @@ def test_older_config_spellings() -> None:
     assert rope.attention_factor == pytest.approx(math.sqrt(1 + math.log(4) / math.log(1024)))
 
 
-@pytest.mark.parametrize("kind", ["gemma2", "granite", "phi3", "smollm3"])
+@pytest.mark.parametrize("kind", ["gemma2", "granite", "phi3", "smollm3", "qwen3_moe"])
 def test_tp2_logits_match_tp1(family_dirs: dict[str, tuple[torch.nn.Module, Path]], kind: str) -> None:
     """Tensor parallel over 2 ranks (rank 1 a real process) gives tp 1's logits: Gemma 2's norms on
     the sublayer outputs after the all-reduce, Phi-3's fused checkpoint tensors cut per part,
-    Granite's multipliers, SmolLM3's MLP biases (down_proj's added once)."""
+    Granite's multipliers, SmolLM3's MLP biases (down_proj's added once), Qwen3-MoE's experts
+    split by width beside a dense layer."""
     _, path = family_dirs[kind]
     cfg = ModelConfig.from_dir(path)
     runner_cfg = RunnerConfig(torch.float32, "torch", 2000, 8, cfg.context_len)
@@ -188,6 +189,8 @@ def test_tp2_logits_match_tp1(family_dirs: dict[str, tuple[torch.nn.Module, Path
     try:
         got = passes(tp)
         assert tp.kv_pool.k_buffer[0].shape[1] == 1  # half the KV heads
+        if cfg.moe is not None:  # half of each expert's width
+            assert tp.model.layers[0].mlp.experts[0].down_proj.in_features == cfg.moe.moe_intermediate_size // 2
     finally:
         tp.close()
         torch.set_num_threads(threads)  # rank 0 took its share of the cores

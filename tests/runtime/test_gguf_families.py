@@ -323,3 +323,38 @@ def test_engine_keeps_a_quantized_gguf_quantized_with_no_flag(tmp_cache_with_ker
         with torch.no_grad():
             ref = hf.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0)
         assert out["output_ids"] == ref[0, len(prompt):].tolist()
+
+
+def test_quantized_experts_of_a_gguf_stay_quantized(tmp_cache_with_kernels: Path, tmp_path: Path) -> None:
+    """A Qwen3-MoE GGUF whose stacked experts are Q8_0 (gate, up) and Q4_0 (down), kept (float32
+    activations): every expert product holds only its blocks, and the greedy output is
+    transformers' on the dequantized weights."""
+    import transformers
+
+    from radixlm.runtime.engine import Engine
+    from radixlm.runtime.model.model_files import resolve_model_path
+    from radixlm.runtime.model.models.moe import SparseMoeBlock
+
+    (tmp_path / "hf").mkdir()
+    tiny_family_model("qwen3_moe", tmp_path / "hf")
+    q8, q4 = gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_0
+    kept = {f"blk.{i}.ffn_{kind}_exps.weight": q4 if kind == "down" else q8 for i in range(2)
+            for kind in ("gate", "up", "down")}
+    write_gguf(tmp_path / "hf", tmp_path / "moe.gguf", "qwen3_moe", tensor_types=kept)
+    prompts = [[1, 7, 8, 9, 10], list(range(20, 45))]
+    with Engine(str(tmp_path / "moe.gguf"), max_total_tokens=512, random_seed=0, dtype="float32",
+                quantization="gguf", quantized_activations="float32") as engine:
+        blocks = [layer.mlp for layer in engine.runner.model.layers]
+        assert all(isinstance(b, SparseMoeBlock) for b in blocks)
+        formats = {(lin.qweight is not None, lin.weight_t is None) for b in blocks for e in b.experts
+                   for lin in (e.gate_up_proj, e.down_proj)}
+        assert formats == {(True, True)}
+        ours = engine.generate(input_ids=prompts, sampling_params={"temperature": 0, "max_new_tokens": 12,
+                                                                    "ignore_eos": True})
+    hf = transformers.AutoModelForCausalLM.from_pretrained(resolve_model_path(tmp_path / "moe.gguf"),
+                                                          dtype=torch.float32).eval()
+    for prompt, out in zip(prompts, ours):
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=None,
+                              pad_token_id=0)
+        assert out["output_ids"] == ref[0, len(prompt):].tolist()

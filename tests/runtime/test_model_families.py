@@ -89,6 +89,26 @@ def check_batch(hf: torch.nn.Module, path: Path, kind: str, batch_size: int, cpu
         assert runner.attn_backend.num_window_view_forwards == 3  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize("kind", ["mixtral", "qwen3_moe"])
+def test_quantization_at_load_quantizes_every_expert(family_dirs: dict[str, tuple[torch.nn.Module, Path]],
+                                                     kind: str) -> None:
+    """--quantization q8_0: each expert's two products hold only their blocks (the router and
+    Qwen3-MoE's dense layer as every dense family's: router float, dense MLP quantized). The
+    block's numbers on such blocks are tests/runtime/test_moe.py's."""
+    from radixlm.runtime.model.models.moe import SparseMoeBlock
+
+    _, path = family_dirs[kind]
+    cfg = ModelConfig.from_dir(path)
+    runner = ModelRunner(cfg, RunnerConfig(torch.float32, "torch", 512, 2, cfg.context_len, quantization="q8_0"),
+                         load_file(path / "model.safetensors"))
+    blocks = [layer.mlp for layer in runner.model.layers if isinstance(layer.mlp, SparseMoeBlock)]
+    assert len(blocks) == (1 if kind == "qwen3_moe" else 2)
+    experts = [lin for block in blocks for e in block.experts for lin in (e.gate_up_proj, e.down_proj)]
+    assert len(experts) == 2 * 4 * len(blocks)
+    assert all(lin.qweight is not None and lin.weight_t is None for lin in experts)
+    assert all(block.gate.dtype == torch.float32 for block in blocks)
+
+
 def hf_greedy(hf: torch.nn.Module, prompt: list[int], steps: int) -> list[int]:
     with torch.no_grad():
         out = hf.generate(torch.tensor([prompt]), max_new_tokens=steps, do_sample=False, eos_token_id=None,

@@ -165,6 +165,27 @@ def test_options_we_do_not_implement_are_refused(family_dirs: dict[str, tuple[to
                     load_file(family_dirs["gemma2"][1] / "model.safetensors"))
 
 
+def test_moe_config_options() -> None:
+    """The MoE families' attention options and expert shapes as their configs say; what we do not
+    implement, or tensor parallelism cannot split, refused by name."""
+    qwen = ModelConfig.from_dict(dict(FAMILY_CONFIGS["qwen3_moe"], vocab_size=256))
+    mixtral = ModelConfig.from_dict(dict(FAMILY_CONFIGS["mixtral"], vocab_size=256))
+    olmoe = ModelConfig.from_dict(dict(FAMILY_CONFIGS["olmoe"], vocab_size=256))
+    assert (qwen.qk_norm, mixtral.qk_norm, olmoe.qk_norm) == ("head", "none", "projection")
+    assert (qwen.sliding_window, mixtral.sliding_window, mixtral.context_len) == (None, 64, 64)
+    assert qwen.moe is not None and [qwen.moe.is_sparse_layer(i) for i in range(2)] == [True, False]
+    assert mixtral.moe is not None and mixtral.moe.names.up == "w3" and mixtral.moe.moe_intermediate_size == 32
+    with pytest.raises(UnsupportedModelError, match="clip_qkv"):
+        ModelConfig.from_dict(dict(FAMILY_CONFIGS["olmoe"], vocab_size=256, clip_qkv=8.0))
+    with pytest.raises(UnsupportedModelError, match="experts with hidden_act 'gelu_pytorch_tanh'"):
+        ModelConfig.from_dict(dict(FAMILY_CONFIGS["mixtral"], vocab_size=256, hidden_act="gelu_pytorch_tanh"))
+    with pytest.raises(ValueError, match=r"experts' intermediate size \(33\)"):
+        check_tp_size(ModelConfig.from_dict(dict(FAMILY_CONFIGS["qwen3_moe"], vocab_size=256,
+                                                 moe_intermediate_size=33)), 2)
+    with pytest.raises(ValueError, match="q/k RMSNorm spans every head"):
+        check_tp_size(olmoe, 2)
+
+
 def test_older_config_spellings() -> None:
     """Gemma 3's rope_theta / rope_local_base_freq / rope_scaling / sliding_window_pattern and
     Phi-3's `su` rope type, as configs on the hubs still write them."""

@@ -1,4 +1,4 @@
-"""One decoder layer of every dense family we run, shaped by ModelConfig's options:
+"""One decoder layer of every family we run, shaped by ModelConfig's options:
 
     pre      (Llama, Qwen, Mistral, Phi-3, Granite, SmolLM3)  h += o(attn(norm(h)));  h += mlp(norm(h))
     sandwich (Gemma 2/3)                                     h += norm(o(attn(norm(h))));  h += norm(mlp(norm(h)))
@@ -7,7 +7,8 @@
 A norm before a sublayer has its weight folded into that sublayer's input product (weights.py);
 a norm after one keeps its weight. Where no norm follows a sublayer, its output product takes the
 residual as its accumulator (one GEMM). `mlp` is any module mapping `[T, hidden] -> [T, hidden]`:
-`DenseMLP` here, or a block with its own output (a mixture of experts), added to the residual.
+`DenseMLP` here, or a block with its own output (a mixture of experts, models/moe.py), added to
+the residual (under tensor parallelism after the all-reduce of its partial sums).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""Our decoder for every dense family (Llama incl. SmolLM2, Mistral, Qwen2, Qwen3, Gemma 2/3 text,
-Phi-3 / Phi-4-mini, OLMo 2, Granite, SmolLM3) over the paged KV pool; ModelConfig's options shape
-its layers (models/decoder_layer.py).
+"""Our decoder for every family (Llama incl. SmolLM2, Mistral, Qwen2, Qwen3, Gemma 2/3 text,
+Phi-3 / Phi-4-mini, OLMo 2, Granite, SmolLM3, and the mixtures of experts Qwen3-MoE, Mixtral,
+OLMoE) over the paged KV pool; ModelConfig's options shape its layers (models/decoder_layer.py),
+and a MoE model's sparse layers take a SparseMoeBlock (models/moe.py) for their MLP.
 
 Layout choices made for a lean decode step (few, large ops):
 - q/k/v projections are one fused matrix, gate/up another.
@@ -56,8 +57,8 @@ if TYPE_CHECKING:
 
 
 class LlamaForCausalLM(nn.Module):
-    """Every dense family's decoder (ModelConfig's options shape its layers; the name is the
-    first family's)."""
+    """Every family's decoder (ModelConfig's options shape its layers; the name is the first
+    family's)."""
 
     def __init__(self, cfg: ModelConfig, lm_head_rows: int | None = None, max_positions: int | None = None):
         """`lm_head_rows`: a tensor-parallel rank's share of the vocabulary (default: all of it);

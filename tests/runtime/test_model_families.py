@@ -237,3 +237,33 @@ def test_tp2_logits_match_tp1(family_dirs: dict[str, tuple[torch.nn.Module, Path
         torch.set_num_threads(threads)  # rank 0 took its share of the cores
     for name, g, w in zip(("prefill", "extend", "decode"), got, want):
         assert (g - w).abs().max().item() <= 1e-5, name
+
+
+def test_every_family_through_the_scheduler_paths(family_models: dict[str, tuple[torch.nn.Module, Path]]) -> None:
+    """Each family through the paths a server runs: a prompt prefilled in 16-token chunks beside a
+    short one (continuous batching), then a follow-up that extends the first from the radix cache,
+    greedy equal to transformers' generate; and a regex-constrained request in the same engine."""
+    import re
+
+    from radixlm.runtime.engine import Engine
+
+    long_prompt, short_prompt = GREEDY_PROMPTS[1] + [11, 12, 14], GREEDY_PROMPTS[0]
+    follow_up = long_prompt + [17, 19]
+    params = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
+    for kind, (hf, path) in family_models.items():
+        # Phi-3's longrope takes a request's factors by its length so far (models/rotary.py): a first
+        # chunk shorter than its original length (24) would cache short-factor keys that transformers'
+        # whole-prompt forward gives long factors; its chunks start past that length
+        chunk = 32 if kind == "phi3" else 16
+        engine = Engine(str(path), max_total_tokens=2048, dtype="float32", chunked_prefill_size=chunk)
+        try:
+            first = engine.generate(input_ids=[long_prompt, short_prompt], sampling_params=params)
+            second = engine.generate(input_ids=follow_up, sampling_params=params)
+            constrained = engine.generate(input_ids=short_prompt, sampling_params={
+                "temperature": 0, "max_new_tokens": 16, "regex": "(yes|no)[0-9]{2}"})
+        finally:
+            engine.shutdown()
+        assert [r["output_ids"] for r in first] == [hf_greedy(hf, p, 8) for p in (long_prompt, short_prompt)], kind
+        assert second["meta_info"]["cached_tokens"] >= len(long_prompt) - 1, kind  # the radix cache held it
+        assert second["output_ids"] == hf_greedy(hf, follow_up, 8), kind
+        assert re.fullmatch("(yes|no)[0-9]{2}", constrained["text"]), (kind, constrained["text"])

@@ -66,6 +66,18 @@ class QuantizedTensor:
     raw: torch.Tensor
     k: int
 
+    def __post_init__(self) -> None:
+        gguf_bytes, block_k = FORMATS[self.fmt]
+        if self.k % block_k or self.raw.dim() != 2 or self.raw.shape[1] != self.k // block_k * gguf_bytes:
+            raise ValueError(f"a {self.fmt} weight of K {self.k} needs K a multiple of {block_k} and rows of "
+                             f"K / {block_k} x {gguf_bytes} bytes, got raw {tuple(self.raw.shape)}")
+
+    @staticmethod
+    def from_rows(fmt: str, raw: torch.Tensor) -> QuantizedTensor:
+        """The weight whose rows are `raw` `[N, blocks * GGUF bytes per block]` (K from the row size)."""
+        gguf_bytes, block_k = FORMATS[fmt]
+        return QuantizedTensor(fmt, raw, raw.shape[1] // gguf_bytes * block_k)
+
     @property
     def shape(self) -> tuple[int, int]:
         return (self.raw.shape[0], self.k)

@@ -45,33 +45,22 @@ inline void scale_min(const uint8_t* super, Vi& sc, Vi& m) {
 template <int I>
 inline Vi scale6(const uint8_t* super) { return vsra_i<24>(vshl_i<24 - 8 * (I % 4)>(word(super, I / 4))); }
 
-// Quad t of a sub-block's 16 columns: byte j of lane c = column c's u at k = 4t + j.
-template <QFormat F>
-inline Vi kquad(const uint8_t* sub, int t) {
-  const Vi raw = vload_i(sub + (t / 2) * 64);
-  Vi u = bits(t % 2 ? vshr_i<4>(raw) : raw, 0x0F0F0F0F);
-  if constexpr (F == QFormat::kQ5_K) {
-    Vi hi = vload_i(sub + 256);
-    switch (t) {  // bit t of each byte to bit 4
-      case 0: hi = vshl_i<4>(hi); break;
-      case 1: hi = vshl_i<3>(hi); break;
-      case 2: hi = vshl_i<2>(hi); break;
-      case 3: hi = vshl_i<1>(hi); break;
-      case 5: hi = vshr_i<1>(hi); break;
-      case 6: hi = vshr_i<2>(hi); break;
-      case 7: hi = vshr_i<3>(hi); break;
-      default: break;
-    }
-    u = vor_i(u, bits(hi, 0x10101010));
-  } else if constexpr (F == QFormat::kQ6_K) {
-    Vi hi = vload_i(sub + 256 + (t / 4) * 64);
-    switch (t % 4) {  // bits 2i, 2i + 1 of each byte to bits 4-5
-      case 0: hi = vshl_i<4>(hi); break;
-      case 1: hi = vshl_i<2>(hi); break;
-      case 3: hi = vshr_i<2>(hi); break;
-      default: break;
-    }
-    u = vor_i(u, bits(hi, 0x30303030));
+// Quad T of a sub-block's 16 columns: byte j of lane c = column c's u at k = 4T + j.
+template <int N>
+inline Vi shift_left(Vi v) {  // by N bits, right for a negative N
+  if constexpr (N > 0) return vshl_i<N>(v);
+  if constexpr (N < 0) return vshr_i<-N>(v);
+  return v;
+}
+
+template <QFormat F, int T>
+inline Vi kquad(const uint8_t* sub) {
+  const Vi raw = vload_i(sub + (T / 2) * 64);
+  Vi u = bits(T % 2 ? vshr_i<4>(raw) : raw, 0x0F0F0F0F);
+  if constexpr (F == QFormat::kQ5_K) {  // bit T of each byte to bit 4
+    u = vor_i(u, bits(shift_left<4 - T>(vload_i(sub + 256)), 0x10101010));
+  } else if constexpr (F == QFormat::kQ6_K) {  // bits 2i, 2i + 1 of each byte (i = T % 4) to bits 4-5
+    u = vor_i(u, bits(shift_left<4 - 2 * (T % 4)>(vload_i(sub + 256 + (T / 4) * 64)), 0x30303030));
   }
   return u;
 }
@@ -79,66 +68,81 @@ inline Vi kquad(const uint8_t* sub, int t) {
 template <int J>
 inline Vf byte_f(Vi q) { return vcvt_f(bits(vshr_i<8 * J>(q), 0xFF)); }
 
-// acc += w * x over quads [t0, t1) of a sub-block (k0 its first k): w = u * step + shift with
-// the product exact, so rounded once: GGUF's (d * sc) * u - dmin * m (shift = -dmin * m), or for
+// acc += w * x over quads T... of a sub-block (k0 its first k): w = u * step + shift with the
+// product exact, so rounded once: GGUF's (d * sc) * u - dmin * m (shift = -dmin * m), or for
 // Q6_K (d * sc) * (u - 32) (shift = -32 * step; the result is exact, at most 24 bits: an 11-bit
 // d times a 7-bit |sc| times a 5-bit |u - 32|, or powers of two).
-template <QFormat F, int R, int G>
-inline void sub_steps(Vf (&acc)[R][G], const uint8_t* const (&sub)[G], const Vf (&step)[G], const Vf (&shift)[G],
-                      const float* const (&x)[R], int64_t k0, int t0, int t1) {
-  for (int t = t0; t < t1; ++t) {
-    Vi q[G];
-    for (int g = 0; g < G; ++g) q[g] = kquad<F>(sub[g], t);
-    const auto apply = [&](auto j_c) {
-      constexpr int J = decltype(j_c)::value;
-      Vf w[G];
-      for (int g = 0; g < G; ++g) w[g] = vfmadd(byte_f<J>(q[g]), step[g], shift[g]);
-      for (int r = 0; r < R; ++r) {
-        const Vf xk = vset1(x[r][k0 + 4 * t + J]);
-        for (int g = 0; g < G; ++g) acc[r][g] = vfmadd(w[g], xk, acc[r][g]);
-      }
-    };
-    apply(std::integral_constant<int, 0>{});
-    apply(std::integral_constant<int, 1>{});
-    apply(std::integral_constant<int, 2>{});
-    apply(std::integral_constant<int, 3>{});
-  }
+template <QFormat F, int R, int G, int T>
+inline void quad_steps(Vf (&acc)[R][G], const uint8_t* const (&sub)[G], const Vf (&step)[G], const Vf (&shift)[G],
+                       const float* const (&x)[R], int64_t k0) {
+  Vi q[G];
+  for (int g = 0; g < G; ++g) q[g] = kquad<F, T>(sub[g]);
+  const auto apply = [&](auto j_c) {
+    constexpr int J = decltype(j_c)::value;
+    Vf w[G];
+    for (int g = 0; g < G; ++g) w[g] = vfmadd(byte_f<J>(q[g]), step[g], shift[g]);
+    for (int r = 0; r < R; ++r) {
+      const Vf xk = vset1(x[r][k0 + 4 * T + J]);
+      for (int g = 0; g < G; ++g) acc[r][g] = vfmadd(w[g], xk, acc[r][g]);
+    }
+  };
+  apply(std::integral_constant<int, 0>{});
+  apply(std::integral_constant<int, 1>{});
+  apply(std::integral_constant<int, 2>{});
+  apply(std::integral_constant<int, 3>{});
 }
 
-// Sub-block S of the super-blocks `super` (one per group): its scales, then its 32 k.
-template <QFormat F, int R, int G, int S>
-inline void sub_block(Vf (&acc)[R][G], const uint8_t* const (&super)[G], const float* const (&x)[R], int64_t k0) {
+template <QFormat F, int R, int G, int T0, int... T>
+inline void sub_steps(Vf (&acc)[R][G], const uint8_t* const (&sub)[G], const Vf (&step)[G], const Vf (&shift)[G],
+                      const float* const (&x)[R], int64_t k0, std::integer_sequence<int, T...>) {
+  (quad_steps<F, R, G, T0 + T>(acc, sub, step, shift, x, k0), ...);
+}
+
+// The step and shift of scale span S (a sub-block; Q6_K: 16 k) of each group's super-block.
+template <QFormat F, int G, int S>
+inline void span_scales(const uint8_t* const (&super)[G], Vf (&step)[G], Vf (&shift)[G]) {
   constexpr int64_t D = 64 * scale_words(F);
-  const uint8_t* sub[G];
-  Vf step[G], shift[G];
   for (int g = 0; g < G; ++g) {
-    sub[g] = super[g] + header_bytes(F) + S * sub_bytes(F);
-    prefetch_ahead<static_cast<int>(sub_bytes(F) / 64)>(sub[g]);
-  }
-  if constexpr (F == QFormat::kQ6_K) {
-    for (int half = 0; half < 2; ++half) {  // a scale per 16 k
-      for (int g = 0; g < G; ++g) {
-        const Vi sc = half == 0 ? scale6<2 * S>(super[g]) : scale6<2 * S + 1>(super[g]);
-        step[g] = vmul(half16(super[g] + D), vcvt_f(sc));
-        shift[g] = vmul(step[g], vset1(-32.0f));
-      }
-      sub_steps<F, R, G>(acc, sub, step, shift, x, k0, 4 * half, 4 * half + 4);
-    }
-  } else {
-    for (int g = 0; g < G; ++g) {
+    if constexpr (F == QFormat::kQ6_K) {
+      step[g] = vmul(half16(super[g] + D), vcvt_f(scale6<S>(super[g])));
+      shift[g] = vmul(step[g], vset1(-32.0f));
+    } else {
       Vi sc, m;
       scale_min<S>(super[g], sc, m);
       step[g] = vmul(half16(super[g] + D), vcvt_f(sc));
       shift[g] = vsub(vzero(), vmul(half16(super[g] + D + 32), vcvt_f(m)));
     }
-    sub_steps<F, R, G>(acc, sub, step, shift, x, k0, 0, 8);
   }
 }
 
-template <QFormat F, int R, int G, int... S>
-inline void super_block(Vf (&acc)[R][G], const uint8_t* const (&super)[G], const float* const (&x)[R], int64_t k0,
-                        std::integer_sequence<int, S...>) {
-  (sub_block<F, R, G, S>(acc, super, x, k0 + S * kSub), ...);
+template <QFormat F, int G, int... S>
+inline void all_scales(const uint8_t* const (&super)[G], Vf (&step)[sizeof...(S)][G], Vf (&shift)[sizeof...(S)][G],
+                       std::integer_sequence<int, S...>) {
+  (span_scales<F, G, S>(super, step[S], shift[S]), ...);
+}
+
+// A super-block of each of the G groups: every span's scales first (unrolled: their shifts are
+// constants), then the 8 sub-blocks in a loop, so the pass's code stays small (one sub-block's
+// quads unrolled, as the 32-k formats' passes unroll one block).
+template <QFormat F, int R, int G>
+inline void super_block(Vf (&acc)[R][G], const uint8_t* const (&super)[G], const float* const (&x)[R], int64_t k0) {
+  constexpr int kSpans = F == QFormat::kQ6_K ? 16 : 8;
+  Vf step[kSpans][G], shift[kSpans][G];
+  all_scales<F, G>(super, step, shift, std::make_integer_sequence<int, kSpans>{});
+  for (int s = 0; s < 8; ++s) {
+    const uint8_t* sub[G];
+    for (int g = 0; g < G; ++g) {
+      sub[g] = super[g] + header_bytes(F) + s * sub_bytes(F);
+      prefetch_ahead<static_cast<int>(sub_bytes(F) / 64)>(sub[g]);
+    }
+    if constexpr (F == QFormat::kQ6_K) {
+      sub_steps<F, R, G, 0>(acc, sub, step[2 * s], shift[2 * s], x, k0 + s * kSub, std::make_integer_sequence<int, 4>{});
+      sub_steps<F, R, G, 4>(acc, sub, step[2 * s + 1], shift[2 * s + 1], x, k0 + s * kSub,
+                            std::make_integer_sequence<int, 4>{});
+    } else {
+      sub_steps<F, R, G, 0>(acc, sub, step[s], shift[s], x, k0 + s * kSub, std::make_integer_sequence<int, 8>{});
+    }
+  }
 }
 
 // R rows x G groups: a.nb counts super-blocks here.
@@ -152,7 +156,7 @@ __attribute__((noinline)) void kfloat_pass(const PassArgs& p) {
   for (int64_t s = 0; s < a.nb; ++s) {
     const uint8_t* super[G];
     for (int g = 0; g < G; ++g) super[g] = p.g[g] + s * super_bytes(F);
-    super_block<F, R, G>(acc, super, x, s * kKSuper, std::make_integer_sequence<int, 8>{});
+    super_block<F, R, G>(acc, super, x, s * kKSuper);
   }
   store_acc(acc, p);
 }

@@ -19,9 +19,9 @@
 //    whose byte 4c + j has bit 4 of u at k = 4t + j in its bit t, for Q6_K two vectors whose byte
 //    4c + j of vector h has bits 4-5 of u at k = 4(4h + i) + j in its bits 2i, 2i + 1.
 // So a super-block is 2304 (Q4_K), 2816 (Q5_K) or 3360 (Q6_K) bytes: 16 x the file's 144, 176 and
-// 210, the file's 4.5, 5.5 and 6.5625 bits per weight. The kernels read each sub-block once: its
-// scale and min are unpacked from the header words in registers (a few integer operations per
-// 32 k) instead of being stored expanded.
+// 210, the file's 4.5, 5.5 and 6.5625 bits per weight. A pass unpacks a super-block's scales and
+// mins from the header words with vector integer operations (a few per 32 k, into a small array
+// on the stack) instead of reading them stored expanded, then streams its sub-blocks.
 //
 // The product is weight-only: each weight dequantized to float32 in registers exactly as GGUF's
 // dequantizer computes it (the products d * sc * u are exact in float32, so one rounding: GGUF's

@@ -3,7 +3,8 @@ reference quantizer against the `gguf` package's own dequantizer (bounded error,
 extreme and zero weights), our packing and both our dequantizers (torch and C++ `q_columns`) bit
 for bit against gguf's on random bytes (every bit of every field), and the kernel's products
 against a float64 product of gguf's dequantized weights at every ISA level this CPU runs (the
-`ext` fixture), with bias and residual, on 1-3 threads. The torch-free driver
+`ext` fixture), with bias and residual, on 1-3 threads; Q4_K's int8 modes against int8-rounded
+activations on every int8 dot variant. The torch-free driver
 (tests/kernels/csrc/test_quant_gemm.cpp) checks the products per level natively and under qemu."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from test_quant_gemm import _int8_reference, _on_each_variant
 
 from radixlm.kernels import cpu_linear, kquants, quant
 
@@ -114,8 +116,8 @@ def _reference(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None, 
 
 @pytest.mark.parametrize("fmt", KQUANTS)
 def test_weight_only_products_match_the_dequantized_product(ext: Any, fmt: str, on_thread_counts: Any) -> None:
-    """Every mode runs the weight-only kernel for a K-quant (kquant_gemm.h): float32 products of
-    gguf's dequantized weights, in another order of additions; bit-equal on 1-3 threads."""
+    """The weight-only mode: float32 products of gguf's dequantized weights, in another order of
+    additions, bit-equal on 1-3 threads; and the int8 modes (_check_int8_modes)."""
     g = torch.Generator().manual_seed(4)
     for i, (n, k) in enumerate(SHAPES):
         qt = _random_bytes(n, k, fmt, seed=i) if i else quant.quantize(_weight(n, k, 3), fmt)
@@ -127,12 +129,25 @@ def test_weight_only_products_match_the_dequantized_product(ext: Any, fmt: str, 
             for res, b in [(None, None), (residual, bias)]:
                 got = cpu_linear.q_linear(ext, x, packed, n, res, b)
                 assert got.shape == (m, n) and (got.double() - _reference(x, w, res, b)).abs().max().item() <= bound
-            plain, calls = cpu_linear.q_linear(ext, x, packed, n), ext.num_vnni_calls()
-            for mode in ("int8", "int8_row"):
-                assert torch.equal(cpu_linear.q_linear(ext, x, packed, n, mode=quant.MODES[mode]), plain)
-            assert ext.num_vnni_calls() == calls
+            _check_int8_modes(ext, fmt, x, packed, w, n)
         outs = on_thread_counts(partial(cpu_linear.q_linear, ext, x, packed, n))
         assert all(torch.equal(o, outs[0]) for o in outs)
+
+
+def _check_int8_modes(ext: Any, fmt: str, x: torch.Tensor, packed: torch.Tensor, w: torch.Tensor, n: int) -> None:
+    """Q4_K: int8 x int8 (its 32-k sub-blocks are x's int8 blocks), exact integer sums on every dot
+    variant, so the float64 product of the rounded activations within float32 rounding; Q5_K and
+    Q6_K: the weight-only kernel in every mode, the same bits (and no int8 call)."""
+    plain, calls = cpu_linear.q_linear(ext, x, packed, n), ext.num_vnni_calls()
+    for mode in ("int8", "int8_row"):
+        product = partial(cpu_linear.q_linear, ext, x, packed, n, mode=quant.MODES[mode])
+        if fmt != "q4_k":
+            assert torch.equal(product(), plain)
+            continue
+        got = _on_each_variant(ext, product)
+        bound = 2e-6 * (x.abs().double() @ w.abs().double().T).max().item() + 1e-6
+        assert (got.double() - _int8_reference(x, w, per_row=mode == "int8_row")).abs().max().item() <= bound
+    assert ext.num_vnni_calls() == calls + (2 * len(ext.int8_variants()) if fmt == "q4_k" else 0)
 
 
 def test_bad_k_quant_operands_are_refused(ext: Any) -> None:

@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "kernels/kquant_scales.h"
 #include "kernels/quant_tiles.h"
 #include "simd/math.h"
 
@@ -14,32 +15,13 @@ namespace {
 
 using namespace simd;
 using namespace qtiles;
+using namespace kscales;
 
 constexpr int64_t kSub = 32;  // k of a sub-block
 constexpr int64_t header_bytes(QFormat f) { return f == QFormat::kQ6_K ? 288 : 256; }
 constexpr int64_t sub_bytes(QFormat f) { return f == QFormat::kQ4_K ? 256 : f == QFormat::kQ5_K ? 320 : 384; }
 constexpr int64_t super_bytes(QFormat f) { return header_bytes(f) + 8 * sub_bytes(f); }
 constexpr int scale_words(QFormat f) { return f == QFormat::kQ6_K ? 4 : 3; }
-
-inline Vi word(const uint8_t* super, int w) { return vload_i(super + 64 * w); }
-inline Vi bits(Vi v, int32_t mask) { return vand_i(v, vset1_i(mask)); }
-
-// Q4_K / Q5_K: sub-block S's 6-bit scale and min of each lane (GGUF's 12-byte packing: bytes
-// 0-3 hold sc[0..3] and the top bits of sc[4..7], bytes 4-7 the same for the mins, bytes 8-11
-// the low nibbles of sc[4..7] and m[4..7]).
-template <int S>
-inline void scale_min(const uint8_t* super, Vi& sc, Vi& m) {
-  const Vi w0 = word(super, 0), w1 = word(super, 1);
-  if constexpr (S < 4) {
-    sc = bits(vshr_i<8 * S>(w0), 0x3F);
-    m = bits(vshr_i<8 * S>(w1), 0x3F);
-  } else {
-    constexpr int I = S - 4;
-    const Vi w2 = word(super, 2);
-    sc = vor_i(bits(vshr_i<8 * I>(w2), 0x0F), vshl_i<4>(bits(vshr_i<8 * I + 6>(w0), 0x03)));
-    m = vor_i(bits(vshr_i<8 * I + 4>(w2), 0x0F), vshl_i<4>(bits(vshr_i<8 * I + 6>(w1), 0x03)));
-  }
-}
 
 // Q6_K: the int8 scale I (of 16) of each lane, sign-extended.
 template <int I>

@@ -16,6 +16,7 @@
 #include "kernels/parallel.h"
 #include "simd/dot_int8.h"
 #include "kernels/kquant_gemm.h"
+#include "kernels/kquant_scales.h"
 #include "kernels/quant_tiles.h"
 #include "simd/math.h"
 
@@ -105,6 +106,72 @@ void int8_pass(const PassArgs& p) {
   }
   store_acc(acc, p);
 }
+
+// Q4_K with x quantized to int8 (its 32-k sub-blocks are x's int8 blocks): as int8_pass on Q4_1,
+// each sub-block's step d * sc and shift -dmin * m (unpacked from its super-block's header,
+// kquant_gemm.h) in place of a block's d and m.
+template <int... S>
+inline void q4k_scales(const uint8_t* super, Vf (&step)[8], Vf (&shift)[8], std::integer_sequence<int, S...>) {
+  (kscales::q4k_step_shift<S>(super, step[S], shift[S]), ...);
+}
+
+template <template <WBits> class D, int R, int G>
+void q4k_int8_pass(const PassArgs& p) {
+  using Dot = D<WBits::k4>;
+  constexpr int64_t kHeader = 256, kSubBytes = 256, kSuperBytes = kHeader + 8 * kSubBytes;
+  const Activations& a = p.a;
+  const int8_t* xq[R];
+  for (int r = 0; r < R; ++r) xq[r] = a.xq + r * a.K;
+  Vf acc[R][G];
+  init_acc(acc, p);
+  for (int64_t s = 0; s < a.nb / 8; ++s) {
+    Vf step[G][8], shift[G][8];
+    for (int g = 0; g < G; ++g) {
+      q4k_scales(p.g[g] + s * kSuperBytes, step[g], shift[g], std::make_integer_sequence<int, 8>{});
+    }
+    for (int j = 0; j < 8; ++j) {
+      const int64_t b = s * 8 + j;  // x's block
+      const uint8_t* blk[G];
+      for (int g = 0; g < G; ++g) {
+        blk[g] = p.g[g] + s * kSuperBytes + kHeader + j * kSubBytes;
+        prefetch_ahead<4>(blk[g]);
+      }
+      typename Dot::Acc dot[R][G];
+      for (int r = 0; r < R; ++r) {
+        for (int g = 0; g < G; ++g) dot[r][g] = Dot::zero();
+      }
+      for (int v = 0; v < 4; ++v) {
+        for (int h = 0; h < 2; ++h) {
+          const int t = 2 * v + h;
+          typename Dot::W w[G];
+          for (int g = 0; g < G; ++g) w[g] = Dot::load(blk[g] + 64 * v, h == 1);
+          for (int r = 0; r < R; ++r) {
+            int32_t x4;
+            std::memcpy(&x4, xq[r] + b * kQBlock + 4 * t, sizeof x4);
+            for (int g = 0; g < G; ++g) dot[r][g] = Dot::dot(dot[r][g], w[g], x4);
+          }
+        }
+      }
+      for (int g = 0; g < G; ++g) {
+        for (int r = 0; r < R; ++r) {
+          const int64_t i = r * a.nb + b;
+          Vi dt = Dot::sums(dot[r][g]);
+          if constexpr (Dot::kTaken != 0) dt = vadd_i(dt, vset1_i(Dot::kTaken * a.sq[i]));
+          acc[r][g] = vfmadd(vcvt_f(dt), vmul(step[g][j], vset1(a.dx[i])), acc[r][g]);
+          acc[r][g] = vfmadd(shift[g][j], vset1(a.cx[i]), acc[r][g]);
+        }
+      }
+    }
+  }
+  store_acc(acc, p);
+}
+
+template <template <WBits> class D>
+struct Q4KInt8Kernel {
+  using Tile = Int8Tile;
+  template <int R>
+  static void pass(const PassArgs& p) { D<WBits::k4>::run([&] { q4k_int8_pass<D, R, Tile::kGroups>(p); }); }
+};
 
 // Column values of byte J of each lane of quad q as float32: the signed value (u - offset) for
 // Q8_0 and Q4_0, u for Q4_1.
@@ -359,7 +426,10 @@ void q_columns(const uint8_t* w, int64_t groups, int64_t nb, QFormat format, con
 
 void q_gemm(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t groups, QFormat format, QMode mode,
             float* out, int64_t ld_out, const float* residual, int64_t ld_res, const float* bias) {
-  if (is_kquant(format)) return kq_gemm(x, M, K, w, groups, format, out, ld_out, residual, ld_res, bias);
+  if (is_kquant(format) && (format != QFormat::kQ4_K || mode == QMode::kFloat)) {
+    return kq_gemm(x, M, K, w, groups, format, out, ld_out, residual, ld_res, bias);
+  }
+  check(format != QFormat::kQ4_K || K % kKSuper == 0, "a K-quant product's K must be a multiple of 256, got " + std::to_string(K));
   check(K % kQBlock == 0, "a quantized product's K must be a multiple of 32, got " + std::to_string(K));
   check(groups % 2 == 0, "quant groups come in pairs (N padded to a multiple of 64)");
   if (M == 0 || groups == 0) return;
@@ -393,7 +463,14 @@ void q_gemm(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t grou
     case QFormat::kQ8_0: run_format<QFormat::kQ8_0>(act, mode, variant, M, w, groups, out, ld_out, residual, ld_res, bias); break;
     case QFormat::kQ4_0: run_format<QFormat::kQ4_0>(act, mode, variant, M, w, groups, out, ld_out, residual, ld_res, bias); break;
     case QFormat::kQ4_1: run_format<QFormat::kQ4_1>(act, mode, variant, M, w, groups, out, ld_out, residual, ld_res, bias); break;
-    default: break;  // the K-quants: kq_gemm above
+    case QFormat::kQ4_K:
+      with_variant(variant, dot8::Int8Variants{}, [&](auto tag) {
+        using Tag = decltype(tag);
+        run<Q4KInt8Kernel<Tag::template Dot>>(act, M, w, groups, (K / kKSuper) * kq_block_bytes(format), out, ld_out,
+                                               residual, ld_res, bias);
+      });
+      break;
+    default: break;  // the other K-quants: kq_gemm above
   }
 }
 

@@ -10,8 +10,8 @@
 //   - the same bits on 1, 2 and 3 threads.
 // Formats Q8_0 / Q4_0 / Q4_1, K 32..576, 2..12 groups, 1..33 rows, residual and bias; and the
 // K-quants Q4_K / Q5_K / Q6_K (random bytes of their packed layout, decoded here from the layout's
-// definition: q_columns bit for bit, the products within 1e-5, the int8 modes' output the same
-// bits as the weight-only mode's), K 256 and 768. Built and run
+// definition: q_columns bit for bit, the products within 1e-5; Q4_K's int8 modes as the others',
+// Q5_K's and Q6_K's output the same bits as their weight-only mode's), K 256 and 768. Built and run
 // by tests/kernels/test_quant_gemm.py for the aarch64 levels under qemu (the x86 levels run the
 // torch module there):
 //   g++ -std=c++17 -O2 -I kernels/csrc -DRADIXLM_NO_TORCH -fopenmp [level flags]
@@ -262,11 +262,16 @@ void kquant_products(Rng& rng) {
           const bool extras = M % 2 == 1;
           const std::vector<float> r = extras ? res : std::vector<float>{}, b = extras ? bias : std::vector<float>{};
           check_product(fmt, x, M, K, w, W, groups, QMode::kFloat, r, b, what);
-          // the int8 modes run the weight-only kernel for a K-quant: the same bits
-          const std::vector<float> plain = run(fmt, x, M, K, w, groups, QMode::kFloat, r, b);
-          const std::vector<float> out = run(fmt, x, M, K, w, groups, QMode::kInt8Block, r, b);
-          check(std::memcmp(plain.data(), out.data(), sizeof(float) * out.size()) == 0,
-                what + " int8 differs from the weight-only product");
+          if (fmt.f == QFormat::kQ4_K) {  // int8 x int8 on every variant
+            for (QMode mode : {QMode::kInt8Block, QMode::kInt8Row}) {
+              check_product(fmt, x, M, K, w, W, groups, mode, r, b, what + " " + mode_name(mode));
+            }
+          } else {  // the int8 modes run the weight-only kernel: the same bits
+            const std::vector<float> plain = run(fmt, x, M, K, w, groups, QMode::kFloat, r, b);
+            const std::vector<float> out = run(fmt, x, M, K, w, groups, QMode::kInt8Block, r, b);
+            check(std::memcmp(plain.data(), out.data(), sizeof(float) * out.size()) == 0,
+                  what + " int8 differs from the weight-only product");
+          }
         }
       }
     }

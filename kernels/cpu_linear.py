@@ -1,7 +1,8 @@
 """C++ CPU kernels (csrc/): linear layers over weights packed in panels, float32
 (kernels/packed_gemm.h) or bfloat16 (kernels/bf16_gemm.h: AMX tiles, AVX512-BF16 vdpbf16ps, or
 vdpbf16ps emulated over the vector layer, whichever the CPU runs), or block-quantized
-(kernels/quant_gemm.h, kernels/quant.py: GGUF Q8_0 / Q4_0 / Q4_1, weight-only or int8 x int8);
+(kernels/quant_gemm.h, kernels/quant.py: GGUF Q8_0 / Q4_0 / Q4_1, weight-only or int8 x int8, and the
+K-quants Q4_K (both modes) and Q5_K / Q6_K (weight-only));
 DecodeStack (kernels/decode_stack.h), every decoder layer of a decode step in one call; paged
 attention (kernels/paged_attention.cpp), causal attention of any batch's new tokens reading K/V
 in place from the KV pool; and fused row-wise RMSNorm and SiLU x up (kernels/rows.cpp).

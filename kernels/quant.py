@@ -1,34 +1,54 @@
 """Block-quantized weights as our kernels read them (csrc/kernels/quant_gemm.h): GGUF's Q8_0, Q4_0 and
 Q4_1 blocks (32 k of one column, float16 scale d, Q4_1 also a float16 minimum m), repacked into
-"quant groups" `[N/16, K/32, block bytes]` uint8, the file's bytes per weight exactly.
+"quant groups" `[N/16, K/32, block bytes]` uint8, the file's bytes per weight exactly; and GGUF's
+K-quants Q4_K, Q5_K, Q6_K (super-blocks of 256 k), as quant groups `[N/16, K/256, super-block
+bytes]`, again the file's bytes per weight (kernels/kquants.py).
 
 `QuantizedTensor` holds a weight `[N, K]` as the GGUF stores it (one row of blocks per output
 channel), so a loader can permute and concatenate rows (fused q/k/v, RoPE layout) before `pack`;
-`quantize` makes one from a float weight (GGUF's own quantizer for q8_0 / q4_0 / q4_1, or
-per-channel int8 for w8a8_int8), `unpack_columns` dequantizes chosen output columns of a packed
+`quantize` makes one from a float weight (GGUF's own quantizer for q8_0 / q4_0 / q4_1, ours
+for the K-quants, or per-channel int8 for w8a8_int8), `unpack_columns` dequantizes chosen output columns of a packed
 weight (an embedding lookup, and the tests' reference). Pure torch: no compiled code.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
+
+from radixlm.kernels import kquants
 
 GROUP = 16  # columns of a quant group
 BLOCK = 32  # k of a block
 N_MULTIPLE = 64  # packed weights are padded to this many columns (the decode stack's widths)
 
-# format -> (GGUF bytes per block, packed value bytes per block of a group, offset of the values)
-FORMATS: dict[str, tuple[int, int, int]] = {"q8_0": (34, 512, 128), "q4_0": (18, 256, 8), "q4_1": (20, 256, 0)}
+
+
+class BlockFormat(NamedTuple):
+    gguf_bytes: int  # bytes of one GGUF block (one column's `block_k` consecutive k)
+    block_k: int  # k of a GGUF block: 32, or 256 for the K-quants
+
+
+# the formats kept quantized (keys: GGUF's type names lower-cased)
+FORMATS: dict[str, BlockFormat] = {
+    "q8_0": BlockFormat(34, BLOCK), "q4_0": BlockFormat(18, BLOCK), "q4_1": BlockFormat(20, BLOCK),
+    **{fmt: BlockFormat(gguf_bytes, kquants.SUPER) for fmt, (gguf_bytes, _, _) in kquants.KQUANTS.items()},
+}
+# 32-k formats -> (packed value bytes per block of a group, offset of the values)
+_VALUES: dict[str, tuple[int, int]] = {"q8_0": (512, 128), "q4_0": (256, 8), "q4_1": (256, 0)}
 # how each kernel mode feeds x to the products (csrc/kernels/quant_gemm.h QMode; the int8 ones run at every ISA level)
 MODES = {"float32": 0, "int8": 1, "int8_row": 2}
 
 
 def block_bytes(fmt: str) -> int:
-    """Bytes of one packed block of a group: the values, d[16], and for q4_1 m[16] (float16)."""
-    _, values, _ = FORMATS[fmt]
+    """Bytes of one packed block of a group: the values, d[16], and for q4_1 m[16] (float16); a
+    K-quant's super-block (kquants.py)."""
+    if fmt in kquants.KQUANTS:
+        return kquants.super_block_bytes(fmt)
+    values, _ = _VALUES[fmt]
     return values + (64 if fmt == "q4_1" else 32)
 
 
@@ -45,6 +65,18 @@ class QuantizedTensor:
     fmt: str
     raw: torch.Tensor
     k: int
+
+    def __post_init__(self) -> None:
+        gguf_bytes, block_k = FORMATS[self.fmt]
+        if self.k % block_k or self.raw.dim() != 2 or self.raw.shape[1] != self.k // block_k * gguf_bytes:
+            raise ValueError(f"a {self.fmt} weight of K {self.k} needs K a multiple of {block_k} and rows of "
+                             f"K / {block_k} x {gguf_bytes} bytes, got raw {tuple(self.raw.shape)}")
+
+    @staticmethod
+    def from_rows(fmt: str, raw: torch.Tensor) -> QuantizedTensor:
+        """The weight whose rows are `raw` `[N, blocks * GGUF bytes per block]` (K from the row size)."""
+        gguf_bytes, block_k = FORMATS[fmt]
+        return QuantizedTensor(fmt, raw, raw.shape[1] // gguf_bytes * block_k)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -74,10 +106,15 @@ class QuantizedTensor:
 
 
 def quantize(weight: torch.Tensor, fmt: str) -> QuantizedTensor:
-    """A float weight `[N, K]` (K a multiple of 32) in `fmt`: q8_0 / q4_0 / q4_1 by GGUF's
-    quantizer, or "w8a8_int8": per-channel symmetric int8 (one scale per row, max|w|/127), stored
-    as q8_0 blocks that all carry the row's scale."""
+    """A float weight `[N, K]` (K a multiple of 32; 256 for a K-quant) in `fmt`: q8_0 / q4_0 / q4_1
+    by GGUF's quantizer, q4_k / q5_k / q6_k by ours (kquants.quantize), or "w8a8_int8": per-channel
+    symmetric int8 (one scale per row, max|w|/127), stored as q8_0 blocks that all carry the row's
+    scale."""
     n, k = weight.shape
+    if fmt in kquants.KQUANTS:
+        return QuantizedTensor(fmt, kquants.quantize(weight, fmt), k)
+    if fmt not in FORMATS and fmt != "w8a8_int8":
+        raise ValueError(f"unknown quantized format {fmt!r}; formats: {', '.join([*FORMATS, 'w8a8_int8'])}")
     if k % BLOCK:
         raise ValueError(f"a quantized weight needs K a multiple of {BLOCK}, got {k}")
     w = weight.detach().float()
@@ -112,6 +149,8 @@ def _split(t: QuantizedTensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
 def pack(t: QuantizedTensor) -> torch.Tensor:
     """The kernels' quant groups `[Np/16, K/32, block bytes]` uint8 (Np: N padded to 64 with zero
     scales)."""
+    if t.fmt in kquants.KQUANTS:
+        return kquants.pack(t.raw, t.k, t.fmt, N_MULTIPLE)
     u, d, m = _split(t)
     n, nb, _ = u.shape
     pad = -(-n // N_MULTIPLE) * N_MULTIPLE - n
@@ -137,7 +176,9 @@ def unpack_columns(packed: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
     """float32 `[len(cols), K]`: the weight's output columns `cols` dequantized from quant groups
     (column c of a linear layer's weight_t; for a tied embedding, token c's row)."""
     fmt = format_of(packed)
-    _, value_bytes, offset = FORMATS[fmt]
+    if fmt in kquants.KQUANTS:
+        return kquants.unpack_columns(packed, cols, fmt)
+    value_bytes, offset = _VALUES[fmt]
     nb = packed.shape[1]
     t = torch.arange(len(cols))
     sel = packed[cols // GROUP]  # [T, nb, block bytes]: each column's group

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Mapping
 
 import torch
 
-from radixlm.kernels.quant import BLOCK, QuantizedTensor
+from radixlm.kernels.quant import FORMATS, QuantizedTensor
 from radixlm.runtime.model.model_config import ModelConfig
 
 logger = logging.getLogger(__name__)
@@ -78,9 +78,9 @@ def column_slice(w: Weight, start: int, stop: int) -> Weight:
     cut falls between them, else it is dequantized (logged)."""
     if not isinstance(w, QuantizedTensor):
         return w[:, start:stop]
-    if start % BLOCK == 0 and stop % BLOCK == 0:
-        per_block = w.raw.shape[1] // (w.k // BLOCK)
-        return QuantizedTensor(w.fmt, w.raw[:, start // BLOCK * per_block: stop // BLOCK * per_block], stop - start)
+    per_block, block_k = FORMATS[w.fmt]  # GGUF bytes of a block of block_k columns (256 for a K-quant)
+    if start % block_k == 0 and stop % block_k == 0:
+        return QuantizedTensor(w.fmt, w.raw[:, start // block_k * per_block: stop // block_k * per_block], stop - start)
     logger.info("tensor parallel: a cut at column %d is inside a %s block; that weight is dequantized", start, w.fmt)
     return w.dequantize()[:, start:stop]
 

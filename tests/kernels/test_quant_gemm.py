@@ -248,7 +248,8 @@ def test_bad_operands_are_refused(ext: Any) -> None:
 
 
 # the driver links the kernel itself, torch-free (kernels/parallel.h on OpenMP)
-DRIVER_FLAGS = ["-DRADIXLM_NO_TORCH", "-fopenmp", str(REPO / "kernels" / "csrc" / "kernels" / "quant_gemm.cpp")]
+DRIVER_FLAGS = ["-DRADIXLM_NO_TORCH", "-fopenmp",
+                *(str(REPO / "kernels" / "csrc" / "kernels" / name) for name in ("quant_gemm.cpp", "kquant_gemm.cpp"))]
 
 
 @pytest.mark.parametrize("level", NATIVE_BUILDS)

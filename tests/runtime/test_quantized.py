@@ -230,3 +230,30 @@ def test_the_generic_level_loads_float_weights_for_quantization_auto(
     explicit = RunnerConfig.from_server_args(ServerArgs(quantization="gguf", max_total_tokens=64), cfg, quantized=True)
     assert explicit.quantization == "gguf"
     assert kernel_policy.cpu_isa().kernel_max_rows(torch.float32, "emulated") == kernel_policy.GENERIC_FLOAT32_MAX_ROWS
+
+
+def test_k_quants_kept_from_a_file_match_the_dequantized_float_model(tmp_path: Path) -> None:
+    """Q4_K_M's mix as a GGUF load hands it over (QuantizedTensors in the state): Q4_K for q / k /
+    v / o / gate / up, Q6_K for down, and a Q6_K embedding tied to the lm_head, through the torch
+    path and DecodeStack, against the same model holding gguf's dequantized weights. The K-quants
+    need K a multiple of 256: a 256-wide model."""
+    save_tiny_model(tmp_path, "llama", hidden_size=256, intermediate_size=512, tie_word_embeddings=True)
+    cfg = ModelConfig.from_dir(tmp_path)
+    state = load_file(tmp_path / "model.safetensors")
+
+    def fmt_of(name: str) -> str | None:
+        if name == "model.embed_tokens.weight" or name.endswith("down_proj.weight"):
+            return "q6_k"
+        return "q4_k" if name.split(".")[-2] in LINEARS and name.endswith(".weight") else None
+
+    blocks = {name: quant.quantize(w, fmt) for name, w in state.items() if (fmt := fmt_of(name))}
+    seqs = [list(range(3, 40)), [7, 8, 9, 10, 11, 12, 13, 14, 15, 16]]
+    ref = ModelRunner(cfg, RunnerConfig(torch.float32, "torch", 512, 4, cfg.context_len),
+                      {**state, **{name: b.dequantize() for name, b in blocks.items()}})
+    runner = ModelRunner(cfg, RunnerConfig(torch.float32, "torch", 512, 4, cfg.context_len, quant_mode="float32"),
+                         {**state, **blocks})
+    # qkv, o, gate_up, down per layer, and the lm_head tied to the Q6_K embedding
+    assert runner.quantized_layers == 4 * cfg.num_layers + 1 and runner.model.decode_stack is not None
+    assert isinstance(runner.model.embed_tokens, QuantizedEmbedding)
+    got, want = _logits(runner, seqs, [30, 4], 6), _logits(ref, seqs, [30, 4], 6)
+    assert (got - want).abs().max().item() <= 1e-4

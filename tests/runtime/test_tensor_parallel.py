@@ -176,6 +176,17 @@ def test_sharded_weights_split_by_kv_group_and_keep_quantized_blocks(tmp_path: P
     assert isinstance(cut, torch.Tensor) and torch.equal(cut, quantized["w"].dequantize()[:, 48:96])
 
 
+def test_a_k_quant_is_cut_between_super_blocks_only() -> None:
+    """A K-quant's blocks span 256 columns: a cut at a multiple of 256 keeps them, one at a
+    multiple of 32 only dequantizes."""
+    w = quantize(torch.randn(8, 768), "q4_k")
+    aligned = column_slice(w, 256, 768)
+    assert isinstance(aligned, QuantizedTensor) and aligned.k == 512
+    assert torch.equal(aligned.dequantize(), w.dequantize()[:, 256:])
+    cut = column_slice(w, 32, 256)
+    assert isinstance(cut, torch.Tensor) and torch.equal(cut, w.dequantize()[:, 32:256])
+
+
 def test_sizes_that_do_not_divide_are_refused(default_model_dir: Path) -> None:
     cfg = ModelConfig.from_dir(default_model_dir)  # 9 query heads, 3 KV heads
     assert valid_tp_sizes(cfg) == [1, 3]

@@ -17,9 +17,12 @@ int64_t padded(int64_t n) { return (n + kPanel - 1) / kPanel * kPanel; }
 // The view of a packed weight for a product of K rows and n (unpadded) columns.
 PackedWeight packed_weight(const torch::Tensor& w, int64_t k, int64_t n, const char* name) {
   if (w.scalar_type() == at::kByte) {
-    TORCH_CHECK(w.dim() == 3 && w.size(0) * kQGroup == padded(n) && w.size(1) * kQBlock == k && w.is_contiguous(),
-                name, " (quantized) must be quant groups [", padded(n) / kQGroup, ", ", k / kQBlock, ", block bytes]");
-    return PackedWeight{WeightKind::kQuant, w.data_ptr(), w.size(0), q_format_of(w.size(2))};
+    TORCH_CHECK(w.dim() == 3, name, " (quantized) must be quant groups [N/16, K/block k, block bytes]");
+    const QFormat format = q_format_of(w.size(2));
+    const int64_t block_k = q_block_k(format);
+    TORCH_CHECK(w.size(0) * kQGroup == padded(n) && w.size(1) * block_k == k && w.is_contiguous(), name,
+                " (quantized) must be quant groups [", padded(n) / kQGroup, ", ", k / block_k, ", block bytes]");
+    return PackedWeight{WeightKind::kQuant, w.data_ptr(), w.size(0), format};
   }
   if (w.scalar_type() == at::kBFloat16) {
     TORCH_CHECK(w.dim() == 4 && w.size(0) * kPairPanel == padded(n) && w.size(1) * 2 == pair_k(k) &&

@@ -81,20 +81,23 @@ torch::Tensor bf16_linear(const torch::Tensor& x, const torch::Tensor& packed, c
   return out;
 }
 
-// x [M, K] float32 contiguous; packed uint8 quant groups [N/16, K/32, block bytes] (quant_gemm.h;
-// the block size names the format); mode a radixlm::QMode. Returns [M, N] float32.
+// x [M, K] float32 contiguous; packed uint8 quant groups [N/16, K/block k, block bytes] (quant_gemm.h;
+// the block size names the format, block k is 32 or a K-quant's 256); mode a radixlm::QMode.
+// Returns [M, N] float32.
 torch::Tensor q_linear(const torch::Tensor& x, const torch::Tensor& packed, int64_t mode,
                        const c10::optional<torch::Tensor>& residual, const c10::optional<torch::Tensor>& bias) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be a contiguous float32 [M, K]");
   const int64_t M = x.size(0), K = x.size(1);
-  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kByte && packed.is_contiguous() &&
-                  packed.size(1) * radixlm::kQBlock == K,
-              "packed must be contiguous uint8 quant groups [N/16, K/32, block bytes] matching x");
+  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kByte && packed.is_contiguous(),
+              "packed must be contiguous uint8 quant groups [N/16, K/block k, block bytes] matching x");
+  const radixlm::QFormat format = radixlm::q_format_of(packed.size(2));
+  TORCH_CHECK(packed.size(1) * radixlm::q_block_k(format) == K,
+              "packed must be contiguous uint8 quant groups [N/16, K/block k, block bytes] matching x");
   TORCH_CHECK(mode >= 0 && mode <= static_cast<int64_t>(radixlm::QMode::kInt8Row), "unknown quantized mode ", mode);
   const int64_t groups = packed.size(0), N = groups * radixlm::kQGroup;
   const auto [res, ld_res] = residual_of(residual, M, N);
   auto out = torch::empty({M, N}, x.options());
-  radixlm::q_gemm(x.data_ptr<float>(), M, K, packed.data_ptr<uint8_t>(), groups, radixlm::q_format_of(packed.size(2)),
+  radixlm::q_gemm(x.data_ptr<float>(), M, K, packed.data_ptr<uint8_t>(), groups, format,
                   static_cast<radixlm::QMode>(mode), out.data_ptr<float>(), N, res, ld_res, bias_of(bias, N));
   return out;
 }
@@ -106,8 +109,9 @@ torch::Tensor q_columns(const torch::Tensor& packed, const torch::Tensor& cols) 
               "packed must be contiguous uint8 quant groups [N/16, K/32, block bytes]");
   TORCH_CHECK(cols.dim() == 1 && cols.scalar_type() == at::kLong && cols.is_contiguous(), "cols must be contiguous int64 [T]");
   const int64_t nb = packed.size(1), T = cols.size(0);
-  auto out = torch::empty({T, nb * radixlm::kQBlock}, torch::dtype(torch::kFloat32));
-  radixlm::q_columns(packed.data_ptr<uint8_t>(), packed.size(0), nb, radixlm::q_format_of(packed.size(2)),
+  const radixlm::QFormat format = radixlm::q_format_of(packed.size(2));
+  auto out = torch::empty({T, nb * radixlm::q_block_k(format)}, torch::dtype(torch::kFloat32));
+  radixlm::q_columns(packed.data_ptr<uint8_t>(), packed.size(0), nb, format,
                      cols.data_ptr<int64_t>(), T, out.data_ptr<float>());
   return out;
 }

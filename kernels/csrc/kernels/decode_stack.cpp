@@ -62,7 +62,8 @@ void store_kv(const float* k, const float* v, int64_t slot, int64_t width, const
 void check_weight(const PackedWeight& w, int64_t k, int64_t n, const char* name) {
   RADIXLM_CHECK(w.data != nullptr && w.units > 0 && w.columns() == padded(n), name, " must hold ", padded(n),
                 " packed columns (", n, " padded to a multiple of 64), not ", w.columns());
-  RADIXLM_CHECK(w.kind != WeightKind::kQuant || k % kQBlock == 0, name, " (quantized) needs K a multiple of 32, not ", k);
+  RADIXLM_CHECK(w.kind != WeightKind::kQuant || k % q_block_k(w.format) == 0, name, " (quantized) needs K a multiple of ",
+                q_block_k(w.format), ", not ", k);
 }
 
 }  // namespace

@@ -29,7 +29,7 @@ namespace radixlm {
 // How a linear layer's weight W [K, N] is packed, N padded to a multiple of 64 columns:
 //   kFloat32   float32 panels [Np/64][K][64] (packed_gemm.h)
 //   kBFloat16  bfloat16 pair panels [Np/32][Kp/2][32][2] (bf16_gemm.h)
-//   kQuant     uint8 quant groups [Np/16][K/32][block bytes] of `format` (quant_gemm.h)
+//   kQuant     uint8 quant groups [Np/16][K/block k][block bytes] of `format` (quant_gemm.h)
 enum class WeightKind : int { kFloat32 = 0, kBFloat16 = 1, kQuant = 2 };
 
 struct PackedWeight {

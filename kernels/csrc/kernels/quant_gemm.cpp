@@ -15,40 +15,17 @@
 #include "kernels/packed_gemm.h"
 #include "kernels/parallel.h"
 #include "simd/dot_int8.h"
+#include "kernels/kquant_gemm.h"
+#include "kernels/kquant_scales.h"
+#include "kernels/quant_tiles.h"
 #include "simd/math.h"
 
 namespace radixlm {
 namespace {
 
 using namespace simd;
+using namespace qtiles;
 using dot8::WBits;
-
-// A pass's tile: at most kRows rows x kGroups groups (16 columns each). Each weight vector loaded
-// (and unpacked) serves the tile's rows; rows x groups accumulators (and, int8, as many block
-// sums) must stay in registers beside the weights. Per level, chosen by timing the candidates on
-// the default model's decode-step shapes (runtime/bench/gemm.py's) at 1, 4, 8 and 32 rows:
-//  - AVX-512 (32 zmm): 6 x 2 in both modes (24 accumulators + 4 weights at 6 rows).
-//  - AVX2 (a vector is two of the 16 ymm): one group a pass, so more rows fit: float 4 x 1 and
-//    int8 6 x 1 (12 ymm of block sums + 2 of weights), ~1.7x the two-group tiles' speed at 32 rows.
-//  - generic (a vector is four of the baseline's 16 xmm): 4 x 1 in both modes.
-//  - NEON (four of the 32 q registers): 4 x 1 in both modes, as generic (not timed on an ARM CPU).
-template <int Rows, int Groups>
-struct QTile {
-  static_assert(Rows >= 1 && Rows <= 6 && (Groups == 1 || Groups == 2));
-  static constexpr int kRows = Rows;
-  static constexpr int kGroups = Groups;
-};
-#if defined(RADIXLM_SIMD_AVX512)
-using FloatTile = QTile<6, 2>;
-using Int8Tile = QTile<6, 2>;
-#elif defined(RADIXLM_SIMD_AVX2)
-using FloatTile = QTile<4, 1>;
-using Int8Tile = QTile<6, 1>;
-#else
-using FloatTile = QTile<4, 1>;
-using Int8Tile = QTile<4, 1>;
-#endif
-constexpr int64_t kQRowChunk = 96;  // rows of one work unit of a large product (a multiple of 6, 4, 3 and 2)
 
 constexpr int64_t value_bytes(QFormat f) { return f == QFormat::kQ8_0 ? 512 : 256; }
 constexpr int64_t block_bytes(QFormat f) { return value_bytes(f) + (f == QFormat::kQ4_1 ? 64 : 32); }
@@ -59,45 +36,6 @@ constexpr WBits bits_of(QFormat f) { return f == QFormat::kQ8_0 ? WBits::k8 : WB
 
 std::atomic<int64_t> int8_calls{0};
 std::atomic<int> forced_variant{-1};  // an index into Int8Variants, or -1: the fastest that runs
-
-void check(bool ok, const std::string& message) {
-  if (!ok) throw std::runtime_error(message);
-}
-
-// x as a GEMM reads it: float32 rows, and for the int8 modes their int8 values (in [-127, 127])
-// with, per row and block, the scale dx, the sum of the int8 values sq and dx * sq.
-struct Activations {
-  const float* x = nullptr;
-  const int8_t* xq = nullptr;
-  const float* dx = nullptr;
-  const int32_t* sq = nullptr;
-  const float* cx = nullptr;
-  int64_t K = 0, nb = 0;
-
-  Activations from_row(int64_t r) const {
-    Activations a = *this;
-    a.x = x + r * K;
-    if (xq) {
-      a.xq = xq + r * K;
-      a.dx = dx + r * nb;
-      a.sq = sq + r * nb;
-      a.cx = cx + r * nb;
-    }
-    return a;
-  }
-};
-
-// A pass's operands: activations from its first row, its groups' weight streams (g[1] unused by
-// a one-group tile), and out / residual / bias at the pass's first row and column.
-struct PassArgs {
-  Activations a;
-  const uint8_t* g[2];
-  float* out;
-  int64_t ld_out;
-  const float* res;
-  int64_t ld_res;
-  const float* bias;
-};
 
 // The 64 bytes holding quad t of a block's values, and whether quad t is their high nibbles
 // (Q4: quads 2i and 2i+1 share a vector, low and high nibble).
@@ -114,25 +52,6 @@ inline Vi quad(const uint8_t* blk, int t) {
   if constexpr (F == QFormat::kQ8_0) return vxor_i(raw, vset1_i(static_cast<int32_t>(0x80808080u)));
   const Vi low = vset1_i(0x0F0F0F0F);
   return quad_high<F>(t) ? vand_i(vshr_i<4>(raw), low) : vand_i(raw, low);
-}
-
-inline Vf half16(const uint8_t* p) { return vload_f16(reinterpret_cast<const uint16_t*>(p)); }
-
-template <int R, int G>
-inline void init_acc(Vf (&acc)[R][G], const PassArgs& p) {
-  for (int r = 0; r < R; ++r) {
-    for (int g = 0; g < G; ++g) {
-      const Vf a = p.res ? vload(p.res + r * p.ld_res + 16 * g) : vzero();
-      acc[r][g] = p.bias ? vadd(a, vload(p.bias + 16 * g)) : a;
-    }
-  }
-}
-
-template <int R, int G>
-inline void store_acc(const Vf (&acc)[R][G], const PassArgs& p) {
-  for (int r = 0; r < R; ++r) {
-    for (int g = 0; g < G; ++g) vstore(p.out + r * p.ld_out + 16 * g, acc[r][g]);
-  }
 }
 
 // R rows x G groups with x quantized to int8: per block, the int32 dot products of the dot
@@ -187,6 +106,72 @@ void int8_pass(const PassArgs& p) {
   }
   store_acc(acc, p);
 }
+
+// Q4_K with x quantized to int8 (its 32-k sub-blocks are x's int8 blocks): as int8_pass on Q4_1,
+// each sub-block's step d * sc and shift -dmin * m (unpacked from its super-block's header,
+// kquant_gemm.h) in place of a block's d and m.
+template <int... S>
+inline void q4k_scales(const uint8_t* super, Vf (&step)[8], Vf (&shift)[8], std::integer_sequence<int, S...>) {
+  (kscales::q4k_step_shift<S>(super, step[S], shift[S]), ...);
+}
+
+template <template <WBits> class D, int R, int G>
+void q4k_int8_pass(const PassArgs& p) {
+  using Dot = D<WBits::k4>;
+  constexpr int64_t kHeader = 256, kSubBytes = 256, kSuperBytes = kHeader + 8 * kSubBytes;
+  const Activations& a = p.a;
+  const int8_t* xq[R];
+  for (int r = 0; r < R; ++r) xq[r] = a.xq + r * a.K;
+  Vf acc[R][G];
+  init_acc(acc, p);
+  for (int64_t s = 0; s < a.nb / 8; ++s) {
+    Vf step[G][8], shift[G][8];
+    for (int g = 0; g < G; ++g) {
+      q4k_scales(p.g[g] + s * kSuperBytes, step[g], shift[g], std::make_integer_sequence<int, 8>{});
+    }
+    for (int j = 0; j < 8; ++j) {
+      const int64_t b = s * 8 + j;  // x's block
+      const uint8_t* blk[G];
+      for (int g = 0; g < G; ++g) {
+        blk[g] = p.g[g] + s * kSuperBytes + kHeader + j * kSubBytes;
+        prefetch_ahead<4>(blk[g]);
+      }
+      typename Dot::Acc dot[R][G];
+      for (int r = 0; r < R; ++r) {
+        for (int g = 0; g < G; ++g) dot[r][g] = Dot::zero();
+      }
+      for (int v = 0; v < 4; ++v) {
+        for (int h = 0; h < 2; ++h) {
+          const int t = 2 * v + h;
+          typename Dot::W w[G];
+          for (int g = 0; g < G; ++g) w[g] = Dot::load(blk[g] + 64 * v, h == 1);
+          for (int r = 0; r < R; ++r) {
+            int32_t x4;
+            std::memcpy(&x4, xq[r] + b * kQBlock + 4 * t, sizeof x4);
+            for (int g = 0; g < G; ++g) dot[r][g] = Dot::dot(dot[r][g], w[g], x4);
+          }
+        }
+      }
+      for (int g = 0; g < G; ++g) {
+        for (int r = 0; r < R; ++r) {
+          const int64_t i = r * a.nb + b;
+          Vi dt = Dot::sums(dot[r][g]);
+          if constexpr (Dot::kTaken != 0) dt = vadd_i(dt, vset1_i(Dot::kTaken * a.sq[i]));
+          acc[r][g] = vfmadd(vcvt_f(dt), vmul(step[g][j], vset1(a.dx[i])), acc[r][g]);
+          acc[r][g] = vfmadd(shift[g][j], vset1(a.cx[i]), acc[r][g]);
+        }
+      }
+    }
+  }
+  store_acc(acc, p);
+}
+
+template <template <WBits> class D>
+struct Q4KInt8Kernel {
+  using Tile = Int8Tile;
+  template <int R>
+  static void pass(const PassArgs& p) { D<WBits::k4>::run([&] { q4k_int8_pass<D, R, Tile::kGroups>(p); }); }
+};
 
 // Column values of byte J of each lane of quad q as float32: the signed value (u - offset) for
 // Q8_0 and Q4_0, u for Q4_1.
@@ -273,47 +258,6 @@ struct Int8Kernel {
   static void pass(const PassArgs& p) { D<bits_of(F)>::run([&] { int8_pass<D, F, R, Tile::kGroups>(p); }); }
 };
 
-// Rows [m0, m1) x the 32 columns of groups g0, g1, in passes of at most Tile::kRows rows, as even
-// as they can be, each over the two groups (a two-group tile) or one after the other.
-template <typename Kernel>
-void unit(const Activations& act, int64_t m0, int64_t m1, const uint8_t* g0, const uint8_t* g1, float* out,
-          int64_t ld_out, const float* res, int64_t ld_res, const float* bias) {
-  using Tile = typename Kernel::Tile;
-  const uint8_t* groups[2] = {g0, g1};
-  int64_t passes = (m1 - m0 + Tile::kRows - 1) / Tile::kRows;
-  for (int64_t r0 = m0; r0 < m1; --passes) {
-    const int64_t rows = (m1 - r0 + passes - 1) / passes;
-    dispatch_rows<Tile::kRows>(rows, [&](auto rows_c) {
-      for (int g = 0; g < 2; g += Tile::kGroups) {
-        const int64_t col = 16 * g;
-        const PassArgs p{act.from_row(r0), {groups[g], groups[std::min(g + 1, 1)]}, out + r0 * ld_out + col, ld_out,
-                         res ? res + r0 * ld_res + col : nullptr, ld_res, bias ? bias + col : nullptr};
-        Kernel::template pass<decltype(rows_c)::value>(p);
-      }
-    });
-    r0 += rows;
-  }
-}
-
-template <typename Kernel>
-void run(const Activations& act, int64_t M, const uint8_t* w, int64_t groups, int64_t bytes_per_block, float* out,
-         int64_t ld_out, const float* residual, int64_t ld_res, const float* bias) {
-  // Units of 32 columns x a chunk of rows; a product with few column blocks is also split by
-  // rows, so both threads get equal work.
-  const int64_t tiles = groups / 2, group_bytes = act.nb * bytes_per_block;
-  int64_t chunk = kQRowChunk;
-  if (M <= kQRowChunk && tiles < 8 * num_threads() && M >= 2 * Kernel::Tile::kRows) chunk = (M + 1) / 2;
-  const int64_t chunks = (M + chunk - 1) / chunk;
-  parallel_for(0, tiles * chunks, 1, [&](int64_t first, int64_t last) {
-    for (int64_t u = first; u < last; ++u) {
-      const int64_t tile = u / chunks, m0 = (u % chunks) * chunk, m1 = std::min(M, m0 + chunk);
-      const uint8_t* g0 = w + 2 * tile * group_bytes;
-      const int64_t col = tile * 2 * kQGroup;
-      unit<Kernel>(act, m0, m1, g0, g0 + group_bytes, out + col, ld_out, residual ? residual + col : nullptr, ld_res,
-                   bias ? bias + col : nullptr);
-    }
-  });
-}
 
 // --- the int8 dot variants of this build (dot8::Int8Variants, fastest first) ---
 template <template <WBits> class D>
@@ -386,24 +330,26 @@ template <QFormat F>
 void run_format(const Activations& act, QMode mode, int variant, int64_t M, const uint8_t* w, int64_t groups,
                 float* out, int64_t ld_out, const float* residual, int64_t ld_res, const float* bias) {
   if (mode == QMode::kFloat) {
-    return run<FloatKernel<F>>(act, M, w, groups, block_bytes(F), out, ld_out, residual, ld_res, bias);
+    return run<FloatKernel<F>>(act, M, w, groups, act.nb * block_bytes(F), out, ld_out, residual, ld_res, bias);
   }
   with_variant(variant, dot8::Int8Variants{}, [&](auto tag) {
     using Tag = decltype(tag);
-    run<Int8Kernel<Tag::template Dot, F>>(act, M, w, groups, block_bytes(F), out, ld_out, residual, ld_res, bias);
+    run<Int8Kernel<Tag::template Dot, F>>(act, M, w, groups, act.nb * block_bytes(F), out, ld_out, residual, ld_res, bias);
   });
 }
 
 }  // namespace
 
-int64_t q_block_bytes(QFormat format) { return block_bytes(format); }
+int64_t q_block_bytes(QFormat format) { return is_kquant(format) ? kq_block_bytes(format) : block_bytes(format); }
+
+int64_t q_block_k(QFormat format) { return is_kquant(format) ? kKSuper : kQBlock; }
 
 QFormat q_format_of(int64_t bytes) {
-  for (QFormat f : {QFormat::kQ8_0, QFormat::kQ4_0, QFormat::kQ4_1}) {
-    if (block_bytes(f) == bytes) return f;
+  for (QFormat f : {QFormat::kQ8_0, QFormat::kQ4_0, QFormat::kQ4_1, QFormat::kQ4_K, QFormat::kQ5_K, QFormat::kQ6_K}) {
+    if (q_block_bytes(f) == bytes) return f;
   }
   throw std::runtime_error("no quantized format has " + std::to_string(bytes) +
-                           "-byte blocks (Q8_0 544, Q4_0 288, Q4_1 320)");
+                           "-byte blocks (Q8_0 544, Q4_0 288, Q4_1 320, Q4_K 2304, Q5_K 2816, Q6_K 3360)");
 }
 
 bool cpu_has_vnni() { return cpu_has(kAvx512Vnni); }
@@ -448,6 +394,7 @@ void q_columns(const uint8_t* w, int64_t groups, int64_t nb, QFormat format, con
     check(cols[t] >= 0 && cols[t] < groups * kQGroup, "column " + std::to_string(cols[t]) + " is out of range [0, " +
                                                           std::to_string(groups * kQGroup) + ")");
   }
+  if (is_kquant(format)) return kq_columns(w, groups, nb, format, cols, T, out);
   const int64_t BB = block_bytes(format), VB = value_bytes(format);
   const int32_t offset = offset_of(format);
   parallel_for(0, T, 64, [&](int64_t first, int64_t last) {
@@ -479,6 +426,10 @@ void q_columns(const uint8_t* w, int64_t groups, int64_t nb, QFormat format, con
 
 void q_gemm(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t groups, QFormat format, QMode mode,
             float* out, int64_t ld_out, const float* residual, int64_t ld_res, const float* bias) {
+  if (is_kquant(format) && (format != QFormat::kQ4_K || mode == QMode::kFloat)) {
+    return kq_gemm(x, M, K, w, groups, format, out, ld_out, residual, ld_res, bias);
+  }
+  check(format != QFormat::kQ4_K || K % kKSuper == 0, "a K-quant product's K must be a multiple of 256, got " + std::to_string(K));
   check(K % kQBlock == 0, "a quantized product's K must be a multiple of 32, got " + std::to_string(K));
   check(groups % 2 == 0, "quant groups come in pairs (N padded to a multiple of 64)");
   if (M == 0 || groups == 0) return;
@@ -512,6 +463,14 @@ void q_gemm(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t grou
     case QFormat::kQ8_0: run_format<QFormat::kQ8_0>(act, mode, variant, M, w, groups, out, ld_out, residual, ld_res, bias); break;
     case QFormat::kQ4_0: run_format<QFormat::kQ4_0>(act, mode, variant, M, w, groups, out, ld_out, residual, ld_res, bias); break;
     case QFormat::kQ4_1: run_format<QFormat::kQ4_1>(act, mode, variant, M, w, groups, out, ld_out, residual, ld_res, bias); break;
+    case QFormat::kQ4_K:
+      with_variant(variant, dot8::Int8Variants{}, [&](auto tag) {
+        using Tag = decltype(tag);
+        run<Q4KInt8Kernel<Tag::template Dot>>(act, M, w, groups, (K / kKSuper) * kq_block_bytes(format), out, ld_out,
+                                               residual, ld_res, bias);
+      });
+      break;
+    default: break;  // the other K-quants: kq_gemm above
   }
 }
 

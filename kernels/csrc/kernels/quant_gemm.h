@@ -18,6 +18,13 @@
 // So a block is 544 (Q8_0), 288 (Q4_0) or 320 (Q4_1) bytes: the file's bytes per weight exactly
 // (34, 18 and 20 per 32), and the format is known from the block size.
 //
+// GGUF's K-quants (kQ4_K, kQ5_K, kQ6_K: super-blocks of 256 k, sub-block scales) have their own
+// layout and kernels (kquant_gemm.h): uint8 [N/16][K/256][super-block bytes], 2304, 2816 and 3360
+// bytes, again the file's bytes per weight and again naming the format. q_gemm and q_columns take
+// them as they take the others. Q4_K runs every mode (its int8 modes as Q4_1's, with each 32-k
+// sub-block's step d * sc and shift -dmin * m for d and m); Q5_K and Q6_K run the weight-only
+// kFloat path in every mode (no int8 x int8 kernel for them yet).
+//
 // Modes (what x becomes before the products):
 //  - kFloat: weight-only. Each weight is dequantized to float32 in registers as GGUF's dequantizer
 //    does (d * q, or d * u + m) and multiplied with float32 x: a float32 model's products over
@@ -40,13 +47,15 @@
 
 namespace radixlm {
 
-enum class QFormat : int { kQ8_0 = 0, kQ4_0 = 1, kQ4_1 = 2 };
+enum class QFormat : int { kQ8_0 = 0, kQ4_0 = 1, kQ4_1 = 2, kQ4_K = 3, kQ5_K = 4, kQ6_K = 5 };
 enum class QMode : int { kFloat = 0, kInt8Block = 1, kInt8Row = 2 };
 
 constexpr int64_t kQGroup = 16;  // columns of a group
 constexpr int64_t kQBlock = 32;  // k of a block
 
 int64_t q_block_bytes(QFormat format);
+// k of a block of `format`: 32, or 256 for a K-quant's super-block.
+int64_t q_block_k(QFormat format);
 // The format whose block has this many bytes; an error for any other size.
 QFormat q_format_of(int64_t block_bytes);
 
@@ -66,12 +75,12 @@ std::string int8_variant();
 // an error for a variant this build or CPU does not run. Process-wide; for tests and benchmarks.
 void set_int8_variant(const std::string& name);
 
-// x [M, K] float32 (rows K apart, K a multiple of 32); w quant groups [groups][K/32][block bytes];
+// x [M, K] float32 (rows K apart, K a multiple of q_block_k); w quant groups [groups][K/block k][block bytes];
 // out / residual rows ld_out / ld_res apart (out may alias residual); bias [groups*16] or null.
 void q_gemm(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t groups, QFormat format, QMode mode,
             float* out, int64_t ld_out, const float* residual, int64_t ld_res, const float* bias);
 
-// out [T, nb*32] float32 = columns cols[0..T) of quant groups w ([groups][nb][block bytes]),
+// out [T, nb*block k] float32 = columns cols[0..T) of quant groups w ([groups][nb][block bytes]),
 // dequantized as GGUF's dequantizer does (d * (u - offset), or d * u + m): for a tied embedding,
 // the rows of tokens cols.
 void q_columns(const uint8_t* w, int64_t groups, int64_t nb, QFormat format, const int64_t* cols, int64_t T, float* out);

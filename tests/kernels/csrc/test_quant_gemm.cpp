@@ -8,11 +8,15 @@
 //     weights at the ends of their ranges (Q8_0 bytes 0 and 255 against x at +-127, Q4 nibbles
 //     15), where a saturating int16 pair sum would show;
 //   - the same bits on 1, 2 and 3 threads.
-// Formats Q8_0 / Q4_0 / Q4_1, K 32..576, 2..12 groups, 1..33 rows, residual and bias. Built and run
+// Formats Q8_0 / Q4_0 / Q4_1, K 32..576, 2..12 groups, 1..33 rows, residual and bias; and the
+// K-quants Q4_K / Q5_K / Q6_K (random bytes of their packed layout, decoded here from the layout's
+// definition: q_columns bit for bit, the products within 1e-5; Q4_K's int8 modes as the others',
+// Q5_K's and Q6_K's output the same bits as their weight-only mode's), K 256 and 768. Built and run
 // by tests/kernels/test_quant_gemm.py for the aarch64 levels under qemu (the x86 levels run the
 // torch module there):
 //   g++ -std=c++17 -O2 -I kernels/csrc -DRADIXLM_NO_TORCH -fopenmp [level flags]
-//       tests/kernels/csrc/test_quant_gemm.cpp kernels/csrc/kernels/quant_gemm.cpp -o t && ./t
+//       tests/kernels/csrc/test_quant_gemm.cpp kernels/csrc/kernels/quant_gemm.cpp
+//       kernels/csrc/kernels/kquant_gemm.cpp -o t && ./t
 // Exit 0 with "quant_gemm <level>: N checks passed (variants ...)"; else the first mismatches and
 // exit 1.
 #include <omp.h>
@@ -181,6 +185,99 @@ void extreme_products(Rng& rng) {
   }
 }
 
+// --- the K-quants (kernels/kquant_gemm.h): random bytes in the packed layout, decoded here ---
+
+const QuantFormat kKQuantFormats[] = {{QFormat::kQ4_K, "q4_k", 2304, 0, 0},
+                                      {QFormat::kQ5_K, "q5_k", 2816, 0, 0},
+                                      {QFormat::kQ6_K, "q6_k", 3360, 0, 0}};
+
+float half_to_float(const uint8_t* p) {
+  const uint32_t h = p[0] | (p[1] << 8), sign = (h >> 15) << 31, exp = (h >> 10) & 31, mant = h & 0x3FF;
+  float v = exp == 0 ? std::ldexp(static_cast<float>(mant), -24) : std::ldexp(static_cast<float>(mant | 0x400), static_cast<int>(exp) - 25);
+  return sign ? -v : v;
+}
+
+// W [N, K] of K-quant groups w [groups][supers][bytes], from the layout's definition (kquant_gemm.h).
+std::vector<float> decode_kquant(const QuantFormat& fmt, const std::vector<uint8_t>& w, int64_t groups, int64_t supers) {
+  const bool q6 = fmt.f == QFormat::kQ6_K;
+  const int64_t K = supers * 256, header = q6 ? 288 : 256, sub_bytes = fmt.f == QFormat::kQ4_K ? 256 : fmt.f == QFormat::kQ5_K ? 320 : 384;
+  const int words = q6 ? 4 : 3;
+  std::vector<float> W(groups * 16 * K);
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t s = 0; s < supers; ++s) {
+      const uint8_t* sb = w.data() + (g * supers + s) * fmt.block_bytes;
+      for (int c = 0; c < 16; ++c) {
+        uint8_t scale[16];
+        for (int i = 0; i < 4 * words; ++i) scale[i] = sb[64 * (i / 4) + 4 * c + i % 4];
+        const float d = half_to_float(sb + 64 * words + 2 * c), dmin = q6 ? 0.0f : half_to_float(sb + 64 * words + 32 + 2 * c);
+        for (int k = 0; k < 256; ++k) {
+          const int sub = k / 32, t = (k % 32) / 4, j = k % 4;
+          const uint8_t* v = sb + header + sub * sub_bytes;
+          int u = (v[64 * (t / 2) + 4 * c + j] >> (4 * (t % 2))) & 15;
+          float value;
+          if (q6) {
+            u |= ((v[256 + 64 * (t / 4) + 4 * c + j] >> (2 * (t % 4))) & 3) << 4;
+            value = (d * static_cast<float>(static_cast<int8_t>(scale[k / 16]))) * static_cast<float>(u - 32);
+          } else {
+            if (fmt.f == QFormat::kQ5_K) u |= ((v[256 + 4 * c + j] >> t) & 1) << 4;
+            const int sc = sub < 4 ? scale[sub] & 63 : (scale[sub + 4] & 15) | ((scale[sub - 4] >> 6) << 4);
+            const int m = sub < 4 ? scale[sub + 4] & 63 : (scale[sub + 4] >> 4) | ((scale[sub] >> 6) << 4);
+            value = (d * static_cast<float>(sc)) * static_cast<float>(u) - dmin * static_cast<float>(m);
+          }
+          W[(g * 16 + c) * K + s * 256 + k] = value;
+        }
+      }
+    }
+  }
+  return W;
+}
+
+void kquant_products(Rng& rng) {
+  for (const QuantFormat& fmt : kKQuantFormats) {
+    for (int64_t supers : {1, 3}) {
+      for (int64_t groups : {2, 6}) {
+        const int64_t K = supers * 256, N = groups * 16, halves = fmt.f == QFormat::kQ6_K ? 1 : 2;
+        std::vector<uint8_t> w(groups * supers * fmt.block_bytes);
+        for (uint8_t& b : w) b = static_cast<uint8_t>(rng.next());
+        for (int64_t blk = 0; blk < groups * supers; ++blk) {  // finite float16 scales: |d| < 2
+          uint8_t* f16 = w.data() + blk * fmt.block_bytes + (fmt.f == QFormat::kQ6_K ? 256 : 192);
+          for (int i = 0; i < 16 * halves; ++i) f16[2 * i + 1] &= 0x3B;
+        }
+        const std::vector<float> W = decode_kquant(fmt, w, groups, supers);
+        std::vector<int64_t> cols;
+        for (int64_t n = 0; n < N; ++n) cols.push_back((n * 5 + 1) % N);
+        std::vector<float> got(cols.size() * K);
+        radixlm::q_columns(w.data(), groups, supers, fmt.f, cols.data(), static_cast<int64_t>(cols.size()), got.data());
+        for (size_t t = 0; t < cols.size(); ++t) {
+          check(std::memcmp(got.data() + t * K, W.data() + cols[t] * K, sizeof(float) * K) == 0,
+                std::string("q_columns ") + fmt.name + " column " + std::to_string(cols[t]));
+        }
+        for (int64_t M : {1, 7, 13}) {
+          std::vector<float> x(M * K), res(M * N), bias(N);
+          for (float& v : x) v = rng.uniform() * 2.0f;
+          for (float& v : res) v = rng.uniform();
+          for (float& v : bias) v = rng.uniform();
+          const std::string what = std::string(fmt.name) + " K " + std::to_string(K) + " N " + std::to_string(N) +
+                                   " M " + std::to_string(M);
+          const bool extras = M % 2 == 1;
+          const std::vector<float> r = extras ? res : std::vector<float>{}, b = extras ? bias : std::vector<float>{};
+          check_product(fmt, x, M, K, w, W, groups, QMode::kFloat, r, b, what);
+          if (fmt.f == QFormat::kQ4_K) {  // int8 x int8 on every variant
+            for (QMode mode : {QMode::kInt8Block, QMode::kInt8Row}) {
+              check_product(fmt, x, M, K, w, W, groups, mode, r, b, what + " " + mode_name(mode));
+            }
+          } else {  // the int8 modes run the weight-only kernel: the same bits
+            const std::vector<float> plain = run(fmt, x, M, K, w, groups, QMode::kFloat, r, b);
+            const std::vector<float> out = run(fmt, x, M, K, w, groups, QMode::kInt8Block, r, b);
+            check(std::memcmp(plain.data(), out.data(), sizeof(float) * out.size()) == 0,
+                  what + " int8 differs from the weight-only product");
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -188,6 +285,7 @@ int main() {
   omp_set_num_threads(2);
   random_products(rng);
   extreme_products(rng);
+  kquant_products(rng);
   std::string variants;
   for (const std::string& v : radixlm::int8_variants()) variants += (variants.empty() ? "" : " ") + v;
   return driver::finish("quant_gemm", " (int8 variants: " + variants + ")");

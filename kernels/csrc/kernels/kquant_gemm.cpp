@@ -1,0 +1,221 @@
+// GEMM over K-quant weights (see kquant_gemm.h): weight-only float32 over the vector layer, tiled
+// as the other quantized formats (quant_tiles.h).
+#include "kernels/kquant_gemm.h"
+
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include "kernels/kquant_scales.h"
+#include "kernels/quant_tiles.h"
+#include "simd/math.h"
+
+namespace radixlm {
+namespace {
+
+using namespace simd;
+using namespace qtiles;
+using namespace kscales;
+
+constexpr int64_t kSub = 32;  // k of a sub-block
+constexpr int64_t header_bytes(QFormat f) { return f == QFormat::kQ6_K ? 288 : 256; }
+constexpr int64_t sub_bytes(QFormat f) { return f == QFormat::kQ4_K ? 256 : f == QFormat::kQ5_K ? 320 : 384; }
+constexpr int64_t super_bytes(QFormat f) { return header_bytes(f) + 8 * sub_bytes(f); }
+constexpr int scale_words(QFormat f) { return f == QFormat::kQ6_K ? 4 : 3; }
+
+// Q6_K: the int8 scale I (of 16) of each lane, sign-extended.
+template <int I>
+inline Vi scale6(const uint8_t* super) { return vsra_i<24>(vshl_i<24 - 8 * (I % 4)>(word(super, I / 4))); }
+
+// Quad T of a sub-block's 16 columns: byte j of lane c = column c's u at k = 4T + j.
+template <int N>
+inline Vi shift_left(Vi v) {  // by N bits, right for a negative N
+  if constexpr (N > 0) return vshl_i<N>(v);
+  if constexpr (N < 0) return vshr_i<-N>(v);
+  return v;
+}
+
+template <QFormat F, int T>
+inline Vi kquad(const uint8_t* sub) {
+  const Vi raw = vload_i(sub + (T / 2) * 64);
+  Vi u = bits(T % 2 ? vshr_i<4>(raw) : raw, 0x0F0F0F0F);
+  if constexpr (F == QFormat::kQ5_K) {  // bit T of each byte to bit 4
+    u = vor_i(u, bits(shift_left<4 - T>(vload_i(sub + 256)), 0x10101010));
+  } else if constexpr (F == QFormat::kQ6_K) {  // bits 2i, 2i + 1 of each byte (i = T % 4) to bits 4-5
+    u = vor_i(u, bits(shift_left<4 - 2 * (T % 4)>(vload_i(sub + 256 + (T / 4) * 64)), 0x30303030));
+  }
+  return u;
+}
+
+template <int J>
+inline Vf byte_f(Vi q) { return vcvt_f(bits(vshr_i<8 * J>(q), 0xFF)); }
+
+// acc += w * x over quads T... of a sub-block (k0 its first k): w = u * step + shift with the
+// product exact, so rounded once: GGUF's (d * sc) * u - dmin * m (shift = -dmin * m), or for
+// Q6_K (d * sc) * (u - 32) (shift = -32 * step; the result is exact, at most 24 bits: an 11-bit
+// d times a 7-bit |sc| times a 5-bit |u - 32|, or powers of two).
+template <QFormat F, int R, int G, int T>
+inline void quad_steps(Vf (&acc)[R][G], const uint8_t* const (&sub)[G], const Vf (&step)[G], const Vf (&shift)[G],
+                       const float* const (&x)[R], int64_t k0) {
+  Vi q[G];
+  for (int g = 0; g < G; ++g) q[g] = kquad<F, T>(sub[g]);
+  const auto apply = [&](auto j_c) {
+    constexpr int J = decltype(j_c)::value;
+    Vf w[G];
+    for (int g = 0; g < G; ++g) w[g] = vfmadd(byte_f<J>(q[g]), step[g], shift[g]);
+    for (int r = 0; r < R; ++r) {
+      const Vf xk = vset1(x[r][k0 + 4 * T + J]);
+      for (int g = 0; g < G; ++g) acc[r][g] = vfmadd(w[g], xk, acc[r][g]);
+    }
+  };
+  apply(std::integral_constant<int, 0>{});
+  apply(std::integral_constant<int, 1>{});
+  apply(std::integral_constant<int, 2>{});
+  apply(std::integral_constant<int, 3>{});
+}
+
+template <QFormat F, int R, int G, int T0, int... T>
+inline void sub_steps(Vf (&acc)[R][G], const uint8_t* const (&sub)[G], const Vf (&step)[G], const Vf (&shift)[G],
+                      const float* const (&x)[R], int64_t k0, std::integer_sequence<int, T...>) {
+  (quad_steps<F, R, G, T0 + T>(acc, sub, step, shift, x, k0), ...);
+}
+
+// The step and shift of scale span S (a sub-block; Q6_K: 16 k) of each group's super-block.
+template <QFormat F, int G, int S>
+inline void span_scales(const uint8_t* const (&super)[G], Vf (&step)[G], Vf (&shift)[G]) {
+  constexpr int64_t D = 64 * scale_words(F);
+  for (int g = 0; g < G; ++g) {
+    if constexpr (F == QFormat::kQ6_K) {
+      step[g] = vmul(half16(super[g] + D), vcvt_f(scale6<S>(super[g])));
+      shift[g] = vmul(step[g], vset1(-32.0f));
+    } else {
+      Vi sc, m;
+      scale_min<S>(super[g], sc, m);
+      step[g] = vmul(half16(super[g] + D), vcvt_f(sc));
+      shift[g] = vsub(vzero(), vmul(half16(super[g] + D + 32), vcvt_f(m)));
+    }
+  }
+}
+
+template <QFormat F, int G, int... S>
+inline void all_scales(const uint8_t* const (&super)[G], Vf (&step)[sizeof...(S)][G], Vf (&shift)[sizeof...(S)][G],
+                       std::integer_sequence<int, S...>) {
+  (span_scales<F, G, S>(super, step[S], shift[S]), ...);
+}
+
+// A super-block of each of the G groups: every span's scales first (unrolled: their shifts are
+// constants), then the 8 sub-blocks in a loop, so the pass's code stays small (one sub-block's
+// quads unrolled, as the 32-k formats' passes unroll one block).
+template <QFormat F, int R, int G>
+inline void super_block(Vf (&acc)[R][G], const uint8_t* const (&super)[G], const float* const (&x)[R], int64_t k0) {
+  constexpr int kSpans = F == QFormat::kQ6_K ? 16 : 8;
+  Vf step[kSpans][G], shift[kSpans][G];
+  all_scales<F, G>(super, step, shift, std::make_integer_sequence<int, kSpans>{});
+  for (int s = 0; s < 8; ++s) {
+    const uint8_t* sub[G];
+    for (int g = 0; g < G; ++g) {
+      sub[g] = super[g] + header_bytes(F) + s * sub_bytes(F);
+      prefetch_ahead<static_cast<int>(sub_bytes(F) / 64)>(sub[g]);
+    }
+    if constexpr (F == QFormat::kQ6_K) {
+      sub_steps<F, R, G, 0>(acc, sub, step[2 * s], shift[2 * s], x, k0 + s * kSub, std::make_integer_sequence<int, 4>{});
+      sub_steps<F, R, G, 4>(acc, sub, step[2 * s + 1], shift[2 * s + 1], x, k0 + s * kSub,
+                            std::make_integer_sequence<int, 4>{});
+    } else {
+      sub_steps<F, R, G, 0>(acc, sub, step[s], shift[s], x, k0 + s * kSub, std::make_integer_sequence<int, 8>{});
+    }
+  }
+}
+
+// R rows x G groups: a.nb counts super-blocks here.
+template <QFormat F, int R, int G>
+__attribute__((noinline)) void kfloat_pass(const PassArgs& p) {
+  const Activations& a = p.a;
+  const float* x[R];
+  for (int r = 0; r < R; ++r) x[r] = a.x + r * a.K;
+  Vf acc[R][G];
+  init_acc(acc, p);
+  for (int64_t s = 0; s < a.nb; ++s) {
+    const uint8_t* super[G];
+    for (int g = 0; g < G; ++g) super[g] = p.g[g] + s * super_bytes(F);
+    super_block<F, R, G>(acc, super, x, s * kKSuper);
+  }
+  store_acc(acc, p);
+}
+
+template <QFormat F>
+struct KFloatKernel {
+  using Tile = FloatTile;
+  template <int R>
+  static void pass(const PassArgs& p) { kfloat_pass<F, R, Tile::kGroups>(p); }
+};
+
+// The value of column c at k (0..255) of a group's super-block, as GGUF's dequantizer computes it.
+float column_value(const uint8_t* super, QFormat f, int64_t c, int k) {
+  const int s = k / kSub, t = (k % kSub) / 4, j = k % 4;
+  const uint8_t* sub = super + header_bytes(f) + s * sub_bytes(f);
+  int32_t u = sub[(t / 2) * 64 + 4 * c + j];
+  u = t % 2 ? u >> 4 : u & 0x0F;
+  const auto scale_byte = [&](int i) { return super[64 * (i / 4) + 4 * c + i % 4]; };
+  float h[16];
+  vstore(h, half16(super + 64 * scale_words(f)));
+  const float d = h[c];
+  if (f == QFormat::kQ6_K) {
+    u |= ((sub[256 + (t / 4) * 64 + 4 * c + j] >> (2 * (t % 4))) & 3) << 4;
+    const float step = d * static_cast<float>(static_cast<int8_t>(scale_byte(k / 16)));
+    return step * static_cast<float>(u - 32);
+  }
+  if (f == QFormat::kQ5_K) u |= ((sub[256 + 4 * c + j] >> t) & 1) << 4;
+  int32_t sc, m;
+  if (s < 4) {
+    sc = scale_byte(s) & 0x3F;
+    m = scale_byte(s + 4) & 0x3F;
+  } else {
+    sc = (scale_byte(s + 4) & 0x0F) | ((scale_byte(s - 4) >> 6) << 4);
+    m = (scale_byte(s + 4) >> 4) | ((scale_byte(s) >> 6) << 4);
+  }
+  vstore(h, half16(super + 64 * scale_words(f) + 32));
+  const float step = d * static_cast<float>(sc), offset = h[c] * static_cast<float>(m);
+  return step * static_cast<float>(u) - offset;  // step * u is exact: one rounding, fused or not
+}
+
+}  // namespace
+
+bool is_kquant(QFormat f) { return f == QFormat::kQ4_K || f == QFormat::kQ5_K || f == QFormat::kQ6_K; }
+
+int64_t kq_block_bytes(QFormat f) { return super_bytes(f); }
+
+void kq_gemm(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t groups, QFormat format, float* out,
+             int64_t ld_out, const float* residual, int64_t ld_res, const float* bias) {
+  check(K % kKSuper == 0, "a K-quant product's K must be a multiple of 256, got " + std::to_string(K));
+  check(groups % 2 == 0, "quant groups come in pairs (N padded to a multiple of 64)");
+  if (M == 0 || groups == 0) return;
+  Activations act;
+  act.x = x;
+  act.K = K;
+  act.nb = K / kKSuper;
+  const int64_t group_bytes = act.nb * super_bytes(format);
+  switch (format) {
+    case QFormat::kQ4_K: return run<KFloatKernel<QFormat::kQ4_K>>(act, M, w, groups, group_bytes, out, ld_out, residual, ld_res, bias);
+    case QFormat::kQ5_K: return run<KFloatKernel<QFormat::kQ5_K>>(act, M, w, groups, group_bytes, out, ld_out, residual, ld_res, bias);
+    case QFormat::kQ6_K: return run<KFloatKernel<QFormat::kQ6_K>>(act, M, w, groups, group_bytes, out, ld_out, residual, ld_res, bias);
+    default: throw std::runtime_error("kq_gemm: not a K-quant format");
+  }
+}
+
+void kq_columns(const uint8_t* w, int64_t groups, int64_t supers, QFormat format, const int64_t* cols, int64_t T,
+                float* out) {
+  const int64_t SB = super_bytes(format);
+  parallel_for(0, T, 64, [&](int64_t first, int64_t last) {
+    for (int64_t t = first; t < last; ++t) {
+      const int64_t g = cols[t] / kQGroup, c = cols[t] % kQGroup;
+      for (int64_t s = 0; s < supers; ++s) {
+        const uint8_t* super = w + (g * supers + s) * SB;
+        for (int k = 0; k < kKSuper; ++k) out[(t * supers + s) * kKSuper + k] = column_value(super, format, c, k);
+      }
+    }
+  });
+  (void)groups;  // cols are checked against it by q_columns
+}
+
+}  // namespace radixlm

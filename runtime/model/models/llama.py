@@ -24,7 +24,7 @@ Layout choices made for a lean decode step (few, large ops):
   still in the packed kernels; one with sliding windows leaves it while a window cuts a context.
   Prefill-sized steps take the kernels' fused row-wise
   RMSNorm and SiLU x up (one pass each, float32 arithmetic) instead of torch's multi-pass ones.
-- Block-quantized weights (kernels/quant.py: GGUF Q8_0 / Q4_0 / Q4_1 kept from the file, or
+- Block-quantized weights (kernels/quant.py: GGUF Q8_0 / Q4_0 / Q4_1 / Q4_K / Q5_K / Q6_K kept from the file, or
   quantized at load) stay quantized: such a Linear holds only its packed blocks and always runs
   our quantized kernel (weight-only float32, or int8 x int8), DecodeStack included; its
   RMSNorm keeps its weight; a quantized embedding dequantizes only the rows it looks up.

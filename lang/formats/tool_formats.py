@@ -255,16 +255,36 @@ def resolve_parser(parser: str, template: str | None) -> str:
     return detect_format(template) or "hermes"
 
 
+@dataclass(frozen=True)
+class ToolCallReader:
+    """How one server reads calls: a format, resolved once (`tool_call_reader`), and whether a
+    bare JSON message is read when the format finds none (`auto`)."""
+
+    format: ToolCallFormat
+    json_fallback: bool
+
+    def parse(self, text: str, tool_names: set[str]) -> ParseResult:
+        content, calls = self.format.parse(text, tool_names)
+        if not calls and self.json_fallback:
+            return parse_json(text, tool_names)
+        return content, calls
+
+    def structures(self, tools: list[Tool]) -> dict[str, Any] | None:
+        """The structural tag under which each call of `tools` the model opens is well formed;
+        None for the formats that are only parsed (pythonic, json)."""
+        return self.format.structures(tools)
+
+
+def tool_call_reader(parser: str = "auto", template: str | None = None) -> ToolCallReader:
+    return ToolCallReader(FORMATS[resolve_parser(parser, template)], json_fallback=parser == "auto")
+
+
 def parse_tool_calls(text: str, tool_names: set[str], parser: str = "auto", template: str | None = None) -> ParseResult:
     """(the text outside the calls, or None if blank; the calls found) in `parser`'s format
     (`auto`: the template's format, then a bare JSON message)."""
-    content, calls = FORMATS[resolve_parser(parser, template)].parse(text, tool_names)
-    if not calls and parser == "auto":
-        return parse_json(text, tool_names)
-    return content, calls
+    return tool_call_reader(parser, template).parse(text, tool_names)
 
 
 def tool_call_structures(tools: list[Tool], parser: str = "hermes", template: str | None = None) -> dict[str, Any] | None:
-    """The structural tag under which each call of `tools` the model opens, in `parser`'s format,
-    is well formed; None for the formats that are only parsed (pythonic, json)."""
-    return FORMATS[resolve_parser(parser, template)].structures(tools)
+    """`tool_call_reader(parser, template).structures(tools)`."""
+    return tool_call_reader(parser, template).structures(tools)

@@ -41,6 +41,9 @@ _GEMMA_NORMS = {
     "ffn_norm": "pre_feedforward_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm",
 }
+# a Qwen3-MoE / OLMoE layer: attention with q/k norms, the two norms, the router
+_MOE_LAYER = {**_ATTENTION, **_QK_NORM, "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+              "ffn_gate_inp": "mlp.gate"}
 _MOE_MLP = {  # HF per-expert names with {e} for the expert index (Qwen3-MoE, OLMoE)
     "ffn_gate_exps": "mlp.experts.{e}.gate_proj",
     "ffn_up_exps": "mlp.experts.{e}.up_proj",
@@ -111,16 +114,14 @@ ARCHES: Mapping[str, GgufArch] = MappingProxyType(
             "qwen3moe",
             "qwen3_moe",
             "Qwen3MoeForCausalLM",
-            {**_ATTENTION, **_QK_NORM, "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-             "ffn_gate_inp": "mlp.gate"},
+            dict(_MOE_LAYER),
             expert_names=_MOE_MLP,
         ),
         "olmoe": _arch(
             "olmoe",
             "olmoe",
             "OlmoeForCausalLM",
-            {**_ATTENTION, **_QK_NORM, "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-             "ffn_gate_inp": "mlp.gate"},
+            dict(_MOE_LAYER),
             expert_names=_MOE_MLP,
         ),
         "gemma2": _arch(

@@ -45,7 +45,7 @@ from radixlm.formats.tool_calls import (
     template_tools,
     tool_call_schema,
 )
-from radixlm.formats.tool_formats import detect_format, parse_tool_calls, tool_call_structures
+from radixlm.formats.tool_formats import ToolCallReader, detect_format, tool_call_reader
 from radixlm.runtime.api.protocol import (
     JSON,
     SSE,
@@ -185,6 +185,8 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
     reasoning = None if reasoning_parser is None else reasoning_format(reasoning_parser)
     template = tm.tokenizer.chat_template
     native_tools = detect_format(template) is not None  # the template renders tools in a format we read
+    auto_reader = tool_call_reader(tool_call_parser, template)  # resolved once, not per request
+    forced_reader = tool_call_reader("json")  # a forced call is generated as bare JSON under a schema
     docs.add("/v1/models", "get", Operation(responses={200: ("the served model", {JSON: ModelList}),
                                                        **error_responses(*auth)}))
     for path, request_model, response_model, chunk in (
@@ -258,8 +260,7 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
         tool_choice = parse_tool_choice(req.tool_choice, tools)
         offered = tools if tool_choice != "none" else []
         tool_names = {t.name for t in offered}
-        # a forced call is generated as bare JSON under a schema; `auto` output is read as configured
-        parser = tool_call_parser if tool_choice == "auto" else "json"
+        reader = auto_reader if tool_choice == "auto" else forced_reader
         messages = _prompt_messages(req.messages, native_tools)
         if offered and not native_tools:
             messages = add_tools_to_messages(messages, offered)
@@ -277,7 +278,7 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
         base_id = f"chatcmpl-{uuid.uuid4().hex}"
         params = {**_sampling_params(req, max_tokens), **response_format_grammar(req.response_format)}
         # `auto` on a context-free backend: each <tool_call> block the model opens is one well-formed call
-        structures = (tool_call_structures(tools, parser, template)
+        structures = (reader.structures(tools)
                       if tm.validator.grammar_backend != "outlines" and tool_choice == "auto" else None)
         params.update(_tool_choice_grammar(tool_choice, tools, params, structures))
         base = GenerateRequest(
@@ -289,7 +290,7 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
         prepared = await prepare_all(tm, expand_copies(replace(base, rid=base_id), req.n))
         split = reasoning if req.separate_reasoning else None
         if req.stream and tool_names:
-            return StreamingResponse(_stream_tool_calls(prepared, req, base_id, tool_names, parser, split),
+            return StreamingResponse(_stream_tool_calls(prepared, req, base_id, tool_names, reader, split),
                                      media_type="text/event-stream")
         if req.stream:
             return StreamingResponse(
@@ -299,7 +300,7 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
         choices = []
         for i, r in enumerate(results):
             thought, text = _split_reasoning(r["text"], split)
-            content, calls = _split_calls(text, tool_names, parser, template, req.parallel_tool_calls)
+            content, calls = _split_calls(text, tool_names, reader, req.parallel_tool_calls)
             message: dict[str, Any] = {"role": "assistant", "content": content}
             if split is not None:
                 message["reasoning_content"] = thought or None
@@ -317,7 +318,7 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
         })
 
     async def _stream_tool_calls(reqs: list[PreparedRequest], req: ChatRequest, base_id: str, tool_names: set[str],
-                                 parser: str, split: ReasoningFormat | None) -> AsyncIterator[bytes]:
+                                 reader: ToolCallReader, split: ReasoningFormat | None) -> AsyncIterator[bytes]:
         """Chat SSE with tools: a role chunk per choice now; at each choice's end, its reasoning
         (if separated), its content (if any), one `delta.tool_calls` chunk (if calls), and the
         finish chunk; then optional usage."""
@@ -342,7 +343,7 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
             thought, text = _split_reasoning(item.result["text"], split)
             if thought:
                 yield chunk(index, {"reasoning_content": thought}, None)
-            content, calls = _split_calls(text, tool_names, parser, template, req.parallel_tool_calls)
+            content, calls = _split_calls(text, tool_names, reader, req.parallel_tool_calls)
             if content:
                 yield chunk(index, {"content": content}, None)
             if calls:
@@ -466,11 +467,11 @@ def _tool_choice_grammar(tool_choice: str | Tool, tools: list[Tool], params: dic
     return {"json_schema": json.dumps(tool_call_schema([t for t in forced if isinstance(t, Tool)]))}
 
 
-def _split_calls(text: str, tool_names: set[str], parser: str, template: str | None,
+def _split_calls(text: str, tool_names: set[str], reader: ToolCallReader,
                  is_parallel: bool = True) -> tuple[str | None, list[ToolCall]]:
-    """(content, calls) of one choice's text in `parser`'s format (with this chat template);
-    without tools, the text as is. Not `is_parallel` (`parallel_tool_calls: false`): the first call only."""
-    content, calls = parse_tool_calls(text, tool_names, parser, template) if tool_names else (text, [])
+    """(content, calls) of one choice's text as `reader` reads it; without tools, the text as is.
+    Not `is_parallel` (`parallel_tool_calls: false`): the first call only."""
+    content, calls = reader.parse(text, tool_names) if tool_names else (text, [])
     return content, calls if is_parallel else calls[:1]
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from test_quant_gemm import _int8_reference, _on_each_variant
+from test_quant_gemm import _int8_reference, _on_each_variant, _reference
 
 from radixlm.kernels import cpu_linear, kquants, quant
 
@@ -103,15 +103,6 @@ def test_packed_blocks_dequantize_as_gguf_does(ext: Any, fmt: str, shape: tuple[
     assert torch.equal(ext.q_columns(packed, picked), reference[picked])
     with pytest.raises(RuntimeError, match="out of range"):
         ext.q_columns(packed, torch.tensor([packed.shape[0] * quant.GROUP]))
-
-
-def _reference(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
-    out = x.double() @ w.double().T
-    if bias is not None:
-        out += bias.double()
-    if residual is not None:
-        out += residual.double()
-    return out
 
 
 @pytest.mark.parametrize("fmt", KQUANTS)

@@ -238,4 +238,8 @@ class ResponseEvent(Out):
     delta: str | None = None
     text: str | None = None
     arguments: str | None = None
+    name: str | None = Field(default=None, description="response.function_call_arguments.done: the function")
     logprobs: list[Any] | None = None
+    code: str | None = Field(default=None, description="error: what kind of error")
+    message: str | None = Field(default=None, description="error: what went wrong")
+    param: str | None = None

@@ -17,6 +17,7 @@ With `--reasoning-parser`, chat requests are generated as reasoning (`require_re
 grammar applies after it) and, unless `separate_reasoning` is false, answered with the reasoning in
 `message.reasoning_content` (streamed as `delta.reasoning_content` chunks, or in one chunk when it
 ends if `stream_reasoning` is false) and the rest in `content` (`radixlm.formats.reasoning`).
+What chat shares with /v1/responses (prompt, grammars, reading outputs) is in `chat_common`.
 """
 
 from __future__ import annotations

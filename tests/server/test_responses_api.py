@@ -112,6 +112,26 @@ def test_forced_tool_choice_gives_one_schema_valid_call(tiny_server: ServerHandl
     jsonschema.validate(json.loads(call.arguments), PARAMS[call.name])
 
 
+def test_a_stored_call_is_answered_by_its_output(tiny_server: ServerHandle, tiny_model_name: str) -> None:
+    """A forced call, stored; the follow-up sends only the call's output with
+    previous_response_id: the prompt is the chat completion's of the whole conversation."""
+    client = client_of(tiny_server)
+    first = client.responses.create(model=tiny_model_name, input="Weather in Rome?", tools=TOOLS, max_output_tokens=32,
+                                    tool_choice={"type": "function", "name": "get_weather"}, temperature=0)
+    call = first.output[0]
+    assert call.type == "function_call"
+    follow = client.responses.create(model=tiny_model_name, previous_response_id=first.id, tools=TOOLS,
+                                     tool_choice="none", max_output_tokens=2, temperature=0,
+                                     input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}])
+    chat = client.chat.completions.create(model=tiny_model_name, max_tokens=1, messages=[
+        {"role": "user", "content": "Weather in Rome?"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": call.call_id, "type": "function", "function": {
+            "name": call.name, "arguments": call.arguments}}]},
+        {"role": "tool", "tool_call_id": call.call_id, "content": "sunny"}])
+    assert follow.usage is not None and chat.usage is not None
+    assert follow.usage.input_tokens == chat.usage.prompt_tokens
+
+
 def test_text_format_json_schema_and_parse(tiny_server: ServerHandle, tiny_model_name: str) -> None:
     class Forecast(BaseModel):
         city: Literal["Paris", "Rome"]
@@ -132,21 +152,31 @@ def test_text_format_json_schema_and_parse(tiny_server: ServerHandle, tiny_model
 
 
 def test_stream_events_accumulate_to_the_response(tiny_server: ServerHandle, tiny_model_name: str) -> None:
+    """A streamed text (a bounded JSON format, so it completes): the typed events in order,
+    numbered, their deltas the text of the final response and of the same request unstreamed.
+    Cut off by max_output_tokens, the stream ends with response.incomplete."""
     client = client_of(tiny_server)
-    request: dict[str, Any] = dict(model=tiny_model_name, input="Count to five.", max_output_tokens=8, temperature=0,
-                                   store=False)
+    request: dict[str, Any] = dict(model=tiny_model_name, input="Forecast?", max_output_tokens=40, temperature=0,
+                                   store=False, text={"format": {"type": "json_schema", "name": "f", "schema": FORECAST}})
     with client.responses.stream(**request) as stream:
         events = list(stream)
         final = stream.get_final_response()
     assert [e.sequence_number for e in events] == list(range(len(events)))
     kinds = [e.type for e in events]
-    assert kinds[:2] == ["response.created", "response.in_progress"]
-    assert kinds[-1] == ("response.incomplete" if final.status == "incomplete" else "response.completed")
-    assert kinds[2:4] == ["response.output_item.added", "response.content_part.added"]
-    assert kinds[-4:-1] == ["response.output_text.done", "response.content_part.done", "response.output_item.done"]
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    assert set(kinds[4:-4]) == {"response.output_text.delta"}
+    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                          "response.completed"]
     deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert deltas == final.output_text == client.responses.create(**request).output_text
-    assert final.usage is not None and final.usage.output_tokens > 0
+    jsonschema.validate(json.loads(final.output_text), FORECAST)
+    assert final.usage is not None and final.usage.output_tokens > 0 and final.status == "completed"
+    with client.responses.stream(**{**request, "text": None, "max_output_tokens": 2}) as stream:
+        last = list(stream)[-1]
+    assert last.type == "response.incomplete" and last.response.status == "incomplete"
+    assert last.response.incomplete_details is not None
+    assert last.response.output[0].status == "incomplete"
 
 
 def test_stream_function_call_events(tiny_server: ServerHandle, tiny_model_name: str) -> None:

@@ -10,6 +10,7 @@ cache instead of re-tokenizing text that may tokenize differently.
 
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -20,11 +21,13 @@ from radixlm.runtime.api.protocol import ChatMessage
 @dataclass(frozen=True)
 class TurnTokens:
     """The last turn as the model saw and wrote it: `prompt_text` tokenized as `prompt_ids`,
-    then `output_ids`, whose text is `output_text` (the raw output, reasoning included)."""
+    then `output_ids`, whose text is `output_text` (the raw output, reasoning included). The ids
+    are int32 arrays (4 bytes a token, not a Python int's 30-odd: the store may hold a thousand
+    long prompts); never mutated."""
 
     prompt_text: str
-    prompt_ids: tuple[int, ...]
-    output_ids: tuple[int, ...]
+    prompt_ids: array[int]
+    output_ids: array[int]
     output_text: str
 
 

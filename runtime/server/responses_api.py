@@ -19,6 +19,7 @@ request, as OpenAI's: a follow-up gives its own.
 from __future__ import annotations
 
 import time
+from array import array
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,16 +147,7 @@ def register_responses_routes(app: FastAPI, tm: TokenizerManager, tool_call_pars
                                    sampling_params=params, rid=response_id, stream=req.stream,
                                    require_reasoning=reasoning is not None)
         prepared = (await prepare_all(tm, [generate]))[0]
-        echo = {
-            "model": tm.model_name, "instructions": req.instructions, "tools": response_tools(tools_spec),
-            "tool_choice": req.tool_choice if req.tool_choice is not None else "auto",
-            "parallel_tool_calls": req.parallel_tool_calls,
-            "text": {"format": req.text.format.model_dump(by_alias=True, exclude_none=True)
-                     if req.text is not None and req.text.format is not None else {"type": "text"}},
-            "max_output_tokens": req.max_output_tokens, "temperature": req.temperature, "top_p": req.top_p,
-            "metadata": metadata, "user": req.user, "store": req.store,
-            "previous_response_id": req.previous_response_id,
-        }
+        echo = settings_echo(req, tm.model_name, response_tools(tools_spec), metadata)
         return Turn(response_id, int(time.time()), req, echo, prompt, prepared, conversation,
                     frozenset(t.name for t in offered), reader, reasoning)
 
@@ -188,7 +180,8 @@ def register_responses_routes(app: FastAPI, tm: TokenizerManager, tool_call_pars
             return
         tokens = None
         if body["status"] != "failed":
-            tokens = TurnTokens(turn.prompt, tuple(turn.prepared.input_ids), tuple(result["output_ids"]), result["text"])
+            tokens = TurnTokens(turn.prompt, array("i", turn.prepared.input_ids), array("i", result["output_ids"]),
+                                result["text"])
         messages = (*turn.conversation, *output_messages(items, result["text"]))
         store.put(turn.response_id, StoredResponse(body, messages, tokens))
 
@@ -216,6 +209,21 @@ def register_responses_routes(app: FastAPI, tm: TokenizerManager, tool_call_pars
         if not store.delete(response_id):
             raise RequestError(f"response {response_id!r:.80}: {NOT_STORED}", 404)
         return JSONResponse({"id": response_id, "object": "response", "deleted": True})
+
+
+def settings_echo(req: ResponsesRequest, model: str, tools: list[dict[str, Any]],
+                  metadata: dict[str, str]) -> dict[str, Any]:
+    """The request's settings as the response object repeats them."""
+    text_format = req.text.format if req.text is not None else None
+    return {
+        "model": model, "instructions": req.instructions, "tools": tools,
+        "tool_choice": req.tool_choice if req.tool_choice is not None else "auto",
+        "parallel_tool_calls": req.parallel_tool_calls,
+        "text": {"format": text_format.model_dump(by_alias=True, exclude_none=True)
+                 if text_format is not None else {"type": "text"}},
+        "max_output_tokens": req.max_output_tokens, "temperature": req.temperature, "top_p": req.top_p,
+        "metadata": metadata, "user": req.user, "store": req.store, "previous_response_id": req.previous_response_id,
+    }
 
 
 def outcome(meta: dict[str, Any]) -> tuple[str, dict[str, Any] | None, dict[str, Any] | None]:

@@ -298,12 +298,14 @@ class Forecast(BaseModel):
     celsius: Annotated[int, Field(ge=-50, le=50)]
 
 
-@pytest.mark.parametrize("model_class", ["OpenAIResponsesModel", "OpenAIChatCompletionsModel"])
+@pytest.mark.parametrize(("model_class", "is_streamed"), [
+    ("OpenAIResponsesModel", False), ("OpenAIChatCompletionsModel", False), ("OpenAIResponsesModel", True)])
 def test_agents_sdk_runs_tools_then_a_structured_final_output(tiny_server: ServerHandle, tiny_model_name: str,
-                                                              model_class: str) -> None:
+                                                              model_class: str, is_streamed: bool) -> None:
     """An agent with two function tools and a pydantic final output, on the random model: the
     first turn is forced to call a tool (tool_choice required; the SDK then resets it to auto),
-    the tool runs with arguments its schema accepts, and the final output parses."""
+    the tool runs with arguments its schema accepts, and the final output parses. Also
+    streamed (`Runner.run_streamed`, the Responses API's events)."""
     import agents
 
     agents.set_tracing_disabled(True)  # no network
@@ -328,7 +330,11 @@ def test_agents_sdk_runs_tools_then_a_structured_final_output(tiny_server: Serve
                              output_type=Forecast, model=model,
                              model_settings=agents.ModelSettings(tool_choice="required", temperature=0, max_tokens=48))
         try:
-            return await agents.Runner.run(agent, "What is the weather in Paris?", max_turns=4)
+            if not is_streamed:
+                return await agents.Runner.run(agent, "What is the weather in Paris?", max_turns=4)
+            streamed = agents.Runner.run_streamed(agent, "What is the weather in Paris?", max_turns=4)
+            assert [event async for event in streamed.stream_events()]
+            return streamed
         finally:
             await client.close()
 

@@ -83,6 +83,7 @@ class ServerArgs:
     served_model_name: str | None = None  # the model id in the OpenAI API; default: the model's name
     tool_call_parser: str = "auto"
     reasoning_parser: str | None = None  # None: outputs are not split into reasoning and answer
+    response_store_size: int = 1000  # /v1/responses kept for GET and previous_response_id (LRU)
     enable_metrics: bool = True
     incremental_streaming_output: bool = False  # stream chunks carry new text / ids only
     stream_interval: int = 1  # a streaming request's output leaves the scheduler every this many tokens
@@ -119,6 +120,8 @@ class ServerArgs:
             raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
         if self.chunked_prefill_size < 16:
             raise ValueError(f"chunked_prefill_size must be >= 16, got {self.chunked_prefill_size}")
+        if self.response_store_size < 0:
+            raise ValueError(f"response_store_size must be >= 0, got {self.response_store_size}")
         if self.stream_interval < 1:
             raise ValueError(f"stream_interval must be >= 1, got {self.stream_interval}")
         if self.context_length is not None and self.context_length < 2:
@@ -295,6 +298,9 @@ HELP = {
     "reasoning_parser": "how a reasoning model's <think> text is told from its answer (SGLang's names): deepseek-r1 "
     "(the output starts inside the reasoning), qwen3 (reasoning only after an opening <think>), qwen3-thinking, kimi; "
     "chat responses then carry reasoning_content, and grammars apply only after the reasoning ends (default: none)",
+    "response_store_size": "responses of /v1/responses kept in memory (those created with store true, OpenAI's "
+    "default) for GET /v1/responses/{id} and previous_response_id; past this many the least recently used is dropped "
+    "(0: none kept; default 1000)",
     "enable_metrics": "serve Prometheus metrics at /metrics",
     "incremental_streaming_output": "native stream chunks carry only their new text and output_ids "
     "(default: cumulative, as SGLang streams them)",

@@ -2,7 +2,8 @@
 
 `create_app` adds the API-key middleware, answers each error type with its status (400 for a bad
 request, 503 when the scheduler is gone), registers the route modules (`native_api`: SGLang's
-native API, health, metrics; `openai_api`: the OpenAI routes; `dashboard`: /cache_tree and the
+native API, health, metrics; `openai_api`: the OpenAI routes; `responses_api`: OpenAI's
+/v1/responses; `dashboard`: /cache_tree and the
 page; `traces`: /traces) and serves /openapi.json from their documentation. The route modules
 share `http_common` and never import each other; this module is the one that imports them all.
 """
@@ -27,6 +28,7 @@ from radixlm.runtime.server.dashboard import PAGE_FILES, register_dashboard_rout
 from radixlm.runtime.server.http_common import error_response
 from radixlm.runtime.server.native_api import register_native_routes
 from radixlm.runtime.server.openai_api import register_openai_routes
+from radixlm.runtime.server.responses_api import register_responses_routes
 from radixlm.runtime.server.tokenizer_manager import ServiceUnavailable, TokenizerManager
 from radixlm.runtime.server.traces import register_trace_routes
 
@@ -57,7 +59,7 @@ class ApiKeyMiddleware:
 
 def create_app(
     tm: TokenizerManager, api_key: str | None = None, enable_metrics: bool = True, tool_call_parser: str = "auto",
-    reasoning_parser: str | None = None,
+    reasoning_parser: str | None = None, response_store_size: int = 1000,
 ) -> FastAPI:
     app = FastAPI(title="radixlm", version="0.1.0")
     app.state.tm = tm
@@ -87,6 +89,8 @@ def create_app(
     secured = api_key is not None
     register_native_routes(app, tm, docs, secured, enable_metrics)
     register_openai_routes(app, tm, tool_call_parser, docs, secured, reasoning_parser=reasoning_parser)
+    register_responses_routes(app, tm, tool_call_parser, docs, secured, reasoning_parser=reasoning_parser,
+                              store_size=response_store_size)
     register_dashboard_routes(app, tm, docs, secured)
     register_trace_routes(app, docs, secured)
 

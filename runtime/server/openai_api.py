@@ -17,6 +17,7 @@ With `--reasoning-parser`, chat requests are generated as reasoning (`require_re
 grammar applies after it) and, unless `separate_reasoning` is false, answered with the reasoning in
 `message.reasoning_content` (streamed as `delta.reasoning_content` chunks, or in one chunk when it
 ends if `stream_reasoning` is false) and the rest in `content` (`radixlm.formats.reasoning`).
+What chat shares with /v1/responses (prompt, grammars, reading outputs) is in `chat_common`.
 """
 
 from __future__ import annotations
@@ -31,32 +32,18 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from radixlm.formats.reasoning import ReasoningFormat, ReasoningStream, reasoning_format, separate_reasoning
-from radixlm.formats.tool_calls import (
-    Tool,
-    ToolCall,
-    add_tools_to_messages,
-    openai_tool_calls,
-    parse_tool_choice,
-    parse_tools,
-    render_history_calls,
-    render_tool_response,
-    template_tool_calls,
-    template_tools,
-    tool_call_schema,
-)
+from radixlm.formats.reasoning import ReasoningFormat, ReasoningStream, reasoning_format
+from radixlm.formats.tool_calls import openai_tool_calls, parse_tool_choice, parse_tools
 from radixlm.formats.tool_formats import ToolCallReader, detect_format, tool_call_reader
 from radixlm.runtime.api.protocol import (
     JSON,
     SSE,
     ChatCompletionChunk,
     ChatCompletionResponse,
-    ChatMessage,
     ChatRequest,
     CompletionChunk,
     CompletionRequest,
     CompletionResponse,
-    ContentPart,
     ModelList,
     OpenAPIDocs,
     Operation,
@@ -73,6 +60,17 @@ from radixlm.runtime.api.request_io import (
     requested_rank,
 )
 from radixlm.runtime.config.limits import MAX_BATCH, MAX_SEQUENCES
+from radixlm.runtime.server.chat_common import (
+    check_model,
+    finish_of,
+    prompt_messages,
+    render_chat_prompt,
+    response_format_grammar,
+    split_calls,
+    split_reasoning,
+    tool_choice_grammar,
+    usage_of,
+)
 from radixlm.runtime.server.http_common import merged_outputs, prepare_all, read_json, run_all, sse, sse_error
 from radixlm.runtime.server.tokenizer_manager import TokenizerManager
 
@@ -102,52 +100,6 @@ def _sampling_params(req: CompletionRequest | ChatRequest, max_tokens: int | Non
         else json.dumps(req.structural_tag),
     }
     return {k: v for k, v in pairs.items() if v is not None}
-
-
-def response_format_grammar(response_format: dict[str, Any] | None) -> dict[str, str]:
-    """OpenAI `response_format` -> our grammar sampling params (`json_schema`, `regex` or
-    `structural_tag`)."""
-    if response_format is None:
-        return {}
-    if not isinstance(response_format, dict):
-        raise RequestError(f"response_format must be an object with a 'type', got {response_format!r:.80}")
-    kind = response_format.get("type")
-    if kind == "text":
-        return {}
-    if kind == "json_object":
-        return {"json_schema": json.dumps({"type": "object"})}
-    if kind == "json_schema":
-        spec = response_format.get("json_schema")
-        if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
-            raise RequestError("response_format.json_schema must be an object with a 'schema' object")
-        return {"json_schema": json.dumps(spec.get("schema", {"type": "object"}))}
-    if kind == "regex":
-        if not isinstance(response_format.get("regex"), str):
-            raise RequestError("response_format of type 'regex' needs a 'regex' string")
-        return {"regex": response_format["regex"]}
-    if kind == "structural_tag":  # SGLang's: {"type", "structures": [{begin, schema, end}], "triggers"}
-        return {"structural_tag": json.dumps(response_format)}
-    raise RequestError("response_format.type must be text, json_object, json_schema, regex or structural_tag, "
-                       f"got {kind!r}")
-
-
-def _finish(meta: dict[str, Any]) -> str | None:
-    reason = meta.get("finish_reason")
-    return None if reason is None else str(reason["type"])
-
-
-def _usage(results: list[dict[str, Any]], num_prompts: int) -> dict[str, Any]:
-    metas = [r["meta_info"] for r in results]
-    n = max(1, len(metas) // max(1, num_prompts))
-    prompt = sum(m["prompt_tokens"] for m in metas[::n])
-    completion = sum(m["completion_tokens"] for m in metas)
-    cached = sum(m["cached_tokens"] for m in metas)
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": cached},
-    }
 
 
 def _completion_logprobs(meta: dict[str, Any], echo: bool, offset: int = 0) -> dict[str, Any]:
@@ -196,11 +148,6 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
             200: ("the completion; with stream, server-sent events", {JSON: response_model, SSE: SseEvents(chunk)}),
             **error_responses(400, 404, 413, 503, *auth)}))
 
-    def check_model(name: str | None) -> None:
-        # "unknown": what sglang-router sends when its client named no model
-        if name is not None and name not in (tm.model_name, "default", "unknown"):
-            raise RequestError(f"model {name!r} is not served here; this server serves {tm.model_name!r}", 404)
-
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": tm.model_name, "object": "model", "created": 0, "owned_by": "radixlm"}]}
@@ -208,7 +155,7 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         req: CompletionRequest = parse_body(CompletionRequest, await read_json(request))
-        check_model(req.model)
+        check_model(tm, req.model)
         prompts = req.prompt if isinstance(req.prompt, list) and req.prompt and not isinstance(req.prompt[0], int) else [req.prompt]
         if len(prompts) > MAX_BATCH:
             raise RequestError(f"a batch holds at most {MAX_BATCH} prompts, got {len(prompts)}")
@@ -245,42 +192,33 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
             "index": i,
             "text": choice_text(i, r["text"]),
             "logprobs": _completion_logprobs(r["meta_info"], req.echo) if want_logprobs else None,
-            "finish_reason": _finish(r["meta_info"]),
+            "finish_reason": finish_of(r["meta_info"]),
         } for i, r in enumerate(results)]
         return JSONResponse({
             "id": base_id, "object": "text_completion", "created": int(time.time()), "model": tm.model_name,
-            "choices": choices, "usage": _usage(results, len(prompts)),
+            "choices": choices, "usage": usage_of(results, len(prompts)),
         })
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         req: ChatRequest = parse_body(ChatRequest, await read_json(request))
-        check_model(req.model)
+        check_model(tm, req.model)
         tools = parse_tools(req.tools, allow_empty=True) if req.tools is not None else []  # []: no tools
         tool_choice = parse_tool_choice(req.tool_choice, tools)
         offered = tools if tool_choice != "none" else []
         tool_names = {t.name for t in offered}
         reader = auto_reader if tool_choice == "auto" else forced_reader
-        messages = _prompt_messages(req.messages, native_tools)
-        if offered and not native_tools:
-            messages = add_tools_to_messages(messages, offered)
-        num_chars = sum(len(m["content"]) for m in messages)
-        if num_chars > tm.validator.max_prompt_chars:  # refused before the template renders it all
-            raise RequestError(f"the messages hold {num_chars} characters, more than the context length "
-                               f"({tm.context_len} tokens) can hold")
-        try:
-            prompt = tm.tokenizer.apply_chat_template(
-                messages, continue_final_message=req.continue_final_message, template_kwargs=req.chat_template_kwargs,
-                tools=template_tools(offered) if offered and native_tools else None)
-        except Exception as e:  # a template that rejects these messages: the client's problem
-            raise RequestError(f"messages: cannot apply the chat template: {e}") from e
+        messages = prompt_messages(req.messages, native_tools)
+        prompt = render_chat_prompt(tm, messages, offered, native_tools, req.continue_final_message,
+                                    req.chat_template_kwargs)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         base_id = f"chatcmpl-{uuid.uuid4().hex}"
-        params = {**_sampling_params(req, max_tokens), **response_format_grammar(req.response_format)}
+        params = _sampling_params(req, max_tokens)
         # `auto` on a context-free backend: each <tool_call> block the model opens is one well-formed call
         structures = (reader.structures(tools)
                       if tm.validator.grammar_backend != "outlines" and tool_choice == "auto" else None)
-        params.update(_tool_choice_grammar(tool_choice, tools, params, structures))
+        params.update(tool_choice_grammar(tool_choice, tools, params, structures,
+                                          response_format_grammar(req.response_format)))
         base = GenerateRequest(
             text=prompt, sampling_params=params, return_logprob=req.logprobs,
             top_logprobs_num=(req.top_logprobs or 0) if req.logprobs else 0, return_text_in_logprobs=True, stream=req.stream,
@@ -299,8 +237,8 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
         results = [chunk.result for chunk in await run_all(tm, prepared, request)]
         choices = []
         for i, r in enumerate(results):
-            thought, text = _split_reasoning(r["text"], split)
-            content, calls = _split_calls(text, tool_names, reader, req.parallel_tool_calls)
+            thought, text = split_reasoning(r["text"], split)
+            content, calls = split_calls(text, tool_names, reader, req.parallel_tool_calls)
             message: dict[str, Any] = {"role": "assistant", "content": content}
             if split is not None:
                 message["reasoning_content"] = thought or None
@@ -310,11 +248,11 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
                 "index": i,
                 "message": message,
                 "logprobs": _chat_logprobs(r["meta_info"]) if req.logprobs else None,
-                "finish_reason": "tool_calls" if calls else _finish(r["meta_info"]),
+                "finish_reason": "tool_calls" if calls else finish_of(r["meta_info"]),
             })
         return JSONResponse({
             "id": base_id, "object": "chat.completion", "created": int(time.time()), "model": tm.model_name,
-            "choices": choices, "usage": _usage(results, 1),
+            "choices": choices, "usage": usage_of(results, 1),
         })
 
     async def _stream_tool_calls(reqs: list[PreparedRequest], req: ChatRequest, base_id: str, tool_names: set[str],
@@ -336,14 +274,14 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
             if isinstance(item, Exception):
                 yield sse_error(item)
                 continue
-            finish = _finish(item.meta_info)
+            finish = finish_of(item.meta_info)
             if finish is None:
                 continue
             finals.append(item.result)
-            thought, text = _split_reasoning(item.result["text"], split)
+            thought, text = split_reasoning(item.result["text"], split)
             if thought:
                 yield chunk(index, {"reasoning_content": thought}, None)
-            content, calls = _split_calls(text, tool_names, reader, req.parallel_tool_calls)
+            content, calls = split_calls(text, tool_names, reader, req.parallel_tool_calls)
             if content:
                 yield chunk(index, {"content": content}, None)
             if calls:
@@ -351,7 +289,7 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
             yield chunk(index, {}, "tool_calls" if calls else finish)
         if req.stream_options is not None and req.stream_options.include_usage:
             yield sse({"id": base_id, "object": "chat.completion.chunk", "created": created, "model": tm.model_name,
-                       "choices": [], "usage": _usage(finals, 1)})
+                       "choices": [], "usage": usage_of(finals, 1)})
         yield b"data: [DONE]\n\n"
 
     async def _stream(tm: TokenizerManager, reqs: list[PreparedRequest], req: SamplingFields, base_id: str,
@@ -387,7 +325,7 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
             if isinstance(item, Exception):
                 yield sse_error(item)
                 continue
-            finish = _finish(item.meta_info)
+            finish = finish_of(item.meta_info)
             logprobs = None
             if want_logprobs and is_chat:
                 logprobs = _chat_logprobs(item.meta_info)
@@ -409,13 +347,8 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
                 finals.append(item.result)
         if req.stream_options is not None and req.stream_options.include_usage:
             yield sse({"id": base_id, "object": kind, "created": created, "model": tm.model_name,
-                       "choices": [], "usage": _usage(finals, num_prompts)})
+                       "choices": [], "usage": usage_of(finals, num_prompts)})
         yield b"data: [DONE]\n\n"
-
-
-def _split_reasoning(text: str, split: ReasoningFormat | None) -> tuple[str, str]:
-    """(reasoning, answer) of a choice's whole text; without `split`, no reasoning."""
-    return separate_reasoning(text, split) if split is not None else ("", text)
 
 
 def _split_delta(splitter: ReasoningStream, text: str, is_last: bool) -> tuple[str, str]:
@@ -425,58 +358,3 @@ def _split_delta(splitter: ReasoningStream, text: str, is_last: bool) -> tuple[s
         rest_thought, rest_answer = splitter.finish()
         thought, answer = thought + rest_thought, answer + rest_answer
     return thought, answer
-
-
-def _prompt_messages(messages: list[ChatMessage], native_tools: bool) -> list[dict[str, Any]]:
-    """Chat messages as the chat template takes them. Tool calls and results: for a template
-    that renders tools (`native_tools`), the calls as objects and the results as `tool`
-    messages; else both rendered as text in our prompt convention."""
-    out: list[dict[str, Any]] = []
-    for m in messages:
-        content = _content_text(m.content)
-        if m.tool_calls is not None and not isinstance(m.tool_calls, list):
-            raise RequestError(f"messages: tool_calls must be a list of calls, got {m.tool_calls!r:.80}")
-        if native_tools:
-            message: dict[str, Any] = {"role": m.role, "content": content}
-            if m.role == "assistant" and m.tool_calls:
-                message["tool_calls"] = template_tool_calls(m.tool_calls)
-            out.append(message)
-            continue
-        if m.role == "assistant" and m.tool_calls:
-            content = render_history_calls(content, m.tool_calls)
-        elif m.role == "tool":
-            content = render_tool_response(content)
-        out.append({"role": m.role, "content": content})
-    return out
-
-
-def _tool_choice_grammar(tool_choice: str | Tool, tools: list[Tool], params: dict[str, Any],
-                         structures: dict[str, Any] | None) -> dict[str, str]:
-    """The grammar that forces one call for `required` or a named tool; for `auto` with
-    `structures` and no other grammar, that structural tag (each opened call well formed);
-    {} otherwise (the output is only parsed)."""
-    constrained = any(k in params for k in ("regex", "json_schema", "ebnf", "structural_tag"))
-    if tool_choice == "auto" and structures is not None and not constrained:
-        return {"structural_tag": json.dumps(structures)}
-    if tool_choice in ("none", "auto"):
-        return {}
-    if constrained:
-        raise RequestError("tool_choice 'required' or a named function cannot be combined with "
-                           "response_format, regex, json_schema, ebnf or structural_tag")
-    forced = tools if tool_choice == "required" else [tool_choice]
-    return {"json_schema": json.dumps(tool_call_schema([t for t in forced if isinstance(t, Tool)]))}
-
-
-def _split_calls(text: str, tool_names: set[str], reader: ToolCallReader,
-                 is_parallel: bool = True) -> tuple[str | None, list[ToolCall]]:
-    """(content, calls) of one choice's text as `reader` reads it; without tools, the text as is.
-    Not `is_parallel` (`parallel_tool_calls: false`): the first call only."""
-    content, calls = reader.parse(text, tool_names) if tool_names else (text, [])
-    return content, calls if is_parallel else calls[:1]
-
-
-def _content_text(content: str | list[ContentPart] | None) -> str:
-    """A message's text (its parts joined; the contract admits text parts only)."""
-    if content is None:
-        return ""
-    return content if isinstance(content, str) else "".join(part.text for part in content)

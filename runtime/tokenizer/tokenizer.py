@@ -39,8 +39,10 @@ class Tokenizer:
         self.all_special_ids: frozenset[int] = frozenset(self._tok.all_special_ids)
         self.chat_template: str | None = _read_template(chat_template) or getattr(self._tok, "chat_template", None)
 
-    def encode(self, text: str) -> list[int]:
-        return list(self._tok.encode(text))
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of `text`; without `add_special_tokens`, none added (no BOS), while the
+        special tokens written in `text` (a chat template's markers) stay."""
+        return list(self._tok.encode(text, add_special_tokens=add_special_tokens))
 
     def encode_plain(self, text: str) -> list[int]:
         """Token ids of `text` without the special tokens (BOS) the tokenizer may add: text to

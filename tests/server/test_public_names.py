@@ -30,7 +30,7 @@ FLAGS = [  # SGLang's names, one per ServerArgs field
     "--max-running-requests", "--chunked-prefill-size", "--schedule-policy", "--disable-radix-cache",
     "--disable-jump-forward", "--constrained-json-whitespace-pattern", "--grammar-backend", "--disable-cpu-kernels",
     "--disable-adaptive-threads", "--random-seed", "--log-level", "--host", "--port", "--api-key", "--chat-template",
-    "--served-model-name", "--tool-call-parser", "--reasoning-parser", "--enable-metrics",
+    "--served-model-name", "--tool-call-parser", "--reasoning-parser", "--response-store-size", "--enable-metrics",
     "--incremental-streaming-output", "--stream-interval", "--timeout-header", "--timeout-body", "--max-connections",
     "--kv-events-config", "--dp-size", "--load-balance-method", "--tp-size",
 ]

@@ -199,12 +199,12 @@ def test_chat_template_kwargs_reach_the_template(tiny_model_dir: Path) -> None:
 
 def test_parallel_tool_calls_false_keeps_the_first_call() -> None:
     from radixlm.formats.tool_formats import tool_call_reader
-    from radixlm.runtime.server.openai_api import _split_calls
+    from radixlm.runtime.server.chat_common import split_calls
 
     text = ('<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>\n'
             '<tool_call>{"name": "g", "arguments": {}}</tool_call>')
-    assert [c.name for c in _split_calls(text, {"f", "g"}, tool_call_reader("hermes"))[1]] == ["f", "g"]
-    assert [c.name for c in _split_calls(text, {"f", "g"}, tool_call_reader("hermes"), is_parallel=False)[1]] == ["f"]
+    assert [c.name for c in split_calls(text, {"f", "g"}, tool_call_reader("hermes"))[1]] == ["f", "g"]
+    assert [c.name for c in split_calls(text, {"f", "g"}, tool_call_reader("hermes"), is_parallel=False)[1]] == ["f"]
 
 
 def test_logprob_options_one_per_prompt(tiny_server: ServerHandle) -> None:

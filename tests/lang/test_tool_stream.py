@@ -1,0 +1,147 @@
+"""ToolCallStream (radixlm.formats.tool_stream): however an output is cut into deltas, the
+deltas add up to what `ToolCallReader.parse` reads from the whole text, nothing sent is taken
+back, and calls are sent as they are written (name first, then argument fragments)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from radixlm.formats.json_prefix import canonical_prefix
+from radixlm.formats.tool_calls import ToolCall
+from radixlm.formats.tool_formats import tool_call_reader
+from radixlm.formats.tool_stream import ToolCallDelta, ToolCallStream
+
+NAMES = {"get_weather", "add"}
+PARIS = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+SUM = '{"name": "add", "arguments": {"a": 1, "b": 2}}'
+
+# (parser, text): well-formed calls with content around them, and texts that are no calls
+TEXTS = [
+    ("hermes", f"I will check.\n<tool_call>{PARIS}</tool_call>\n<tool_call>\n{SUM}\n</tool_call>"),
+    ("hermes", '  Sure: <tool_call>{"name":"add","arguments":{"a":1.50,"b":-2e3,"c":"x\\"\\u00e9\\ud83d\\ude00\\n"}}</tool_call> done. '),
+    ("hermes", '<tool_call>{"arguments": {"a": 1}, "name": "add"}</tool_call>'),  # keys in another order
+    ("hermes", '<tool_call>{"name": "add", "arguments": "{\\"a\\": 3}"}'),  # serialized arguments, no closing tag
+    ("hermes", 'ok <tool_call>{"name": "rm_rf", "arguments": {}}</tool_call> <tool_call>{"name": "add"}</tool_call>'),
+    ("hermes", "plain text with a < sign and <tool_ca"),
+    ("hermes", f"  {SUM}  "),  # auto: a bare JSON message
+    ("hermes", '{"x": 1} is JSON'),
+    ("qwen25", f"<tool_call>\n{PARIS}\n</tool_call>\n<tool_call>\n{SUM}\n</tool_call>"),
+    ("llama3", '{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "add", "parameters": {"a": 1, "b": 2}}'),
+    ("llama3", 'Checking. <|python_tag|>{"name": "add", "parameters": {"a": 1, "b": 2}}'),
+    ("llama3", 'The answer is {"name": "add"} maybe'),
+    ("llama3", '{"name": "rm_rf", "parameters": {}}'),
+    ("mistral", f"[TOOL_CALLS] [{PARIS}, {SUM}]"),
+    ("mistral", f"Sure.[TOOL_CALLS] [{SUM}]"),
+    ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]add[ARGS]{"a": 1, "b": 2}'),
+    ("mistral", '[TOOL_CALLS] [{"name": "rm", "arguments": {}}]'),
+    ("pythonic", '[get_weather(city="Paris"), add(a=1, b=2)]'),
+    ("pythonic", '<|python_start|>[add(a=[1, 2.5], b={"k": None, "t": True, "s": \'x,)\'})]<|python_end|>'),
+    ("pythonic", "[add(a=x)]"),
+    ("pythonic", "[rm(a=1)]"),
+    ("pythonic", "plain words"),
+    ("json", f"[{PARIS}, {SUM}]"),
+    ("json", f" {SUM}"),
+    ("json", "[]"),
+    ("json", "no call here"),
+]
+
+
+def _run(parser: str, pieces: list[str]) -> tuple[list[ToolCallDelta], str | None, list[ToolCall]]:
+    """Feed `pieces`; the deltas, and the content and calls they add up to."""
+    stream = ToolCallStream(tool_call_reader(parser), NAMES)
+    deltas = [d for piece in pieces for d in stream.feed(piece)] + stream.finish()
+    content = "".join(d.content for d in deltas)
+    names: dict[int, str] = {}
+    arguments: dict[int, str] = {}
+    for d in deltas:
+        if d.index < 0:
+            assert d.name is None and d.id is None and not d.arguments
+            continue
+        assert not d.content
+        if d.name is not None:  # a call's first delta: id and name, no arguments yet
+            assert d.index == len(names) and d.id and d.arguments == ""
+            names[d.index] = d.name
+        else:
+            arguments[d.index] = arguments.get(d.index, "") + d.arguments
+    calls = [ToolCall(names[i], arguments.get(i, "")) for i in sorted(names)]
+    return deltas, content or None, calls
+
+
+def _parsed(parser: str, text: str) -> tuple[str | None, list[ToolCall]]:
+    content, calls = tool_call_reader(parser).parse(text, NAMES)
+    return (content or None), calls
+
+
+@pytest.mark.parametrize(("parser", "text"), TEXTS)
+def test_every_split_in_two_and_every_char_gives_the_parse(parser: str, text: str) -> None:
+    want = _parsed(parser, text)
+    for cut in range(len(text) + 1):
+        assert _run(parser, [text[:cut], text[cut:]])[1:] == want, (parser, cut)
+    assert tuple(_run(parser, list(text))[1:]) == want
+
+
+@pytest.mark.parametrize("index", [0, 1, 8, 9, 10, 13, 14, 15, 18, 22, 23])  # pythonic: a fragment per argument
+def test_each_call_is_sent_in_fragments_as_it_is_written(index: int) -> None:
+    """Fed a character at a time, every call of these well-formed texts (each format) comes as
+    its name, then its arguments in more than one fragment."""
+    parser, text = TEXTS[index]
+    deltas, _, calls = _run(parser, list(text))
+    assert calls
+    for i in range(len(calls)):
+        fragments = [d.arguments for d in deltas if d.index == i and d.name is None]
+        assert len(fragments) > 1, (parser, text, i, fragments)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(TEXTS), st.lists(st.integers(0, 400), max_size=12))
+def test_any_split_gives_the_parse(case: tuple[str, str], cuts: list[int]) -> None:
+    parser, text = case
+    bounds = sorted({min(c, len(text)) for c in cuts} | {0, len(text)})
+    pieces = [text[a:b] for a, b in zip(bounds, bounds[1:])]
+    assert _run(parser, pieces)[1:] == _parsed(parser, text)
+
+
+def test_arguments_stream_before_the_call_is_complete() -> None:
+    """A forced call (json format) sends its name once the header is read and its arguments as
+    they grow, in the canonical form the non-streamed parse gives."""
+    stream = ToolCallStream(tool_call_reader("json"), NAMES)
+    assert stream.feed('{"name": "get_weather", "argu') == []
+    first = stream.feed('ments": {"ci')
+    assert [(d.index, d.name, d.arguments) for d in first] == [(0, "get_weather", ""), (0, None, '{"ci')]
+    assert [d.arguments for d in stream.feed('ty":"Par')] == ['ty": "Par']
+    assert [d.arguments for d in stream.feed('is"}}')] == ['is"}']
+    assert stream.finish() == []
+
+
+def test_content_that_may_open_a_call_is_held() -> None:
+    stream = ToolCallStream(tool_call_reader("hermes"), NAMES)
+    assert [d.content for d in stream.feed("Let me see <tool_")] == ["Let me see"]
+    assert stream.feed("call>") == []
+    assert [(d.name, d.arguments) for d in stream.feed(SUM[:30])] == [("add", ""), (None, "{")]
+
+
+def test_a_call_cut_off_stays_sent() -> None:
+    """max_tokens inside the arguments: the stream keeps the call and the arguments it sent
+    (as OpenAI does), where the non-streamed parse reads the text as content."""
+    text = '<tool_call>{"name": "add", "arguments": {"a": 1, "b'
+    _, content, calls = _run("hermes", [text])
+    assert content is None and calls == [ToolCall("add", '{"a": 1, "b')]
+
+
+@pytest.mark.parametrize("value", [
+    {"a": [1, 2.5, -0.0, 1e300, True, None], "s": "q\"\\/\b\f\n\r\t\u0001é😀", "o": {}, "l": []},
+    {"nested": {"x": [{"y": "z"}]}, "n": 12345678901234567890},
+])
+def test_canonical_prefix_is_the_dumps_of_the_loads(value: object) -> None:
+    for raw in (json.dumps(value), json.dumps(value, ensure_ascii=False, indent=2), json.dumps(value, separators=(",", ":"))):
+        want = json.dumps(json.loads(raw), ensure_ascii=False)
+        assert canonical_prefix(raw, 0) == (want, len(raw))
+        previous = ""
+        for cut in range(len(raw)):
+            got, end = canonical_prefix(raw[:cut], 0)
+            assert end is None and got.startswith(previous) and want.startswith(got), (raw[:cut], got)
+            previous = got

@@ -76,6 +76,7 @@ class ToolCallStream:
         self._text = ""
         self._sent_content = ""
         self._sent_calls: list[tuple[str, str]] = []  # (name, arguments sent)
+        self.is_parsed = False  # after finish: the calls sent are parse's, whole (none cut off)
 
     @property
     def num_calls(self) -> int:
@@ -91,7 +92,8 @@ class ToolCallStream:
         what was sent, else (a call broken after it was sent) the stream's own reading."""
         content, calls = self._reader.parse(self._text, self._tool_names)
         parsed = _Reading(content or "", tuple((c.name, c.arguments) for c in calls))
-        return self._grow(parsed if self._extends(parsed) else self._read(is_final=True))
+        self.is_parsed = self._extends(parsed)
+        return self._grow(parsed if self.is_parsed else self._read(is_final=True))
 
     def _read(self, is_final: bool) -> _Reading:
         scan = _Scan(self._text, self._tool_names, is_final)

@@ -130,6 +130,11 @@ def test_a_call_cut_off_stays_sent() -> None:
     text = '<tool_call>{"name": "add", "arguments": {"a": 1, "b'
     _, content, calls = _run("hermes", [text])
     assert content is None and calls == [ToolCall("add", '{"a": 1, "b')]
+    assert tool_call_reader("hermes").parse(text, NAMES) == (text, [])
+    stream = ToolCallStream(tool_call_reader("hermes"), NAMES)
+    stream.feed(text)
+    stream.finish()
+    assert stream.num_calls == 1 and not stream.is_parsed  # the server's finish_reason is then the model's
 
 
 @pytest.mark.parametrize("value", [

@@ -80,7 +80,7 @@ def test_a_forced_call_streams_its_arguments_as_the_response_has_them(client: op
 
 def test_auto_streams_content_and_parallel_calls(client: openai.OpenAI) -> None:
     kwargs: dict[str, Any] = {"model": "default", "messages": MESSAGES, "tools": TOOLS, "tool_choice": "auto",
-                              "temperature": 0, "max_tokens": 120, "extra_body": {"regex": re.escape(TWO_CALLS)}}
+                              "temperature": 0, "max_tokens": 200, "extra_body": {"regex": re.escape(TWO_CALLS)}}
     content, calls, finish, deltas = _streamed(client, **kwargs)
     assert (content, calls, finish) == _created(client, **kwargs)
     assert content == "Checking." and finish == "tool_calls"

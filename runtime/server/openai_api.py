@@ -48,7 +48,7 @@ from radixlm.formats.tool_calls import (
     tool_call_schema,
 )
 from radixlm.formats.tool_formats import ToolCallReader, detect_format, tool_call_reader
-from radixlm.formats.tool_stream import ToolCallDelta, ToolCallStream
+from radixlm.formats.tool_stream import ToolCallStream
 from radixlm.runtime.api.protocol import (
     JSON,
     SSE,
@@ -65,7 +65,6 @@ from radixlm.runtime.api.protocol import (
     Operation,
     SamplingFields,
     SseEvents,
-    StreamOptions,
     error_responses,
     parse_body,
 )
@@ -78,6 +77,7 @@ from radixlm.runtime.api.request_io import (
 )
 from radixlm.runtime.config.limits import MAX_BATCH, MAX_SEQUENCES
 from radixlm.runtime.server.http_common import merged_outputs, prepare_all, read_json, run_all, sse, sse_error
+from radixlm.runtime.server.openai_chunks import UsageTracker, tool_call_delta
 from radixlm.runtime.server.tokenizer_manager import TokenizerManager
 
 
@@ -328,7 +328,7 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
         (a call's index, id, type and name first, then its arguments in fragments), and the
         finish chunk (the response's finish_reason); then optional usage."""
         created = int(time.time())
-        usage = _UsageTracker(req.stream_options, len(reqs))
+        usage = UsageTracker(req.stream_options, len(reqs))
 
         def chunk(index: int, delta: dict[str, Any], finish: str | None) -> bytes:
             choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
@@ -356,7 +356,7 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
             deltas = streams[index].feed(text) + (streams[index].finish() if finish is not None else [])
             for delta in deltas:
                 if delta.index < 1 or req.parallel_tool_calls:  # not parallel: the first call only
-                    yield chunk(index, _tool_delta(delta), None)
+                    yield chunk(index, tool_call_delta(delta), None)
             if finish is not None:
                 finals.append(item.result)
                 # as the response: "tool_calls" if whole calls were made ("length" if one was cut off)
@@ -389,7 +389,7 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
             return sse({"id": base_id, "object": kind, "created": created, "model": tm.model_name, "choices": [choice],
                         **usage.of_chunk(index)})
 
-        usage = _UsageTracker(req.stream_options, len(reqs))
+        usage = UsageTracker(req.stream_options, len(reqs))
         started = [False] * len(reqs)
         offsets = [0] * len(reqs)  # completions: text offset of each choice's next logprob token
         splitters = [ReasoningStream(split, getattr(req, "stream_reasoning", True)) for _ in reqs] if split else None
@@ -426,39 +426,6 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
             yield sse({"id": base_id, "object": kind, "created": created, "model": tm.model_name,
                        "choices": [], "usage": _usage(finals, num_prompts)})
         yield b"data: [DONE]\n\n"
-
-
-class _UsageTracker:
-    """`stream_options.continuous_usage_stats` (vLLM's, SGLang's): every chunk of a choice
-    carries that choice's usage so far (its prompt's tokens, the completion tokens so far, their
-    sum), from the latest output of that choice; nothing when it is off."""
-
-    def __init__(self, options: StreamOptions | None, num_choices: int):
-        self.is_on = options is not None and options.continuous_usage_stats
-        self._latest: list[dict[str, Any] | None] = [None] * num_choices
-
-    def update(self, index: int, meta: dict[str, Any]) -> None:
-        if self.is_on:
-            prompt, completion = meta["prompt_tokens"], meta["completion_tokens"]
-            self._latest[index] = {"prompt_tokens": prompt, "completion_tokens": completion,
-                                   "total_tokens": prompt + completion,
-                                   "prompt_tokens_details": {"cached_tokens": meta["cached_tokens"]}}
-
-    def of_chunk(self, index: int) -> dict[str, Any]:
-        """The `usage` member of a chunk of choice `index` ({} if off or not yet known)."""
-        latest = self._latest[index]
-        return {"usage": latest} if latest is not None else {}
-
-
-def _tool_delta(delta: ToolCallDelta) -> dict[str, Any]:
-    """A ToolCallStream delta as a chat chunk's `delta`: content, a call's first part (index,
-    id, type, name, empty arguments), or an arguments fragment."""
-    if delta.index < 0:
-        return {"content": delta.content}
-    if delta.name is not None:
-        return {"tool_calls": [{"index": delta.index, "id": delta.id, "type": "function",
-                                "function": {"name": delta.name, "arguments": ""}}]}
-    return {"tool_calls": [{"index": delta.index, "function": {"arguments": delta.arguments}}]}
 
 
 def _split_reasoning(text: str, split: ReasoningFormat | None) -> tuple[str, str]:

@@ -5,6 +5,7 @@ back, and calls are sent as they are written (name first, then argument fragment
 from __future__ import annotations
 
 import json
+import keyword
 
 import pytest
 from hypothesis import given, settings
@@ -150,3 +151,47 @@ def test_canonical_prefix_is_the_dumps_of_the_loads(value: object) -> None:
             got, end = canonical_prefix(raw[:cut], 0)
             assert end is None and got.startswith(previous) and want.startswith(got), (raw[:cut], got)
             previous = got
+
+
+# --- generated calls: any arguments, written as each format writes them, cut anywhere ----------
+
+_KEYS = st.from_regex(r"[a-z][a-z0-9_]{0,5}", fullmatch=True).filter(lambda k: not keyword.iskeyword(k))
+_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=6),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=8)
+_CALLS = st.lists(st.tuples(st.sampled_from(sorted(NAMES)), st.dictionaries(_KEYS, _VALUES, max_size=4)),
+                  min_size=1, max_size=3)
+
+
+def _written(parser: str, calls: list[tuple[str, dict[str, object]]], style: dict[str, object], before: str) -> str:
+    """`calls` as a model of `parser`'s family writes them (JSON in `style`), after content `before`."""
+    def obj(name: str, args: dict[str, object], key: str = "arguments") -> str:
+        return json.dumps({"name": name, key: args}, **style)  # type: ignore[arg-type]
+
+    if parser in ("hermes", "qwen25"):
+        gap = "\n" if parser == "qwen25" else ""
+        return before + "\n".join(f"<tool_call>{gap}{obj(n, a)}{gap}</tool_call>" for n, a in calls)
+    if parser == "json":
+        return obj(*calls[0]) if len(calls) == 1 else "[" + ", ".join(obj(n, a) for n, a in calls) + "]"
+    if parser == "llama3":
+        return (f"{before}<|python_tag|>" if before.strip() else "") + "; ".join(obj(n, a, "parameters") for n, a in calls)
+    if parser == "mistral":
+        if style.get("indent") is None and len(before) % 2:  # the newer per-call form
+            return before + "".join(f"[TOOL_CALLS]{n}[ARGS]{json.dumps(a, **style)}" for n, a in calls)  # type: ignore[arg-type]
+        return before + "[TOOL_CALLS] [" + ", ".join(obj(n, a) for n, a in calls) + "]"
+    return "[" + ", ".join(f"{n}(" + ", ".join(f"{k}={v!r}" for k, v in a.items()) + ")" for n, a in calls) + "]"
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(["hermes", "qwen25", "json", "llama3", "mistral", "pythonic"]), _CALLS,
+       st.sampled_from([{}, {"ensure_ascii": False}, {"separators": (",", ":")}, {"indent": 1}]),
+       st.text(st.sampled_from("ab .!?\n"), max_size=8), st.lists(st.integers(0, 2000), max_size=10))
+def test_generated_calls_stream_as_they_parse(parser: str, calls: list[tuple[str, dict[str, object]]],
+                                             style: dict[str, object], before: str, cuts: list[int]) -> None:
+    text = _written(parser, calls, style, before)
+    want = [ToolCall(n, json.dumps(a, ensure_ascii=False)) for n, a in calls]
+    assert _parsed(parser, text)[1] == want, text
+    bounds = sorted({min(c, len(text)) for c in cuts} | {0, len(text)})
+    assert _run(parser, [text[a:b] for a, b in zip(bounds, bounds[1:])])[1:] == _parsed(parser, text)

@@ -17,7 +17,8 @@ Contract:
   into deltas, for every output whose calls are well formed once opened. A call the stream has
   sent stays sent: if its JSON is later cut off (max_tokens) or broken, or a later call of a
   whole-message format (json, llama3, mistral, pythonic) is not one, the stream keeps what it
-  sent where parse would read the whole text as content.
+  sent where parse would read the whole text as content. An arguments object with a repeated
+  key is sent as written (parse keeps the last value, as json.loads does).
 
 Each feed re-reads the output from its start (outputs with tools are short); the reading is
 a pure function of the text so far, and the deltas are its growth.

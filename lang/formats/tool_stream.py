@@ -278,12 +278,19 @@ def _read_json_message(scan: _Scan, pos: int) -> None:
 
 
 def _opens_json(scan: _Scan) -> int | None:
-    """Where the message's JSON begins if it opens with `{` or `[`; _Deferred while it is blank."""
+    """Where the message's JSON begins if it opens with `{` or `[{` (a call or a list of them);
+    _Deferred while that is undecided."""
     pos = skip_whitespace(scan.text, 0)
     if pos >= len(scan.text):
         if scan.is_final:
             return None
         raise _Deferred
+    if scan.text[pos] == "[":  # a list that does not open with an object is no list of calls
+        first = skip_whitespace(scan.text, pos + 1)
+        if first < len(scan.text) and scan.text[first] != "{":
+            return None
+        if first >= len(scan.text) and not scan.is_final:
+            raise _Deferred
     return pos if scan.text[pos] in "{[" else None
 
 

@@ -28,8 +28,8 @@ TEXTS = [
     ("hermes", '<tool_call>{"name": "add", "arguments": "{\\"a\\": 3}"}'),  # serialized arguments, no closing tag
     ("hermes", 'ok <tool_call>{"name": "rm_rf", "arguments": {}}</tool_call> <tool_call>{"name": "add"}</tool_call>'),
     ("hermes", "plain text with a < sign and <tool_ca"),
-    ("hermes", f"  {SUM}  "),  # auto: a bare JSON message
-    ("hermes", '{"x": 1} is JSON'),
+    ("auto", f"  {SUM}  "),  # auto (hermes, then a bare JSON message)
+    ("auto", '{"x": 1} is JSON'),
     ("qwen25", f"<tool_call>\n{PARIS}\n</tool_call>\n<tool_call>\n{SUM}\n</tool_call>"),
     ("llama3", '{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "add", "parameters": {"a": 1, "b": 2}}'),
     ("llama3", 'Checking. <|python_tag|>{"name": "add", "parameters": {"a": 1, "b": 2}}'),
@@ -48,6 +48,8 @@ TEXTS = [
     ("json", f" {SUM}"),
     ("json", "[]"),
     ("json", "no call here"),
+    ("auto", "[1] is a note, <tool_call>"),
+    ("auto", f"[ {SUM}]"),
 ]
 
 
@@ -123,6 +125,12 @@ def test_content_that_may_open_a_call_is_held() -> None:
     assert [d.content for d in stream.feed("Let me see <tool_")] == ["Let me see"]
     assert stream.feed("call>") == []
     assert [(d.name, d.arguments) for d in stream.feed(SUM[:30])] == [("add", ""), (None, "{")]
+
+
+def test_text_opening_with_a_bracket_streams_once_it_cannot_be_a_call_list() -> None:
+    stream = ToolCallStream(tool_call_reader("auto"), NAMES)
+    assert stream.feed("[") == [] and stream.feed(" ") == []
+    assert [d.content for d in stream.feed("1] is a note")] == ["[ 1] is a note"]
 
 
 def test_a_call_cut_off_stays_sent() -> None:

@@ -73,7 +73,9 @@ def _calls_of_json(raw: str, tool_names: set[str], arguments_key: str = "argumen
 
 
 def _content(parts: list[str]) -> str | None:
-    text = "".join(parts).strip()
+    """The text outside the calls of a message that has some: trailing whitespace dropped,
+    None if blank (leading whitespace is kept: a stream sends it before any call is seen)."""
+    text = "".join(parts).rstrip()
     return text or None
 
 

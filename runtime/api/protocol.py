@@ -41,7 +41,6 @@ from radixlm.runtime.api.protocol_sglang import (
     SglangCompletionFields,
     SglangGenerateFields,
     SglangSamplingFields,
-    refused,
 )
 from radixlm.runtime.config.limits import (
     MAX_N,
@@ -399,7 +398,8 @@ class ErrorResponse(Out):
 # ---------------------------------------------------------------- OpenAI API: requests
 class StreamOptions(Strict):
     include_usage: bool = False
-    continuous_usage_stats: refused(bool, "usage in every chunk") = False
+    continuous_usage_stats: bool = Field(
+        default=False, description="usage so far (prompt, completion, total) in every chunk (vLLM's, SGLang's)")
 
 
 class FunctionSpec(Strict):

@@ -12,7 +12,9 @@ template teaches; a template that renders tools itself is given them and the his
 objects; under `auto` on a context-free grammar backend each opened call is constrained by a
 structural tag in that format, where it has one): calls come back as
 `message.tool_calls` with `finish_reason: "tool_calls"`; when streaming with tools, each choice's
-text is buffered and sent at its end as content and/or one `delta.tool_calls` chunk.
+text is read as it comes (`ToolCallStream`): content deltas, and per call a first
+`delta.tool_calls` entry (index, id, type, name) then its arguments in fragments, as OpenAI
+streams them. `stream_options.continuous_usage_stats` puts each choice's usage so far in every chunk.
 With `--reasoning-parser`, chat requests are generated as reasoning (`require_reasoning`: a
 grammar applies after it) and, unless `separate_reasoning` is false, answered with the reasoning in
 `message.reasoning_content` (streamed as `delta.reasoning_content` chunks, or in one chunk when it
@@ -35,6 +37,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from radixlm.formats.reasoning import ReasoningFormat, ReasoningStream, reasoning_format
 from radixlm.formats.tool_calls import openai_tool_calls, parse_tool_choice, parse_tools
 from radixlm.formats.tool_formats import ToolCallReader, detect_format, tool_call_reader
+from radixlm.formats.tool_stream import ToolCallStream
 from radixlm.runtime.api.protocol import (
     JSON,
     SSE,
@@ -72,6 +75,7 @@ from radixlm.runtime.server.chat_common import (
     usage_of,
 )
 from radixlm.runtime.server.http_common import merged_outputs, prepare_all, read_json, run_all, sse, sse_error
+from radixlm.runtime.server.openai_chunks import UsageTracker, tool_call_delta
 from radixlm.runtime.server.tokenizer_manager import TokenizerManager
 
 
@@ -257,36 +261,45 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
 
     async def _stream_tool_calls(reqs: list[PreparedRequest], req: ChatRequest, base_id: str, tool_names: set[str],
                                  reader: ToolCallReader, split: ReasoningFormat | None) -> AsyncIterator[bytes]:
-        """Chat SSE with tools: a role chunk per choice now; at each choice's end, its reasoning
-        (if separated), its content (if any), one `delta.tool_calls` chunk (if calls), and the
-        finish chunk; then optional usage."""
+        """Chat SSE with tools, as OpenAI streams it: per choice, a role chunk, its reasoning
+        (if separated), content and `delta.tool_calls` chunks as `ToolCallStream` reads them
+        (a call's index, id, type and name first, then its arguments in fragments), and the
+        finish chunk (the response's finish_reason); then optional usage."""
         created = int(time.time())
+        usage = UsageTracker(req.stream_options, len(reqs))
 
         def chunk(index: int, delta: dict[str, Any], finish: str | None) -> bytes:
             choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
             return sse({"id": base_id, "object": "chat.completion.chunk", "created": created, "model": tm.model_name,
-                        "choices": [choice]})
+                        "choices": [choice], **usage.of_chunk(index)})
 
-        for i in range(len(reqs)):
-            yield chunk(i, {"role": "assistant", "content": ""}, None)
+        streams = [ToolCallStream(reader, tool_names) for _ in reqs]
+        splitters = [ReasoningStream(split, req.stream_reasoning) for _ in reqs] if split else None
+        started = [False] * len(reqs)
         finals: list[dict[str, Any]] = []
         async for index, item in merged_outputs(tm, reqs):
             if isinstance(item, Exception):
                 yield sse_error(item)
                 continue
+            usage.update(index, item.meta_info)
+            if not started[index]:
+                started[index] = True
+                yield chunk(index, {"role": "assistant", "content": ""}, None)
             finish = finish_of(item.meta_info)
-            if finish is None:
-                continue
-            finals.append(item.result)
-            thought, text = split_reasoning(item.result["text"], split)
+            text, thought = item.new_text, ""
+            if splitters is not None:
+                thought, text = _split_delta(splitters[index], text, finish is not None)
             if thought:
                 yield chunk(index, {"reasoning_content": thought}, None)
-            content, calls = split_calls(text, tool_names, reader, req.parallel_tool_calls)
-            if content:
-                yield chunk(index, {"content": content}, None)
-            if calls:
-                yield chunk(index, {"tool_calls": openai_tool_calls(calls, with_index=True)}, None)
-            yield chunk(index, {}, "tool_calls" if calls else finish)
+            deltas = streams[index].feed(text) + (streams[index].finish() if finish is not None else [])
+            for delta in deltas:
+                if delta.index < 1 or req.parallel_tool_calls:  # not parallel: the first call only
+                    yield chunk(index, tool_call_delta(delta), None)
+            if finish is not None:
+                finals.append(item.result)
+                # as the response: "tool_calls" if whole calls were made ("length" if one was cut off)
+                made_calls = streams[index].num_calls and streams[index].is_parsed
+                yield chunk(index, {}, "tool_calls" if made_calls else finish)
         if req.stream_options is not None and req.stream_options.include_usage:
             yield sse({"id": base_id, "object": "chat.completion.chunk", "created": created, "model": tm.model_name,
                        "choices": [], "usage": usage_of(finals, 1)})
@@ -311,20 +324,22 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
                 choice = {"index": index, "delta": payload, "logprobs": logprobs, "finish_reason": finish}
             else:
                 choice = {"index": index, "text": delta, "logprobs": logprobs, "finish_reason": finish}
-            return sse({"id": base_id, "object": kind, "created": created, "model": tm.model_name, "choices": [choice]})
+            return sse({"id": base_id, "object": kind, "created": created, "model": tm.model_name, "choices": [choice],
+                        **usage.of_chunk(index)})
 
+        usage = UsageTracker(req.stream_options, len(reqs))
         started = [False] * len(reqs)
         offsets = [0] * len(reqs)  # completions: text offset of each choice's next logprob token
         splitters = [ReasoningStream(split, getattr(req, "stream_reasoning", True)) for _ in reqs] if split else None
         finals: list[dict[str, Any]] = []
-        if echo:
-            for i in range(len(reqs)):
-                started[i] = True
-                yield chunk(i, choice_text(i, ""), None, False, None)
         async for index, item in merged_outputs(tm, reqs):
             if isinstance(item, Exception):
                 yield sse_error(item)
                 continue
+            usage.update(index, item.meta_info)
+            if echo and not started[index]:  # the prompt first, with the choice's first output (and usage)
+                started[index] = True
+                yield chunk(index, choice_text(index, ""), None, False, None)
             finish = finish_of(item.meta_info)
             logprobs = None
             if want_logprobs and is_chat:

@@ -133,9 +133,6 @@ def test_what_the_router_sends_is_accepted() -> None:
     (CompletionRequest, {"prompt": "hi", "best_of": 3}, "best_of"),
     (CompletionRequest, {"prompt": "hi", "return_hidden_states": "last"}, "return_hidden_states"),
     (ChatRequest, {"messages": [{"role": "user", "content": "hi"}], "return_token_ids": True}, "return_token_ids"),
-    (ChatRequest, {"messages": [{"role": "user", "content": "hi"}],
-                   "stream_options": {"include_usage": True, "continuous_usage_stats": True}},
-     "stream_options.continuous_usage_stats"),
 ])
 def test_a_feature_we_lack_is_a_400_naming_it(model: Any, body: dict[str, Any], field: str) -> None:
     with pytest.raises(RequestError, match=rf"^{field} is not supported here \(") as e:

@@ -158,19 +158,31 @@ def test_auto_reads_the_calls_in_the_family_format(family_server: tuple[str, Ser
         calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
         assert choice.message.content is None and choice.finish_reason == "tool_calls"
     else:
-        names: dict[int, str] = {}
-        arguments: dict[int, str] = {}
-        finish = ""
-        for chunk in client.chat.completions.create(**kwargs, stream=True):
-            for ch in chunk.choices:
-                assert not ch.delta.content
-                for delta in ch.delta.tool_calls or []:
-                    names[delta.index] = names.get(delta.index, "") + (delta.function.name or "")
-                    arguments[delta.index] = arguments.get(delta.index, "") + (delta.function.arguments or "")
-                finish = ch.finish_reason or finish
-        calls = [(names[i], arguments[i]) for i in sorted(names)]
+        calls, finish, num_fragments = _streamed_calls(client, kwargs)
         assert finish == "tool_calls"
+        assert num_fragments > len(calls)  # the arguments come as they are written, not whole at the end
     assert calls == [(PARIS.name, PARIS.arguments), (SUM.name, SUM.arguments)]
+
+
+def _streamed_calls(client: openai.OpenAI, kwargs: dict[str, Any]) -> tuple[list[tuple[str, str]], str, int]:
+    """([(name, arguments)], finish_reason, the number of argument fragments) of a streamed reply
+    without content; each call's name comes in its first delta, before its arguments."""
+    names: dict[int, str] = {}
+    arguments: dict[int, str] = {}
+    finish, num_fragments = "", 0
+    for chunk in client.chat.completions.create(**kwargs, stream=True):
+        for ch in chunk.choices:
+            assert not ch.delta.content
+            for delta in ch.delta.tool_calls or []:
+                if delta.index not in names:
+                    assert delta.function.name and delta.function.arguments == "" and delta.id
+                    names[delta.index], arguments[delta.index] = delta.function.name, ""
+                else:
+                    assert delta.function.name is None
+                    arguments[delta.index] += delta.function.arguments or ""
+                    num_fragments += 1
+            finish = ch.finish_reason or finish
+    return [(names[i], arguments[i]) for i in sorted(names)], finish, num_fragments
 
 
 def test_required_and_history_through_the_family_template(family_server: tuple[str, ServerHandle],
@@ -190,6 +202,12 @@ def test_required_and_history_through_the_family_template(family_server: tuple[s
     if choice.finish_reason == "tool_calls":  # a random model may run out of tokens inside the arguments
         (call,) = choice.message.tool_calls or []
         assert call.function.name in NAMES and isinstance(json.loads(call.function.arguments), dict)
+    # streamed, the same call (greedy), its arguments in fragments as they are generated
+    calls, finish, _ = _streamed_calls(client, {"model": "default", "messages": history, "tools": TOOLS,
+                                                "tool_choice": "required", "temperature": 0, "max_tokens": 48})
+    assert finish == choice.finish_reason
+    if finish == "tool_calls":  # cut off ("length"), the stream has sent a prefix of the arguments
+        assert calls == [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     native = [{**m, "tool_calls": template_tool_calls(m["tool_calls"])} if "tool_calls" in m else m for m in history]
     want = tokenizer.apply_chat_template(native, tools=template_tools(parse_tools(TOOLS)), tokenize=False,

@@ -29,6 +29,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from radixlm.formats.reasoning import ReasoningFormat, reasoning_format
 from radixlm.formats.tool_calls import parse_tool_choice, parse_tools
 from radixlm.formats.tool_formats import ToolCallReader, detect_format, tool_call_reader
+from radixlm.formats.tool_stream import ToolCallStream
 from radixlm.runtime.api.protocol import (
     JSON,
     SSE,
@@ -191,8 +192,9 @@ def register_responses_routes(app: FastAPI, tm: TokenizerManager, tool_call_pars
         turn = await prepare(req)
         if req.stream:
             started = response_body(turn, "in_progress", [], None)
-            events = stream_response(tm, turn.prepared, turn.split, bool(turn.tool_names), started,
-                                     lambda result, items: finish(turn, result, items))
+            calls = ToolCallStream(turn.reader, turn.tool_names) if turn.tool_names else None
+            events = stream_response(tm, turn.prepared, turn.split, calls, turn.req.parallel_tool_calls,
+                                     started, lambda result, items: finish(turn, result, items))
             return StreamingResponse(events, media_type="text/event-stream")
         result = (await run_all(tm, [turn.prepared], request))[0].result
         return JSONResponse(finish(turn, result))

@@ -11,10 +11,10 @@
     then response.output_item.done
     response.completed (or response.incomplete at max_output_tokens, response.failed)
 
-Without tools the reasoning and the text stream as they are generated (`ReasoningStream`: no
-marker cut across deltas). With tools offered the text is held to its end, where it is read as
-content and calls, and each item is sent whole. A call's arguments go out in
-`call_argument_events`, the one place that decides how they are cut into deltas.
+The reasoning and the text stream as they are generated (`ReasoningStream`: no marker cut
+across deltas). With tools offered the text goes through a `ToolCallStream`: its content deltas
+go to a message item, and each call is an item opened once its name is read, its arguments then
+sent in fragments as they are generated (nothing sent is taken back: see lang/formats/tool_stream).
 """
 
 from __future__ import annotations
@@ -23,9 +23,11 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from radixlm.formats.reasoning import ReasoningFormat, ReasoningStream
+from radixlm.formats.tool_stream import ToolCallDelta, ToolCallStream
 from radixlm.runtime.api.request_io import PreparedRequest, RequestError
 from radixlm.runtime.server.http_common import merged_outputs, sse
 from radixlm.runtime.server.responses_items import (
+    function_call_item,
     item_status,
     message_item,
     new_id,
@@ -52,13 +54,23 @@ class Events:
 
 
 class _OpenItem:
-    """An item being streamed: its id, place and text so far."""
+    """An item being streamed: its id, place and text so far (a call's: its arguments)."""
 
-    def __init__(self, kind: str, output_index: int):
-        self.kind = kind
-        self.item_id = new_id("rs" if kind == "reasoning" else "msg")
+    def __init__(self, kind: str, output_index: int, call: ToolCallDelta | None = None):
+        self.kind = kind  # reasoning, message or function_call
+        self.item_id = new_id({"reasoning": "rs", "message": "msg", "function_call": "fc"}[kind])
         self.output_index = output_index
         self.text = ""
+        self.call_id = call.id if call is not None and call.id is not None else new_id("call")
+        self.name = call.name if call is not None and call.name is not None else ""
+
+    def item(self, status: str) -> dict[str, Any]:
+        """The item as it stands (`status` for a message)."""
+        if self.kind == "reasoning":
+            return reasoning_item(self.item_id, self.text)
+        if self.kind == "message":
+            return message_item(self.item_id, self.text, status)
+        return function_call_item(self.item_id, self.call_id, self.name, self.text, "completed")
 
 
 def open_item_events(ev: Events, item: _OpenItem) -> Iterator[bytes]:
@@ -66,67 +78,89 @@ def open_item_events(ev: Events, item: _OpenItem) -> Iterator[bytes]:
     if item.kind == "reasoning":
         yield ev("response.output_item.added", item=reasoning_item(item.item_id, None), **where)
         return
+    if item.kind == "function_call":
+        added = function_call_item(item.item_id, item.call_id, item.name, "", "in_progress")
+        yield ev("response.output_item.added", item=added, **where)
+        return
     yield ev("response.output_item.added", item=message_item(item.item_id, None, "in_progress"), **where)
     yield ev("response.content_part.added", item_id=item.item_id, content_index=0, part=output_text_part(""), **where)
 
 
 def delta_event(ev: Events, item: _OpenItem, delta: str) -> bytes:
     item.text += delta
+    if item.kind == "function_call":
+        return ev("response.function_call_arguments.delta", item_id=item.item_id, output_index=item.output_index,
+                  delta=delta)
     kind = "response.reasoning_text.delta" if item.kind == "reasoning" else "response.output_text.delta"
     extra: dict[str, Any] = {} if item.kind == "reasoning" else {"logprobs": []}
     return ev(kind, item_id=item.item_id, output_index=item.output_index, content_index=0, delta=delta, **extra)
 
 
 def close_item_events(ev: Events, item: _OpenItem, status: str) -> Iterator[bytes]:
+    if item.kind == "function_call":
+        yield ev("response.function_call_arguments.done", item_id=item.item_id, output_index=item.output_index,
+                 name=item.name, arguments=item.text)
+        yield ev("response.output_item.done", item=item.item(status), output_index=item.output_index)
+        return
     where = {"item_id": item.item_id, "output_index": item.output_index, "content_index": 0}
     if item.kind == "reasoning":
         yield ev("response.reasoning_text.done", text=item.text, **where)
-        yield ev("response.output_item.done", item=reasoning_item(item.item_id, item.text),
-                 output_index=item.output_index)
-        return
-    yield ev("response.output_text.done", text=item.text, logprobs=[], **where)
-    yield ev("response.content_part.done", part=output_text_part(item.text), **where)
-    yield ev("response.output_item.done", item=message_item(item.item_id, item.text, status),
-             output_index=item.output_index)
+    else:
+        yield ev("response.output_text.done", text=item.text, logprobs=[], **where)
+        yield ev("response.content_part.done", part=output_text_part(item.text), **where)
+    yield ev("response.output_item.done", item=item.item(status), output_index=item.output_index)
 
 
-def whole_item_events(ev: Events, item: dict[str, Any], output_index: int) -> Iterator[bytes]:
-    """The events of an item known whole (an output read at its end)."""
-    if item["type"] == "function_call":
-        yield ev("response.output_item.added", item={**item, "arguments": "", "status": "in_progress"},
-                 output_index=output_index)
-        yield from call_argument_events(ev, item, output_index)
-        yield ev("response.function_call_arguments.done", item_id=item["id"], output_index=output_index,
-                 name=item["name"], arguments=item["arguments"])
-        yield ev("response.output_item.done", item=item, output_index=output_index)
-        return
-    is_message = item["type"] == "message"
-    opened = _OpenItem("message" if is_message else "reasoning", output_index)
-    opened.item_id = item["id"]
-    yield from open_item_events(ev, opened)
-    text = item["content"][0]["text"] if item["content"] else ""
-    if text:
-        yield delta_event(ev, opened, text)
-    yield from close_item_events(ev, opened, item.get("status", "completed"))
+class _Output:
+    """The items of one streamed output, opened in order; the last one is open."""
 
+    def __init__(self, ev: Events):
+        self.ev = ev
+        self.items: list[_OpenItem] = []
 
-def call_argument_events(ev: Events, item: dict[str, Any], output_index: int) -> Iterator[bytes]:
-    """A finished call's arguments as `response.function_call_arguments.delta` events: one, the
-    whole arguments (the call is read when the output ends). An incremental tool-call reader
-    would send its fragments here instead."""
-    yield ev("response.function_call_arguments.delta", item_id=item["id"], output_index=output_index,
-             delta=item["arguments"])
+    def text(self, kind: str, delta: str) -> Iterator[bytes]:
+        """`delta` of reasoning or message text, into the open item of that kind or a new one."""
+        if not delta:
+            return
+        if not self.items or self.items[-1].kind != kind:
+            yield from self.open(_OpenItem(kind, len(self.items)))
+        yield delta_event(self.ev, self.items[-1], delta)
+
+    def call(self, delta: ToolCallDelta) -> Iterator[bytes]:
+        """A call's first delta opens its item; later ones are fragments of its arguments."""
+        if delta.name is not None:
+            yield from self.open(_OpenItem("function_call", len(self.items), delta))
+        if delta.arguments:
+            yield delta_event(self.ev, self.items[-1], delta.arguments)
+
+    def open(self, item: _OpenItem) -> Iterator[bytes]:
+        if self.items:
+            yield from close_item_events(self.ev, self.items[-1], "completed")
+        self.items.append(item)
+        yield from open_item_events(self.ev, item)
+
+    def close(self, status: str) -> Iterator[bytes]:
+        """The end: a message (empty) if there is neither text nor a call, as without streaming;
+        the open item closed with `status`."""
+        if not any(i.kind != "reasoning" for i in self.items):
+            yield from self.open(_OpenItem("message", len(self.items)))
+        yield from close_item_events(self.ev, self.items[-1], status)
+
+    def final_items(self, status: str) -> list[dict[str, Any]]:
+        return [item.item(status) for item in self.items]
 
 
 async def stream_response(tm: TokenizerManager, prepared: PreparedRequest, split: ReasoningFormat | None,
-                          is_buffered: bool, started: dict[str, Any], finish: Finish) -> AsyncIterator[bytes]:
+                          calls: ToolCallStream | None, parallel_calls: bool, started: dict[str, Any],
+                          finish: Finish) -> AsyncIterator[bytes]:
     """The events of one response: `started` is its object in progress; `finish` shapes (and
-    stores) the final one. `is_buffered` (tools offered): items are sent whole at the end."""
+    stores) the final one. `calls` (tools offered): the output is read for calls as it comes;
+    without `parallel_calls` only the first call is kept."""
     ev = Events()
     yield ev("response.created", response=started)
     yield ev("response.in_progress", response=started)
-    splitter = ReasoningStream(split) if split is not None and not is_buffered else None
-    items: list[_OpenItem] = []
+    splitter = ReasoningStream(split) if split is not None else None
+    out = _Output(ev)
     async for _, chunk in merged_outputs(tm, [prepared]):
         if isinstance(chunk, Exception):
             code = 503 if isinstance(chunk, ServiceUnavailable) else 400
@@ -135,43 +169,31 @@ async def stream_response(tm: TokenizerManager, prepared: PreparedRequest, split
             yield ev("response.failed", response={**started, "status": "failed", "error": error})
             return
         is_last = chunk.meta_info.get("finish_reason") is not None
-        if not is_buffered:
-            thought, text = splitter.feed(chunk.new_text) if splitter is not None else ("", chunk.new_text)
-            if is_last and splitter is not None:
-                rest_thought, rest_text = splitter.finish()
-                thought, text = thought + rest_thought, text + rest_text
-            for kind, delta in (("reasoning", thought), ("message", text)):
-                if not delta:
+        thought, text = splitter.feed(chunk.new_text) if splitter is not None else ("", chunk.new_text)
+        if is_last and splitter is not None:
+            rest_thought, rest_text = splitter.finish()
+            thought, text = thought + rest_thought, text + rest_text
+        for event in out.text("reasoning", thought):
+            yield event
+        if calls is None:
+            for event in out.text("message", text):
+                yield event
+        else:
+            for delta in calls.feed(text) + (calls.finish() if is_last else []):
+                if delta.index < 0:
+                    events = out.text("message", delta.content)
+                elif delta.index == 0 or parallel_calls:
+                    events = out.call(delta)
+                else:
                     continue
-                if not items or items[-1].kind != kind:
-                    for event in _switch_item(ev, items, kind):
-                        yield event
-                yield delta_event(ev, items[-1], delta)
+                for event in events:
+                    yield event
         if not is_last:
             continue
-        result = chunk.result
-        if is_buffered:
-            body = finish(result, None)
-            for index, item in enumerate(body["output"]):
-                for event in whole_item_events(ev, item, index):
-                    yield event
-        else:
-            status = item_status(result["meta_info"])
-            if not items or items[-1].kind != "message":  # no text: an empty message, as without streaming
-                for event in _switch_item(ev, items, "message"):
-                    yield event
-            for event in close_item_events(ev, items[-1], status):
-                yield event
-            body = finish(result, [reasoning_item(i.item_id, i.text) if i.kind == "reasoning"
-                                   else message_item(i.item_id, i.text, status) for i in items])
+        status = item_status(chunk.result["meta_info"])
+        for event in out.close(status):
+            yield event
+        body = finish(chunk.result, out.final_items(status))
         yield ev(FINAL_EVENTS[body["status"]], response=body)
         return
     raise RequestError("the output ended without a final result")  # merged_outputs always ends with one
-
-
-def _switch_item(ev: Events, items: list[_OpenItem], kind: str) -> Iterator[bytes]:
-    """Close the open reasoning item (if any) and open a new item of `kind`."""
-    if items:
-        yield from close_item_events(ev, items[-1], "completed")
-    items.append(_OpenItem(kind, len(items)))
-    yield from open_item_events(ev, items[-1])

@@ -180,6 +180,8 @@ class LlamaForCausalLM(nn.Module):
             "attention logit soft-capping": cfg.attn_logit_softcap is not None,
             "layers with different or no rotary embeddings": any(r != 0 for r in self.layer_rope),
             "an MLP other than the dense one": any(not isinstance(layer.mlp, DenseMLP) for layer in self.layers),
+            "q/k/v or gate/up products in parts of different quantized formats":
+                any(lin.parts is not None for layer in self.layers for lin in layer.modules() if isinstance(lin, Linear)),
             "a residual multiplier the quantized output products could not absorb":
                 any(layer.output_scale != 1.0 for layer in self.layers),  # type: ignore[union-attr]
         }
@@ -241,7 +243,8 @@ class LlamaForCausalLM(nn.Module):
         """Every kernel weight in one huge-page allocation, in the order a decode step reads them
         (layer by layer, then the lm_head); a tied quantized embedding follows the lm_head's blocks."""
         # a layer registers qkv_proj, o_proj, then its MLP's products: the order a step reads them
-        linears = [lin for layer in self.layers for lin in layer.modules() if isinstance(lin, Linear)] + [self.lm_head]
+        linears = [lin for layer in self.layers for lin in layer.modules() if isinstance(lin, Linear) and lin.parts is None]
+        linears.append(self.lm_head)
         tied = isinstance(self.embed_tokens, QuantizedEmbedding) and self.embed_tokens.packed is self.lm_head.qweight
         for lin, method in zip(linears, in_one_arena([lin.method for lin in linears]), strict=True):
             lin.place(method)

@@ -131,3 +131,16 @@ def test_random_moe_gguf_loads_quantized_and_generates(tmp_path: Path) -> None:
     model_dir = resolve_model_path(path)
     float_bytes = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
     assert float_bytes < 64 * 1024 < path.stat().st_size  # the norms: ~4 KB a layer
+
+
+@pytest.mark.parametrize("n,k", [(64, 256), (100, 768), (1536, 512)])  # 100: rows padded to 64
+def test_q4_k_fast_repack_equals_the_value_by_value_one(n: int, k: int) -> None:
+    """kquants' Q4_K repacking by whole bytes (what a big file's load runs) gives the bytes of the
+    generic value-by-value repacking, on random valid blocks (the bench generator's)."""
+    import numpy as np
+
+    from radixlm.kernels import kquants
+    from radixlm.runtime.bench.random_gguf import random_q4k_blocks
+
+    raw = torch.from_numpy(random_q4k_blocks(np.random.default_rng(n), n, k))
+    assert torch.equal(kquants.pack(raw, k, "q4_k", 64), kquants._pack_values(raw, k, "q4_k", 64))

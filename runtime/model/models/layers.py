@@ -4,6 +4,10 @@ embedding held block-quantized (see models/llama.py for how the model uses them)
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -148,3 +152,20 @@ class QuantizedEmbedding(nn.Module):
         else:
             rows = quant.unpack_columns(self.packed, flat)
         return rows.to(self.dtype_marker.dtype).reshape(*ids.shape, rows.shape[-1])
+
+
+@functools.cache
+def _libc_malloc_trim() -> object | None:
+    name = ctypes.util.find_library("c")
+    lib = ctypes.CDLL(name) if name else None
+    return getattr(lib, "malloc_trim", None)
+
+
+def release_freed_memory() -> None:
+    """Give the pages of freed heap memory back to the OS (glibc's malloc_trim; elsewhere a no-op).
+    Weights of under a few MB come from malloc's heap, which keeps what they free: a load that
+    copies the weights one by one into one arena (LlamaForCausalLM._place_weights) calls this as it
+    goes, so that it holds the weights about once, not twice."""
+    trim = _libc_malloc_trim()
+    if trim is not None:
+        trim(0)  # type: ignore[operator]

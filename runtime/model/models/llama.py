@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from radixlm.runtime.model.tensor_parallel import TPGroup
 
 # _place_weights gives the pages of the weights it copied back every this many bytes (layers.release_freed_memory)
-TRIM_BYTES = 1 << 30
+TRIM_BYTES = 256 << 20
 
 
 class LlamaForCausalLM(nn.Module):

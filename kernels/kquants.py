@@ -133,6 +133,38 @@ def split(raw: torch.Tensor, k: int, fmt: str) -> tuple[torch.Tensor, torch.Tens
 
 def pack(raw: torch.Tensor, k: int, fmt: str, n_multiple: int) -> torch.Tensor:
     """The kernels' quant groups `[Np/16, K/256, super-block bytes]` (module docstring)."""
+    if fmt == "q4_k":
+        return _pack_q4_k(raw, k, n_multiple)
+    return _pack_values(raw, k, fmt, n_multiple)
+
+
+def _pack_q4_k(raw: torch.Tensor, k: int, n_multiple: int) -> torch.Tensor:
+    """`pack` for Q4_K, the same bytes as `_pack_values` at a third of its work: the file's bytes
+    moved 4 at a time (as int32: the 4 bytes j of a packed vector come from 4 consecutive file
+    bytes) and nibbles swapped in place, never expanded to one value a byte. GGUF's qs byte 32i + l
+    holds u at k = 64i + l (low nibble) and 64i + 32 + l (high); packed sub-block 2i + h, vector
+    v, byte 4c + j wants nibble h of the bytes l = 8v + j (low) and 8v + 4 + j (high)."""
+    low, high = 0x0F0F0F0F, -0x0F0F0F10  # 0xF0F0F0F0 as an int32
+    n, s = raw.shape[0], k // SUPER
+    pad = -n % n_multiple
+    groups = (n + pad) // GROUP
+    b = torch.nn.functional.pad(raw.reshape(n, -1), (0, 0, 0, pad)).contiguous() if pad else raw.contiguous()
+    b32, b16 = b.view(torch.int32).view(groups, GROUP, s, 36), b.view(torch.int16).view(groups, GROUP, s, 72)
+    out = torch.empty(groups, s, super_block_bytes("q4_k"), dtype=torch.uint8)
+    o32, o16 = out.view(torch.int32), out.view(torch.int16)
+    o32[:, :, :48].view(groups, s, 3, GROUP).copy_(b32[..., 1:4].permute(0, 2, 3, 1))  # scale words
+    o16[:, :, 96:112].copy_(b16[..., 0].permute(0, 2, 1))  # d
+    o16[:, :, 112:128].copy_(b16[..., 1].permute(0, 2, 1))  # dmin
+    qs = b32[..., 4:].reshape(groups, GROUP, s, 4, 4, 2)  # [G, column, S, i, v, l // 4 % 2]
+    lo, hi = qs[..., 0], qs[..., 1]
+    body = o32[:, :, 64:].view(groups, s, 4, 2, 4, GROUP)  # [G, S, i, h, v, column]
+    body[:, :, :, 0].copy_(((lo & low) | ((hi << 4) & high)).permute(0, 2, 3, 4, 1))
+    body[:, :, :, 1].copy_((((lo >> 4) & low) | (hi & high)).permute(0, 2, 3, 4, 1))
+    return out
+
+
+def _pack_values(raw: torch.Tensor, k: int, fmt: str, n_multiple: int) -> torch.Tensor:
+    """`pack` through the values: each one's bits split out, then placed (every K-quant)."""
     u, scales, d, dmin = split(raw, k, fmt)
     n, s = u.shape[:2]
     pad = -n % n_multiple

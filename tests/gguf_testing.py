@@ -156,7 +156,7 @@ def write_gguf(
 ) -> list[Path]:
     """Write `model_dir`'s model as llama.cpp would; returns the files written (shards if split).
     `tensor_types`: GGUF name -> gguf.GGMLQuantizationType for tensors to quantize (with gguf's own
-    quantizer), the rest stay F32. `tokenizer`: "bpe" (tiny_vocab) or "spm" (spm_vocab; the model's
+    quantizer; K-quants with ours), the rest stay F32. `tokenizer`: "bpe" (tiny_vocab) or "spm" (spm_vocab; the model's
     vocab_size must be len(SPM_VOCAB)). `legacy_experts`: each expert apart, `blk.N.ffn_gate.E.weight`
     (older llama.cpp's Mixtral files), not stacked. `edit_metadata(kv)` may change the key -> GGUFValue
     dict before it is written (tests of bad files)."""
@@ -192,11 +192,21 @@ def write_gguf(
 
 
 def _add_tensor(writer: gguf.GGUFWriter, name: str, values: np.ndarray, qtype: Any) -> None:
+    """`values` as F32, or quantized to `qtype`: by gguf's quantizer, or for the K-quants (which
+    gguf cannot quantize) by our reference quantizer (kernels/kquants.py), row by row of blocks."""
     if qtype is None:
         writer.add_tensor(name, values)
         return
     from gguf.quants import quantize
 
+    from radixlm.kernels import kquants
+
+    fmt = qtype.name.lower()
+    if fmt in kquants.KQUANTS:
+        rows = values.reshape(-1, values.shape[-1])
+        raw = kquants.quantize(torch.from_numpy(np.ascontiguousarray(rows)), fmt).numpy()
+        writer.add_tensor(name, raw.reshape(*values.shape[:-1], raw.shape[-1]), raw_dtype=qtype)
+        return
     writer.add_tensor(name, quantize(values, qtype), raw_dtype=qtype)
 
 

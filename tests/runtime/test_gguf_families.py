@@ -24,7 +24,13 @@ from safetensors.torch import load_file
 
 from radixlm.runtime.model.gguf_config import llama3_rope
 from radixlm.runtime.model.gguf_convert import convert_gguf
-from radixlm.runtime.model.model_files import QUANTIZED_FILE, ModelLoadError, load_quantized
+from radixlm.runtime.model.model_files import (
+    QUANTIZED_INDEX,
+    ModelLoadError,
+    float_checkpoint_dir,
+    load_quantized,
+)
+from radixlm.runtime.model.model_runner import weights_of
 
 # Families transformers' GGUF loader reads (its TENSOR_PROCESSORS / config mapping); Mistral's
 # file is a `llama` one. It reads no `llama` file with experts (Mixtral), olmo2, granite, smollm3, olmoe.
@@ -74,7 +80,7 @@ def test_converted_tensors_equal_the_source_checkpoint(family_files: tuple[str, 
             torch.testing.assert_close(got[name], tensor, rtol=0, atol=GEMMA_NORM_ATOL, msg=name)
         else:
             assert torch.equal(got[name], tensor), name
-    assert not (converted / QUANTIZED_FILE).exists()  # F32 file: nothing kept quantized
+    assert not (converted / QUANTIZED_INDEX).exists()  # F32 file: nothing kept quantized
 
 
 def test_transformers_runs_the_converted_model_as_the_source(family_files: tuple[str, Path, Path]) -> None:
@@ -147,7 +153,7 @@ def test_runtime_on_the_converted_gguf_matches_the_source_greedy(family: str, tm
 def test_quantized_tensors_are_kept_per_expert_and_unpermuted(family: str, up_proj: str, tmp_path: Path) -> None:
     """Q8_0 tensors stay as blocks: a stacked-experts tensor split into each expert's blocks, q/k
     rows (permuted in a Mixtral file) put back; each equals gguf's quantization of the source
-    weight, and its float copy gguf's dequantization of that."""
+    weight, read from the GGUF at load: the converted folder holds no float copy of it."""
     from gguf.quants import dequantize, quantize
 
     (tmp_path / "hf").mkdir()
@@ -167,7 +173,10 @@ def test_quantized_tensors_are_kept_per_expert_and_unpermuted(family: str, up_pr
         want = quantize(source[name].numpy(), q8)
         assert qt.fmt == "q8_0" and qt.shape == tuple(source[name].shape), name
         assert np.array_equal(qt.raw.numpy(), want), name
-        assert np.array_equal(floats[name].numpy(), dequantize(want, q8)), name
+        assert name not in floats, name
+    dequantized = weights_of(tmp_path / "out", "none")  # a float load dequantizes them one at a time
+    for name in want_names:
+        assert np.array_equal(dequantized[name].numpy(), dequantize(quantize(source[name].numpy(), q8), q8)), name
 
 
 @pytest.mark.parametrize("factor,high", [(8.0, 4.0), (32.0, 4.0), (16.0, 2.0)])
@@ -318,7 +327,7 @@ def test_engine_keeps_a_quantized_gguf_quantized_with_no_flag(tmp_cache_with_ker
         out = engine.generate(input_ids=prompt, sampling_params={"temperature": 0, "max_new_tokens": 8, "ignore_eos": True})
     assert len(out["output_ids"]) == 8
     if dtype == torch.float32:
-        model_dir = resolve_model_path(tmp_path / "q8.gguf")
+        model_dir = float_checkpoint_dir(resolve_model_path(tmp_path / "q8.gguf"))
         hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
         with torch.no_grad():
             ref = hf.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0)
@@ -351,7 +360,7 @@ def test_quantized_experts_of_a_gguf_stay_quantized(tmp_cache_with_kernels: Path
         assert formats == {(True, True)}
         ours = engine.generate(input_ids=prompts, sampling_params={"temperature": 0, "max_new_tokens": 12,
                                                                     "ignore_eos": True})
-    hf = transformers.AutoModelForCausalLM.from_pretrained(resolve_model_path(tmp_path / "moe.gguf"),
+    hf = transformers.AutoModelForCausalLM.from_pretrained(float_checkpoint_dir(resolve_model_path(tmp_path / "moe.gguf")),
                                                           dtype=torch.float32).eval()
     for prompt, out in zip(prompts, ours):
         with torch.no_grad():

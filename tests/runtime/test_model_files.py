@@ -28,6 +28,7 @@ from radixlm.runtime.model.model_files import (
     build_cached,
     cache_dir,
     default_gguf_path,
+    float_checkpoint_dir,
     is_complete,
     load_state_dict,
     resolve_model_path,
@@ -481,7 +482,7 @@ def test_default_model_resolves_from_cache_without_rebuilding(default_dir: Path)
 
 @pytest.mark.slow
 def test_default_model_weights_equal_transformers_gguf_loader(default_dir: Path, real_gguf: Path) -> None:
-    ours = load_state_dict(default_dir)
+    ours = load_state_dict(float_checkpoint_dir(default_dir))
     reference = transformers_gguf_state_dict(real_gguf, default_dir)
     reference.pop("lm_head.weight", None)  # tied: transformers' state_dict lists it, our file does not
     assert set(ours) == set(reference)
@@ -540,7 +541,7 @@ def test_default_tokenizer_splits_digits_like_llama_cpp(
 
 @pytest.mark.slow
 def test_default_model_answers(default_dir: Path) -> None:
-    model = LlamaForCausalLM.from_pretrained(default_dir, dtype=torch.float32).eval()
+    model = LlamaForCausalLM.from_pretrained(float_checkpoint_dir(default_dir), dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(default_dir)
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     ids = tokenizer.apply_chat_template(

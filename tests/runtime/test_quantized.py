@@ -83,7 +83,7 @@ def test_int8_mode_runs_and_stays_close(tmp_path: Path) -> None:
 def test_default_model_q4_1_weight_only_within_1e3_of_its_dequantized_float32(default_model_dir: Path) -> None:
     """The default model's own Q4_1 weights, kept as blocks, against the same weights dequantized
     to float32 (another order of additions): every position of a prefill and 64 decode steps."""
-    from radixlm.runtime.model.model_files import load_quantized, load_state_dict
+    from radixlm.runtime.model.model_files import load_quantized
     from radixlm.runtime.tokenizer.tokenizer import Tokenizer
 
     cfg = ModelConfig.from_dir(default_model_dir)
@@ -93,7 +93,7 @@ def test_default_model_q4_1_weight_only_within_1e3_of_its_dequantized_float32(de
     ids = Tokenizer(default_model_dir).encode(text)[:112]
     runner_cfg = RunnerConfig(torch.float32, "torch", 1024, 4, cfg.context_len, quantization="gguf", quant_mode="float32")
     runner = ModelRunner(cfg, runner_cfg, weights_of(default_model_dir, "gguf"))
-    ref = ModelRunner(cfg, RunnerConfig(torch.float32, "torch", 1024, 4, cfg.context_len), load_state_dict(default_model_dir))
+    ref = ModelRunner(cfg, RunnerConfig(torch.float32, "torch", 1024, 4, cfg.context_len), weights_of(default_model_dir, "none"))
     got, want = _logits(runner, [ids], [48], 64), _logits(ref, [ids], [48], 64)
     assert got.shape == (112, cfg.vocab_size)
     assert (got - want).abs().max().item() <= 1e-3

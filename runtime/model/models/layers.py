@@ -4,6 +4,10 @@ embedding held block-quantized (see models/llama.py for how the model uses them)
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -18,7 +22,9 @@ class Linear(nn.Module):
     matrix-vector and small-batch products run markedly faster in this layout than
     `F.linear` on the HF `[out, in]` layout. Once the model takes the C++ kernels, products of up
     to `method.max_rows` rows go through its method (linear_method.py); a block-quantized layer
-    (`quantize_`) holds only its packed blocks and its method takes every product."""
+    (`quantize_`) holds only its packed blocks and its method takes every product. A product whose
+    row blocks come in different formats (`quantize_parts_`: a Q4_K_M file's q/k in Q4_K, v in
+    Q6_K) holds one quantized Linear per part in `parts`, and its output is theirs side by side."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool):
         super().__init__()
@@ -27,6 +33,7 @@ class Linear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         self.register_buffer("qweight", None)  # block-quantized weight (quantize_): then the only copy
         self.method: KernelLinear | None = None
+        self.parts: nn.ModuleList | None = None  # quantize_parts_: then weight_t, qweight and method are None
 
     @property
     def max_rows(self) -> int:
@@ -43,10 +50,29 @@ class Linear(nn.Module):
         self.register_buffer("qweight", quant.pack(weight))
         self.method = quantized_method(ext, self.qweight, self.out_features, self.bias, mode)
 
+    def quantize_parts_(self, weights: list[quant.QuantizedTensor], mode: str) -> None:
+        """Hold `weights` (row blocks of the `[out, in]` weight, in order, each block-quantized in
+        its own format) as one quantized Linear each (`quantize_`), instead of a float weight."""
+        if sum(w.shape[0] for w in weights) != self.out_features or any(w.shape[1] != self.in_features for w in weights):
+            raise ValueError(f"parts of shapes {[w.shape for w in weights]} do not make a [{self.out_features}, "
+                             f"{self.in_features}] weight")
+        self.register_parameter("weight_t", None)
+        parts = []
+        for weight in weights:
+            with torch.device("meta"):  # no float weight: quantize_ drops it
+                part = Linear(self.in_features, weight.shape[0], bias=False)
+            part.quantize_(weight, mode)
+            parts.append(part)
+        self.parts = nn.ModuleList(parts)
+
+    def kernel_linears(self) -> list[Linear]:
+        """The Linears whose `method` holds this layer's weight: itself, or its parts."""
+        return [self] if self.parts is None else [p for p in self.parts if isinstance(p, Linear)]
+
     def use_packed(self, ext: CpuKernels, bf16_path: str, chosen: CpuIsa) -> None:
         """Route products of up to `chosen.kernel_max_rows` rows through our kernel (bf16
         weights on GEMM path `bf16_path`); a quantized layer keeps its kernel."""
-        if self.method is not None:  # quantized: its kernel already
+        if self.method is not None or self.parts is not None:  # quantized: its kernel(s) already
             return
         weight_t = self.weight_t.detach()
         self.method = float_method(ext, weight_t, self.bias, bf16_path,
@@ -60,6 +86,9 @@ class Linear(nn.Module):
             self.qweight = method.packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.parts is not None:
+            out = torch.cat([part(x) for part in self.parts], dim=-1)
+            return out if self.bias is None else out.add_(self.bias)
         if self.method is not None and x.shape[0] <= self.method.max_rows:
             return self.method.apply(x)
         if self.bias is None:
@@ -68,6 +97,8 @@ class Linear(nn.Module):
 
     def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """residual + linear(x) in one GEMM (the residual is the accumulator)."""
+        if self.parts is not None:
+            return residual + self.forward(x)
         if self.method is not None and x.shape[0] <= self.method.max_rows:
             return self.method.apply(x, residual)
         out = torch.addmm(residual, x, self.weight_t)
@@ -121,3 +152,20 @@ class QuantizedEmbedding(nn.Module):
         else:
             rows = quant.unpack_columns(self.packed, flat)
         return rows.to(self.dtype_marker.dtype).reshape(*ids.shape, rows.shape[-1])
+
+
+@functools.cache
+def _libc_malloc_trim() -> object | None:
+    name = ctypes.util.find_library("c")
+    lib = ctypes.CDLL(name) if name else None
+    return getattr(lib, "malloc_trim", None)
+
+
+def release_freed_memory() -> None:
+    """Give the pages of freed heap memory back to the OS (glibc's malloc_trim; elsewhere a no-op).
+    Weights of under a few MB come from malloc's heap, which keeps what they free: a load that
+    copies the weights one by one into one arena (LlamaForCausalLM._place_weights) calls this as it
+    goes, so that it holds the weights about once, not twice."""
+    trim = _libc_malloc_trim()
+    if trim is not None:
+        trim(0)  # type: ignore[operator]

@@ -46,7 +46,7 @@ from radixlm.runtime.model.kernel_policy import attention_kernels, cpu_isa, load
 from radixlm.runtime.model.linear_method import in_one_arena
 from radixlm.runtime.model.model_config import ModelConfig, RopeConfig
 from radixlm.runtime.model.models.decoder_layer import DecoderLayer, DenseMLP
-from radixlm.runtime.model.models.layers import Linear, QuantizedEmbedding, RMSNorm
+from radixlm.runtime.model.models.layers import Linear, QuantizedEmbedding, RMSNorm, release_freed_memory
 from radixlm.runtime.model.models.moe import SparseMoeBlock
 from radixlm.runtime.model.models.rotary import RotaryEmbedding
 
@@ -54,6 +54,9 @@ __all__ = ["DecoderLayer", "Linear", "LlamaForCausalLM", "QuantizedEmbedding", "
 
 if TYPE_CHECKING:
     from radixlm.runtime.model.tensor_parallel import TPGroup
+
+# _place_weights gives the pages of the weights it copied back every this many bytes (layers.release_freed_memory)
+TRIM_BYTES = 256 << 20
 
 
 class LlamaForCausalLM(nn.Module):
@@ -180,6 +183,8 @@ class LlamaForCausalLM(nn.Module):
             "attention logit soft-capping": cfg.attn_logit_softcap is not None,
             "layers with different or no rotary embeddings": any(r != 0 for r in self.layer_rope),
             "an MLP other than the dense one": any(not isinstance(layer.mlp, DenseMLP) for layer in self.layers),
+            "q/k/v or gate/up products in parts of different quantized formats":
+                any(lin.parts is not None for layer in self.layers for lin in layer.modules() if isinstance(lin, Linear)),
             "a residual multiplier the quantized output products could not absorb":
                 any(layer.output_scale != 1.0 for layer in self.layers),  # type: ignore[union-attr]
         }
@@ -241,10 +246,17 @@ class LlamaForCausalLM(nn.Module):
         """Every kernel weight in one huge-page allocation, in the order a decode step reads them
         (layer by layer, then the lm_head); a tied quantized embedding follows the lm_head's blocks."""
         # a layer registers qkv_proj, o_proj, then its MLP's products: the order a step reads them
-        linears = [lin for layer in self.layers for lin in layer.modules() if isinstance(lin, Linear)] + [self.lm_head]
+        linears = [lin for layer in self.layers for lin in layer.modules() if isinstance(lin, Linear) and lin.parts is None]
+        linears.append(self.lm_head)
         tied = isinstance(self.embed_tokens, QuantizedEmbedding) and self.embed_tokens.packed is self.lm_head.qweight
+        copied = 0
         for lin, method in zip(linears, in_one_arena([lin.method for lin in linears]), strict=True):
             lin.place(method)
+            copied += method.packed.nbytes
+            if copied >= TRIM_BYTES:  # the old copies' pages back to the OS as we go
+                release_freed_memory()
+                copied = 0
+        release_freed_memory()
         if tied:
             self.share_embedding_with_lm_head()
 

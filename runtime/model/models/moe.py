@@ -210,8 +210,8 @@ class SparseMoeBlock(nn.Module):
         their SiLU x up in the fused row-wise one; the experts' packed weights move into one
         huge-page allocation, expert by expert (linear_method.in_one_arena: a routed expert's
         two products read one run of memory)."""
-        linears = [lin for expert in self.experts for lin in (expert.gate_up_proj, expert.down_proj)
-                   if isinstance(lin, Linear)]
+        linears = [part for expert in self.experts for lin in (expert.gate_up_proj, expert.down_proj)
+                   if isinstance(lin, Linear) for part in lin.kernel_linears()]
         for linear in linears:
             linear.use_packed(ext, bf16_path, chosen)
         for linear, method in zip(linears, in_one_arena([lin.method for lin in linears]), strict=True):
@@ -251,7 +251,7 @@ def load_block(block: SparseMoeBlock, tensors: Mapping[str, Weight], layer_prefi
     for e, expert in enumerate(block.experts):
         assert isinstance(expert, Expert)
         if stacked is not None:
-            gate_up: Weight = stacked[0][e]
+            gate_up: Weight | list[QuantizedTensor] = stacked[0][e]
             down: Weight = stacked[1][e]
         else:
             p = f"{hub}experts.{e}."
@@ -265,10 +265,10 @@ def _float(w: Weight) -> torch.Tensor:
     return w.dequantize() if isinstance(w, QuantizedTensor) else w
 
 
-def _fuse(gate: Weight, up: Weight) -> Weight:
-    """gate's rows, then up's: quantized if both are, in one format; else float."""
-    if isinstance(gate, QuantizedTensor) and isinstance(up, QuantizedTensor) and gate.fmt == up.fmt:
-        return QuantizedTensor.cat([gate, up])
+def _fuse(gate: Weight, up: Weight) -> Weight | list[QuantizedTensor]:
+    """gate's rows, then up's: quantized if both are (in two parts if their formats differ); else float."""
+    if isinstance(gate, QuantizedTensor) and isinstance(up, QuantizedTensor):
+        return QuantizedTensor.cat([gate, up]) if gate.fmt == up.fmt else [gate, up]
     return torch.cat([_float(gate), _float(up)])
 
 
@@ -279,9 +279,16 @@ def _put(param: torch.Tensor, value: torch.Tensor, name: str) -> None:
         param.copy_(value)
 
 
-def _put_linear(linear: Linear, weight: Weight, name: str, quantize_to: str | None, quant_mode: str) -> None:
+def _put_linear(linear: Linear, weight: Weight | list[QuantizedTensor], name: str, quantize_to: str | None,
+                quant_mode: str) -> None:
     """An HF `[out, in]` weight into our Linear: its blocks kept (or made, `quantize_to`), or
-    its float values transposed."""
+    its float values transposed; a list: row blocks in their own formats, each kept."""
+    if isinstance(weight, list):
+        try:
+            linear.quantize_parts_(weight, quant_mode)
+        except ValueError as e:
+            raise WeightLoadError(f"{name}: {e}") from e
+        return
     expected = (linear.out_features, linear.in_features)
     if tuple(weight.shape) != expected:
         raise WeightLoadError(f"{name}: expected shape {expected}, got {tuple(weight.shape)}")

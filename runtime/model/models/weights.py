@@ -58,14 +58,22 @@ def _split_rows(w: Weight, sizes: list[int]) -> list[Weight]:
     return [w[s: s + n] for s, n in zip(starts, sizes)]
 
 
-def _fuse(parts: list[Weight], name: str) -> Weight:
-    """Rows concatenated; quantized parts stay quantized if they share a format, else all are
-    dequantized (a fused layer has one format)."""
+def _fuse(parts: list[Weight], name: str) -> Weight | list[QuantizedTensor]:
+    """Rows concatenated. Quantized parts stay quantized: in one tensor if they share a format,
+    else as a list of row blocks, adjacent parts of one format joined (a Q4_K_M file's q and k in
+    Q4_K, then v in Q6_K: the layer holds one product per block, Linear.quantize_parts_). A mix of
+    float and quantized parts is dequantized to float."""
     if all(isinstance(p, QuantizedTensor) for p in parts):
-        if len({p.fmt for p in parts}) == 1:  # type: ignore[union-attr]
-            return QuantizedTensor.cat(parts)  # type: ignore[arg-type]
+        blocks: list[QuantizedTensor] = []
+        for part in parts:
+            assert isinstance(part, QuantizedTensor)
+            if blocks and blocks[-1].fmt == part.fmt:
+                blocks[-1] = QuantizedTensor.cat([blocks[-1], part])
+            else:
+                blocks.append(part)
+        return blocks[0] if len(blocks) == 1 else blocks
     if any(isinstance(p, QuantizedTensor) for p in parts):
-        logger.info("%s: parts in different formats; dequantized to float", name)
+        logger.info("%s: float and quantized parts; dequantized to float", name)
     return torch.cat([p.dequantize() if isinstance(p, QuantizedTensor) else p for p in parts])
 
 
@@ -108,10 +116,18 @@ class _Loader:
         w = self.float_of(name)
         return w + self.cfg.norm_weight_offset if self.cfg.norm_weight_offset else w
 
-    def put_linear(self, linear: Linear, weight: Weight, name: str, norm: RMSNorm | None = None,
-                   norm_name: str | None = None, may_quantize: bool = True) -> None:
+    def put_linear(self, linear: Linear, weight: Weight | list[QuantizedTensor], name: str,
+                   norm: RMSNorm | None = None, norm_name: str | None = None, may_quantize: bool = True) -> None:
         """Our Linear stores [in, out]; the RMSNorm weight `norm_name` before it goes into its
-        input rows (float) or into `norm` (quantized)."""
+        input rows (float) or into `norm` (quantized). A list: row blocks in their own formats."""
+        if isinstance(weight, list):
+            try:
+                linear.quantize_parts_(weight, self.quant_mode)
+            except ValueError as e:
+                raise WeightLoadError(f"{name}: {e}") from e
+            if norm_name is not None and norm is not None:
+                norm.set_weight(self.norm_weight(norm_name))
+            return
         if (self.quantize_to is not None and may_quantize and isinstance(weight, torch.Tensor)
                 and weight.shape[1] % BLOCK == 0):
             weight = quantize(weight, self.quantize_to)

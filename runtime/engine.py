@@ -149,7 +149,8 @@ class Engine:
                     raise RequestError(f"request id {rid!r} is already in use")
                 logprob = LogprobOptions(req.return_logprob, req.logprob_start_len, req.top_logprobs_num)
                 sched_req = self.stack.make_req(rid, p.input_ids, p.params, logprob,
-                                                require_reasoning=req.require_reasoning, grammar=p.grammar)
+                                                require_reasoning=req.require_reasoning, grammar=p.grammar,
+                                                cache_salt=req.cache_salt)
                 self.scheduler.add_request(sched_req)
                 output = self._outputs[rid] = RequestOutput.of(
                     rid, req, self.token_texts, self.server_args.incremental_streaming_output

@@ -70,6 +70,7 @@ class Engine:
         stream: bool = False,
         rid: str | Sequence[str] | None = None,
         require_reasoning: bool = False,
+        cache_salt: str | Sequence[str] | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """Generate for one request (a str / a list of ids) or a batch (a list of either), with
         /generate's fields and checks (a bad input raises RequestError, a ValueError, with the
@@ -77,12 +78,15 @@ class Engine:
 
         A batch is served concurrently. `n` > 1 in the sampling params gives n results per
         prompt (flattened, prompt-major). `stream=True` returns an iterator of partial results
-        as /generate streams them (with "index" when several sequences run).
+        as /generate streams them (with "index" when several sequences run). `cache_salt`: the
+        prefix-cache namespace (one, or one per prompt), as /generate's.
         """
         body = _body(prompt, input_ids, sampling_params, rid, return_logprob=return_logprob,
                      logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
                      return_text_in_logprobs=return_text_in_logprobs, stream=stream,
                      require_reasoning=require_reasoning)
+        if cache_salt is not None:
+            body["cache_salt"] = _as_list(cache_salt)
         reqs, is_batch = parse_generate(body)
         started = self._start([self.validator.validate(r) for r in reqs])
         if stream:
@@ -149,7 +153,8 @@ class Engine:
                     raise RequestError(f"request id {rid!r} is already in use")
                 logprob = LogprobOptions(req.return_logprob, req.logprob_start_len, req.top_logprobs_num)
                 sched_req = self.stack.make_req(rid, p.input_ids, p.params, logprob,
-                                                require_reasoning=req.require_reasoning, grammar=p.grammar)
+                                                require_reasoning=req.require_reasoning, grammar=p.grammar,
+                                                cache_salt=req.cache_salt)
                 self.scheduler.add_request(sched_req)
                 output = self._outputs[rid] = RequestOutput.of(
                     rid, req, self.token_texts, self.server_args.incremental_streaming_output

@@ -16,6 +16,13 @@ def _integral(value: Any) -> Any:
 
 
 Int = Annotated[int, BeforeValidator(_integral)]
+
+
+def IntRange(ge: int | None = None, le: int | None = None) -> Any:  # noqa: N802 (a type, named as one)
+    """`Int` within [ge, le]. Use it, not `Int | None = Field(ge=...)`: on a union pydantic writes
+    that bound into the JSON schema as an unknown `ge` keyword (so the document did not say it);
+    here it is `minimum` / `maximum`."""
+    return Annotated[int, Field(ge=ge, le=le), BeforeValidator(_integral)]
 TokenId = Annotated[Int, Field(json_schema_extra={"minimum": 0})]  # the range is checked against the vocabulary
 
 

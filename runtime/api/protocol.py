@@ -20,22 +20,25 @@ suite's schemathesis run checks every response against its model).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
     SkipValidation,
+    Tag,
     TypeAdapter,
     ValidationError,
+    WrapValidator,
 )
 
 from radixlm.formats.reasoning import REASONING_PARSERS
 from radixlm.runtime.api.errors import RequestError
-from radixlm.runtime.api.json_types import Int, Strict, TokenId, either
+from radixlm.runtime.api.json_types import Int, IntRange, Strict, TokenId, either
 from radixlm.runtime.api.protocol_sglang import (
     SglangChatFields,
     SglangCompletionFields,
@@ -53,6 +56,8 @@ from radixlm.runtime.config.limits import (
     MAX_TRACE_CALLS_PER_POST,
 )
 from radixlm.runtime.sampling.sampling_params import FLOAT_RANGES
+
+T = TypeVar("T")
 
 
 def _float_range(name: str) -> dict[str, Any]:
@@ -81,6 +86,7 @@ class Out(BaseModel):
 
 
 # ---------------------------------------------------------------- native API: requests
+NonEmpty = Annotated[T, Field(min_length=1)]  # a list with at least one item
 StopStrings = either(str | list[str] | None, "a string or a list of strings")
 STOP_BOUNDS = {"maxItems": MAX_STOP_STRINGS, "items": {"minLength": 1, "maxLength": MAX_STOP_STRING_CHARS}}
 
@@ -120,9 +126,13 @@ class GenerateReqInput(Strict, SglangGenerateFields):
     one of the two. `sampling_params`, `rid` and the three logprob options are one for all, or a
     list with one per prompt (as SGLang)."""
 
-    text: either(str | list[str] | None, "a string or a non-empty list of strings") = None
-    input_ids: either(list[TokenId] | list[list[TokenId]] | None,
-                      "a list of token ids or a list of such lists") = None
+    # exactly one of text / input_ids, null counting as absent (in the document: `oneOf` below)
+    model_config = ConfigDict(json_schema_extra={"oneOf": [
+        {"required": [name], "properties": {name: {"not": {"type": "null"}}}} for name in ("text", "input_ids")]})
+
+    text: either(str | NonEmpty[list[str]] | None, "a string or a non-empty list of strings") = None
+    input_ids: either(NonEmpty[list[TokenId]] | NonEmpty[list[NonEmpty[list[TokenId]]]] | None,
+                      "a non-empty list of token ids or a non-empty list of such lists") = None
     sampling_params: SamplingParamsInput | list[SamplingParamsInput | None] | None = None
     rid: either(str | list[str | None] | None, "a string or a list with one per prompt") = bounds(
         f"a request id of at most {MAX_RID_CHARS} characters", maxLength=MAX_RID_CHARS)
@@ -360,9 +370,9 @@ class TraceCall(Strict):
     index: Int = Field(ge=0, description="order of completion within the run")
     primitive: Literal["gen", "select", "tool_call"]
     name: str | None = Field(default=None, max_length=256)
-    prompt_tokens: Int | None = Field(default=None, ge=0)
-    cached_tokens: Int | None = Field(default=None, ge=0)
-    completion_tokens: Int | None = Field(default=None, ge=0)
+    prompt_tokens: IntRange(ge=0) | None = None
+    cached_tokens: IntRange(ge=0) | None = None
+    completion_tokens: IntRange(ge=0) | None = None
     latency_s: float = Field(ge=0)
     started_at: float = Field(description="Unix time")
     error: str | None = Field(default=None, max_length=1024)
@@ -463,9 +473,33 @@ class StructuralTagFormat(Strict):
 ResponseFormat = TextFormat | JsonObjectFormat | JsonSchemaFormat | RegexFormat | StructuralTagFormat
 
 
+def _as_sent(value: Any, handler: Callable[[Any], Any]) -> Any:
+    """Validate by the type (unknown fields refused, as the document says), keep the JSON as sent:
+    the grammar code (`response_format_grammar`) reads the dict."""
+    handler(value)
+    return value
+
+
+def _format_type(value: Any) -> str | None:
+    kind = value.get("type") if isinstance(value, dict) else None
+    return _FORMAT_TAGS.get(kind) if isinstance(kind, str) else None
+
+
+# tags as union-member names (capitalized): validation_message leaves them out of a field's path
+_FORMAT_TAGS = {"text": "TextFormat", "json_object": "JsonObjectFormat", "json_schema": "JsonSchemaFormat",
+                "regex": "RegexFormat", "structural_tag": "StructuralTagFormat"}
+TaggedResponseFormat = Annotated[
+    Annotated[TextFormat, Tag("TextFormat")] | Annotated[JsonObjectFormat, Tag("JsonObjectFormat")]
+    | Annotated[JsonSchemaFormat, Tag("JsonSchemaFormat")] | Annotated[RegexFormat, Tag("RegexFormat")]
+    | Annotated[StructuralTagFormat, Tag("StructuralTagFormat")],
+    Discriminator(_format_type, custom_error_type="response_format_type",
+                  custom_error_message="must be an object whose type is " + ", ".join(_FORMAT_TAGS))]
+CheckedResponseFormat = Annotated[TaggedResponseFormat | None, WrapValidator(_as_sent)]
+
+
 class SamplingFields(Strict):
     model: str | None = None
-    max_tokens: Int | None = Field(default=None, ge=0)
+    max_tokens: IntRange(ge=0) | None = None
     temperature: float | None = _ranged("temperature")
     top_p: float | None = _ranged("top_p")
     n: Int = Field(default=1, ge=1, le=MAX_N)
@@ -480,7 +514,7 @@ class SamplingFields(Strict):
     top_k: Int | None = None
     min_p: float | None = _ranged("min_p")
     repetition_penalty: float | None = _ranged("repetition_penalty")
-    min_tokens: Int | None = Field(default=None, ge=0)
+    min_tokens: IntRange(ge=0) | None = None
     ignore_eos: bool | None = None
     stop_token_ids: list[TokenId] | None = bounds(maxItems=MAX_STOP_TOKEN_IDS)
     skip_special_tokens: bool | None = None
@@ -494,11 +528,12 @@ class SamplingFields(Strict):
 class CompletionRequest(SamplingFields, SglangCompletionFields):
     """POST /v1/completions."""
 
-    prompt: either(str | list[str] | list[TokenId] | list[list[TokenId]],
-                   "a string, a list of strings, a list of token ids or a list of such lists")
-    max_tokens: Int | None = Field(default=16, ge=0)
-    logprobs: Int | None = Field(default=None, ge=0, le=MAX_OPENAI_TOP_LOGPROBS)
+    prompt: either(str | NonEmpty[list[str]] | NonEmpty[list[TokenId]] | NonEmpty[list[NonEmpty[list[TokenId]]]],
+                   "a string, or a non-empty list of strings, of token ids or of such lists")
+    max_tokens: IntRange(ge=0) | None = 16
+    logprobs: IntRange(ge=0, le=MAX_OPENAI_TOP_LOGPROBS) | None = None
     echo: bool = False
+    response_format: CheckedResponseFormat = Field(default=None, description="SGLang's: as in chat completions")
 
 
 class ContentPart(Strict):
@@ -536,10 +571,10 @@ class ChatRequest(SamplingFields, SglangChatFields):
     the tool-call and grammar code (messages naming the field), so their types here document."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: Int | None = Field(default=None, ge=0)
+    max_completion_tokens: IntRange(ge=0) | None = None
     logprobs: bool = False
-    top_logprobs: Int | None = Field(default=None, ge=0, le=MAX_OPENAI_TOP_LOGPROBS)
-    response_format: Annotated[ResponseFormat | None, SkipValidation] = None
+    top_logprobs: IntRange(ge=0, le=MAX_OPENAI_TOP_LOGPROBS) | None = None
+    response_format: CheckedResponseFormat = None
     tools: Annotated[list[ToolSpec] | None, SkipValidation] = None
     tool_choice: Annotated[Literal["none", "auto", "required"] | NamedToolChoice | None, SkipValidation] = None
     # SGLang's reasoning fields (they matter with --reasoning-parser)
@@ -733,6 +768,7 @@ _MESSAGES = {
     "too_long": "must hold at most {max_length} items", "too_short": "must hold at least {min_length} items",
     "string_too_long": "must be at most {max_length} characters", "string_too_short": "must not be empty",
     "string_pattern_mismatch": "must match {pattern}", "either": "must be {expected}",
+    "response_format_type": "must be an object whose type is " + ", ".join(_FORMAT_TAGS),
 }
 
 

@@ -15,7 +15,7 @@ field here is one of two kinds:
                  states), got true`).
 
 Besides, a few SGLang fields that this server implements are typed here with their meaning
-(`log_metrics`, `stop_regex`, `no_stop_trim`, a completion's `response_format`, `continue_final_message`,
+(`log_metrics`, `stop_regex`, `no_stop_trim`, `continue_final_message`,
 `chat_template_kwargs`, `parallel_tool_calls`); the rest of what it implements is in `protocol`.
 A field that neither module defines is still refused as unknown. Reasoning fields (`separate_reasoning`, `stream_reasoning`, ...) are not here:
 they belong to reasoning separation.
@@ -25,10 +25,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, Field, SkipValidation
+from pydantic import AfterValidator, BaseModel, Field, TypeAdapter, ValidationError, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
-from radixlm.runtime.api.json_types import Int, either
+from radixlm.runtime.api.json_types import Int, IntRange, either
 
 _DEFAULTS: tuple[Any, ...] = (None, False, "", [], {})
 
@@ -44,8 +44,19 @@ def refused(kind: Any, what: str, *accepted: Any) -> Any:
         raise PydanticCustomError("unsupported", "is not supported here ({what})", {"what": what})
 
     shown = ", ".join(repr(v) for v in accepted)
-    return Annotated[kind, AfterValidator(check), Field(
-        description=f"SGLang's; not supported here ({what}): only its default{' or ' + shown if shown else ''}")]
+    description = f"SGLang's; not supported here ({what}): only its default{' or ' + shown if shown else ''}"
+    # the document lists exactly the values accepted (those of the defaults that are of `kind`)
+    adapter = TypeAdapter(kind)
+    values = [v for v in _DEFAULTS + accepted if _is_of(adapter, v)]
+    return Annotated[kind, AfterValidator(check), WithJsonSchema({"enum": values, "description": description})]
+
+
+def _is_of(adapter: TypeAdapter[Any], value: Any) -> bool:
+    try:
+        adapter.validate_python(value, strict=True)
+    except ValidationError:
+        return False
+    return True
 
 
 def ignored(kind: Any, why: str) -> Any:
@@ -57,9 +68,11 @@ NO_MEDIA = "no effect without image, audio or video input, which no model served
 MEDIA = "image, audio and video input (the models served here read text)"
 PD = "prefill/decode disaggregation"
 ONE_RANK = "data parallelism: one rank (0) here"
-DP_RANK = Annotated[Int | None, Field(ge=0, description="SGLang's: the data-parallel rank to run on (`radixlm serve "
+DP_RANK = Annotated[IntRange(ge=0) | None, Field(description="SGLang's: the data-parallel rank to run on (`radixlm serve "
                                                         "--dp-size N`); a rank the server does not have is a 400")]
-CACHE_NAMESPACES = "cache namespaces (every request shares one prefix cache)"
+CACHE_NAMESPACES = "extra_key: give a cache namespace as cache_salt"
+CACHE_SALT = ("SGLang's and vLLM's: salts the prefix cache, so requests with different salts (or none) share no "
+              "cached prefix; requests with the same salt share theirs")
 Rank = refused(Int | None, ONE_RANK, 0)
 
 
@@ -96,7 +109,6 @@ class SglangRequestFields(BaseModel):
     data_parallel_rank: DP_RANK = None
     disagg_prefill_dp_rank: Rank = None
     extra_key: refused(str | list[str] | None, CACHE_NAMESPACES) = None
-    cache_salt: refused(str | list[str] | None, CACHE_NAMESPACES) = None
     priority: ignored(Int | None, "requests are not scheduled by priority (as in SGLang without "
                                   "--enable-priority-scheduling)") = None
     custom_labels: ignored(dict[str, str] | None, "no custom metric labels are configured") = None
@@ -104,6 +116,9 @@ class SglangRequestFields(BaseModel):
 
 class SglangGenerateFields(SglangRequestFields):
     """POST /generate: the rest of SGLang's `GenerateReqInput` (and `model`, which sglang-router sends)."""
+
+    cache_salt: either(str | list[str] | None, "a string or a list with one per prompt") = Field(
+        default=None, description=CACHE_SALT + " (or a list with one per prompt)")
 
     model: ignored(str | None, "sglang-router's; the one model served here answers") = None
     input_embeds: refused(list[Any] | None, "input embeddings") = None
@@ -159,6 +174,7 @@ class SglangOpenAIFields(SglangRequestFields):
     no_stop_trim: bool | None = Field(default=None, description="keep the matched stop string in the output")
 
     logit_bias: refused(dict[str, float] | None, "logit_bias") = None
+    cache_salt: str | None = Field(default=None, description=CACHE_SALT)
     return_cached_tokens_details: ignored(bool, "usage always has prompt_tokens_details.cached_tokens") = False
     return_spec_tokens_details: refused(bool, "speculative decoding") = False
     return_token_ids: refused(bool, "token ids in the output") = False
@@ -168,8 +184,6 @@ class SglangOpenAIFields(SglangRequestFields):
 class SglangCompletionFields(SglangOpenAIFields):
     """POST /v1/completions: the rest of SGLang's `CompletionRequest`."""
 
-    response_format: Annotated[dict[str, Any] | None, SkipValidation] = Field(
-        default=None, description="as in chat completions (checked by the grammar code)")
     best_of: refused(Int | None, "best_of", 1) = None
     suffix: refused(str | None, "suffix") = None
 

@@ -43,6 +43,7 @@ class GenerateRequest:
     require_reasoning: bool = False  # SGLang's: the output starts with reasoning (see --reasoning-parser)
     log_metrics: bool = True  # counted in /metrics
     data_parallel_rank: int | None = None  # SGLang's: run on this rank (None: the load balancer picks)
+    cache_salt: str | None = None  # the prefix-cache namespace: no prefix is shared across salts
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ def parse_generate(body: Any) -> tuple[list[GenerateRequest], bool]:
 
 
 _OPTIONS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs", "stream",
-            "require_reasoning")
+            "require_reasoning", "cache_salt")
 
 
 def _num_copies(params: dict[str, Any] | None) -> int:
@@ -154,6 +155,10 @@ class RequestValidator:
         # A token spells at most this many characters, so a longer text cannot fit the context:
         # such prompts are refused before tokenizing them (which would block the event loop).
         self.max_prompt_chars = context_len * max_token_chars(tokenizer)
+        # An empty text prompt ("", which the documents allow) starts from the start-of-text
+        # token, as OpenAI's completions take "": the BOS token, else (GPT-style) the EOS token.
+        start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+        self.empty_text_ids = [start] if start is not None else []
 
     def validate(self, req: GenerateRequest) -> PreparedRequest:
         """Tokenize and check a request; raises RequestError naming the problem."""
@@ -167,7 +172,7 @@ class RequestValidator:
                     f"the prompt has {len(req.text)} characters, more than the context length "
                     f"({self.context_len} tokens) can hold"
                 )
-            ids = self.tokenizer.encode(req.text)
+            ids = self.tokenizer.encode(req.text) or list(self.empty_text_ids)
         else:
             ids = list(req.input_ids or ())
         check_prompt_ids(ids, self.vocab_size, self.context_len, self.max_total_num_tokens)

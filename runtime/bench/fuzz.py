@@ -3,9 +3,15 @@
 For every operation the document lists and both generation modes (positive: bodies the schema
 allows; negative: bodies it refuses), schemathesis generates requests with a pinned seed and
 checks each response: `not_a_server_error` (no 5xx), `status_code_conformance`,
-`content_type_conformance` and `response_schema_conformance` (the status, media type and body
-are documented). `positive_data_acceptance` is not run: a body valid by the schema may still be
-refused with a 400 (a regex that does not compile, a prompt over the context length).
+`content_type_conformance`, `response_schema_conformance` and `response_headers_conformance`
+(the status, media type, body and headers are documented), and `negative_data_rejection` (what
+the schema refuses, the server refuses: 4xx). `positive_data_acceptance` (what the schema allows,
+the server takes) is run on the operations of POSITIVE_ACCEPTANCE only: elsewhere a body valid
+by the schema may still be refused with a 400 for what no schema can say (a regex that does not
+compile, a prompt over the context length, a token id beyond the vocabulary). Besides, each path
+gets OPTIONS and an undocumented method, which must be answered 405 with an `Allow` header
+listing exactly the documented methods (`allow_header_conformance`, and our own check of the
+405: schemathesis' `unsupported_method` runs only in its coverage phase, not used here).
 
 The suite runs a few examples per operation on the tiny-model server
 (tests/server/test_openapi_contract.py); this command runs the long version and prints one line
@@ -30,7 +36,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 CHECK_NAMES = ("not_a_server_error", "status_code_conformance", "content_type_conformance",
-               "response_schema_conformance")
+               "response_schema_conformance", "response_headers_conformance", "negative_data_rejection")
+# operations whose every refusal the schema can say: valid data must be accepted (2xx)
+POSITIVE_ACCEPTANCE = frozenset({
+    "GET /health", "GET /get_model_info", "GET /model_info", "GET /get_server_info", "GET /server_info",
+    "GET /get_load", "GET /v1/models", "GET /metrics", "GET /cache_tree", "GET /dashboard", "GET /traces",
+    "GET /health_generate", "POST /traces", "GET /flush_cache", "POST /flush_cache", "POST /abort_request",
+    "POST /separate_reasoning"})
+UNDOCUMENTED_METHODS = ("OPTIONS", "PATCH")  # no route serves PATCH
 SERVER_FLAGS = ("--context-length", "256", "--max-running-requests", "16")
 
 
@@ -49,12 +62,12 @@ class OperationRun:
         return sum(self.statuses.values())
 
 
-def checks() -> list[Any]:
+def checks(names: tuple[str, ...] = CHECK_NAMES) -> list[Any]:
     from schemathesis import checks as builtin
     from schemathesis.specs.openapi import checks as openapi_checks
 
     return [getattr(builtin, name) if hasattr(builtin, name) else getattr(openapi_checks, name)
-            for name in CHECK_NAMES]
+            for name in names]
 
 
 def fuzz(base_url: str, examples: int, seed: int = 0, modes: tuple[str, ...] = ("positive", "negative"),
@@ -71,6 +84,7 @@ def fuzz(base_url: str, examples: int, seed: int = 0, modes: tuple[str, ...] = (
     runs: list[OperationRun] = []
     session = requests.Session()
     check_functions = checks()
+    with_acceptance = checks(CHECK_NAMES + ("positive_data_acceptance",))
 
     def send(case: Any, run: OperationRun) -> None:
         try:
@@ -80,17 +94,22 @@ def fuzz(base_url: str, examples: int, seed: int = 0, modes: tuple[str, ...] = (
             return
         run.statuses[response.status_code] += 1
         try:
-            case.validate_response(response, checks=check_functions, headers=headers)
+            case.validate_response(response, checks=with_acceptance if run.label in POSITIVE_ACCEPTANCE
+                                   else check_functions, headers=headers)
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as e:  # the failed checks, as one schemathesis FailureGroup (a BaseExceptionGroup)
             run.failures.append(f"{response.status_code}: {str(e).strip()[:2000]}\n  body sent: "
                                 f"{getattr(case, 'body', None)!r:.500}")
 
+    paths_seen: set[str] = set()
     for result in schema.get_all_operations():
         operation = result.ok()
         if operations and operation.label not in operations:
             continue
+        if operation.path not in paths_seen:
+            paths_seen.add(operation.path)
+            runs.append(_undocumented_methods(schema, operation, base_url, session, headers))
         for mode in modes:
             run = OperationRun(operation.label, mode)
             runs.append(run)
@@ -100,6 +119,37 @@ def fuzz(base_url: str, examples: int, seed: int = 0, modes: tuple[str, ...] = (
             except Unsatisfiable:  # negative mode of an operation without body or parameters
                 run.note = "nothing to negate"
     return runs
+
+
+def _undocumented_methods(schema: Any, operation: Any, base_url: str, session: Any,
+                          headers: dict[str, str] | None) -> OperationRun:
+    """OPTIONS and another undocumented method on `operation`'s path: each must get 405 with an
+    `Allow` header naming exactly the methods the document lists for the path."""
+    import requests
+    from schemathesis import Case
+
+    run = OperationRun(f"* {operation.path}", "methods")
+    documented = {m.upper() for m in schema.raw_schema["paths"][operation.path]} - {"HEAD", "OPTIONS"}
+    for method in UNDOCUMENTED_METHODS:
+        case = Case(operation, method=method, path=operation.path)
+        try:
+            response = case.call(base_url=base_url, session=session, headers=headers, timeout=120)
+        except requests.RequestException as e:
+            run.failures.append(f"{method}: no response: {e}")
+            continue
+        run.statuses[response.status_code] += 1
+        allow_header = ", ".join(response.headers.get("allow", []))  # schemathesis: each header's values
+        allow = {m.strip().upper() for m in allow_header.split(",") if m.strip()}
+        if response.status_code != 405 or allow - {"HEAD"} != documented:
+            run.failures.append(f"{method} {operation.path}: {response.status_code}, Allow: {allow_header!r}; "
+                                f"expected 405, Allow: {', '.join(sorted(documented))}")
+        try:
+            case.validate_response(response, checks=checks(("allow_header_conformance",)), headers=headers)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:
+            run.failures.append(f"{method}: {str(e).strip()[:2000]}")
+    return run
 
 
 def _run_cases(strategy: Any, examples: int, seed: int, send: Callable[[Any], None]) -> None:

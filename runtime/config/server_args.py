@@ -89,6 +89,7 @@ class ServerArgs:
     stream_interval: int = 1  # a streaming request's output leaves the scheduler every this many tokens
     timeout_header: float = 10.0  # seconds to receive a request line and headers
     timeout_body: float = 30.0  # seconds a request body may go without a byte
+    timeout_request: float = 30.0  # seconds from a request's first byte to its last (head and body)
     max_connections: int = 512  # open HTTP connections; one more gets 503
     kv_events_config: str | None = None  # SGLang's JSON form (KVEventsConfig); None: no KV events
     dp_size: int = 1  # scheduler processes (each its own KV pool and radix cache) behind one HTTP front
@@ -128,7 +129,7 @@ class ServerArgs:
             raise ValueError(f"context_length must be >= 2, got {self.context_length}")
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
-        for name in ("timeout_header", "timeout_body"):
+        for name in ("timeout_header", "timeout_body", "timeout_request"):
             if not 0 < getattr(self, name) < float("inf"):
                 raise ValueError(f"{name} must be a positive number of seconds, got {getattr(self, name)}")
         if self.max_connections < 1:
@@ -311,6 +312,9 @@ HELP = {
     "with a 408 if part of them arrived (default 10)",
     "timeout_body": "seconds a request body may go without receiving a byte (an idle time, so a slow but steady "
     "upload still works); then 408 and the connection is closed (default 30)",
+    "timeout_request": "seconds a client has to send a whole request, its line, headers and body, counted from "
+    "its first byte: an overall deadline, so a request trickled a byte at a time cannot hold its connection "
+    "however short its pauses; then 408 (if no response has started) and the connection is closed (default 30)",
     "max_connections": "HTTP connections open at once, idle and half-sent ones included; a connection opened while "
     "this many are open gets 503 at once and is closed (default 512; uvicorn's limit_concurrency is not used: it counts "
     "open connections and running requests only when a request arrives, and refuses whichever request asks)",

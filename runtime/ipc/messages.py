@@ -34,6 +34,7 @@ class TokenizedGenerateReq:
     stream: bool = False
     require_reasoning: bool = False  # with --reasoning-parser: the grammar waits for the reasoning's end
     grammar: LoweredGrammar | None = None  # lowered once, at the door: compiled as is
+    cache_salt: str | None = None  # the prefix-cache namespace (radix_cache: namespaces)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,13 @@ held by a running request.
         n = cache.insert(ids, slots); kv_pool.free(slots[prefix_len:n]); cache.dec_lock_ref(node)
   - `evict(k)` and `flush()` return the cache's slots to the pool.
 
+Namespaces (a request's `cache_salt`, as SGLang and vLLM take it): `match_prefix` and `insert`
+take an optional `namespace`; each namespace is a tree of its own under its own root, so token ids
+cached in one are never matched from another (a salted request shares no prefix with an unsalted
+one or one of another salt). Eviction, locks and counts span all trees alike; a namespace's root
+is dropped when its last node is evicted, so distinct salts cannot grow the cache's memory beyond
+its cached tokens. The observer and the tree view see the unsalted tree (namespace None) only.
+
 Tree invariants (verified by `check_invariants`):
   - every non-root node has a non-empty key, `value.numel() == len(key)`, and is
     `parent.children[key[0]]`; the keys on the path from the root spell the cached prefix and the
@@ -150,10 +157,11 @@ class BasePrefixCache(ABC):
         self.num_matched_tokens += num_matched
 
     @abstractmethod
-    def match_prefix(self, token_ids: Sequence[int], *, record_stats: bool = False) -> MatchResult: ...
+    def match_prefix(self, token_ids: Sequence[int], *, record_stats: bool = False,
+                     namespace: str | None = None) -> MatchResult: ...
 
     @abstractmethod
-    def insert(self, token_ids: Sequence[int], slots: torch.Tensor) -> int: ...
+    def insert(self, token_ids: Sequence[int], slots: torch.Tensor, namespace: str | None = None) -> int: ...
 
     @abstractmethod
     def inc_lock_ref(self, node: TreeNode) -> None: ...
@@ -185,6 +193,9 @@ class RadixCache(BasePrefixCache):
 
     def _reset(self) -> None:
         self.root_node = TreeNode((), _empty_slots(), None, self._time, next(self._node_ids))
+        # the other namespaces' roots (parentless, like root_node), each with at least one child
+        self.namespace_to_root: dict[str, TreeNode] = {}
+        self._root_to_namespace: dict[TreeNode, str] = {}
         self._evictable_leaves: set[TreeNode] = set()
         self._evictable_tokens = self._locked_tokens = self._num_nodes = 0
 
@@ -193,11 +204,29 @@ class RadixCache(BasePrefixCache):
         self.root_node.last_access_time = self._time
         return self._time
 
-    def match_prefix(self, token_ids: Sequence[int], *, record_stats: bool = False) -> MatchResult:
-        """Longest cached prefix of `token_ids`; splits a node so `last_node` ends exactly there."""
+    def _root(self, namespace: str | None, create: bool) -> TreeNode | None:
+        if namespace is None:
+            return self.root_node
+        root = self.namespace_to_root.get(namespace)
+        if root is None and create:
+            root = TreeNode((), _empty_slots(), None, self._time, next(self._node_ids))
+            self.namespace_to_root[namespace] = root
+            self._root_to_namespace[root] = namespace
+        return root
+
+    def match_prefix(self, token_ids: Sequence[int], *, record_stats: bool = False,
+                     namespace: str | None = None) -> MatchResult:
+        """Longest cached prefix of `token_ids` in `namespace`'s tree; splits a node so
+        `last_node` ends exactly there (a root when nothing matched)."""
         key = _as_key(token_ids)
         now = self._tick()
-        node, pos, values = self.root_node, 0, []
+        root = self._root(namespace, create=False)
+        if root is None:  # nothing cached under this namespace
+            if record_stats:
+                self.record_stats(len(key), 0)
+            return MatchResult(_empty_slots(), self.root_node)
+        root.last_access_time = now
+        node, pos, values = root, 0, []
         while pos < len(key) and (child := node.children.get(key[pos])) is not None:
             n = _common_prefix_len(child.key, key, pos)
             if n < len(child.key):
@@ -209,7 +238,7 @@ class RadixCache(BasePrefixCache):
             self.record_stats(len(key), pos)
         return MatchResult(torch.cat(values) if values else _empty_slots(), node)
 
-    def insert(self, token_ids: Sequence[int], slots: torch.Tensor) -> int:
+    def insert(self, token_ids: Sequence[int], slots: torch.Tensor, namespace: str | None = None) -> int:
         """Cache `token_ids` -> `slots`; return how many leading slots the cache did NOT take.
 
         That is the length of the prefix already cached: the cache keeps its own slots there and
@@ -219,12 +248,17 @@ class RadixCache(BasePrefixCache):
         if slots.numel() != len(key):
             raise ValueError(f"insert: {len(key)} tokens but {slots.numel()} slots")
         now = self._tick()
-        node, pos = self.root_node, 0
+        if not key:
+            return 0
+        node = self._root(namespace, create=True)
+        assert node is not None
+        node.last_access_time = now
+        pos = 0
         while pos < len(key):
             child = node.children.get(key[pos])
             if child is None:
                 leaf = self._add_leaf(node, key[pos:], slots[pos:], now)
-                if self.observer is not None:
+                if self.observer is not None and namespace is None:
                     self.observer.on_insert(leaf, key, pos)
                 return pos
             n = _common_prefix_len(child.key, key, pos)
@@ -258,7 +292,7 @@ class RadixCache(BasePrefixCache):
         parent.children[node.key[0]] = upper
         node.key, node.value, node.parent = node.key[n:], node.value[n:], upper
         self._num_nodes += 1
-        if self.observer is not None:
+        if self.observer is not None and self._is_unsalted(upper):
             self.observer.on_split(upper, node)
         return upper
 
@@ -307,11 +341,13 @@ class RadixCache(BasePrefixCache):
             self._num_nodes -= 1
             num_evicted += len(leaf.key)
             freed.append(leaf.value)
-            if self.observer is not None:
+            if self.observer is not None and self._is_unsalted(leaf):
                 self.observer.on_evict(leaf)
             if parent.parent is not None and not parent.children and parent.lock_ref == 0:
                 self._evictable_leaves.add(parent)
                 heapq.heappush(heap, (parent.last_access_time, parent.node_id, parent))
+            elif not parent.children and parent in self._root_to_namespace:  # an emptied namespace
+                del self.namespace_to_root[self._root_to_namespace.pop(parent)]
         if freed:
             self.kv_pool.free(torch.cat(freed))
         return num_evicted
@@ -329,9 +365,15 @@ class RadixCache(BasePrefixCache):
         if self.observer is not None:
             self.observer.on_flush()
 
+    def _is_unsalted(self, node: TreeNode) -> bool:
+        """Whether `node` is in the tree of namespace None (O(depth): for the observer only)."""
+        while node.parent is not None:
+            node = node.parent
+        return node is self.root_node
+
     def _iter_nodes(self) -> Iterator[TreeNode]:
-        """Every node except the root (depth first)."""
-        stack = list(self.root_node.children.values())
+        """Every node except the roots (depth first), of every namespace."""
+        stack = [child for root in (self.root_node, *self.namespace_to_root.values()) for child in root.children.values()]
         while stack:
             node = stack.pop()
             yield node
@@ -362,6 +404,9 @@ class RadixCache(BasePrefixCache):
         )
         slots = torch.cat(values) if values else _empty_slots()
         _require(slots.unique().numel() == slots.numel(), "a slot is cached twice")
+        _require(all(root.children and root.parent is None and self._root_to_namespace.get(root) == namespace
+                     for namespace, root in self.namespace_to_root.items())
+                 and len(self._root_to_namespace) == len(self.namespace_to_root), "namespace roots")
 
 
 class NoopRadixCache(BasePrefixCache):
@@ -371,12 +416,13 @@ class NoopRadixCache(BasePrefixCache):
         super().__init__()
         self.root_node = TreeNode((), _empty_slots(), None, 0, 0)
 
-    def match_prefix(self, token_ids: Sequence[int], *, record_stats: bool = False) -> MatchResult:
+    def match_prefix(self, token_ids: Sequence[int], *, record_stats: bool = False,
+                     namespace: str | None = None) -> MatchResult:
         if record_stats:
             self.record_stats(len(token_ids), 0)
         return MatchResult(_empty_slots(), self.root_node)
 
-    def insert(self, token_ids: Sequence[int], slots: torch.Tensor) -> int:
+    def insert(self, token_ids: Sequence[int], slots: torch.Tensor, namespace: str | None = None) -> int:
         """Take nothing: all `len(token_ids)` leading slots stay the caller's."""
         if slots.numel() != len(token_ids):
             raise ValueError(f"insert: {len(token_ids)} tokens but {slots.numel()} slots")

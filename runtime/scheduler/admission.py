@@ -102,7 +102,7 @@ def plan_extends(sched: Scheduler) -> AdmissionPlan:
             break
         sched.waiting.remove(req)
         plan.extends.append(ExtendItem(req, n, n < new_len))
-        in_batch.insert(req.all_ids, torch.zeros(req.seq_len, dtype=torch.int64))
+        in_batch.insert(req.all_ids, torch.zeros(req.seq_len, dtype=torch.int64), namespace=req.cache_salt)
         budget -= n
         pending += n
         reserved += future
@@ -113,4 +113,4 @@ def plan_extends(sched: Scheduler) -> AdmissionPlan:
 
 def _in_batch_shared_len(in_batch: RadixCache, req: Req) -> int:
     """Tokens of the request's prefix that a request admitted this step computes too."""
-    return in_batch.match_prefix(req.all_ids).slots.numel() if in_batch.num_nodes else 0
+    return in_batch.match_prefix(req.all_ids, namespace=req.cache_salt).slots.numel() if in_batch.num_nodes else 0

@@ -35,7 +35,7 @@ class CacheBridge:
         limit = len(ids) - 1
         if req.logprob.return_logprob and req.logprob.logprob_start_len >= 0:
             limit = min(limit, max(0, req.logprob.logprob_start_len - 1))
-        result = self.cache.match_prefix(ids[:limit])
+        result = self.cache.match_prefix(ids[:limit], namespace=req.cache_salt)
         req.prefix_slots, req.prefix_node = result.slots, result.last_node
 
     def admit(self, req: Req) -> bool:
@@ -61,9 +61,9 @@ class CacheBridge:
         if not self.is_caching:
             return
         ids, slots = self._computed(req)
-        taken_from = self.cache.insert(ids, slots)
+        taken_from = self.cache.insert(ids, slots, namespace=req.cache_salt)
         self.kv_pool.free(slots[req.cache_prefix_len : taken_from])  # duplicates of cached K/V
-        result = self.cache.match_prefix(ids)
+        result = self.cache.match_prefix(ids, namespace=req.cache_salt)
         assert result.slots.numel() == len(ids)
         self.req_to_token_pool.write(req.req_pool_idx, 0, result.slots)  # type: ignore[arg-type]
         self.cache.inc_lock_ref(result.last_node)
@@ -74,7 +74,7 @@ class CacheBridge:
         """Free a request's row; its computed tokens go to the cache (finished) or the pool."""
         ids, slots = self._computed(req)
         if keep_in_cache:
-            taken_from = self.cache.insert(ids, slots)
+            taken_from = self.cache.insert(ids, slots, namespace=req.cache_salt)
             self.kv_pool.free(slots[req.cache_prefix_len : taken_from])
         else:
             self.kv_pool.free(slots[req.cache_prefix_len :])

@@ -70,6 +70,7 @@ class Req:
     prefix_node: TreeNode | None = None
     cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache (meta_info)
     is_retracted: bool = False
+    cache_salt: str | None = None  # the prefix cache's namespace for this request (None: the shared one)
     finish_reason: FinishReason | None = None
     # constrained decoding: its grammar as the front door lowered it for the backend (None: the
     # backend lowers the spec from params), the compile in flight, then the request's own FSM state

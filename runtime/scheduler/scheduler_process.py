@@ -59,7 +59,8 @@ class SchedulerServer:
     def handle_generate(self, msg: io.TokenizedGenerateReq) -> None:
         logprob = LogprobOptions(msg.return_logprob, msg.logprob_start_len, msg.top_logprobs_num)
         req = self.stack.make_req(msg.rid, list(msg.input_ids), msg.sampling_params, logprob, track_text=False,
-                                  require_reasoning=msg.require_reasoning, grammar=msg.grammar)
+                                  require_reasoning=msg.require_reasoning, grammar=msg.grammar,
+                                  cache_salt=msg.cache_salt)
         self.scheduler.add_request(req)
         self.output_stream.add(msg.rid, msg.stream)
         logger.debug("request %s arrived (%d prompt tokens)", msg.rid, len(msg.input_ids))

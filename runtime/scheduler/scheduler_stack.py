@@ -82,7 +82,7 @@ class SchedulerStack:
 
     def make_req(
         self, rid: str, ids: list[int], params: SamplingParams, logprob: LogprobOptions, track_text: bool = True,
-        require_reasoning: bool = False, grammar: LoweredGrammar | None = None,
+        require_reasoning: bool = False, grammar: LoweredGrammar | None = None, cache_salt: str | None = None,
     ) -> Req:
         """A scheduler request for already validated input ids. Its IncrementalDecoder makes the
         text (the Engine's output) and watches for stop strings; a server's scheduler, whose text
@@ -90,9 +90,10 @@ class SchedulerStack:
         (`track_text=False`), and then sends its text (`ReqOutput.new_text`) in place of the detokenizer's.
         `require_reasoning` (SGLang's): the output starts with reasoning, so with a reasoning
         parser its grammar, if any, applies only after the end-of-reasoning marker. `grammar`: the
-        front door's lowering of its grammar, compiled as it is."""
+        front door's lowering of its grammar, compiled as it is. `cache_salt`: its prefix-cache
+        namespace (no prefix shared with other salts)."""
         decoder = IncrementalDecoder(self.tokenizer, params, ids) if track_text or params.stop or params.stop_regex else None
-        req = Req(rid, ids, params, self.eos_ids, logprob, decoder, lowered_grammar=grammar)
+        req = Req(rid, ids, params, self.eos_ids, logprob, decoder, lowered_grammar=grammar, cache_salt=cache_salt)
         if require_reasoning and self.think_end_ids and grammar_spec(params) is not None:
             req.reasoning_end = TokenSequenceMatcher(self.think_end_ids)
         return req

@@ -3,8 +3,10 @@ server's counters) and `GET /dashboard` (the page that draws it, with its script
 also shows the program traces of `traces.py` as a timeline).
 
 Auth: the page and its two files are open and hold no data (a page load cannot send an
-`Authorization` header); the page asks for the API key once, keeps it in its memory and sends it
-with every `fetch` of `/cache_tree`, which follows the API-key rules of every other endpoint.
+`Authorization` header). The page starts polling `/cache_tree` (which follows the API-key rules
+of every other endpoint) at once, without a key: on a server without one it is live with no
+click. Only a 401 makes it show its key form; the key typed there is kept in the page's memory
+and sent with every later `fetch`.
 Everything the page uses is served from here (`static/`, bundled in the package): no
 third-party script, no build step, and a Content-Security-Policy that lets the page reach only
 this server.
@@ -76,5 +78,5 @@ def register_dashboard_routes(app: FastAPI, tm: TokenizerManager, docs: OpenAPID
         app.add_api_route(path, _file_route(page_file(name), media_type), methods=["GET"],
                           include_in_schema=path == "/dashboard")
     docs.add("/dashboard", "get", Operation(responses={
-        200: ("the dashboard page (open: it holds no data; it asks for the API key)",
+        200: ("the dashboard page (open: it holds no data; it asks for the API key if /cache_tree answers 401)",
               {"text/html": {"type": "string"}})}))

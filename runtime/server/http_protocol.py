@@ -1,4 +1,5 @@
-"""uvicorn's h11 protocol with a header timer, a body idle timer and a connection cap (issue 19).
+"""uvicorn's h11 protocol with a header timer, a body idle timer, a request deadline and a
+connection cap (issues 19 and 38).
 
 Plain uvicorn only closes idle keep-alive connections: a client that connects and sends nothing,
 sends half a header line, or declares a body it never sends holds its connection forever. Here:
@@ -14,6 +15,13 @@ sends half a header line, or declares a body it never sends holds its connection
                   seconds without a byte: 408 if the response has not started (else no response),
                   the connection closed, and the app's pending receive() returns `http.disconnect`,
                   so its handler unwinds (Starlette raises ClientDisconnect).
+  request timer   the overall deadline: armed by a request's first byte, stopped once its line,
+                  headers and body are all received; never restarted in between, so a client that
+                  trickles a byte just inside each idle timeout is still stopped. It fires after
+                  --timeout-request seconds: 408 if the response has not started (else no
+                  response), the connection closed, and a handler reading the body sees a
+                  disconnect, as for the body timer. Paused, like the body timer, while the
+                  server is the one not reading.
   connection cap  a connection opened while --max-connections others are open gets 503 at once;
                   its input is then read and dropped until the client closes or the header timer
                   fires, so that the client reads the 503 rather than a connection reset.
@@ -53,16 +61,19 @@ def error_response(status: int, message: str) -> bytes:
 class TimedH11Protocol(H11Protocol):
     """One per connection (uvicorn makes it); timeouts in seconds. Invariant after every event:
     the header timer is armed iff a request head is awaited (on a new connection, or with bytes of
-    it buffered), the body timer iff the request body is being received."""
+    it buffered), the body timer iff the request body is being received, the request timer iff
+    some but not all of a request has been received (it is not re-armed while it stays so)."""
 
     def __init__(self, *args: Any, timeout_header: float, timeout_body: float, max_connections: int,
-                 **kwargs: Any) -> None:
+                 timeout_request: float = float("inf"), **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.timeout_header = timeout_header
         self.timeout_body = timeout_body
+        self.timeout_request = timeout_request
         self.max_connections = max_connections
         self.header_timer: asyncio.TimerHandle | None = None
         self.body_timer: asyncio.TimerHandle | None = None
+        self.request_timer: asyncio.TimerHandle | None = None
         self.is_refused = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -90,6 +101,7 @@ class TimedH11Protocol(H11Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.cancel_header_timer()
         self.cancel_body_timer()
+        self.cancel_request_timer()
         super().connection_lost(exc)
 
     def sync_timers(self) -> None:
@@ -107,6 +119,12 @@ class TimedH11Protocol(H11Protocol):
                 self.body_timer = self.loop.call_later(self.timeout_body, self.on_body_timeout)
         else:
             self.cancel_body_timer()
+        is_receiving = their_state is h11.SEND_BODY or (their_state is h11.IDLE and self.received_head_bytes())
+        if not is_closing and is_receiving:
+            if self.request_timer is None and self.timeout_request < float("inf"):
+                self.request_timer = self.loop.call_later(self.timeout_request, self.on_request_timeout)
+        else:
+            self.cancel_request_timer()
 
     @property
     def peer(self) -> str:
@@ -129,14 +147,43 @@ class TimedH11Protocol(H11Protocol):
         self.body_timer = None
         if self.transport.is_closing() or self.conn.their_state is not h11.SEND_BODY:
             return
-        if self.flow.read_paused or self.cycle.waiting_for_100_continue:  # the client waits for us
+        if self.is_server_not_reading():
             self.body_timer = self.loop.call_later(self.timeout_body, self.on_body_timeout)
             return
         logger.info("408 to %s: no request body byte for %gs", self.peer, self.timeout_body)
+        self.abandon_body(f"the request body stalled: no byte for {self.timeout_body:g} seconds")
+
+    def on_request_timeout(self) -> None:
+        self.request_timer = None
+        if self.transport.is_closing():
+            return
+        message = f"the request (line, headers and body) did not arrive whole within {self.timeout_request:g} seconds"
+        their_state = self.conn.their_state
+        if their_state is h11.IDLE and self.received_head_bytes():
+            logger.info("408 to %s: request head not complete within %gs (--timeout-request)",
+                        self.peer, self.timeout_request)
+            self.transport.write(error_response(408, message))
+            self.transport.close()
+        elif their_state is h11.SEND_BODY:
+            if self.is_server_not_reading():
+                self.request_timer = self.loop.call_later(self.timeout_request, self.on_request_timeout)
+                return
+            logger.info("408 to %s: request body not complete within %gs (--timeout-request)",
+                        self.peer, self.timeout_request)
+            self.abandon_body(message)
+
+    def is_server_not_reading(self) -> bool:
+        """True while the client waits for us: uvicorn paused reading (the app has not taken what
+        arrived) or the client waits for `100 Continue`."""
+        return bool(self.flow.read_paused or self.cycle.waiting_for_100_continue)
+
+    def abandon_body(self, message: str) -> None:
+        """Give up on a request whose body is being received: 408 with `message` if the response
+        has not started, the connection closed, and the app's pending receive() returns
+        `http.disconnect` (its send() is then a no-op), so its handler unwinds."""
         if not self.cycle.response_started:
-            self.transport.write(error_response(408, f"the request body stalled: no byte for "
-                                                     f"{self.timeout_body:g} seconds"))
-        self.cycle.disconnected = True  # the app's receive() returns http.disconnect, its send() is a no-op
+            self.transport.write(error_response(408, message))
+        self.cycle.disconnected = True
         self.cycle.message_event.set()
         self.transport.close()
 
@@ -149,3 +196,8 @@ class TimedH11Protocol(H11Protocol):
         if self.body_timer is not None:
             self.body_timer.cancel()
             self.body_timer = None
+
+    def cancel_request_timer(self) -> None:
+        if self.request_timer is not None:
+            self.request_timer.cancel()
+            self.request_timer = None

@@ -18,6 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from starlette.datastructures import Headers
+from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from radixlm.formats.reasoning import UnknownReasoningParser
@@ -93,6 +94,7 @@ def create_app(
                               store_size=response_store_size)
     register_dashboard_routes(app, tm, docs, secured)
     register_trace_routes(app, docs, secured)
+    add_method_not_allowed_routes(app)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -102,3 +104,29 @@ def create_app(
 
     app.openapi = openapi  # type: ignore[method-assign]
     return app
+
+
+def add_method_not_allowed_routes(app: FastAPI) -> None:
+    """After every route: one catch-all per path that answers a method the path does not serve
+    with 405 and an `Allow` header listing every method it does. (Starlette's own 405 lists the
+    methods of the first route of the path only: `OPTIONS /traces` said `GET` though `POST` is
+    served too.) A served method never reaches these: the router takes the first full match."""
+    path_to_methods: dict[str, set[str]] = {}
+    for route in app.router.routes:
+        if isinstance(route, Route) and route.methods:
+            path_to_methods.setdefault(route.path, set()).update(route.methods)
+    for path, methods in path_to_methods.items():
+        # an ASGI app, not a function: Starlette would make a function's route GET-only
+        app.router.routes.append(Route(path, MethodNotAllowed(", ".join(sorted(methods))), include_in_schema=False))
+
+
+class MethodNotAllowed:
+    """405 with `Allow: <allow>` and our JSON error body, whatever the method."""
+
+    def __init__(self, allow: str):
+        self.allow = allow
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = error_response(f"{scope['method']} is not served at {scope['path']}; it serves {self.allow}", 405)
+        response.headers["Allow"] = self.allow
+        await response(scope, receive, send)

@@ -177,7 +177,7 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
                                                  **response_format_grammar(req.response_format)},
                 return_logprob=want_logprobs, top_logprobs_num=req.logprobs or 0, return_text_in_logprobs=True,
                 logprob_start_len=0 if req.echo and want_logprobs else -1, stream=req.stream,
-                data_parallel_rank=requested_rank(req),
+                data_parallel_rank=requested_rank(req), cache_salt=req.cache_salt,
             )
             reqs += expand_copies(replace(base, rid=f"{base_id}-{i}"), req.n)
         prepared = await prepare_all(tm, reqs)
@@ -227,7 +227,7 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
             text=prompt, sampling_params=params, return_logprob=req.logprobs,
             top_logprobs_num=(req.top_logprobs or 0) if req.logprobs else 0, return_text_in_logprobs=True, stream=req.stream,
             require_reasoning=reasoning is not None,  # as SGLang: whether or not it is separated
-            data_parallel_rank=requested_rank(req),
+            data_parallel_rank=requested_rank(req), cache_salt=req.cache_salt,
         )
         prepared = await prepare_all(tm, expand_copies(replace(base, rid=base_id), req.n))
         split = reasoning if req.separate_reasoning else None

@@ -149,7 +149,8 @@ def _serve_http(args: ServerArgs, paths: Any, children: dict[str, BaseProcess], 
         app = create_app(tm, args.api_key, enable_metrics=args.enable_metrics, tool_call_parser=args.tool_call_parser,
                          reasoning_parser=args.reasoning_parser, response_store_size=args.response_store_size)
         protocol = functools.partial(TimedH11Protocol, timeout_header=args.timeout_header,
-                                     timeout_body=args.timeout_body, max_connections=args.max_connections)
+                                     timeout_body=args.timeout_body, timeout_request=args.timeout_request,
+                                     max_connections=args.max_connections)
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level.lower(),
                                 access_log=args.log_level.lower() == "debug", lifespan="off",
                                 timeout_graceful_shutdown=SHUTDOWN_GRACE_S, http=protocol)  # type: ignore[arg-type]

@@ -104,7 +104,7 @@ class TokenizerManager:
         try:
             self.arrivals.submit(rank, io.TokenizedGenerateReq(
                 rid, tuple(ids), prepared.params, req.return_logprob, req.logprob_start_len,
-                req.top_logprobs_num, req.stream, req.require_reasoning, prepared.grammar,
+                req.top_logprobs_num, req.stream, req.require_reasoning, prepared.grammar, req.cache_salt,
             ))
             while True:
                 await state.event.wait()

@@ -36,6 +36,7 @@ class Tokenizer:
             raise ValueError(f"{path}: cannot load tokenizer ({e})") from e
         self.vocab_size = len(self._tok)
         self.eos_token_id: int | None = self._tok.eos_token_id
+        self.bos_token_id: int | None = self._tok.bos_token_id
         self.all_special_ids: frozenset[int] = frozenset(self._tok.all_special_ids)
         self.chat_template: str | None = _read_template(chat_template) or getattr(self._tok, "chat_template", None)
 

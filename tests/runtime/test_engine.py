@@ -123,7 +123,7 @@ def test_logprobs_shapes(engine: Engine) -> None:
 
 def test_invalid_input_is_rejected(engine: Engine) -> None:
     with pytest.raises(ValueError, match="empty"):
-        engine.generate(prompt="")
+        engine.generate(input_ids=[])  # "" is taken: it starts from BOS (else EOS)
     with pytest.raises(ValueError, match="context length"):
         engine.generate(input_ids=[1] * 600)
     with pytest.raises(ValueError, match="max_new_tokens"):

@@ -1,5 +1,6 @@
-"""The dashboard in a real browser (headless Chromium over CDP, `cdp_browser`): the page loads
-open and empty, the API key typed once brings the data in, and after a few shared-prefix requests
+"""The dashboard in a real browser (headless Chromium over CDP, `cdp_browser`): on a server without
+an API key the page is live as it opens, no click; on one with a key it loads open and empty,
+asks for the key only after the server's 401, the key typed once brings the data in, and after a few shared-prefix requests
 the numbers change and the tree shows the shared prefix with its token count; selecting a running
 request highlights its cached prefix; a traced program's calls appear on the timeline. A screenshot is saved under tests/artifacts/.
 
@@ -95,10 +96,23 @@ def click_when_listed(browser: Browser, rid: str, done: threading.Event) -> dict
     return None if seen is None else dict(seen)
 
 
+def test_without_an_api_key_the_dashboard_connects_by_itself(tiny_server: ServerHandle, browser: Browser) -> None:
+    browser.goto(f"{tiny_server.url}/dashboard?poll_ms=100")
+    browser.wait_for_function("Number(document.body.dataset.polls || 0) >= 2")  # no click: it polls by itself
+    assert browser.evaluate("document.getElementById('key-form').hidden") is True  # never asked for a key
+    assert browser.evaluate("document.getElementById('status').textContent").startswith("live, ")
+    total = httpx.get(f"{tiny_server.url}/cache_tree", timeout=60).json()["pool"]["max_total_num_tokens"]
+    assert browser.evaluate("document.getElementById('pool-total').textContent") == f"{total:,}"
+
+
 def test_the_dashboard_shows_the_shared_prefix_and_live_numbers(server: ServerHandle, browser: Browser) -> None:
     url = server.url
     browser.goto(f"{url}/dashboard?poll_ms=100")
+    # it tries without a key, and only the 401 makes it ask for one
+    browser.wait_for_function("!document.getElementById('key-form').hidden")
+    assert browser.evaluate("document.getElementById('status').textContent") == "this server needs an API key"
     assert browser.evaluate("document.getElementById('tree-total').textContent") == "-"  # the shell holds no data
+    assert "polls" not in browser.evaluate("Object.keys(document.body.dataset)")
     browser.evaluate(f"document.getElementById('api-key').value = {json.dumps(KEY)};"
                      "document.getElementById('key-form').requestSubmit()")
     browser.wait_for_function("Number(document.body.dataset.polls || 0) >= 1")

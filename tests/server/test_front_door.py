@@ -16,7 +16,7 @@ from radixlm.runtime.config.limits import MAX_BATCH, MAX_TOP_LOGPROBS_NUM
 # /generate bodies that are refused; the tiny server and the tiny engine share the model and the
 # 4,096-token pool, so the limits in the messages agree.
 BAD_BODIES: dict[str, dict[str, Any]] = {
-    "empty prompt": {"text": ""},
+    "empty prompt": {"input_ids": []},  # "" is taken: it starts from BOS (else EOS)
     "text and input_ids": {"text": "a", "input_ids": [1]},
     "neither text nor input_ids": {"sampling_params": {}},
     "text of the wrong type": {"text": 5},

@@ -147,7 +147,7 @@ CATALOGUE: list[tuple[str, str, Any, int, str]] = [
     ("surrogate-rid", "/generate", b'{"text": "hi", "rid": "\\ud800"}', 400, "surrogate"),
     ("surrogate-chat", "/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\ud83d"}]}', 400, "surrogate"),
     # prompts
-    ("empty-text", "/generate", {"text": ""}, 400, "empty"),
+    ("empty-ids-generate", "/generate", {"input_ids": []}, 400, "non-empty list"),  # "" starts from BOS/EOS
     ("empty-batch", "/generate", {"text": []}, 400, "non-empty list"),
     ("empty-ids", "/v1/completions", {"prompt": [], "max_tokens": 1}, 400, "empty"),
     ("negative-id", "/v1/completions", {"prompt": [5, -1], "max_tokens": 1}, 400, "token ids"),

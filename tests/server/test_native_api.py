@@ -106,7 +106,7 @@ def test_generate_stream(tiny_server: ServerHandle) -> None:
         ({"text": "hi", "sampling_params": {"top_p": 2.0}}, "top_p"),
         ({"text": "hi", "sampling_params": {"bogus": 1}}, "bogus"),
         ({"text": "hi", "bogus_field": 1}, "bogus_field"),
-        ({"text": ""}, "empty"),
+        ({"input_ids": []}, "empty"),  # "" is taken: it starts from BOS (else EOS)
         ({"input_ids": [1, 10**9]}, "input_ids"),
         ({"input_ids": [1] * 600}, "context length"),
         ({}, "text"),

@@ -31,7 +31,8 @@ FLAGS = [  # SGLang's names, one per ServerArgs field
     "--disable-jump-forward", "--constrained-json-whitespace-pattern", "--grammar-backend", "--disable-cpu-kernels",
     "--disable-adaptive-threads", "--random-seed", "--log-level", "--host", "--port", "--api-key", "--chat-template",
     "--served-model-name", "--tool-call-parser", "--reasoning-parser", "--response-store-size", "--enable-metrics",
-    "--incremental-streaming-output", "--stream-interval", "--timeout-header", "--timeout-body", "--max-connections",
+    "--incremental-streaming-output", "--stream-interval", "--timeout-header", "--timeout-body", "--timeout-request",
+    "--max-connections",
     "--kv-events-config", "--dp-size", "--load-balance-method", "--tp-size",
 ]
 # /get_server_info: every setting by its field name (a secret as has_<name>), and the state below

@@ -127,7 +127,7 @@ def test_what_the_router_sends_is_accepted() -> None:
     (GenerateReqInput, {"text": "hi", "image_data": "http://127.0.0.1:1/cat.png"}, "image_data"),
     (GenerateReqInput, {"text": "hi", "lora_path": "adapter"}, "lora_path"),
     (GenerateReqInput, {"text": "hi", "disagg_prefill_dp_rank": 1}, "disagg_prefill_dp_rank"),
-    (GenerateReqInput, {"text": "hi", "cache_salt": "tenant-a"}, "cache_salt"),
+    (GenerateReqInput, {"text": "hi", "extra_key": "tenant-a"}, "extra_key"),
     (GenerateReqInput, {"text": "hi", "sampling_params": {"logit_bias": {"5": 1.0}}}, "sampling_params.logit_bias"),
     (GenerateReqInput, {"text": "hi", "sampling_params": {"beam_width": 4}}, "sampling_params.beam_width"),
     (CompletionRequest, {"prompt": "hi", "best_of": 3}, "best_of"),

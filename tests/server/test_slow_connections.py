@@ -1,15 +1,18 @@
-"""Slow and malformed connections through the real server (issue 19): the header timer, the body
-idle timer and the connection cap of runtime/server/http_protocol.py, driven by raw sockets.
+"""Slow and malformed connections through the real server (issues 19 and 38): the header timer,
+the body idle timer, the request deadline and the connection cap of
+runtime/server/http_protocol.py, driven by raw sockets.
 
 No test measures elapsed time: each blocks on recv (with a generous socket timeout) and checks
-what arrives. One server has 1-second timers; the cap is tested on a second server whose header
-timer is long enough that idle sockets stay open.
+what arrives. One server has 1-second timers; the cap and the request deadline are tested on a
+second server whose idle timers are long enough that idle sockets stay open and a trickle never
+trips them.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import select
 import socket
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +29,8 @@ from radixlm.runtime.server.http_protocol import error_response
 
 RECV_TIMEOUT = 60.0  # a socket waits this long for the server before the test fails
 GENERATE = {"text": "Hello", "sampling_params": {"max_new_tokens": 2, "temperature": 0}}
+DEADLINE = 2  # --timeout-request of the "capped" server: seconds for a whole request
+TRICKLE_PAUSE = 0.25  # seconds the trickling client waits for an answer before its next byte
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +39,7 @@ def servers(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     timer long enough that idle sockets stay open."""
     logs = tmp_path_factory.mktemp("slow")
     flags = {"timed": ("--log-level", "info", "--timeout-header", "1", "--timeout-body", "1", "--max-connections", "4"),
-             "capped": ("--timeout-header", "600", "--max-connections", "2")}
+             "capped": ("--timeout-header", "600", "--max-connections", "2", "--timeout-request", str(DEADLINE))}
     with ThreadPoolExecutor(len(flags)) as pool:
         futures = {name: pool.submit(start_server, tiny_model_dir, logs / f"{name}.log", "--max-total-tokens", "1024", *f)
                    for name, f in flags.items()}
@@ -133,11 +138,14 @@ def test_flags_parse_with_defaults() -> None:
     parser = argparse.ArgumentParser()
     add_cli_args(parser)
     defaults = from_cli_args(parser.parse_args([]))
-    assert (defaults.timeout_header, defaults.timeout_body, defaults.max_connections) == (10.0, 30.0, 512)
-    given = from_cli_args(parser.parse_args(["--timeout-header", "2.5", "--timeout-body", "4", "--max-connections", "7"]))
-    assert (given.timeout_header, given.timeout_body, given.max_connections) == (2.5, 4.0, 7)
+    assert (defaults.timeout_header, defaults.timeout_body, defaults.timeout_request,
+            defaults.max_connections) == (10.0, 30.0, 30.0, 512)
+    given = from_cli_args(parser.parse_args(["--timeout-header", "2.5", "--timeout-body", "4", "--max-connections", "7",
+                                             "--timeout-request", "9"]))
+    assert (given.timeout_header, given.timeout_body, given.timeout_request, given.max_connections) == (2.5, 4.0, 9.0, 7)
     for bad in ({"timeout_header": 0}, {"timeout_body": -1.0}, {"timeout_body": float("nan")},
-                {"timeout_header": float("inf")}, {"max_connections": 0}):
+                {"timeout_header": float("inf")}, {"max_connections": 0}, {"timeout_request": 0},
+                {"timeout_request": float("inf")}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             ServerArgs(**bad)  # type: ignore[arg-type]
 
@@ -227,3 +235,40 @@ def test_connection_beyond_cap_gets_503(capped_server: ServerHandle) -> None:
     while len(statuses) < 20 and 200 not in statuses:
         statuses.append(httpx.get(capped_server.url + "/health", timeout=RECV_TIMEOUT).status_code)
     assert statuses[-1] == 200 and set(statuses) <= {200, 503}, statuses
+
+
+def trickle(sock: socket.socket, data: bytes) -> tuple[int, bytes]:
+    """Send `data` a byte at a time, before each byte waiting up to TRICKLE_PAUSE for the server
+    to answer or close (a pace far inside the idle timers, never a wait for an ordering); then read
+    until the server closes. Returns (bytes sent, everything received)."""
+    for sent in range(len(data)):
+        if select.select([sock], [], [], TRICKLE_PAUSE)[0]:  # the server spoke or closed
+            return sent, read_until_closed(sock)
+        try:
+            sock.sendall(data[sent:sent + 1])
+        except OSError:  # closed between our look and our byte
+            return sent + 1, read_until_closed(sock)
+    return len(data), read_until_closed(sock)
+
+
+@pytest.mark.parametrize("part", ["head", "body"])
+def test_a_trickled_request_gets_408_at_the_deadline(capped_server: ServerHandle, part: str) -> None:
+    """--timeout-request: a request trickled a byte at a time (the head, or the body after a whole
+    head), each byte well inside the idle timers, still gets 408 and a closed connection before
+    it is whole: an overall deadline, not one per read."""
+    body = json.dumps(GENERATE).encode()[:-1] + b" " * 4096 + b"}"
+    head = post_head(len(body))
+    with connect(capped_server) as sock:
+        if part == "body":
+            sock.sendall(head)
+            sent, received = trickle(sock, body)
+            assert sent < len(body)
+        else:
+            sent, received = trickle(sock, head + body)
+            assert sent < len(head)
+    assert_error(received, 408)
+    message = json.loads(parse_response(received)[2])["error"]["message"]
+    assert message == f"the request (line, headers and body) did not arrive whole within {DEADLINE} seconds"
+    # the server goes on, and a whole request is served
+    reply = httpx.post(capped_server.url + "/generate", json=GENERATE, timeout=RECV_TIMEOUT)
+    assert reply.status_code == 200 and reply.json()["meta_info"]["completion_tokens"] == 2

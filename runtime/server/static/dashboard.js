@@ -1,6 +1,7 @@
-// The radixlm dashboard: polls GET /cache_tree with the API key typed into the page (kept in this
-// script's memory only, sent as `Authorization: Bearer`), and draws the KV pool, the radix tree,
-// the requests and a few series over time. Plain DOM and SVG; every text from the server goes in
+// The radixlm dashboard: polls GET /cache_tree as soon as it loads, without a key; only if the
+// server answers 401 does it stop, show the key form and wait for the key (kept in this script's
+// memory only, then sent as `Authorization: Bearer`). It draws the KV pool, the radix tree, the
+// requests and a few series over time. Plain DOM and SVG; every text from the server goes in
 // through textContent, never as markup.
 "use strict";
 
@@ -15,7 +16,7 @@ const INDENT = 16;
 const SVG = "http://www.w3.org/2000/svg";
 
 const page = {
-  apiKey: null, // null: not connected yet
+  apiKey: null, // null: no key given (enough for a server without one)
   timer: null,
   previous: null, // the last answer, for per-interval rates
   selectedRid: null,
@@ -42,12 +43,14 @@ function setStatus(text, isError) {
 }
 
 async function poll() {
-  const headers = page.apiKey ? { Authorization: "Bearer " + page.apiKey } : {};
+  const key = page.apiKey;
+  const headers = key !== null ? { Authorization: "Bearer " + key } : {};
   try {
     const resp = await fetch("/cache_tree?max_nodes=" + MAX_NODES, { headers, cache: "no-store" });
     if (resp.status === 401) {
-      setStatus("wrong or missing API key", true);
+      if (key !== page.apiKey) return; // sent before the key was given: the new polls decide
       stopPolling();
+      askForKey(key === null ? "this server needs an API key" : "wrong API key");
       return;
     }
     if (!resp.ok) throw new Error("HTTP " + resp.status);
@@ -70,14 +73,27 @@ function stopPolling() {
   page.timer = null;
 }
 
-function connect(event) {
-  event.preventDefault();
-  page.apiKey = $("api-key").value;
-  $("api-key").value = ""; // kept in page memory only
+// the key form is hidden until a 401 says the server wants a key
+function askForKey(reason) {
+  setStatus(reason, true);
+  $("key-form").hidden = false;
+  $("api-key").focus();
+}
+
+function startPolling() {
   stopPolling();
   page.previous = null;
   poll();
   page.timer = setInterval(poll, POLL_MS);
+}
+
+function connect(event) {
+  event.preventDefault();
+  page.apiKey = $("api-key").value;
+  $("api-key").value = ""; // kept in page memory only
+  $("key-form").hidden = true;
+  setStatus("connecting", false);
+  startPolling();
 }
 
 // ------------------------------------------------------------------ series over time
@@ -309,3 +325,4 @@ function drawTraces(entries) {
 }
 
 $("key-form").addEventListener("submit", connect);
+startPolling(); // without a key: a server that has none answers at once

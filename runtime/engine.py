@@ -152,8 +152,8 @@ class Engine:
                                                 require_reasoning=req.require_reasoning, grammar=p.grammar)
                 self.scheduler.add_request(sched_req)
                 output = self._outputs[rid] = RequestOutput.of(
-                    rid, req, self.token_texts, self.server_args.incremental_streaming_output
-                )
+                    rid, req, self.token_texts, self.server_args.incremental_streaming_output,
+                    None if p.grammar is None else p.grammar.backend)
                 started.append((sched_req, output))
         return started
 

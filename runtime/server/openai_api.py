@@ -136,6 +136,13 @@ def _finish(meta: dict[str, Any]) -> str | None:
     return None if reason is None else str(reason["type"])
 
 
+def _grammar_backend(results: list[dict[str, Any]]) -> dict[str, str]:
+    """`{"grammar_backend": engine}` (a radixlm extension) when a grammar constrained the
+    results: the engine the door chose for it (`constrained.engine_choice`); else empty."""
+    engines = {r["meta_info"]["grammar_backend"] for r in results if "grammar_backend" in r["meta_info"]}
+    return {"grammar_backend": engines.pop()} if len(engines) == 1 else {}
+
+
 def _usage(results: list[dict[str, Any]], num_prompts: int) -> dict[str, Any]:
     metas = [r["meta_info"] for r in results]
     n = max(1, len(metas) // max(1, num_prompts))
@@ -249,7 +256,7 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
         } for i, r in enumerate(results)]
         return JSONResponse({
             "id": base_id, "object": "text_completion", "created": int(time.time()), "model": tm.model_name,
-            "choices": choices, "usage": _usage(results, len(prompts)),
+            "choices": choices, "usage": _usage(results, len(prompts)), **_grammar_backend(results),
         })
 
     @app.post("/v1/chat/completions")
@@ -314,7 +321,7 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
             })
         return JSONResponse({
             "id": base_id, "object": "chat.completion", "created": int(time.time()), "model": tm.model_name,
-            "choices": choices, "usage": _usage(results, 1),
+            "choices": choices, "usage": _usage(results, 1), **_grammar_backend(results),
         })
 
     async def _stream_tool_calls(reqs: list[PreparedRequest], req: ChatRequest, base_id: str, tool_names: set[str],

@@ -75,7 +75,7 @@ def issue_form(i: int) -> tuple[Schema, object]:
     """An issue form: body items discriminated by `type` (const), labels unique, ids restricted."""
     field_types = ("input", "textarea", "dropdown", "checkboxes")
     items = []
-    for n, kind in enumerate(field_types[: 2 + i % 3]):
+    for kind in field_types[: 2 + i % 3]:
         attrs: Schema = {"type": "object", "properties": {"label": {"type": "string", "minLength": 1}},
                          "required": ["label"]}
         if kind == "dropdown":
@@ -135,6 +135,7 @@ def compose_file(i: int) -> tuple[Schema, object]:
                                                                       {"type": "string", "pattern": "^[0-9]+:[0-9]+$"}]}},
                        "depends_on": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
                        "restart": {"enum": ["no", "always", "on-failure"]},
+                       f"x_{_w(i)}_{i}": {"type": "string", "maxLength": 8 + i},
                        "healthcheck": {"type": "object", "properties": {"test": {"type": "string"},
                                                                         "interval": {"type": "string"}},
                                        "dependentRequired": {"interval": ["test"]}}},

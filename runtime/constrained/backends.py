@@ -78,6 +78,12 @@ def validate(name: str, kind: str, spec: object, whitespace_pattern: str | None 
     `LoweredGrammar.backend` says which), else GrammarError naming the keywords."""
     if kind == "json_schema":
         return choose_json_schema(name, spec, whitespace_pattern)
+    return lower_on(name, kind, spec, whitespace_pattern)
+
+
+def lower_on(name: str, kind: str, spec: object, whitespace_pattern: str | None = None) -> LoweredGrammar:
+    """Engine `name`'s own lowering of the spec as sent (a JSON schema without our rewrite or
+    fallback: what that one engine does, for tests and the bench); GrammarError as `validate`."""
     if kind not in KINDS[name]:
         able = [b for b in GRAMMAR_BACKENDS if kind in KINDS[b]]
         raise GrammarError(f"the {name} grammar backend cannot serve {kind} grammars; "
@@ -96,24 +102,10 @@ def choose_json_schema(name: str, spec: object, whitespace_pattern: str | None =
         text = json.dumps(spec if isinstance(spec, bool) else spec == "true")
     else:
         text = engine_choice.schema_text(parse_schema(spec))
-    return _choose_cached(name, text, whitespace_pattern)
-
-
-@functools.lru_cache(maxsize=64)
-def _choose_cached(name: str, text: str, whitespace_pattern: str | None) -> LoweredGrammar:
-    """`choose_json_schema` of a schema's canonical text, once per distinct schema (an extraction
-    pipeline sends the same one with every request)."""
-    from radixlm.runtime.constrained.compile_cache import check_cfg_schema
-
-    schema = engine_choice.rewritten(json.loads(text))
-    if isinstance(schema, dict):
-        check_cfg_schema(schema)
-    normalized = engine_choice.schema_text(schema)
+    normalized, engine_to_reason = _rewritten(text)
     reasons: list[tuple[str, str]] = []
     for engine in engine_choice.engine_order(name):
-        why = engine_choice.unenforced(engine, schema)
-        if why is None and engine == "outlines" and not isinstance(schema, dict):
-            why = "serves object schemas only"
+        why = engine_to_reason[engine]
         if why is not None:
             reasons.append((engine, why))
             continue
@@ -123,6 +115,23 @@ def _choose_cached(name: str, text: str, whitespace_pattern: str | None) -> Lowe
         except GrammarError as e:
             reasons.append((engine, f"refuses it: {e}"))
     raise engine_choice.refusal(reasons)
+
+
+@functools.lru_cache(maxsize=64)
+def _rewritten(text: str) -> tuple[str, dict[str, str | None]]:
+    """A schema's rewritten text (`engine_choice.rewritten`) and, per engine, why it would not
+    enforce it (None: it would), once per distinct schema text (an extraction pipeline sends the
+    same schema with every request; a megabyte schema's rewrite takes about a second).
+    GrammarError (not cached) where the schema is malformed or too large."""
+    from radixlm.runtime.constrained.compile_cache import check_cfg_schema
+
+    schema = engine_choice.rewritten(json.loads(text))
+    if isinstance(schema, dict):
+        check_cfg_schema(schema)
+    engine_to_reason = {engine: engine_choice.unenforced(engine, schema) for engine in GRAMMAR_BACKENDS}
+    if not isinstance(schema, dict):
+        engine_to_reason["outlines"] = "serves object schemas only"
+    return engine_choice.schema_text(schema), engine_to_reason
 
 
 @functools.lru_cache(maxsize=64)

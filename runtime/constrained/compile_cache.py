@@ -56,9 +56,9 @@ class CompileCache(Generic[Compiled]):
     def get_lowered(self, lowered: LoweredGrammar) -> Future[Compiled]:
         """`get` for a spec the front door lowered already (`backends.validate`): cached under the
         same key, and its form compiled as it is, not lowered again. ValueError if another backend,
-        or this one with other settings, lowered it. A grammar the door gave another engine
+        or this one with other settings, lowered it. A JSON schema the door gave another engine
         (`backends.choose_json_schema`) goes to that engine's backend in `siblings`, if set."""
-        if lowered.backend != self.backend_name and self.siblings is not None:
+        if lowered.backend != self.backend_name and lowered.kind == "json_schema" and self.siblings is not None:
             siblings = self.siblings
             return self._executor.submit(lambda: siblings.get(lowered.backend).get_lowered(lowered).result())
         if (lowered.backend, lowered.settings) != (self.backend_name, self.lowering_settings):

@@ -86,8 +86,9 @@ def unenforced(engine: str, schema: object) -> str | None:
         if "$ref" in node and len(node) > 1 and engine != "llguidance":
             return f"does not enforce keywords beside '$ref' at {path}"
         if engine == "xgrammar":
-            if "pattern" in node and ("minLength" in node or "maxLength" in node or "format" in node):
-                return f"does not enforce 'pattern' with length bounds or 'format' at {path}"
+            if ("pattern" in node or "format" in node) and ("minLength" in node or "maxLength" in node
+                                                             or "pattern" in node and "format" in node):
+                return f"does not enforce 'pattern' / 'format' with length bounds or each other at {path}"
             if any(k in node for k in ("anyOf",)) and any(k in node for k in ("properties", "required", "items")):
                 return f"does not enforce keywords beside 'anyOf' at {path}"
     return None

@@ -316,8 +316,8 @@ def _negate_discriminator(parent: Schema, cond: Schema) -> Schema | None:
     if not isinstance(values, list) or not isinstance(listed, list):
         return None
     rest = [v for v in listed if v not in values]
-    if not rest:
-        return {"properties": {name: False}} if name not in parent.get("required", []) else None
+    if not rest:  # k present always passes the test: only an absent k fails it, if `cond` requires k
+        return {"properties": {name: False}} if name in cond.get("required", []) else None
     return {"properties": {name: {"enum": rest}}, "required": [name]}
 
 

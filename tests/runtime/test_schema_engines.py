@@ -106,3 +106,13 @@ def test_refusal_names_the_keyword() -> None:
 
 def test_the_old_corpus_still_loads() -> None:
     assert len(schema_corpus.corpus()) >= 150
+
+
+def test_a_discriminator_the_parent_lists_fully_keeps_the_absent_case_exact() -> None:
+    # every listed value passes `if`, and `if` does not require k: an absent k passes too (then)
+    schema = {"type": "object", "properties": {"k": {"enum": ["a"]}, "v": {}},
+              "if": {"properties": {"k": {"const": "a"}}}, "then": {"required": ["v"]}, "else": {"required": ["w"]}}
+    rewritten = rewrite_schema(schema)
+    for instance in ({}, {"k": "a"}, {"v": 1}, {"w": 1}, {"k": "a", "v": 1}):
+        if not _errors(rewritten, instance):
+            assert not _errors(schema, instance), (rewritten, instance)

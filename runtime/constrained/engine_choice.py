@@ -116,7 +116,7 @@ def rewritten(spec: object) -> object:
 def refusal(reasons: list[tuple[str, str]]) -> GrammarError:
     """The error for a schema no engine serves, with each engine's reason."""
     text = "; ".join(f"{engine} {reason}" for engine, reason in reasons)
-    return GrammarError(f"no grammar engine enforces this JSON schema exactly: {text}")
+    return GrammarError(f"unsupported JSON schema: no grammar engine enforces it exactly: {text}")
 
 
 def schema_text(schema: object) -> str:

@@ -17,8 +17,8 @@ from jsonschema.validators import validator_for
 
 from radixlm.runtime.bench import hard_schema_corpus, schema_corpus
 
-# one schema of each hard family, and a few of the first corpus
-SAMPLE = hard_schema_corpus.corpus()[::26] + schema_corpus.corpus()[::60]
+# one schema of each hard family, and two of the first corpus
+SAMPLE = hard_schema_corpus.corpus()[::26] + schema_corpus.corpus()[::100]
 
 
 def _errors(schema: dict[str, Any], instance: object) -> list[str]:

@@ -45,6 +45,7 @@ import re
 from typing import Any
 
 from radixlm.runtime.constrained.errors import GrammarError
+from radixlm.runtime.constrained.schema_merge import MergeConflict, merge
 
 Schema = dict[str, Any]
 
@@ -63,10 +64,6 @@ _LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
 _BRANCH_KEYS = ("anyOf", "oneOf")
 _APPLICATORS = ("allOf", "anyOf", "oneOf", "not", "if", "$ref", "dependentSchemas", "dependencies")
 MAX_INLINED = 50_000  # subschemas produced by inlining references, over the whole rewrite
-
-
-class _Conflict(Exception):
-    """Two schemas whose merge this module cannot write as one."""
 
 
 def rewrite_schema(schema: object) -> object:
@@ -160,7 +157,7 @@ class _Rewriter:
             return body
         try:
             return merge(body, rest)
-        except _Conflict:
+        except MergeConflict:
             return {"allOf": [body, rest]}
 
     # ---- the walk ---------------------------------------------------------------------------
@@ -201,7 +198,7 @@ class _Rewriter:
                 continue
             try:
                 merged = merge(merged, branch)
-            except _Conflict:
+            except MergeConflict:
                 kept.append(branch)
         if kept:
             merged["allOf"] = kept
@@ -270,7 +267,7 @@ def _dependents(node: Schema) -> Schema:
             if isinstance(sub, dict):
                 try:
                     node = merge(node, sub)
-                except _Conflict:
+                except MergeConflict:
                     node.setdefault("allOf", []).append(sub)
     return node
 
@@ -296,7 +293,7 @@ def _and(a: Schema, b: object) -> Schema:
         return dict(a)
     try:
         return merge(a, b)
-    except _Conflict:
+    except MergeConflict:
         return {**a, "allOf": [*a.get("allOf", []), b]}
 
 
@@ -417,7 +414,7 @@ def _distribute(node: Schema) -> Schema:
         if rest and not any(k in rest for k in _BRANCH_KEYS + ("allOf", "$ref")):
             try:
                 branches = [_and(rest, b) if isinstance(b, dict) else b for b in branches]
-            except _Conflict:
+            except MergeConflict:
                 continue
             node = {k: v for k, v in node.items() if k in (key, "$defs", "definitions")}
             node[key] = branches
@@ -492,84 +489,3 @@ def _values(schema: Schema, name: str) -> list[object] | None:
     if not isinstance(sub, dict):
         return None
     return [sub["const"]] if "const" in sub else sub.get("enum") if isinstance(sub.get("enum"), list) else None
-
-
-# ---- merge ------------------------------------------------------------------------------------
-
-_MIN_KEYS = ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties")
-_MAX_KEYS = ("maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties")
-
-
-def merge(a: Schema, b: Schema) -> Schema:
-    """One schema whose instances are those valid for both; _Conflict where this cannot say it
-    as one (e.g. two different `pattern`s, or either has a `$ref`)."""
-    if "$ref" in a or "$ref" in b:
-        raise _Conflict
-    out = dict(a)
-    for key, value in b.items():
-        if key not in out:
-            out[key] = value
-        elif out[key] == value:
-            continue
-        elif key == "properties":
-            props = dict(out[key])
-            for name, sub in value.items():
-                props[name] = _merge_sub(props[name], sub) if name in props else sub
-            out[key] = props
-        elif key == "required":
-            out[key] = list(dict.fromkeys([*out[key], *value]))
-        elif key == "type":
-            both = _type_set(out[key]) & _type_set(value)
-            if not both:
-                raise _Conflict
-            out[key] = sorted(both)[0] if len(both) == 1 else sorted(both)
-        elif key in _MIN_KEYS:
-            out[key] = max(out[key], value)
-        elif key in _MAX_KEYS:
-            out[key] = min(out[key], value)
-        elif key == "enum":
-            out[key] = [v for v in out[key] if v in value]
-        elif key in ("additionalProperties", "items") and isinstance(value, dict) and isinstance(out[key], dict):
-            out[key] = _merge_sub(out[key], value)
-        elif key in ("additionalProperties", "items") and (value is False or out[key] is False):
-            out[key] = False
-        elif key in ("additionalProperties", "items") and value is True:
-            continue
-        elif key in ("title", "description", "default", "examples", "markdownDescription"):
-            continue
-        elif key == "allOf":
-            out[key] = [*out[key], *value]
-        else:
-            raise _Conflict
-    if "additionalProperties" in b and b["additionalProperties"] is not True and "properties" in a:
-        _check_closed(a, b)
-    if "additionalProperties" in a and a["additionalProperties"] is not True and "properties" in b:
-        _check_closed(b, a)
-    return out
-
-
-def _check_closed(opened: Schema, closing: Schema) -> None:
-    """`closing`'s additionalProperties applies to `opened`'s properties that it does not list:
-    merged naively they would escape it."""
-    declared = set(closing.get("properties") or {}) | set()
-    if set(opened.get("properties") or {}) - declared or closing.get("patternProperties"):
-        raise _Conflict
-
-
-def _merge_sub(a: object, b: object) -> object:
-    if a is True or a == {}:
-        return b
-    if b is True or b == {}:
-        return a
-    if a is False or b is False:
-        return False
-    if not isinstance(a, dict) or not isinstance(b, dict):
-        raise _Conflict
-    return merge(a, b)
-
-
-def _type_set(value: object) -> set[str]:
-    kinds = set(value) if isinstance(value, list) else {value}
-    if "number" in kinds:
-        kinds.add("integer")
-    return {k for k in kinds if isinstance(k, str)}

@@ -35,13 +35,14 @@ _ENGINE_UNENFORCED: dict[str, tuple[str, ...]] = {
     "llguidance": (),
     "outlines": ("allOf",),
 }
-# formats each engine enforces (a wrong value of each is refused: runtime/bench/schema_keywords.py)
+# formats each engine enforces (a wrong value of each is refused: runtime/bench/schema_keywords.py);
+# no engine knows the calendar, so `date` / `time` / `date-time` reach none: the rewrite turns them
+# into patterns (`schema_rewrite.FORMAT_PATTERNS`), and beside another `pattern` they are refused
 ENGINE_FORMATS: dict[str, frozenset[str]] = {
-    "xgrammar": frozenset({"date", "date-time", "time", "duration", "email", "hostname", "ipv4", "ipv6", "uri",
-                           "uri-reference", "uuid", "json-pointer"}),
-    "llguidance": frozenset({"date", "date-time", "time", "duration", "email", "hostname", "ipv4", "ipv6", "uri",
-                             "uuid"}),
-    "outlines": frozenset({"date", "date-time", "time", "email", "uri", "uuid"}),
+    "xgrammar": frozenset({"duration", "email", "hostname", "ipv4", "ipv6", "uri", "uri-reference", "uuid",
+                           "json-pointer"}),
+    "llguidance": frozenset({"duration", "email", "hostname", "ipv4", "ipv6", "uri", "uuid"}),
+    "outlines": frozenset({"email", "uri", "uuid"}),
 }
 _MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _DATA = ("enum", "const", "default", "examples", "required")

@@ -9,7 +9,8 @@ Dialects (draft-04 .. 2020-12), exact:
 - boolean `exclusiveMinimum` / `exclusiveMaximum` (draft-04) become the numeric form;
 - `items: [...]` / `additionalItems` (draft-04 .. 2019-09) become `prefixItems` / `items`;
 - `dependencies` (draft-04 .. 07) becomes `dependentRequired` / `dependentSchemas`;
-- a `format` no validator asserts (`ASSERTED_FORMATS`) is an annotation: dropped;
+- a `format` no validator asserts (`ASSERTED_FORMATS`) is an annotation: dropped; `date`, `time`
+  and `date-time` become (stricter) `pattern`s (`FORMAT_PATTERNS`);
 - `unevaluatedProperties` / `unevaluatedItems` beside no applicator are `additionalProperties` / `items`.
 
 Structure, exact:
@@ -57,6 +58,14 @@ ASSERTED_FORMATS = frozenset({
     "relative-json-pointer", "color",
 })  # fmt: skip
 ANNOTATIONS = ("$schema", "$id", "$comment", "id")
+# Dates and times as patterns every engine enforces, stricter than RFC 3339: no engine's own
+# `date` knows the calendar (each takes 2023-02-29; outlines' date-time has no offset), so a
+# day is 01-28 in every month, 29-30 outside February, 31 in long months (never February 29);
+# years 1000-2999; no leap second; the offset required, `T` and `Z` upper case.
+_DATE = ("[12][0-9]{3}-(?:(?:0[1-9]|1[0-2])-(?:0[1-9]|1[0-9]|2[0-8])|(?:0[13-9]|1[0-2])-(?:29|30)"
+         "|(?:0[13578]|1[02])-31)")
+_TIME = "(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]{1,6})?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
+FORMAT_PATTERNS = {"date": _DATE, "time": _TIME, "date-time": f"{_DATE}T{_TIME}"}
 _MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _SINGLES = ("additionalProperties", "items", "not", "if", "then", "else", "contains", "propertyNames",
             "unevaluatedProperties", "unevaluatedItems")
@@ -241,6 +250,8 @@ def _dialect(node: Schema) -> Schema:
             node.setdefault(key, {})[name] = value
     if isinstance(node.get("format"), str) and node["format"] not in ASSERTED_FORMATS:
         del node["format"]
+    if node.get("format") in FORMAT_PATTERNS and "pattern" not in node:
+        node["pattern"] = f"^{FORMAT_PATTERNS[node.pop('format')]}$"
     if node.get("uniqueItems") is False:
         del node["uniqueItems"]
     if not any(k in node for k in _APPLICATORS):  # nothing else evaluates: the plain keyword

@@ -27,6 +27,8 @@ Probe = tuple[dict[str, Any], object, object]
 ENGINES = ("xgrammar", "llguidance", "outlines")
 PROBES: dict[str, Probe] = {
     "pattern": ({"type": "string", "pattern": "^[a-z]{3}$"}, "abc", "abcd"),
+    "pattern with an optional group": ({"type": "string", "pattern": "^(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]"
+                                                      "(?:[.][0-9]+)?Z$"}, "00:04:00Z", "00:04:000Z"),
     "pattern + minLength": ({"type": "string", "pattern": "^[a-z]+$", "minLength": 3}, "abc", "ab"),
     "format date": ({"type": "string", "format": "date"}, "2024-01-02", "2024-13-45x"),
     "format date (calendar)": ({"type": "string", "format": "date"}, "2024-02-28", "2023-02-29"),

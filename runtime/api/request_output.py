@@ -82,8 +82,11 @@ class RequestOutput:
     """One request's outputs so far; see the module docstring."""
 
     def __init__(self, rid: str, options: OutputOptions, stream: bool, token_text: TokenTexts | None,
-                 incremental: bool = False):
+                 incremental: bool = False, grammar_backend: str | None = None):
+        """`grammar_backend`: the engine the door chose for the request's grammar (None: none),
+        reported as `meta_info["grammar_backend"]`."""
         self.rid = rid
+        self.grammar_backend = grammar_backend
         self.options = options
         self.stream = stream
         self.incremental = incremental and stream
@@ -101,10 +104,11 @@ class RequestOutput:
         self.created = time.perf_counter()
 
     @classmethod
-    def of(cls, rid: str, request: GenerateRequest, token_text: TokenTexts, incremental: bool = False) -> RequestOutput:
+    def of(cls, rid: str, request: GenerateRequest, token_text: TokenTexts, incremental: bool = False,
+           grammar_backend: str | None = None) -> RequestOutput:
         """The output of a request taken at the door (both doors make it this way)."""
         options = OutputOptions(request.return_logprob, request.top_logprobs_num, request.return_text_in_logprobs)
-        return cls(rid, options, request.stream, token_text, incremental)
+        return cls(rid, options, request.stream, token_text, incremental, grammar_backend)
 
     @property
     def is_finished(self) -> bool:
@@ -161,6 +165,8 @@ class RequestOutput:
             "finish_reason": self.finish_reason,
             "e2e_latency": time.perf_counter() - self.created,
         }
+        if self.grammar_backend is not None:
+            meta["grammar_backend"] = self.grammar_backend
         if self.options.return_logprob:
             meta.update(self._new_logprobs() if self.stream else self.logprobs)
             if self.stream:

@@ -32,7 +32,12 @@ MAX_REGEX_CHARS = 64 * 1024  # a regex as the client sends it
 # Positions of a regex with counted repetitions multiplied out (`a{1000}` counts 1000): a token
 # index has roughly one state per position, and each state costs milliseconds to build.
 MAX_REGEX_POSITIONS = 20_000
-MAX_SCHEMA_CHARS = 256 * 1024  # a JSON schema as JSON text
+# A JSON schema as JSON text (real configuration formats' schemas reach 1-3 MB), and once rewritten
+# for the engines (`constrained.schema_rewrite` inlines references): the context-free engines'
+# grammars, and so their compile memory, grow linearly with it; the outlines engine's regex is
+# bounded apart (MAX_SCHEMA_REGEX_CHARS).
+MAX_SCHEMA_CHARS = 4 * 1024 * 1024
+MAX_REWRITTEN_SCHEMA_CHARS = 8 * 1024 * 1024
 MAX_SCHEMA_DEPTH = 64  # nesting of a JSON schema document
 MAX_EBNF_CHARS = 256 * 1024  # an `ebnf` grammar's text (xgrammar / llguidance)
 MAX_SCHEMA_BOUND = 10**30  # |minimum|, |maximum| (their range regexes grow with the digits)

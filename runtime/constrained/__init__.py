@@ -5,6 +5,8 @@ Modules, bottom up: `errors` (GrammarError), `numeric_regex` and `regex_syntax` 
 `vocabulary` (our tokenizer -> outlines-core Vocabulary), `grammar` (compiled grammars,
 per-request state, the caching background `GrammarBackend`). Every backend's front-door check
 lowers the spec once (`lowered.LoweredGrammar`, carried with the request to the compile worker).
+A JSON schema is first rewritten (`schema_rewrite`) and given to the first engine that enforces
+it exactly (`engine_choice`, `backends.choose_json_schema`); docs/json-schema.md.
 """
 
 from __future__ import annotations

@@ -13,11 +13,14 @@ door's check of a request's grammar against the chosen one.
 from __future__ import annotations
 
 import functools
+import json
 import re
 from typing import TYPE_CHECKING
 
 from radixlm.runtime.config.server_args import GRAMMAR_BACKENDS  # the flag's choices: `--grammar-backend`
+from radixlm.runtime.constrained import engine_choice
 from radixlm.runtime.constrained.errors import GrammarError
+from radixlm.runtime.constrained.json_schema import parse_schema
 from radixlm.runtime.constrained.lowered import LoweredGrammar
 from radixlm.runtime.constrained.spec import lower_checked, normalize_spec
 
@@ -33,7 +36,22 @@ KINDS = {"outlines": ("regex", "json_schema", "choices"), "xgrammar": CFG, "llgu
 
 def create(name: str, tokenizer: Tokenizer, vocab_size: int, *, num_workers: int, enable_jump_forward: bool,
            whitespace_pattern: str | None) -> GrammarBackend | XGrammarBackend | LLGuidanceBackend:
-    """The compile backend `name` for this tokenizer and logits width."""
+    """The compile backend `name` for this tokenizer and logits width. JSON schemas the front door
+    gave another engine (`choose_json_schema`) it hands to that engine's backend, made on first use
+    with the same settings (`compile_cache.Siblings`)."""
+    from radixlm.runtime.constrained.compile_cache import Siblings
+
+    def make(engine: str) -> GrammarBackend | XGrammarBackend | LLGuidanceBackend:
+        return _create_one(engine, tokenizer, vocab_size, num_workers=num_workers,
+                           enable_jump_forward=enable_jump_forward, whitespace_pattern=whitespace_pattern)
+
+    backend = make(name)
+    backend.siblings = Siblings(make)
+    return backend
+
+
+def _create_one(name: str, tokenizer: Tokenizer, vocab_size: int, *, num_workers: int, enable_jump_forward: bool,
+                whitespace_pattern: str | None) -> GrammarBackend | XGrammarBackend | LLGuidanceBackend:
     if name == "llguidance":
         from radixlm.runtime.constrained.llguidance_backend import LLGuidanceBackend
 
@@ -55,7 +73,17 @@ def validate(name: str, kind: str, spec: object, whitespace_pattern: str | None 
     serve its kind) or the spec is malformed; quick, without the vocabulary. The check is the
     backend's lowering (`lowered`: outlines' regex, with `whitespace_pattern`, the server's;
     xgrammar's Grammar; llguidance's grammar text), returned for the request to carry to the
-    compile worker, which compiles it as it is."""
+    compile worker, which compiles it as it is. A JSON schema goes to the first engine of
+    `engine_choice.engine_order(name)` that enforces it exactly (the returned
+    `LoweredGrammar.backend` says which), else GrammarError naming the keywords."""
+    if kind == "json_schema":
+        return choose_json_schema(name, spec, whitespace_pattern)
+    return lower_on(name, kind, spec, whitespace_pattern)
+
+
+def lower_on(name: str, kind: str, spec: object, whitespace_pattern: str | None = None) -> LoweredGrammar:
+    """Engine `name`'s own lowering of the spec as sent (a JSON schema without our rewrite or
+    fallback: what that one engine does, for tests and the bench); GrammarError as `validate`."""
     if kind not in KINDS[name]:
         able = [b for b in GRAMMAR_BACKENDS if kind in KINDS[b]]
         raise GrammarError(f"the {name} grammar backend cannot serve {kind} grammars; "
@@ -65,6 +93,45 @@ def validate(name: str, kind: str, spec: object, whitespace_pattern: str | None 
     from radixlm.runtime.constrained.compile_cache import normalize_cfg
 
     return lowered_at_door(name, kind, normalize_cfg(kind, spec), None)
+
+
+def choose_json_schema(name: str, spec: object, whitespace_pattern: str | None = None) -> LoweredGrammar:
+    """The JSON schema lowered by the first engine of `engine_order(name)` that enforces its
+    rewritten form exactly (`engine_choice`); GrammarError with every engine's reason if none."""
+    if isinstance(spec, bool) or spec in ("true", "false"):
+        text = json.dumps(spec if isinstance(spec, bool) else spec == "true")
+    else:
+        text = engine_choice.schema_text(parse_schema(spec))
+    normalized, engine_to_reason = _rewritten(text)
+    reasons: list[tuple[str, str]] = []
+    for engine in engine_choice.engine_order(name):
+        why = engine_to_reason[engine]
+        if why is not None:
+            reasons.append((engine, why))
+            continue
+        try:
+            return lowered_at_door(engine, "json_schema", normalized,
+                                   whitespace_pattern if engine == "outlines" else None)
+        except GrammarError as e:
+            reasons.append((engine, f"refuses it: {e}"))
+    raise engine_choice.refusal(reasons)
+
+
+@functools.lru_cache(maxsize=64)
+def _rewritten(text: str) -> tuple[str, dict[str, str | None]]:
+    """A schema's rewritten text (`engine_choice.rewritten`) and, per engine, why it would not
+    enforce it (None: it would), once per distinct schema text (an extraction pipeline sends the
+    same schema with every request; a megabyte schema's rewrite takes about a second).
+    GrammarError (not cached) where the schema is malformed or too large."""
+    from radixlm.runtime.constrained.compile_cache import check_cfg_schema
+
+    schema = engine_choice.rewritten(json.loads(text))
+    if isinstance(schema, dict):
+        check_cfg_schema(schema)
+    engine_to_reason = {engine: engine_choice.unenforced(engine, schema) for engine in GRAMMAR_BACKENDS}
+    if not isinstance(schema, dict):
+        engine_to_reason["outlines"] = "serves object schemas only"
+    return engine_choice.schema_text(schema), engine_to_reason
 
 
 @functools.lru_cache(maxsize=64)

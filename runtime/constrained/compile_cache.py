@@ -39,6 +39,8 @@ class CompileCache(Generic[Compiled]):
         self._executor = ThreadPoolExecutor(max_workers=num_workers, thread_name_prefix=f"{name}-compile")
         self._key_to_future: OrderedDict[tuple[str, str], Future[Compiled]] = OrderedDict()
         self._lock = threading.Lock()
+        # the other engines' backends, for JSON schemas the door gave them (set by `backends.create`)
+        self.siblings: Siblings | None = None
 
     def get(self, kind: str, spec: object) -> Future[Compiled]:
         """The compiled grammar for (kind, spec), as a future; never blocks on compilation. A
@@ -54,7 +56,11 @@ class CompileCache(Generic[Compiled]):
     def get_lowered(self, lowered: LoweredGrammar) -> Future[Compiled]:
         """`get` for a spec the front door lowered already (`backends.validate`): cached under the
         same key, and its form compiled as it is, not lowered again. ValueError if another backend,
-        or this one with other settings, lowered it."""
+        or this one with other settings, lowered it. A JSON schema the door gave another engine
+        (`backends.choose_json_schema`) goes to that engine's backend in `siblings`, if set."""
+        if lowered.backend != self.backend_name and lowered.kind == "json_schema" and self.siblings is not None:
+            siblings = self.siblings
+            return self._executor.submit(lambda: siblings.get(lowered.backend).get_lowered(lowered).result())
         if (lowered.backend, lowered.settings) != (self.backend_name, self.lowering_settings):
             raise ValueError(f"the grammar was lowered by the {lowered.backend} backend with {dict(lowered.settings)}; "
                              f"this is the {self.backend_name} backend with {dict(self.lowering_settings)}")
@@ -94,6 +100,31 @@ class CompileCache(Generic[Compiled]):
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+        if self.siblings is not None:
+            self.siblings.shutdown()
+
+
+class Siblings:
+    """The backends of other engines, each made by `make(name)` on first use (in a compile worker
+    thread: making one loads its library and vocabulary) and shut down with their owner."""
+
+    def __init__(self, make: Callable[[str], Any]):
+        self._make = make
+        self._name_to_backend: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def get(self, name: str) -> Any:
+        with self._lock:
+            backend = self._name_to_backend.get(name)
+            if backend is None:
+                backend = self._name_to_backend[name] = self._make(name)
+            return backend
+
+    def shutdown(self) -> None:
+        with self._lock:
+            backends, self._name_to_backend = list(self._name_to_backend.values()), {}
+        for backend in backends:
+            backend.shutdown()
 
 
 def normalize_cfg(kind: str, spec: object) -> str:

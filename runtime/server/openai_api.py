@@ -106,6 +106,13 @@ def _sampling_params(req: CompletionRequest | ChatRequest, max_tokens: int | Non
     return {k: v for k, v in pairs.items() if v is not None}
 
 
+def _grammar_backend(results: list[dict[str, Any]]) -> dict[str, str]:
+    """`{"grammar_backend": engine}` (a radixlm extension) when a grammar constrained the
+    results: the engine the door chose for it (`constrained.engine_choice`); else empty."""
+    engines = {r["meta_info"]["grammar_backend"] for r in results if "grammar_backend" in r["meta_info"]}
+    return {"grammar_backend": engines.pop()} if len(engines) == 1 else {}
+
+
 def _completion_logprobs(meta: dict[str, Any], echo: bool, offset: int = 0) -> dict[str, Any]:
     """OpenAI completion logprobs of the entries in `meta` (a whole result, or a stream chunk's
     new entries, whose first token starts at text offset `offset`)."""
@@ -200,7 +207,7 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
         } for i, r in enumerate(results)]
         return JSONResponse({
             "id": base_id, "object": "text_completion", "created": int(time.time()), "model": tm.model_name,
-            "choices": choices, "usage": usage_of(results, len(prompts)),
+            "choices": choices, "usage": usage_of(results, len(prompts)), **_grammar_backend(results),
         })
 
     @app.post("/v1/chat/completions")
@@ -256,7 +263,7 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
             })
         return JSONResponse({
             "id": base_id, "object": "chat.completion", "created": int(time.time()), "model": tm.model_name,
-            "choices": choices, "usage": usage_of(results, 1),
+            "choices": choices, "usage": usage_of(results, 1), **_grammar_backend(results),
         })
 
     async def _stream_tool_calls(reqs: list[PreparedRequest], req: ChatRequest, base_id: str, tool_names: set[str],

@@ -95,7 +95,8 @@ class TokenizerManager:
         rid = req.rid or f"{uuid.uuid4().hex[:16]}-{next(self._rid_counter)}"
         if rid in self.states:
             raise RequestError(f"request id {rid!r} is already in use")
-        state = ReqState(RequestOutput.of(rid, req, self.token_texts, self.incremental_streaming_output),
+        state = ReqState(RequestOutput.of(rid, req, self.token_texts, self.incremental_streaming_output,
+                                          None if prepared.grammar is None else prepared.grammar.backend),
                          is_counted=req.log_metrics)
         self.states[rid] = state
         if state.is_counted:

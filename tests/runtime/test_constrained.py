@@ -585,18 +585,19 @@ BAD_SPECS: list[tuple[str, object, dict[str, str], tuple[str, str] | None]] = [
 ]
 @pytest.mark.parametrize("row", range(len(BAD_SPECS)), ids=[f"{kind}-{json.dumps(spec)}" for kind, spec, *_ in BAD_SPECS])
 def test_bad_specs_raise_at_validation(row: int, backend_name: str, backend: Backend, tokenizer: Tokenizer) -> None:
-    """A spec a backend cannot serve is refused with its reason at the door (`backends.validate`,
-    quick, no compile) and by the compile; one it serves, it honours."""
+    """A spec a backend cannot serve is refused with its reason by its lowering (`backends.lower_on`,
+    quick, no compile) and by the compile; one it serves, it honours. (The door, `validate`, gives
+    a JSON schema one engine refuses to another: tests/runtime/test_schema_engines.py.)"""
     kind, spec, refusals, outputs = BAD_SPECS[row]
     message = refusals.get(backend_name)
     if message is not None:
         with pytest.raises(GrammarError, match=re.escape(message)):
-            backends.validate(backend_name, kind, spec)
+            backends.lower_on(backend_name, kind, spec)
         with pytest.raises(GrammarError, match=re.escape(message)):
             backend.get(kind, spec).result(timeout=30)
         return
     assert outputs is not None
-    backends.validate(backend_name, kind, spec)
+    backends.lower_on(backend_name, kind, spec)
     compiled = backend.get(kind, spec).result(timeout=30)
     forbidden, allowed = outputs
     assert (accepts_text(compiled, tokenizer, forbidden), accepts_text(compiled, tokenizer, allowed)) == (False, True)

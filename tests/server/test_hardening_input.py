@@ -221,7 +221,7 @@ CATALOGUE: list[tuple[str, str, Any, int, str]] = [
     ("schema-deep-text", "/generate", gen(json_schema="[" * 50_000 + "]" * 50_000), 400, "nested too deeply"),
     ("schema-huge-bound", "/generate", gen(json_schema=json.dumps({"type": "integer", "maximum": 10**400})), 400,
      "1e30"),
-    ("schema-too-long", "/generate", gen(json_schema=json.dumps({"enum": list(range(100_000))})), 400, "too long"),
+    ("schema-too-long", "/generate", gen(json_schema=json.dumps({"enum": list(range(700_000))})), 400, "too long"),
     ("schema-file-ref", "/generate", gen(json_schema=json.dumps({"$ref": "file:///etc/passwd"})), 400, "$ref"),
     ("schema-unsupported", "/v1/chat/completions",
      chat(response_format={"type": "json_schema", "json_schema": {"schema": {"not": {}}}}), 400, "unsupported"),
@@ -234,17 +234,19 @@ CATALOGUE: list[tuple[str, str, Any, int, str]] = [
 # Grammars one backend refuses and another serves: (id, path, body, outlines' (status, word),
 # xgrammar's). The outlines backend builds a token DFA (bounded in size and by a compile deadline);
 # xgrammar's context-free matcher serves nesting and huge bounds without building one. 200: served.
+# A JSON schema outlines refuses goes to the next engine that enforces it (docs/json-schema.md), so
+# the outlines server serves those too.
 GRAMMAR_CATALOGUE: list[tuple[str, str, Any, tuple[int, str], tuple[int, str]]] = [
     ("regex-explosive", "/generate", gen(regex=EXPLOSIVE_REGEX, max_new_tokens=12),
      (400, f"longer than {COMPILE_TIMEOUT_S} s"), (200, "")),
     ("regex-lookbehind", "/generate", gen(regex="(?<=a)b"), (400, "invalid grammar"), (400, "lookbehind")),
     ("schema-nested-arrays", "/generate", gen(json_schema=json.dumps(nested_arrays(40)), max_new_tokens=90),
-     (400, "too complex"), (200, "")),
+     (200, ""), (200, "")),
     ("schema-huge-max-length", "/generate", gen(json_schema=json.dumps({"type": "string", "maxLength": 10**12})),
-     (400, "too large"), (200, "")),
+     (200, ""), (200, "")),
     ("schema-deep-openai", "/v1/chat/completions",
      chat(response_format={"type": "json_schema", "json_schema": {"schema": nested_arrays(40)}}, max_tokens=90),
-     (400, "too complex"), (200, "")),
+     (200, ""), (200, "")),
 ]
 
 

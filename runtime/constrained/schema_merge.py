@@ -1,0 +1,94 @@
+"""The intersection of two JSON schemas written as one schema (`merge`), where it can be: what
+`schema_rewrite` uses to fold `allOf` branches, inlined references and conditional branches into
+their parent. Exact: the merged schema's instances are those valid for both; MergeConflict where
+two keywords cannot be combined (two different `pattern`s, a `$ref`, an object closed by
+`additionalProperties` that the other would open, ...)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+Schema = dict[str, Any]
+
+
+class MergeConflict(Exception):
+    """Two schemas whose intersection `merge` cannot write as one."""
+
+
+_MIN_KEYS = ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties")
+_MAX_KEYS = ("maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties")
+
+
+def merge(a: Schema, b: Schema) -> Schema:
+    """One schema whose instances are those valid for both; MergeConflict where this cannot say it
+    as one (e.g. two different `pattern`s, or either has a `$ref`)."""
+    if "$ref" in a or "$ref" in b:
+        raise MergeConflict
+    out = dict(a)
+    for key, value in b.items():
+        if key not in out:
+            out[key] = value
+        elif out[key] == value:
+            continue
+        elif key == "properties":
+            props = dict(out[key])
+            for name, sub in value.items():
+                props[name] = _merge_sub(props[name], sub) if name in props else sub
+            out[key] = props
+        elif key == "required":
+            out[key] = list(dict.fromkeys([*out[key], *value]))
+        elif key == "type":
+            both = _type_set(out[key]) & _type_set(value)
+            if not both:
+                raise MergeConflict
+            out[key] = sorted(both)[0] if len(both) == 1 else sorted(both)
+        elif key in _MIN_KEYS:
+            out[key] = max(out[key], value)
+        elif key in _MAX_KEYS:
+            out[key] = min(out[key], value)
+        elif key == "enum":
+            out[key] = [v for v in out[key] if v in value]
+        elif key in ("additionalProperties", "items") and isinstance(value, dict) and isinstance(out[key], dict):
+            out[key] = _merge_sub(out[key], value)
+        elif key in ("additionalProperties", "items") and (value is False or out[key] is False):
+            out[key] = False
+        elif key in ("additionalProperties", "items") and value is True:
+            continue
+        elif key in ("title", "description", "default", "examples", "markdownDescription"):
+            continue
+        elif key == "allOf":
+            out[key] = [*out[key], *value]
+        else:
+            raise MergeConflict
+    if "additionalProperties" in b and b["additionalProperties"] is not True and "properties" in a:
+        _check_closed(a, b)
+    if "additionalProperties" in a and a["additionalProperties"] is not True and "properties" in b:
+        _check_closed(b, a)
+    return out
+
+
+def _check_closed(opened: Schema, closing: Schema) -> None:
+    """`closing`'s additionalProperties applies to `opened`'s properties that it does not list:
+    merged naively they would escape it."""
+    declared = set(closing.get("properties") or {}) | set()
+    if set(opened.get("properties") or {}) - declared or closing.get("patternProperties"):
+        raise MergeConflict
+
+
+def _merge_sub(a: object, b: object) -> object:
+    if a is True or a == {}:
+        return b
+    if b is True or b == {}:
+        return a
+    if a is False or b is False:
+        return False
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        raise MergeConflict
+    return merge(a, b)
+
+
+def _type_set(value: object) -> set[str]:
+    kinds = set(value) if isinstance(value, list) else {value}
+    if "number" in kinds:
+        kinds.add("integer")
+    return {k for k in kinds if isinstance(k, str)}

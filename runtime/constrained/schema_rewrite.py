@@ -1,0 +1,502 @@
+"""JSON schemas as people write them -> the subset every grammar engine reads the same way.
+
+`rewrite_schema(schema)` returns a schema whose valid instances are valid for the input schema
+(never more: every rewrite below is exact or *stricter*, so an engine that enforces the result
+exactly never produces an output the input schema rejects). What it does, per subschema:
+
+Dialects (draft-04 .. 2020-12), exact:
+- draft-04 `id`, `$id`, `$schema`, `$comment` are dropped (nothing is ever fetched);
+- boolean `exclusiveMinimum` / `exclusiveMaximum` (draft-04) become the numeric form;
+- `items: [...]` / `additionalItems` (draft-04 .. 2019-09) become `prefixItems` / `items`;
+- `dependencies` (draft-04 .. 07) becomes `dependentRequired` / `dependentSchemas`;
+- a `format` no validator asserts (`ASSERTED_FORMATS`) is an annotation: dropped; `date`, `time`
+  and `date-time` become (stricter) `pattern`s (`FORMAT_PATTERNS`);
+- `unevaluatedProperties` / `unevaluatedItems` beside no applicator are `additionalProperties` / `items`.
+
+Structure, exact:
+- a `$ref` with sibling keywords, and every `$ref` inside `allOf`, is inlined when its target
+  does not lead back to itself (recursive references stay references);
+- `allOf` branches are merged into their parent (`merge`) where no two keywords conflict;
+- a parent's keywords are distributed into each `anyOf` / `oneOf` branch (P and (A or B) is
+  (P and A) or (P and B)); `oneOf` whose branches are pairwise disjoint (`_disjoint`) is `anyOf`;
+- `required` names that `properties` does not list get the schema the object gives them
+  (`patternProperties` matches, else `additionalProperties`, else `{}`: any value);
+- `propertyNames` with only `enum` / `const` / `pattern` becomes properties / patternProperties
+  of a closed object.
+
+Stricter where no engine enforces the keyword (the output stays valid, some valid outputs are
+no longer produced; docs/json-schema.md lists them):
+- `dependentRequired` / `dependentSchemas`: the dependents are always required / the schema
+  always applies;
+- `if` / `then` / `else`: (if and then) or (not-if and else) when `if` tests one property against
+  constants and that property's values are listed (`enum` / `const`), else (if and then);
+- `uniqueItems: true`: at most one item (when `minItems` allows it);
+- `contains` (without `minContains` > 1 / `maxContains`): the first item satisfies it.
+
+What is left (`not`, a `oneOf` not shown disjoint, `allOf` that could not be merged, ...) stays
+in the result; `engine_choice` then picks an engine that enforces it or refuses the request
+naming the keyword. GrammarError where the schema is malformed in a way a rewrite meets.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from typing import Any
+
+from radixlm.runtime.constrained.errors import GrammarError
+from radixlm.runtime.constrained.schema_merge import MergeConflict, merge
+
+Schema = dict[str, Any]
+
+# the formats a JSON Schema validator asserts (jsonschema's FormatChecker with its optional
+# packages); any other `format` is an annotation only
+ASSERTED_FORMATS = frozenset({
+    "date", "date-time", "time", "duration", "email", "idn-email", "hostname", "idn-hostname", "ipv4", "ipv6",
+    "uri", "uri-reference", "iri", "iri-reference", "uri-template", "uuid", "regex", "json-pointer",
+    "relative-json-pointer", "color",
+})  # fmt: skip
+ANNOTATIONS = ("$schema", "$id", "$comment", "id")
+# Dates and times as patterns every engine enforces, stricter than RFC 3339: no engine's own
+# `date` knows the calendar (each takes 2023-02-29; outlines' date-time has no offset), so a
+# day is 01-28 in every month, 29-30 outside February, 31 in long months (never February 29);
+# years 1000-2999; no leap second; the offset required, `T` and `Z` upper case.
+_DATE = ("[12][0-9]{3}-(?:(?:0[1-9]|1[0-2])-(?:0[1-9]|1[0-9]|2[0-8])|(?:0[13-9]|1[0-2])-(?:29|30)"
+         "|(?:0[13578]|1[02])-31)")
+_TIME = "(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]{1,6})?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
+FORMAT_PATTERNS = {"date": _DATE, "time": _TIME, "date-time": f"{_DATE}T{_TIME}"}
+_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SINGLES = ("additionalProperties", "items", "not", "if", "then", "else", "contains", "propertyNames",
+            "unevaluatedProperties", "unevaluatedItems")
+_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
+_BRANCH_KEYS = ("anyOf", "oneOf")
+_APPLICATORS = ("allOf", "anyOf", "oneOf", "not", "if", "$ref", "dependentSchemas", "dependencies")
+MAX_INLINED = 50_000  # subschemas produced by inlining references, over the whole rewrite
+
+
+def rewrite_schema(schema: object) -> object:
+    """The rewritten schema (see the module docstring); the input is not changed."""
+    if not isinstance(schema, dict):
+        return schema
+    root = copy.deepcopy(schema)
+    rewriter = _Rewriter(root)
+    return _prune_definitions(rewriter.node(root, "#", ()))
+
+
+def _prune_definitions(schema: object) -> object:
+    """`schema` without the top-level `$defs` / `definitions` entries no `$ref` reaches any more
+    (inlining copied them where they were used)."""
+    if not isinstance(schema, dict):
+        return schema
+    body = {k: v for k, v in schema.items() if k not in ("$defs", "definitions")}
+    reached: set[str] = set()
+    stack = [body]
+    while stack:
+        for ref in _refs(stack.pop()):
+            for key in ("$defs", "definitions"):
+                prefix = f"#/{key}/"
+                if ref.startswith(prefix):
+                    name = ref[len(prefix):].split("/")[0].replace("~1", "/").replace("~0", "~")
+                    defs = schema.get(key)
+                    if isinstance(defs, dict) and (key, name) not in reached and name in defs:
+                        reached.add((key, name))
+                        stack.append(defs[name])
+            if ref in ("#", "#/") or not ref.startswith(("#/$defs/", "#/definitions/")):
+                return schema  # a reference to the root or elsewhere: keep everything
+    for key in ("$defs", "definitions"):
+        if isinstance(schema.get(key), dict):
+            kept = {n: d for n, d in schema[key].items() if (key, n) in reached}
+            if kept:
+                body[key] = kept
+    return body
+
+
+class _Rewriter:
+    def __init__(self, root: Schema):
+        self.root = root
+        self.inlined = 0
+        self._recursive: dict[str, bool] = {}
+
+    # ---- references -------------------------------------------------------------------------
+    def resolve(self, ref: str, path: str) -> object:
+        node: object = self.root
+        for part in ref[1:].lstrip("/").split("/") if ref not in ("#", "#/") else []:
+            part = part.replace("~1", "/").replace("~0", "~")
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                raise GrammarError(f"$ref {ref!r} at {path} does not name a part of the schema")
+        return node
+
+    def is_recursive(self, ref: str, path: str) -> bool:
+        """Whether the schema at `ref` reaches `ref` again through references."""
+        if ref not in self._recursive:
+            seen, stack, found = {ref}, [ref], False
+            while stack and not found:
+                for sub_ref in _refs(self.resolve(stack.pop(), path)):
+                    if sub_ref == ref:
+                        found = True
+                        break
+                    if sub_ref.startswith("#") and sub_ref not in seen:
+                        seen.add(sub_ref)
+                        stack.append(sub_ref)
+            self._recursive[ref] = found
+        return self._recursive[ref]
+
+    def inline(self, node: Schema, path: str, refs: tuple[str, ...]) -> Schema:
+        """`node` with its `$ref` replaced by the target merged with the siblings, when the target
+        is not recursive; else `node` as it is."""
+        ref = node.get("$ref")
+        if not isinstance(ref, str) or not ref.startswith("#") or ref in refs or self.is_recursive(ref, path):
+            return node
+        target = self.resolve(ref, path)
+        self.inlined += 1
+        if self.inlined > MAX_INLINED:
+            raise GrammarError(f"json_schema is too large once its references are inlined (over {MAX_INLINED})")
+        if target is True or target == {}:
+            target = {}
+        if not isinstance(target, dict):
+            return node
+        body = self.node(copy.deepcopy(target), path, (*refs, ref))
+        rest = {k: v for k, v in node.items() if k != "$ref"}
+        if not rest:
+            return body
+        try:
+            return merge(body, rest)
+        except MergeConflict:
+            return {"allOf": [body, rest]}
+
+    # ---- the walk ---------------------------------------------------------------------------
+    def node(self, node: object, path: str, refs: tuple[str, ...]) -> object:
+        if not isinstance(node, dict):
+            return node
+        node = _dialect(node)
+        for key in _MAPS:
+            if isinstance(node.get(key), dict):
+                node[key] = {name: self.node(sub, f"{path}/{key}/{name}", refs) for name, sub in node[key].items()}
+        for key in _SINGLES:
+            if isinstance(node.get(key), dict):
+                node[key] = self.node(node[key], f"{path}/{key}", refs)
+        for key in _LISTS:
+            if isinstance(node.get(key), list):
+                node[key] = [self.node(sub, f"{path}/{key}/{i}", refs) for i, sub in enumerate(node[key])]
+        if "$ref" in node and len(node) > 1:
+            node = self.inline(node, path, refs)
+        if isinstance(node.get("allOf"), list):
+            node = self.merge_all_of(node, path, refs)
+        node = _dependents(node)
+        node = _conditional(node)
+        node = _property_names(node)
+        node = _required_outside(node, path)
+        node = _arrays(node)
+        node = _distribute(node)
+        return node
+
+    def merge_all_of(self, node: Schema, path: str, refs: tuple[str, ...]) -> Schema:
+        branches = [self.inline(b, path, refs) if isinstance(b, dict) else b for b in node["allOf"]]
+        merged: Schema = {k: v for k, v in node.items() if k != "allOf"}
+        kept: list[object] = []
+        for branch in branches:
+            if branch is True or branch == {}:
+                continue
+            if not isinstance(branch, dict) or "$ref" in branch:
+                kept.append(branch)
+                continue
+            try:
+                merged = merge(merged, branch)
+            except MergeConflict:
+                kept.append(branch)
+        if kept:
+            merged["allOf"] = kept
+        return merged
+
+
+def _refs(node: object) -> list[str]:
+    """Every `$ref` string inside `node` (keyword-blind)."""
+    found: list[str] = []
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            ref = item.get("$ref")
+            if isinstance(ref, str):
+                found.append(ref)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return found
+
+
+def _dialect(node: Schema) -> Schema:
+    """Draft-04 .. 2019-09 spellings in 2020-12's; annotations dropped (see the docstring)."""
+    node = {k: v for k, v in node.items() if not (k in ANNOTATIONS and isinstance(v, str))}
+    for key, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if isinstance(node.get(key), bool):
+            if node.pop(key) and bound in node:
+                node[key] = node.pop(bound)
+    if isinstance(node.get("items"), list):
+        node["prefixItems"] = node.pop("items")
+        if "additionalItems" in node:
+            node["items"] = node.pop("additionalItems")
+    else:
+        node.pop("additionalItems", None)  # ignored without an items array
+    deps = node.pop("dependencies", None)
+    if isinstance(deps, dict):
+        for name, value in deps.items():
+            key = "dependentRequired" if isinstance(value, list) else "dependentSchemas"
+            node.setdefault(key, {})[name] = value
+    if isinstance(node.get("format"), str) and node["format"] not in ASSERTED_FORMATS:
+        del node["format"]
+    if node.get("format") in FORMAT_PATTERNS and "pattern" not in node:
+        node["pattern"] = f"^{FORMAT_PATTERNS[node.pop('format')]}$"
+    if node.get("uniqueItems") is False:
+        del node["uniqueItems"]
+    if not any(k in node for k in _APPLICATORS):  # nothing else evaluates: the plain keyword
+        if "unevaluatedProperties" in node and "additionalProperties" not in node:
+            node["additionalProperties"] = node.pop("unevaluatedProperties")
+        if "unevaluatedItems" in node and "items" not in node:
+            node["items"] = node.pop("unevaluatedItems")
+    return node
+
+
+def _dependents(node: Schema) -> Schema:
+    """Stricter: dependents always required, dependent schemas always applied."""
+    required = node.pop("dependentRequired", None)
+    if isinstance(required, dict):
+        names = list(node.get("required", []))
+        for dependents in required.values():
+            names.extend(n for n in dependents if isinstance(n, str) and n not in names)
+        node["required"] = names
+    schemas = node.pop("dependentSchemas", None)
+    if isinstance(schemas, dict):
+        for sub in schemas.values():
+            if sub is False:
+                continue  # only forbids its trigger; stricter: the trigger is absent (left to engines)
+            if isinstance(sub, dict):
+                try:
+                    node = merge(node, sub)
+                except MergeConflict:
+                    node.setdefault("allOf", []).append(sub)
+    return node
+
+
+def _conditional(node: Schema) -> Schema:
+    if "if" not in node:
+        node.pop("then", None)
+        node.pop("else", None)
+        return node
+    cond, then, other = node.pop("if"), node.pop("then", {}), node.pop("else", {})
+    if not isinstance(cond, dict):
+        return _and(node, then if cond is not False else other)
+    negated = _negate_discriminator(node, cond)
+    yes = _and(_and(node, cond), then)
+    if negated is None:
+        return yes  # stricter: the condition always holds
+    no = _and(_and(node, negated), other)
+    return {"anyOf": [yes, no]}
+
+
+def _and(a: Schema, b: object) -> Schema:
+    if b is True or not isinstance(b, dict) or not b:
+        return dict(a)
+    try:
+        return merge(a, b)
+    except MergeConflict:
+        return {**a, "allOf": [*a.get("allOf", []), b]}
+
+
+def _negate_discriminator(parent: Schema, cond: Schema) -> Schema | None:
+    """A schema of instances (of `parent`) where `cond` fails, when `cond` is
+    `{"properties": {k: {"const" | "enum": ...}}, "required"?: [k]}` and `parent` lists k's values;
+    else None. Instances without k (when `cond` requires k) are left out: stricter."""
+    props = cond.get("properties")
+    if set(cond) - {"properties", "required", "type"} or not isinstance(props, dict) or len(props) != 1:
+        return None
+    (name, test), = props.items()
+    if not isinstance(test, dict) or set(test) - {"const", "enum", "type"}:
+        return None
+    values = [test["const"]] if "const" in test else test.get("enum")
+    own = (parent.get("properties") or {}).get(name)
+    listed = own.get("enum", [own["const"]] if "const" in own else None) if isinstance(own, dict) else None
+    if not isinstance(values, list) or not isinstance(listed, list):
+        return None
+    rest = [v for v in listed if v not in values]
+    if not rest:  # k present always passes the test: only an absent k fails it, if `cond` requires k
+        return {"properties": {name: False}} if name in cond.get("required", []) else None
+    return {"properties": {name: {"enum": rest}}, "required": [name]}
+
+
+def _property_names(node: Schema) -> Schema:
+    """`propertyNames` of `const` / `enum` / `pattern` alone, as (pattern) properties of a closed object."""
+    names = node.get("propertyNames")
+    if not isinstance(names, dict) or set(names) - {"const", "enum", "pattern", "type"}:
+        return node
+    extra = node.get("additionalProperties", {})
+    if extra is True:
+        extra = {}
+    props = dict(node.get("properties") or {})
+    patterns = dict(node.get("patternProperties") or {})
+    if "const" in names or "enum" in names:
+        allowed = [names["const"]] if "const" in names else names["enum"]
+        allowed = [n for n in allowed if isinstance(n, str) and _matches(names.get("pattern"), n)]
+        props = {n: s for n, s in props.items() if n in allowed}
+        if extra is not False:
+            for name in allowed:
+                if name not in props:
+                    props[name] = _pattern_schema(patterns, name, extra)
+        node = {k: v for k, v in node.items() if k not in ("propertyNames", "patternProperties")}
+        node["properties"], node["additionalProperties"] = props, False
+        return node
+    if "pattern" in names and not patterns:
+        node = {k: v for k, v in node.items() if k != "propertyNames"}
+        node["properties"] = {n: s for n, s in props.items() if _matches(names["pattern"], n)}
+        if extra is not False:
+            node["patternProperties"] = {names["pattern"]: extra}
+        node["additionalProperties"] = False
+    return node
+
+
+def _matches(pattern: object, name: str) -> bool:
+    if not isinstance(pattern, str):
+        return True
+    try:
+        return re.search(pattern, name) is not None
+    except re.error:
+        return False
+
+
+def _pattern_schema(patterns: dict[str, Any], name: str, extra: object) -> object:
+    """The schema an object gives an undeclared property `name`."""
+    matched = [s for p, s in patterns.items() if _matches(p, name)]
+    if not matched:
+        return extra if isinstance(extra, dict) else {}
+    body: object = matched[0]
+    for other in matched[1:]:
+        body = _and(body, other) if isinstance(body, dict) else body
+    return body
+
+
+def _required_outside(node: Schema, path: str) -> Schema:
+    required = node.get("required")
+    if not isinstance(required, list):
+        return node
+    props = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+    missing = [n for n in required if isinstance(n, str) and n not in props]
+    if not missing:
+        return node
+    patterns = node.get("patternProperties") if isinstance(node.get("patternProperties"), dict) else {}
+    extra = node.get("additionalProperties", {})
+    props = dict(props)
+    for name in missing:
+        if extra is False and not any(_matches(p, name) for p in patterns):
+            raise GrammarError(f"required property {name!r} at {path} is not allowed by 'additionalProperties': "
+                               "false (no output is valid)")
+        props[name] = _pattern_schema(patterns, name, extra)
+    return {**node, "properties": props}
+
+
+def _arrays(node: Schema) -> Schema:
+    """uniqueItems (at most one item) and contains (the first item), stricter."""
+    if node.get("uniqueItems") is True and node.get("minItems", 0) <= 1:
+        del node["uniqueItems"]
+        node["maxItems"] = min(node.get("maxItems", 1), 1)
+    contains = node.get("contains")
+    if (isinstance(contains, dict) and node.get("minContains", 1) <= 1 and "maxContains" not in node
+            and not node.get("prefixItems") and node.get("maxItems", 1) >= 1):
+        del node["contains"]
+        node.pop("minContains", None)
+        items = node.get("items", {})
+        first = _and(items, contains) if isinstance(items, dict) else contains
+        node["prefixItems"] = [first]
+        node["minItems"] = max(node.get("minItems", 0), 1)
+    return node
+
+
+def _distribute(node: Schema) -> Schema:
+    """The parent's keywords into each anyOf / oneOf branch; a disjoint oneOf as anyOf."""
+    for key in _BRANCH_KEYS:
+        branches = node.get(key)
+        if not isinstance(branches, list):
+            continue
+        rest = {k: v for k, v in node.items() if k not in (key, "$defs", "definitions")}
+        if rest and not any(k in rest for k in _BRANCH_KEYS + ("allOf", "$ref")):
+            try:
+                branches = [_and(rest, b) if isinstance(b, dict) else b for b in branches]
+            except MergeConflict:
+                continue
+            node = {k: v for k, v in node.items() if k in (key, "$defs", "definitions")}
+            node[key] = branches
+        if key == "oneOf" and _disjoint(node["oneOf"]):
+            node["anyOf"] = node.pop("oneOf")
+    return node
+
+
+def _types(schema: object) -> set[str] | None:
+    """The JSON types a schema admits, when it says (`type`, `const`, `enum`); None if any."""
+    if not isinstance(schema, dict):
+        return None
+    if "const" in schema:
+        return {_json_type(schema["const"])}
+    if isinstance(schema.get("enum"), list):
+        return {_json_type(v) for v in schema["enum"]}
+    kind = schema.get("type")
+    kinds = set(kind) if isinstance(kind, list) else {kind} if isinstance(kind, str) else None
+    if kinds and "number" in kinds:
+        kinds.add("integer")
+    return kinds
+
+
+def _json_type(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int) or isinstance(value, float) and value.is_integer():
+        return "integer"
+    return {float: "number", str: "string", list: "array", dict: "object"}[type(value)]
+
+
+def _disjoint(branches: list[object]) -> bool:
+    """Whether no instance can satisfy two branches: their types differ, or a property that both
+    require has disjoint constants."""
+    for i, a in enumerate(branches):
+        for b in branches[i + 1:]:
+            ta, tb = _types(a), _types(b)
+            if ta is not None and tb is not None and not ta & tb:
+                continue
+            if not _discriminated(a, b):
+                return False
+    return True
+
+
+def _discriminated(a: object, b: object) -> bool:
+    """A property both require with disjoint constants, or one requires that the other (closed)
+    does not allow."""
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return False
+    if _excludes(a, b) or _excludes(b, a):
+        return True
+    for name in set(a.get("required", [])) & set(b.get("required", [])):
+        va, vb = _values(a, name), _values(b, name)
+        if va is not None and vb is not None and not {json.dumps(v, sort_keys=True) for v in va} & {
+                json.dumps(v, sort_keys=True) for v in vb}:
+            return True
+    return False
+
+
+def _excludes(closed: Schema, other: Schema) -> bool:
+    """`closed` allows no property `other` requires (additionalProperties false)."""
+    if closed.get("additionalProperties") is not False or closed.get("patternProperties"):
+        return False
+    allowed = closed.get("properties") or {}
+    return any(name not in allowed or allowed[name] is False for name in other.get("required", []))
+
+
+def _values(schema: Schema, name: str) -> list[object] | None:
+    sub = (schema.get("properties") or {}).get(name)
+    if not isinstance(sub, dict):
+        return None
+    return [sub["const"]] if "const" in sub else sub.get("enum") if isinstance(sub.get("enum"), list) else None

@@ -289,9 +289,15 @@ class SparseMoeBlock(nn.Module):
         for linear, method in zip(linears, in_one_arena([lin.method for lin in linears]), strict=True):
             linear.place(method)
         self.ext = ext
+        self.fuse_experts()
+
+    def fuse_experts(self) -> None:
+        """Run the experts in the fused kernel from now on, where it takes them (fused_experts):
+        called once the experts' methods are placed in their final arena (use_cpu_kernels here,
+        or the model's own placement of every weight), never before."""
         methods = [(expert.gate_up_proj.method, expert.down_proj.method) for expert in self.experts]
-        if len(linears) == 2 * len(methods) and all(a is not None and b is not None for a, b in methods):
-            self.fused = fused_experts(ext, methods, self.options.moe_intermediate_size)  # type: ignore[arg-type]
+        if self.ext is not None and all(a is not None and b is not None for a, b in methods):
+            self.fused = fused_experts(self.ext, methods, self.options.moe_intermediate_size)  # type: ignore[arg-type]
 
     def load_weights(self, tensors: Mapping[str, Weight], layer_prefix: str, quantize_to: str | None = None,
                      quant_mode: str = "float32") -> None:

@@ -53,7 +53,8 @@ class Extension:
     (each has a meta kernel: its output's shape); the rest (DecodeStack, ShmAllReduce, the CPU's
     features, counters) is the build's Python module."""
 
-    OPS = ("packed_linear", "bf16_linear", "q_linear", "q_columns", "rms_norm", "silu_mul", "paged_attention")
+    OPS = ("packed_linear", "bf16_linear", "q_linear", "q_columns", "rms_norm", "silu_mul", "paged_attention",
+           "moe_experts")
 
     def __init__(self, module: ModuleType, build: str):
         self.module, self.build = module, build

@@ -254,12 +254,15 @@ class LlamaCppPeer:
     name = "llama.cpp"
     w4_modes = ("json_schema",)
 
-    def __init__(self, config: PeerConfig, kv_unified: bool | None = None, extra_bufts: bool | None = None):
+    def __init__(self, config: PeerConfig, kv_unified: bool | None = None, extra_bufts: bool | None = None,
+                 model_path: Path | None = None):
+        """`model_path`: a GGUF of another model (the MoE bench's), else the default model's in
+        config.dtype (ensure_gguf)."""
         self.lib = lib = import_llama_cpp()
         self.config = config
         self.kv_unified = kv_unified  # None: unified iff the prompts share a prefix (see _context)
         lib.llama_backend_init()
-        path = ensure_gguf(config.dtype)
+        path = model_path or ensure_gguf(config.dtype)
         model_params = lib.llama_model_default_params()
         model_params.use_extra_bufts = extra_buffer_types_work() if extra_bufts is None else extra_bufts
         self.model = lib.llama_model_load_from_file(str(path).encode(), model_params)

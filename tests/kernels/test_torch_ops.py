@@ -17,6 +17,10 @@ def _operands() -> dict[str, tuple[tuple[Any, ...], dict[str, Any]]]:
     w = torch.randn(64, 128) * 0.1
     qpacked = quant.pack(quant.quantize(w.t().contiguous(), "q4_1"))
     k_buf = torch.randn(16, 1, 64)
+    # two q4_1 experts (H 64, I 32): gate_up [64 -> 64], down [32 -> 64], one arena
+    gate_up, down = (quant.pack(quant.quantize(torch.randn(64, k) * 0.1, "q4_1")).view(-1) for k in (64, 32))
+    arena = torch.cat([gate_up, down, gate_up, down])
+    at = [0, gate_up.numel(), gate_up.numel() + down.numel(), 2 * gate_up.numel() + down.numel()]
     return {
         "packed_linear": ((x, cpu_linear.pack(w), None, None), {}),
         "bf16_linear": ((x, cpu_linear.pack_pairs(w), None, None, 0), {}),
@@ -27,6 +31,9 @@ def _operands() -> dict[str, tuple[tuple[Any, ...], dict[str, Any]]]:
         "paged_attention": ((torch.randn(2, 2, 64), k_buf, torch.randn_like(k_buf),
                              torch.arange(16, dtype=torch.int32).view(1, 16), torch.tensor([0]), torch.tensor([5]),
                              torch.tensor([2]), torch.tensor([0]), 0.125), {}),
+        "moe_experts": ((x, torch.tensor([[0, 1], [1, 0], [1, 0]]), torch.rand(3, 2), arena,
+                         torch.tensor(at).view(2, 2), 32, 2, quant.block_bytes("q4_1"), quant.block_bytes("q4_1"), 0, -1),
+                        {}),
     }
 
 

@@ -31,16 +31,17 @@ TOKEN_COUNTS = (1, 7, 32)
 
 
 def tiny_config(family: str) -> Any:
-    """A tiny config of the family from transformers' class: 8 experts, top-2, hidden 64. Qwen3-MoE's
-    second layer is dense (mlp_only_layers) and its weights renormalised; OLMoE's are not."""
+    """A tiny config of the family from transformers' class: 8 experts of width 64 (the fused
+    kernel's float32 tile), top-2, hidden 64. Qwen3-MoE's second layer is dense (mlp_only_layers)
+    and its weights renormalised; OLMoE's are not."""
     from transformers import MixtralConfig, OlmoeConfig, Qwen3MoeConfig
 
     if family == "qwen3_moe":
-        return Qwen3MoeConfig(**TINY, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+        return Qwen3MoeConfig(**TINY, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64,
                               norm_topk_prob=True, mlp_only_layers=[1])
     if family == "mixtral":
-        return MixtralConfig(**TINY | {"intermediate_size": 32}, num_local_experts=8, num_experts_per_tok=2)
-    return OlmoeConfig(**TINY | {"intermediate_size": 32}, num_experts=8, num_experts_per_tok=2)
+        return MixtralConfig(**TINY | {"intermediate_size": 64}, num_local_experts=8, num_experts_per_tok=2)
+    return OlmoeConfig(**TINY | {"intermediate_size": 64}, num_experts=8, num_experts_per_tok=2)
 
 
 def is_hf_sparse(mlp: torch.nn.Module) -> bool:
@@ -93,7 +94,9 @@ def tokens(n: int, hidden: int = 64) -> torch.Tensor:
 def test_block_matches_transformers(saved: tuple[Any, dict], kernels: bool) -> None:
     """Every sparse layer of the saved model loads by its hub names, and its block equals
     transformers' within 1e-5 (float32) for 1, 7 and 32 tokens; the dense layers are those
-    transformers builds dense."""
+    transformers builds dense. With the C++ kernels, every routed expert runs in the one fused
+    call (moe_experts), never the per-expert layers (float experts past their kernel's rows
+    excepted: those take torch's GEMM, one expert at a time)."""
     model, tensors = saved
     options = moe_options_from_hf(model.config.to_dict())
     assert options is not None
@@ -101,11 +104,17 @@ def test_block_matches_transformers(saved: tuple[Any, dict], kernels: bool) -> N
     assert sparse == [i for i in range(model.config.num_hidden_layers) if options.is_sparse_layer(i)]
     for i in sparse:
         block = our_block(model, tensors, i, kernels)
+        assert (block.fused is not None) == kernels
+        runs: list[int] = []
+        for e, expert in enumerate(block.experts):
+            expert.register_forward_pre_hook(lambda *_, e=e, runs=runs: runs.append(e))
         for n in TOKEN_COUNTS:
             x = tokens(n)
+            runs.clear()
             with torch.no_grad():
                 expected = model.model.layers[i].mlp(x[None])[0]
                 got = block(x)
+            assert (not runs) == (block.fused is not None and n <= block.fused.max_rows)
             assert got.dtype == torch.float32
             assert (got - expected).abs().max().item() <= 1e-5, (i, n)
 
@@ -157,6 +166,7 @@ def test_quantized_experts_stay_quantized(saved: tuple[Any, dict]) -> None:
     from_file = our_block(model, tensors | blocks, 0, kernels=True)
     from_floats = our_block(model, tensors, 0, kernels=True, quantize_to="q8_0")
     for block in (from_file, from_floats):
+        assert block.fused is not None  # q8_0 gate_up and q4_0 down (from_file) in one call
         for expert in block.experts:
             assert isinstance(expert, Expert)
             for linear in (expert.gate_up_proj, expert.down_proj):

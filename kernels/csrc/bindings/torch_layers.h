@@ -4,6 +4,7 @@
 //   paged_attention  -> kernels/paged_attention.h   (torch_attention.cpp)
 //   rms_norm, silu_mul -> kernels/rows.h            (torch_rows.cpp)
 //   DecodeStack      -> kernels/decode_stack.h      (torch_decode_stack.cpp)
+//   moe_experts      -> kernels/moe_experts.h       (torch_moe.cpp)
 #pragma once
 
 #include <torch/extension.h>
@@ -29,6 +30,16 @@ torch::Tensor rms_norm(const torch::Tensor& x, const c10::optional<torch::Tensor
 
 // gu [T, 2n] (gate columns, then up; rows may be strided) -> silu(gate) * up [T, n], gu's dtype.
 torch::Tensor silu_mul(const torch::Tensor& gu);
+
+// x [T, H] float32; ids int64 / weights float32 [T, k] (each token's experts and their weights);
+// arena uint8: expert e's packed gate_up ([H] -> [2 * inter]) at byte offsets[e][0], its down
+// ([inter] -> [H]) at offsets[e][1]; kind a radixlm::MoeWeights; for kQuant gate_up's and down's
+// block bytes (naming their formats) and mode a radixlm::QMode; bf16_path a radixlm::Bf16Path or
+// -1 for kBf16.
+// Returns y [T, H] float32: each token's weighted sum of its experts' SwiGLU outputs.
+torch::Tensor moe_experts(const torch::Tensor& x, const torch::Tensor& ids, const torch::Tensor& weights,
+                          const torch::Tensor& arena, const torch::Tensor& offsets, int64_t inter, int64_t kind,
+                          int64_t gate_up_block_bytes, int64_t down_block_bytes, int64_t mode, int64_t bf16_path);
 
 // radixlm::DecodeStack over tensors it keeps alive.
 class DecodeStack {

@@ -1,7 +1,7 @@
 // The Python entry points of the extension. Torch ops (TORCH_LIBRARY, below): packed_linear (one
 // linear layer through the packed GEMM of packed_gemm.h), bf16_linear (the pair-panel GEMM of
 // bf16_gemm.h), q_linear and q_columns (block-quantized weights, quant_gemm.h), and the torch
-// layers of torch_layers.h: paged attention and the row-wise ops. The Python module (pybind):
+// layers of torch_layers.h: paged attention, the row-wise ops and a MoE layer's experts. The Python module (pybind):
 // DecodeStack (every decoder layer of a decode step), the shared-memory all-reduce, and the CPU's
 // features as the kernels see them.
 #include <torch/extension.h>
@@ -146,6 +146,8 @@ TORCH_LIBRARY(RADIXLM_OPS, m) {
   m.def("silu_mul(Tensor gate_up) -> Tensor");
   m.def("paged_attention(Tensor q, Tensor k_buf, Tensor v_buf, Tensor req_to_token, Tensor rows, Tensor seq_lens, "
         "Tensor extend_lens, Tensor extend_start, float scale, bool amx=False, bool flash=False) -> Tensor");
+  m.def("moe_experts(Tensor x, Tensor ids, Tensor weights, Tensor arena, Tensor offsets, int inter, int kind, "
+        "int gate_up_block_bytes, int down_block_bytes, int mode, int bf16_path) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(RADIXLM_OPS, CPU, m) {
@@ -156,6 +158,7 @@ TORCH_LIBRARY_IMPL(RADIXLM_OPS, CPU, m) {
   m.impl("rms_norm", &radixlm::bindings::rms_norm);
   m.impl("silu_mul", &radixlm::bindings::silu_mul);
   m.impl("paged_attention", &radixlm::bindings::paged_attention);
+  m.impl("moe_experts", &radixlm::bindings::moe_experts);
 }
 
 // Output shapes without running (meta tensors: torch.compile's tracing).
@@ -182,6 +185,10 @@ TORCH_LIBRARY_IMPL(RADIXLM_OPS, Meta, m) {
   m.impl("paged_attention", [](const torch::Tensor& q, const torch::Tensor&, const torch::Tensor&, const torch::Tensor&,
                                const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, double,
                                bool, bool) { return torch::empty_like(q); });
+  m.impl("moe_experts", [](const torch::Tensor& x, const torch::Tensor&, const torch::Tensor&, const torch::Tensor&,
+                           const torch::Tensor&, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t) {
+    return torch::empty_like(x);
+  });
 }
 
 // The packed layouts' sizes, which kernels/cpu_linear.py and kernels/quant.py state again to pack

@@ -209,6 +209,9 @@ class LlamaForCausalLM(nn.Module):
             elif isinstance(module, (DenseMLP, SparseMoeBlock, QuantizedEmbedding)):
                 module.ext = ext
         self._place_weights()
+        for module in self.modules():
+            if isinstance(module, SparseMoeBlock):
+                module.fuse_experts()  # over the experts' weights where _place_weights put them
         cfg = self.cfg
         if cfg.head_dim not in cpu_linear.PAGED_ATTENTION_HEAD_DIMS or (
                 self.tp is not None and self.tp.native_shm is None) or self.decode_stack_misfit() is not None:

@@ -18,6 +18,12 @@ min(E, T x top_k) expert products of each kind per step (`group_by_expert`). An 
 products are our `Linear`s (models/layers.py), so with the C++ kernels (`use_cpu_kernels`) they
 run our packed float32 / bf16 or block-quantized kernels, and without them torch's GEMM; a
 block-quantized expert (GGUF blocks from the file, or `quantize_to` at load) holds only its blocks.
+With the C++ kernels, the experts' weights sit in one arena per layer and a step's experts run in
+ONE kernel call (`FusedExperts`, kernels/csrc/kernels/moe_experts.h: grouping, every routed
+expert's gate_up, SiLU x up and down, and the weighted sum, in one parallel region), the same
+products as the experts' own layers; the per-expert path above remains for torch's ops, for
+float experts past their kernel's rows (prefill: torch's GEMM), and for widths the kernel does
+not tile (moe_intermediate_size not a multiple of 64 / 32).
 The block takes x already normalised (the post-attention RMSNorm with its weight: the router
 and every expert read it, so the norm's weight cannot be folded into one linear layer's rows).
 """
@@ -32,9 +38,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixlm.kernels import cpu_linear
 from radixlm.kernels.quant import BLOCK, QuantizedTensor, quantize
 from radixlm.runtime.model.kernel_policy import CpuIsa
-from radixlm.runtime.model.linear_method import CpuKernels, in_one_arena
+from radixlm.runtime.model.linear_method import CpuKernels, KernelLinear, in_one_arena
 from radixlm.runtime.model.models.layers import Linear
 from radixlm.runtime.model.models.weights import Weight, WeightLoadError
 
@@ -167,6 +174,67 @@ class Expert(nn.Module):
         return self.down_proj(act)
 
 
+@dataclass(frozen=True)
+class FusedExperts:
+    """A layer's experts as the fused kernel reads them: expert e's packed gate_up at byte
+    `offsets[e, 0]` of `arena`, its down at `offsets[e, 1]`, all of one `kind` (0 float32, 1
+    bf16, 2 quantized: `block_bytes` (gate_up's, down's) name their formats, `mode` how they
+    multiply; `bf16_path` the bf16 GEMM path's index). Steps of up to `max_rows` tokens run it."""
+
+    ext: Any
+    arena: torch.Tensor  # uint8, the whole allocation the experts' methods were placed in
+    offsets: torch.Tensor  # int64 [E, 2]
+    inter: int
+    kind: int
+    block_bytes: tuple[int, int]
+    mode: int
+    bf16_path: int
+    max_rows: int
+
+    def __call__(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """y [T, H] float32 for x [T, H] routed to `ids` [T, k] with `weights` [T, k]."""
+        return self.ext.moe_experts(x.float().contiguous(), ids.contiguous(), weights.float().contiguous(), self.arena,
+                                    self.offsets, self.inter, self.kind, *self.block_bytes, self.mode, self.bf16_path)
+
+
+def fused_experts(ext: Any, methods: list[tuple[KernelLinear, KernelLinear]], inter: int) -> FusedExperts | None:
+    """The fused kernel over the experts' placed (gate_up, down) methods, or None where it cannot
+    take them: float and quantized products mixed, formats that differ between experts, weights
+    in several allocations, biases, a width it does not tile, or an extension without it."""
+    if not hasattr(ext, "moe_experts"):
+        return None
+    first = methods[0][0]
+
+    def form(m: KernelLinear) -> tuple[Any, ...]:
+        return m.packed.dtype, m.quant_mode, m.packed.shape[-1] if m.quant_mode is not None else 0
+
+    forms = [{form(pair[i]) for pair in methods} for i in (0, 1)]
+    storages = {m.packed.untyped_storage().data_ptr() for pair in methods for m in pair}
+    if len(forms[0]) != 1 or len(forms[1]) != 1 or len(storages) != 1 or \
+            any(m.bias is not None for pair in methods for m in pair):
+        return None
+    (gate_up_form,), (down_form,) = forms
+    if gate_up_form[:2] != down_form[:2]:  # the same dtype and mode (quantized: the formats may differ)
+        return None
+    block_bytes, mode, path = (int(gate_up_form[2]), int(down_form[2])), int(first.quant_mode or 0), -1
+    if first.quant_mode is not None:
+        kind = 2
+    elif first.packed.dtype == torch.bfloat16:
+        path_name = getattr(first.product, "keywords", {}).get("path")
+        kind = 1
+        path = cpu_linear.BF16_PATHS.index(path_name) if path_name in cpu_linear.BF16_PATHS else -1
+    else:
+        kind = 0
+    if inter % (64 if kind in (0, 1) else 32):  # float32 panels, bf16 panel pairs: 64 columns
+        return None
+    storage = first.packed.untyped_storage()
+    arena = torch.empty(0, dtype=torch.uint8).set_(storage)
+    base = storage.data_ptr()
+    offsets = torch.tensor([[m.packed.data_ptr() - base for m in pair] for pair in methods], dtype=torch.int64)
+    return FusedExperts(ext, arena, offsets, inter, kind, block_bytes, mode, path,
+                        min(m.max_rows for pair in methods for m in pair))
+
+
 class SparseMoeBlock(nn.Module):
     """The mixture-of-experts block of one decoder layer: forward(x `[T, H]`) -> `[T, H]`."""
 
@@ -178,6 +246,7 @@ class SparseMoeBlock(nn.Module):
         self.experts = nn.ModuleList(
             Expert(hidden_size, options.moe_intermediate_size) for _ in range(options.num_experts))
         self.ext: CpuKernels | None = None  # the C++ kernels' fused SiLU x up, once use_cpu_kernels ran
+        self.fused: FusedExperts | None = None  # every routed expert in one kernel call, where it can
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(topk_ids `[T, k]` int64, topk_weights `[T, k]`) of each token: the router's logits in
@@ -192,7 +261,10 @@ class SparseMoeBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2 or x.shape[1] != self.hidden_size:
             raise ValueError(f"SparseMoeBlock takes x [T, {self.hidden_size}], got {tuple(x.shape)}")
-        groups = group_by_expert(*self.route(x))
+        ids, weights = self.route(x)
+        if self.fused is not None and x.shape[0] <= self.fused.max_rows:
+            return self.fused(x, ids, weights).to(x.dtype)
+        groups = group_by_expert(ids, weights)
         # one gather, one product pair per routed expert on its contiguous slice of rows, one
         # scale, one gather back to token order and a sum over each token's k: the per-expert work
         # is the expert's products and nothing else (torch's index_add_ / scatter_add_ would sum
@@ -217,6 +289,15 @@ class SparseMoeBlock(nn.Module):
         for linear, method in zip(linears, in_one_arena([lin.method for lin in linears]), strict=True):
             linear.place(method)
         self.ext = ext
+        self.fuse_experts()
+
+    def fuse_experts(self) -> None:
+        """Run the experts in the fused kernel from now on, where it takes them (fused_experts):
+        called once the experts' methods are placed in their final arena (use_cpu_kernels here,
+        or the model's own placement of every weight), never before."""
+        methods = [(expert.gate_up_proj.method, expert.down_proj.method) for expert in self.experts]
+        if self.ext is not None and all(a is not None and b is not None for a, b in methods):
+            self.fused = fused_experts(self.ext, methods, self.options.moe_intermediate_size)  # type: ignore[arg-type]
 
     def load_weights(self, tensors: Mapping[str, Weight], layer_prefix: str, quantize_to: str | None = None,
                      quant_mode: str = "float32") -> None:

@@ -25,6 +25,7 @@ point it at one with --url.
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 import tempfile
@@ -131,7 +132,10 @@ def _undocumented_methods(schema: Any, operation: Any, base_url: str, session: A
     run = OperationRun(f"* {operation.path}", "methods")
     documented = {m.upper() for m in schema.raw_schema["paths"][operation.path]} - {"HEAD", "OPTIONS"}
     for method in UNDOCUMENTED_METHODS:
-        case = Case(operation, method=method, path=operation.path)
+        # a path's parameters (e.g. /v1/responses/{response_id}) get a placeholder: the method
+        # decides the answer before any id is looked up
+        params = {name: "x" for name in re.findall(r"{(\w+)}", operation.path)}
+        case = Case(operation, method=method, path=operation.path, path_parameters=params or None)
         try:
             response = case.call(base_url=base_url, session=session, headers=headers, timeout=120)
         except requests.RequestException as e:

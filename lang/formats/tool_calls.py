@@ -80,6 +80,9 @@ def parse_tools(tools: Any, allow_empty: bool = False) -> list[Tool]:
         description = function.get("description")
         if description is not None and not isinstance(description, str):
             raise ToolSpecError(f"{where}.function.description must be a string")
+        strict = function.get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise ToolSpecError(f"{where}.function.strict must be true, false or null, got {type(strict).__name__}")
         parameters = function.get("parameters", DEFAULT_PARAMETERS)
         if not isinstance(parameters, dict):
             raise ToolSpecError(f"{where}.function.parameters must be a JSON schema object, got {type(parameters).__name__}")

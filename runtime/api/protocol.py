@@ -618,6 +618,8 @@ class CompletionResponse(Out):
     model: str
     choices: list[CompletionChoice]
     usage: Usage
+    grammar_backend: str | None = Field(
+        default=None, description="the engine that enforced the request's grammar (radixlm's; absent without one)")
 
 
 class TopLogprob(Out):
@@ -662,6 +664,8 @@ class ChatCompletionResponse(Out):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    grammar_backend: str | None = Field(
+        default=None, description="the engine that enforced the request's grammar (radixlm's; absent without one)")
 
 
 class CompletionChunk(Out):

@@ -4,6 +4,12 @@ are a valid Q4_K / Q6_K block once its float16 scales are sane), regenerated fro
 the cache.
 
     MoeShape (frozen) + seed -> <cache>/bench/moe/<name>.gguf (written once; a temp name, then renamed)
+    python -m radixlm.runtime.bench.moe_model --shape qwen3-30b-a3b --seed 0 [--cache-dir DIR]
+
+Shapes (SHAPES): `bench` (the default, the MoE bench's), `qwen3-30b-a3b` (Qwen3-30B-A3B's: 48
+layers, 128 experts, vocab 151,936; ~17 GB) and `tiny` (tests). Tensors are written one at a
+time, straight to the file (the largest a layer's stacked experts: 113 MB at the 30B shape), so
+writing never holds the model in memory.
 
 Formats, as llama.cpp's Q4_K_M mostly chooses them: every 2-D weight Q4_K (attention, experts,
 token embedding) but the output head, Q6_K; the router (`ffn_gate_inp`) and the norms F32, as
@@ -12,11 +18,13 @@ they are Q4_K, so every expert has the format the fused MoE kernel is measured o
 
 The weights are random, so the text is noise: the bench feeds token ids and ignores EOS. The
 vocabulary is a GPT-2-style BPE one of the byte alphabet and pairs of its printable characters
-(with their merges), so both runtimes load a tokenizer of the model's full size.
+(with their merges), then fillers past the pairs, so both runtimes load a tokenizer of the
+model's full size.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,7 +87,7 @@ def byte_alphabet() -> list[str]:
 
 def vocabulary(size: int) -> tuple[list[str], list[str]]:
     """(tokens, merges): the specials, the byte alphabet, then pairs of alphabet characters (each
-    with its merge) up to `size` tokens."""
+    with its merge), then fillers, up to `size` tokens."""
     alphabet = byte_alphabet()
     tokens = SPECIALS + alphabet
     merges: list[str] = []
@@ -89,9 +97,7 @@ def vocabulary(size: int) -> tuple[list[str], list[str]]:
                 return tokens, merges
             tokens.append(a + b)
             merges.append(f"{a} {b}")
-    if len(tokens) < size:
-        raise ValueError(f"vocab_size {size} is more than this vocabulary's {len(tokens)} tokens")
-    return tokens, merges
+    return tokens + [f"<|filler_{i}|>" for i in range(size - len(tokens))], merges
 
 
 def random_q4_k(rng: np.random.Generator, rows: int, cols: int, scale: float) -> np.ndarray:
@@ -153,34 +159,49 @@ def write_moe_gguf(path: Path, shape: MoeShape, seed: int = 0) -> None:
     writer.add_chat_template(CHAT_TEMPLATE)
 
     q4k, q6k = gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q6_K
+    tensors = _tensors(shape)
+    for name, dims, kind in tensors:  # the header first: every tensor's name, type and byte shape
+        if kind == "f32":
+            writer.add_tensor_info(name, dims, np.dtype(np.float32), 4 * int(np.prod(dims)))
+            continue
+        block_bytes, qtype = (Q4_K_BYTES, q4k) if kind == "q4_k" else (Q6_K_BYTES, q6k)
+        byte_shape = (*dims[:-1], dims[-1] // SUPER_K * block_bytes)
+        writer.add_tensor_info(name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)), raw_dtype=qtype)
+    writer.write_header_to_file(path)
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for name, dims, kind in tensors:  # then the data, one tensor at a time
+        writer.write_tensor_data(_random_tensor(rng, name, dims, kind))
+    writer.close()
 
-    def norm(name: str, n: int) -> None:
-        writer.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32))
 
-    # token_embd: rows are tokens; gguf's add_tensor takes the raw [rows, bytes] and its type
-    writer.add_tensor("token_embd.weight", random_q4_k(rng, shape.vocab_size, h, 1.0), raw_dtype=q4k)
+def _tensors(shape: MoeShape) -> list[tuple[str, tuple[int, ...], str]]:
+    """(GGUF name, torch-order shape, kind: q4_k / q6_k / f32) of every tensor, in file order."""
+    h, d, inter, e = shape.hidden_size, shape.head_dim, shape.moe_intermediate_size, shape.num_experts
+    q, kv = shape.num_heads * d, shape.num_kv_heads * d
+    out: list[tuple[str, tuple[int, ...], str]] = [("token_embd.weight", (shape.vocab_size, h), "q4_k")]
     for i in range(shape.num_layers):
         p = f"blk.{i}."
-        norm(p + "attn_norm.weight", h)
-        writer.add_tensor(p + "attn_q.weight", random_q4_k(rng, shape.num_heads * d, h, 0.05), raw_dtype=q4k)
-        writer.add_tensor(p + "attn_k.weight", random_q4_k(rng, shape.num_kv_heads * d, h, 0.05), raw_dtype=q4k)
-        writer.add_tensor(p + "attn_v.weight", random_q4_k(rng, shape.num_kv_heads * d, h, 0.05), raw_dtype=q4k)
-        writer.add_tensor(p + "attn_output.weight", random_q4_k(rng, h, shape.num_heads * d, 0.05), raw_dtype=q4k)
-        norm(p + "attn_q_norm.weight", d)
-        norm(p + "attn_k_norm.weight", d)
-        norm(p + "ffn_norm.weight", h)
-        router = (rng.standard_normal((shape.num_experts, h)) * 0.05).astype(np.float32)
-        writer.add_tensor(p + "ffn_gate_inp.weight", router)
-        e = shape.num_experts
-        for kind, (rows, cols) in (("gate", (inter, h)), ("up", (inter, h)), ("down", (h, inter))):
-            stacked = random_q4_k(rng, e * rows, cols, 0.05).reshape(e, rows, -1)
-            writer.add_tensor(f"{p}ffn_{kind}_exps.weight", stacked, raw_dtype=q4k)
-    norm("output_norm.weight", h)
-    writer.add_tensor("output.weight", random_q6_k(rng, shape.vocab_size, h, 0.05), raw_dtype=q6k)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+        out += [(p + "attn_norm.weight", (h,), "f32"), (p + "attn_q.weight", (q, h), "q4_k"),
+                (p + "attn_k.weight", (kv, h), "q4_k"), (p + "attn_v.weight", (kv, h), "q4_k"),
+                (p + "attn_output.weight", (h, q), "q4_k"), (p + "attn_q_norm.weight", (d,), "f32"),
+                (p + "attn_k_norm.weight", (d,), "f32"), (p + "ffn_norm.weight", (h,), "f32"),
+                (p + "ffn_gate_inp.weight", (e, h), "f32"), (p + "ffn_gate_exps.weight", (e, inter, h), "q4_k"),
+                (p + "ffn_up_exps.weight", (e, inter, h), "q4_k"), (p + "ffn_down_exps.weight", (e, h, inter), "q4_k")]
+    return out + [("output_norm.weight", (h,), "f32"), ("output.weight", (shape.vocab_size, h), "q6_k")]
+
+
+def _random_tensor(rng: np.random.Generator, name: str, dims: tuple[int, ...], kind: str) -> np.ndarray:
+    """The tensor's data: norms ~1, the router ~N(0, 0.05), blocks as random_q4_k / random_q6_k
+    (the embedding's values within ~±1, the others' ~±0.05)."""
+    rows = int(np.prod(dims[:-1]))
+    if kind == "q6_k":
+        return random_q6_k(rng, rows, dims[-1], 0.05)
+    if kind == "q4_k":
+        return random_q4_k(rng, rows, dims[-1], 1.0 if name == "token_embd.weight" else 0.05)
+    if name.endswith("ffn_gate_inp.weight"):
+        return (rng.standard_normal(dims) * 0.05).astype(np.float32)
+    return (1.0 + 0.1 * rng.standard_normal(dims)).astype(np.float32)
 
 
 def ensure_moe_gguf(shape: MoeShape = MoeShape(), seed: int = 0, out_dir: Path | None = None) -> Path:
@@ -200,3 +221,26 @@ def ensure_moe_gguf(shape: MoeShape = MoeShape(), seed: int = 0, out_dir: Path |
     finally:
         part.unlink(missing_ok=True)
     return target
+
+
+SHAPES = {
+    "bench": MoeShape(),
+    "qwen3-30b-a3b": MoeShape(num_layers=48, num_experts=128, vocab_size=151936, context_length=40960),
+    "tiny": MoeShape(hidden_size=256, num_layers=2, num_experts=8, top_k=2, moe_intermediate_size=256, num_heads=4,
+                     num_kv_heads=2, head_dim=64, vocab_size=512, context_length=2048),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m radixlm.runtime.bench.moe_model",
+                                     description="write (once) a random Q4_K Qwen3-MoE GGUF and print its path")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="bench")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cache-dir", type=Path, default=None, help="default: <cache>/bench/moe/")
+    args = parser.parse_args(argv)
+    print(ensure_moe_gguf(SHAPES[args.shape], args.seed, args.cache_dir))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

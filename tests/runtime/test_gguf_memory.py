@@ -16,7 +16,7 @@ from radixlm_testing import runner_decode, runner_extend
 from safetensors import safe_open
 
 from radixlm.kernels import quant
-from radixlm.runtime.bench.random_gguf import TINY, random_moe_gguf
+from radixlm.runtime.bench.moe_model import SHAPES, ensure_moe_gguf
 from radixlm.runtime.model.model_config import ModelConfig
 from radixlm.runtime.model.model_files import ModelLoadError, load_quantized, resolve_model_path
 from radixlm.runtime.model.model_runner import ModelRunner, RunnerConfig, weights_of
@@ -114,15 +114,16 @@ def test_converted_folder_refuses_a_changed_gguf(q4_k_m_gguf: Path) -> None:
 
 def test_random_moe_gguf_loads_quantized_and_generates(tmp_path: Path) -> None:
     """The bench's generator at a tiny shape: a Qwen3-MoE file of random Q4_K blocks serves with
-    every matrix in Q4_K (the experts, each product once) and a float copy of only the norms."""
+    every matrix in Q4_K (the experts, each product once; the output Q6_K) and a float copy of only the norms and routers."""
     from radixlm.runtime.engine import Engine
 
-    path = random_moe_gguf(TINY, seed=0, cache_dir=tmp_path / "gen")
-    assert random_moe_gguf(TINY, seed=0, cache_dir=tmp_path / "gen") == path  # cached
+    tiny = SHAPES["tiny"]
+    path = ensure_moe_gguf(tiny, 0, tmp_path / "gen")
+    assert ensure_moe_gguf(tiny, 0, tmp_path / "gen") == path  # cached
     with Engine(str(path), max_total_tokens=512, random_seed=0, quantization="gguf") as engine:
         model = engine.runner.model
         experts = [e for layer in model.layers for e in layer.mlp.experts]
-        assert len(experts) == TINY.num_layers * TINY.num_experts
+        assert len(experts) == tiny.num_layers * tiny.num_experts
         assert {_fmt(lin) for e in experts for lin in (e.gate_up_proj, e.down_proj)} == {"q4_k"}
         assert {_fmt(layer.qkv_proj) for layer in model.layers} == {"q4_k"}
         out = engine.generate(input_ids=[3, 4, 5, 6], sampling_params={"temperature": 0, "max_new_tokens": 6,
@@ -140,7 +141,7 @@ def test_q4_k_fast_repack_equals_the_value_by_value_one(n: int, k: int) -> None:
     import numpy as np
 
     from radixlm.kernels import kquants
-    from radixlm.runtime.bench.random_gguf import random_q4k_blocks
+    from radixlm.runtime.bench.moe_model import random_q4_k
 
-    raw = torch.from_numpy(random_q4k_blocks(np.random.default_rng(n), n, k))
+    raw = torch.from_numpy(random_q4_k(np.random.default_rng(n), n, k, 1.0))
     assert torch.equal(kquants.pack(raw, k, "q4_k", 64), kquants._pack_values(raw, k, "q4_k", 64))

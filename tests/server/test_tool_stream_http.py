@@ -1,8 +1,9 @@
 """Streamed tool calls and continuous usage through the real server (tiny random model; the
 forced choices constrain the arguments, so the outcome does not depend on model quality):
 OpenAI's shape (a call's index, id, type and name first, then its arguments in fragments), the
-same calls as the non-streamed response, the official `openai` client's stream helper, and
-instructor's `create_partial` growing an object as the arguments arrive."""
+same calls as the non-streamed response, the official `openai` client's stream helper,
+instructor's `create_partial` growing an object as the arguments arrive, and langchain-openai's
+streamed tool-call chunks adding up to the call it gets whole."""
 
 from __future__ import annotations
 
@@ -128,6 +129,27 @@ def test_instructor_create_partial_grows_the_object(tiny_server: ServerHandle) -
             assert now == value or (isinstance(value, str) and isinstance(now, str) and now.startswith(value)), \
                 (before, after)
     Weather.model_validate(distinct[-1])
+
+
+def test_langchain_streams_the_call_it_gets_whole(tiny_server: ServerHandle) -> None:
+    """langchain-openai's ChatOpenAI with a bound, forced tool: its streamed chunks carry the
+    call in pieces (the name once, the arguments in fragments), and their sum is the call
+    `invoke` returns."""
+    from langchain_openai import ChatOpenAI
+
+    chat = ChatOpenAI(base_url=tiny_server.url + "/v1", api_key="unused", model="default", temperature=0,
+                      max_tokens=80, max_retries=0, timeout=120)
+    bound = chat.bind_tools([TOOLS[0]], tool_choice="get_weather")
+    chunks = list(bound.stream("What is the weather in Paris?"))
+    pieces = [piece for chunk in chunks for piece in chunk.tool_call_chunks]
+    assert [p["name"] for p in pieces if p["name"]] == ["get_weather"] and len(pieces) > 2
+    total = chunks[0]
+    for chunk in chunks[1:]:
+        total += chunk
+    (streamed,) = total.tool_calls
+    (whole,) = bound.invoke("What is the weather in Paris?").tool_calls
+    assert (streamed["name"], streamed["args"]) == (whole["name"], whole["args"]) == ("get_weather", whole["args"])
+    assert set(whole["args"]) == {"city"}
 
 
 def _sse(url: str, body: dict[str, Any]) -> list[dict[str, Any]]:

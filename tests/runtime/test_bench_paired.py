@@ -27,7 +27,7 @@ def _watched(system: bench.Ours, name: str, calls: list[str]) -> bench.Ours:
 @pytest.mark.slow
 def test_paired_runs_take_turns(default_model_dir: Path) -> None:
     calls: list[str] = []
-    ours, other = _watched(bench.Ours("q4_1"), "ours", calls), _watched(bench.Ours("float32"), "other", calls)
+    ours, other = _watched(bench.Ours("q4_1"), "ours", calls), _watched(bench.Ours("q4_1"), "other", calls)
     try:
         ours_turns, other_turns = bench.run_paired(ours, other, ["W1"], repeats=2)
     finally:

@@ -10,7 +10,7 @@ import json
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -165,14 +165,7 @@ def check_cfg_schema(schema: dict[str, Any]) -> None:
     document (never fetched: a file or URL), or a numeric bound that is not finite or beyond
     +-MAX_SCHEMA_BOUND (xgrammar's parser fails on it without a reason). Iterative (the depth is
     bounded by `parse_schema` already, but no recursion is needed)."""
-    stack: list[tuple[object, str]] = [(schema, "#")]
-    while stack:
-        node, path = stack.pop()
-        if isinstance(node, list):
-            stack.extend((item, f"{path}/{i}") for i, item in enumerate(node))
-            continue
-        if not isinstance(node, dict):
-            continue
+    for node, path in walk_subschemas(schema):
         ref = node.get("$ref")
         if ref is not None and (not isinstance(ref, str) or not ref.startswith("#")):
             raise GrammarError(f"'$ref' at {path} must point inside the schema (start with '#'); "
@@ -182,13 +175,27 @@ def check_cfg_schema(schema: dict[str, Any]) -> None:
             if isinstance(value, (int, float)) and not isinstance(value, bool) and (
                     isinstance(value, float) and not math.isfinite(value) or abs(value) > MAX_SCHEMA_BOUND):
                 raise GrammarError(f"{key!r} at {path} must be a finite number within +-1e30")
+
+
+def walk_subschemas(schema: object, path: str = "#") -> Iterator[tuple[dict[str, Any], str]]:
+    """Every subschema (dict) of `schema` and its JSON-pointer path, by keyword (a map keyword's
+    values are subschemas, a data keyword's value is not); iterative."""
+    stack: list[tuple[object, str]] = [(schema, path)]
+    while stack:
+        node, at = stack.pop()
+        if isinstance(node, list):
+            stack.extend((item, f"{at}/{i}") for i, item in enumerate(node))
+            continue
+        if not isinstance(node, dict):
+            continue
+        yield node, at
         for key, value in node.items():
             if key in DATA_KEYS:
                 continue
             if key in SCHEMA_MAPS and isinstance(value, dict):
-                stack.extend((sub, f"{path}/{key}/{name}") for name, sub in value.items())
+                stack.extend((sub, f"{at}/{key}/{name}") for name, sub in value.items())
             elif isinstance(value, (dict, list)):
-                stack.append((value, f"{path}/{key}"))
+                stack.append((value, f"{at}/{key}"))
 
 
 def unpack_bitmask(words: object, vocab_size: int, tokenizer_len: int, mask_row: object) -> None:

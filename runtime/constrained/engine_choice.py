@@ -16,10 +16,9 @@ not implement), xgrammar, outlines.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from typing import Any
 
 from radixlm.runtime.config.limits import MAX_REWRITTEN_SCHEMA_CHARS
+from radixlm.runtime.constrained.compile_cache import walk_subschemas
 from radixlm.runtime.constrained.errors import GrammarError
 from radixlm.runtime.constrained.schema_rewrite import rewrite_schema
 
@@ -44,8 +43,6 @@ ENGINE_FORMATS: dict[str, frozenset[str]] = {
     "llguidance": frozenset({"duration", "email", "hostname", "ipv4", "ipv6", "uri", "uuid"}),
     "outlines": frozenset({"email", "uri", "uuid"}),
 }
-_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-_DATA = ("enum", "const", "default", "examples", "required")
 
 
 def engine_order(preferred: str) -> tuple[str, ...]:
@@ -53,31 +50,11 @@ def engine_order(preferred: str) -> tuple[str, ...]:
     return (preferred, *(e for e in FALLBACK_ORDER if e != preferred))
 
 
-def _walk(schema: object, path: str = "#") -> Iterator[tuple[dict[str, Any], str]]:
-    """Every subschema (dict) and its path, by keyword."""
-    stack: list[tuple[object, str]] = [(schema, path)]
-    while stack:
-        node, at = stack.pop()
-        if isinstance(node, list):
-            stack.extend((item, f"{at}/{i}") for i, item in enumerate(node))
-            continue
-        if not isinstance(node, dict):
-            continue
-        yield node, at
-        for key, value in node.items():
-            if key in _DATA:
-                continue
-            if key in _MAPS and isinstance(value, dict):
-                stack.extend((sub, f"{at}/{key}/{name}") for name, sub in value.items())
-            elif isinstance(value, (dict, list)):
-                stack.append((value, f"{at}/{key}"))
-
-
 def unenforced(engine: str, schema: object) -> str | None:
     """Why `engine` would not enforce `schema` exactly (naming the keyword and where), or None."""
     extra = _ENGINE_UNENFORCED[engine]
     formats = ENGINE_FORMATS[engine]
-    for node, path in _walk(schema):
+    for node, path in walk_subschemas(schema):
         for key in (*_NEVER, *extra):
             if key in node:
                 return f"does not enforce '{key}' at {path}"

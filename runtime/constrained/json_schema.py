@@ -130,17 +130,18 @@ MAX_UNROLLED_SUBSCHEMAS = 20_000  # references fanning out could otherwise multi
 _IMPOSSIBLE: Any = object()  # a subschema no output may take (a reference past the bound)
 
 
-def _resolve(root: dict[str, Any], ref: str) -> object:
-    """The subschema a local `$ref` ("#", "#/$defs/x", any JSON pointer) names; GrammarError if none."""
+def resolve_pointer(root: dict[str, Any], ref: str, where: str = "") -> object:
+    """The subschema a local `$ref` ("#", "#/", "#/$defs/x", any JSON pointer) names; GrammarError
+    (saying `where`, e.g. " at #/properties/a") if none."""
     node: object = root
-    for part in ref[1:].lstrip("/").split("/") if ref != "#" else []:
+    for part in ref[1:].lstrip("/").split("/") if ref not in ("#", "#/") else []:
         part = part.replace("~1", "/").replace("~0", "~")
         if isinstance(node, dict) and part in node:
             node = node[part]
         elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
             node = node[int(part)]
         else:
-            raise GrammarError(f"$ref {ref!r} does not name a part of the schema")
+            raise GrammarError(f"$ref {ref!r}{where} does not name a part of the schema")
     return node
 
 
@@ -159,7 +160,7 @@ def _unroll_refs(root: dict[str, Any], schema: object, expanded: dict[str, int],
     if isinstance(ref, str) and ref.startswith("#"):
         if expanded.get(ref, 0) >= MAX_REF_EXPANSIONS:
             return _IMPOSSIBLE
-        target = _unroll_refs(root, _resolve(root, ref), {**expanded, ref: expanded.get(ref, 0) + 1}, ref, left)
+        target = _unroll_refs(root, resolve_pointer(root, ref), {**expanded, ref: expanded.get(ref, 0) + 1}, ref, left)
         rest = _unroll_refs(root, {k: v for k, v in schema.items() if k != "$ref"}, expanded, path, left)
         if target is _IMPOSSIBLE or rest is _IMPOSSIBLE:
             return _IMPOSSIBLE

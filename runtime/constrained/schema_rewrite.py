@@ -45,7 +45,9 @@ import json
 import re
 from typing import Any
 
+from radixlm.runtime.constrained.compile_cache import SCHEMA_MAPS
 from radixlm.runtime.constrained.errors import GrammarError
+from radixlm.runtime.constrained.json_schema import resolve_pointer
 from radixlm.runtime.constrained.schema_merge import MergeConflict, merge
 
 Schema = dict[str, Any]
@@ -66,7 +68,6 @@ _DATE = ("[12][0-9]{3}-(?:(?:0[1-9]|1[0-2])-(?:0[1-9]|1[0-9]|2[0-8])|(?:0[13-9]|
          "|(?:0[13578]|1[02])-31)")
 _TIME = "(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]{1,6})?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
 FORMAT_PATTERNS = {"date": _DATE, "time": _TIME, "date-time": f"{_DATE}T{_TIME}"}
-_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _SINGLES = ("additionalProperties", "items", "not", "if", "then", "else", "contains", "propertyNames",
             "unevaluatedProperties", "unevaluatedItems")
 _LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
@@ -120,16 +121,7 @@ class _Rewriter:
 
     # ---- references -------------------------------------------------------------------------
     def resolve(self, ref: str, path: str) -> object:
-        node: object = self.root
-        for part in ref[1:].lstrip("/").split("/") if ref not in ("#", "#/") else []:
-            part = part.replace("~1", "/").replace("~0", "~")
-            if isinstance(node, dict) and part in node:
-                node = node[part]
-            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-                node = node[int(part)]
-            else:
-                raise GrammarError(f"$ref {ref!r} at {path} does not name a part of the schema")
-        return node
+        return resolve_pointer(self.root, ref, f" at {path}")
 
     def is_recursive(self, ref: str, path: str) -> bool:
         """Whether the schema at `ref` reaches `ref` again through references."""
@@ -174,7 +166,7 @@ class _Rewriter:
         if not isinstance(node, dict):
             return node
         node = _dialect(node)
-        for key in _MAPS:
+        for key in SCHEMA_MAPS:
             if isinstance(node.get(key), dict):
                 node[key] = {name: self.node(sub, f"{path}/{key}/{name}", refs) for name, sub in node[key].items()}
         for key in _SINGLES:

@@ -9,6 +9,8 @@ Workloads (prompts from radixlm.runtime.bench.workloads, byte-identical to the p
       without; it has no grammar support); with it on, also the tokens that jump-forward
       appended without a decode step of their own, per request
   W5  2,000-token prefill: tok/s
+  W6  JSON extraction of 16 business documents (8-field schema; every value copies a span of the
+      document, a quote a long one: radixlm.runtime.bench.copy_extraction), as W4 with the schema
 Frontend workloads (@function programs from radixlm.runtime.bench.frontend_workloads, greedy), each run
 with run_batch on radixlm and on a naive baseline that sends every gen / select to transformers
 as an independent full-prompt call, one at a time (radixlm.runtime.bench.naive); the table gives
@@ -52,6 +54,13 @@ from typing import TYPE_CHECKING, Any
 from radixlm.runtime.bench import grammar as grammar_bench
 from radixlm.runtime.bench import results as bench_results
 from radixlm.runtime.bench import workloads as wl
+from radixlm.runtime.bench.extraction import (
+    MODE_ENGINE_FLAGS,
+    OURS_MODES,
+    TASKS,
+    ExtractionTask,
+    run_extraction,
+)
 from radixlm.runtime.bench.llamacpp_peer import (
     LlamaCppPeer,
     PeerConfig,
@@ -73,14 +82,6 @@ if TYPE_CHECKING:
     from radixlm.runtime.engine import Engine
 
 Result = dict[str, float]
-
-
-W4_MODES = ("json_schema", "json_schema, jump-forward off", "json_schema, compact whitespace", "unconstrained")
-# engine flags of the W4 modes that need an engine of their own
-_W4_ENGINE_FLAGS: dict[str, dict[str, Any]] = {
-    "json_schema, jump-forward off": {"disable_jump_forward": True},
-    "json_schema, compact whitespace": {"constrained_json_whitespace_pattern": ""},
-}
 
 
 # Quantized precisions of --dtypes (radixlm only): GGUF block formats, run from the default model's
@@ -118,7 +119,7 @@ class Ours:
         self.engine_flags: dict[str, Any] = {**engine_flags_for(dtype), **engine_flags}
         self.engine = Engine(**self.engine_flags)
         self.encode = self.engine.tokenizer.encode
-        self._mode_engines: dict[str, Engine] = {}  # W4 modes with flags of their own (made when needed)
+        self._mode_engines: dict[str, Engine] = {}  # extraction modes with flags of their own (made when needed)
 
     def generate(self, prompts: list[str] | list[list[int]], new_tokens: int) -> None:
         params = {"max_new_tokens": new_tokens, "temperature": 0.0, "ignore_eos": True}
@@ -128,22 +129,22 @@ class Ours:
     def flush(self) -> None:
         self.engine.flush_cache()
 
-    def extract(self, prompt: str, mode: str) -> str:
-        """W4: one JSON extraction in one of W4_MODES."""
-        params: dict[str, Any] = {"max_new_tokens": wl.W4_MAX_TOKENS, "temperature": 0.0}
+    def extract(self, prompt: str, mode: str, task: ExtractionTask) -> str:
+        """One JSON extraction of `task` in one of its OURS_MODES."""
+        params: dict[str, Any] = {"max_new_tokens": task.max_tokens, "temperature": 0.0}
         if mode != "unconstrained":
-            params["json_schema"] = json.dumps(wl.W4_SCHEMA)
+            params["json_schema"] = json.dumps(task.schema)
         out = self._engine_for(mode).generate(prompt=prompt, sampling_params=params)
         assert isinstance(out, dict)
         return str(out["text"])
 
     def _engine_for(self, mode: str) -> Engine:
-        if mode not in _W4_ENGINE_FLAGS:
+        if mode not in MODE_ENGINE_FLAGS:
             return self.engine
         if mode not in self._mode_engines:
             from radixlm.runtime.engine import Engine
 
-            self._mode_engines[mode] = Engine(**self.engine_flags, **_W4_ENGINE_FLAGS[mode])
+            self._mode_engines[mode] = Engine(**{**self.engine_flags, **MODE_ENGINE_FLAGS[mode]})
         return self._mode_engines[mode]
 
     def jump_forward_tokens(self, mode: str) -> int:
@@ -190,11 +191,11 @@ class Transformers:
     def flush(self) -> None:
         pass
 
-    def extract(self, prompt: str, mode: str) -> str:
-        """W4 without constraints (transformers has no grammar support of its own)."""
+    def extract(self, prompt: str, mode: str, task: ExtractionTask) -> str:
+        """An extraction without constraints (transformers has no grammar support of its own)."""
         batch = self.tokenizer([prompt], return_tensors="pt")
         with self.torch.inference_mode():
-            out = self.model.generate(**batch, max_new_tokens=wl.W4_MAX_TOKENS, do_sample=False,
+            out = self.model.generate(**batch, max_new_tokens=task.max_tokens, do_sample=False,
                                       pad_token_id=self.tokenizer.pad_token_id or 0)
         return str(self.tokenizer.decode(out[0, batch["input_ids"].shape[1] :], skip_special_tokens=True))
 
@@ -203,7 +204,7 @@ Sampler = tuple[bool, Callable[[], Result]]  # (whether a warm-up run precedes, 
 
 
 def samplers(system: Ours | Transformers | LlamaCppPeer, workloads: list[str]) -> dict[str, Sampler]:
-    """Per W workload but W4 (whose modes need engines of their own: run_w4), what one
+    """Per W workload but the extractions (whose modes need engines of their own: run_extraction), what one
     measurement of `system` takes. The slow batch workloads skip the warm-up run for the
     baseline (one transformers W3 run takes minutes; its first run is not slower)."""
     heavy_warmup = not isinstance(system, Transformers)
@@ -255,11 +256,12 @@ def run_system(system: Ours | Transformers | LlamaCppPeer, workloads: list[str],
             if warmup:
                 sample()
             out.update(_medians([sample() for _ in range(repeats)]))
-        elif workload == "W4":
-            modes = W4_MODES if isinstance(system, Ours) else system.w4_modes if isinstance(
+        elif workload in TASKS:
+            modes = OURS_MODES[workload] if isinstance(system, Ours) else system.extraction_modes if isinstance(
                 system, LlamaCppPeer) else ("unconstrained",)
+            forced = system.jump_forward_tokens if isinstance(system, Ours) else None
             for mode in modes:
-                out.update(run_w4(system, mode))
+                out.update(run_extraction(system, TASKS[workload], mode, forced))
             if isinstance(system, Ours):
                 system.close_extra_engines()
     return out
@@ -301,27 +303,6 @@ def paired_figures(ours: Turns, peer: Turns) -> tuple[Result, Result, Result]:
             ratios[metric] = statistics.median(
                 speed_ratio(metric, a[metric], b[metric]) or 0.0 for a, b in zip(turns, peer[workload], strict=True))
     return mine, theirs, ratios
-
-
-def run_w4(system: Ours | Transformers | LlamaCppPeer, mode: str) -> Result:
-    """W4: the 16 extractions one after another; seconds per request and how many are valid
-    (strict: the whole output parses and matches the schema; unconstrained output is also
-    checked leniently, from its first '{')."""
-    cases = wl.w4_cases()
-    system.extract(cases[0]["prompt"], mode)  # warm-up (and, constrained, the grammar compile)
-    jump_forward_before = system.jump_forward_tokens(mode) if isinstance(system, Ours) else 0
-    start = time.perf_counter()
-    texts = [system.extract(c["prompt"], mode) for c in cases]
-    per_request = (time.perf_counter() - start) / len(cases)
-    strict = sum(wl.w4_check(t, c["truth"])[1] for t, c in zip(texts, cases))
-    lenient = sum(wl.w4_check(wl.w4_first_object(t), c["truth"])[1] for t, c in zip(texts, cases))
-    exact = sum(wl.w4_check(t, c["truth"])[2] for t, c in zip(texts, cases))
-    tag = f"W4 {mode}"
-    out = {f"{tag} s/request": per_request, f"{tag} valid /16": float(strict),
-           f"{tag} lenient valid /16": float(lenient), f"{tag} exact fields /64": float(exact)}
-    if isinstance(system, Ours) and mode.startswith("json_schema"):
-        out[f"{tag} jump-forward tokens /request"] = (system.jump_forward_tokens(mode) - jump_forward_before) / len(cases)
-    return out
 
 
 def run_paired_table(precisions: list[str], workloads: list[str], configs: list[PeerConfig], repeats: int,
@@ -384,7 +365,7 @@ def _int_list(text: str) -> list[int]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m radixlm.runtime.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workloads", default="W1,W5", help="comma-separated subset of W1-W5 and F1-F4")
+    parser.add_argument("--workloads", default="W1,W5", help="comma-separated subset of W1-W6 and F1-F4")
     parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated dtypes to run; radixlm also "
                         "runs quantized precisions (q4_1, q8_0, q4_0: the default model's GGUF in that format, the "
                         "file llama.cpp runs; w8a8_int8), optionally /DTYPE for the rest (e.g. q4_1/float32)")
@@ -456,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
           + (f" ({', '.join(sorted(chosen.features))})" if chosen and chosen.features else "")
           + " (RADIXLM_CPU_ISA caps it)")
     workloads = [w for w in args.workloads.split(",") if w]
-    unknown = [w for w in workloads if w not in ("W1", "W2", "W3", "W4", "W5", "F1", "F2", "F3", "F4")]
+    unknown = [w for w in workloads if w not in ("W1", "W2", "W3", "W4", "W5", "W6", "F1", "F2", "F3", "F4")]
     if unknown:
         parser.error(f"unknown workloads: {', '.join(unknown)}")
     engine_workloads = [w for w in workloads if w.startswith("W")]
@@ -469,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.paired:
         if not peer_configs:
             parser.error("--paired needs --peers llama.cpp")
-        run_paired_table(args.dtypes.split(","), [w for w in engine_workloads if w != "W4"], peer_configs,
+        run_paired_table(args.dtypes.split(","), [w for w in engine_workloads if w not in TASKS], peer_configs,
                          args.repeats, results)
         return finish()
     ours_by_dtype: dict[str, Result] = {}

@@ -13,7 +13,7 @@ by `python -m radixlm.runtime.bench --grammar`, after the other tables.
    backend compiles and whose minimal example every backend accepts, one state each, stepped in
    lock-step through their examples (a state whose example is done leaves the batch); the time of
    the whole batch's masks per step.
-3. W4 (the main bench's workload, its code: `__main__.run_w4`): s/request on the default model
+3. W4 (the main bench's workload, its code: `extraction.run_extraction`): s/request on the default model
    (median of --repeats runs, greedy, W4's schema), valid outputs /16; jump-forward's saving: the
    s/request with jump-forward off over on, and the tokens it appended per request.
 4. coverage: each corpus schema compiled (within --deadline) by an in-process Engine on a tiny
@@ -315,15 +315,16 @@ def _compile_and_mask(config: GrammarBenchConfig, tokenizer: Tokenizer, vocab_si
 
 def measure_w4(name: str, dtype: str, repeats: int) -> W4Figures:
     """W4 through the main bench's own code, on engines with grammar backend `name`."""
-    from radixlm.runtime.bench.__main__ import Ours, run_w4
+    from radixlm.runtime.bench.__main__ import Ours
+    from radixlm.runtime.bench.extraction import TASKS, run_extraction
 
     system = Ours(dtype, grammar_backend=name)
     try:
         runs = []
         for _ in range(repeats):
             system.flush()
-            runs.append(run_w4(system, "json_schema"))
-        off = run_w4(system, "json_schema, jump-forward off")
+            runs.append(run_extraction(system, TASKS["W4"], "json_schema", system.jump_forward_tokens))
+        off = run_extraction(system, TASKS["W4"], "json_schema, jump-forward off", system.jump_forward_tokens)
     finally:
         system.shutdown()
     s_per_request = statistics.median(r["W4 json_schema s/request"] for r in runs)

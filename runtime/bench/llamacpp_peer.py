@@ -13,6 +13,11 @@ radixlm and transformers:
       prefill only the questions
   W4  each passage alone, through llama.cpp's grammar sampler on a GBNF grammar made from W4's
       JSON schema by llama-cpp-python (json_schema_to_gbnf); greedy; stops at end of generation
+  W6  the same with W6's schema; and in mode "json_schema, lookup" with prompt-lookup decoding as
+      llama.cpp's lookup example and llama-cpp-python's LlamaPromptLookupDecoding do it: a draft
+      of up to LOOKUP_DRAFT tokens that followed the latest earlier occurrence of the last
+      LOOKUP_NGRAM (or fewer) tokens, verified in one llama_decode with a logits row per draft
+      token, kept while the grammar-constrained argmax agrees, the rest removed from the KV cache
   W5  the 2,000-token prompt in one llama_decode (n_ubatch tokens per physical step)
 Greedy is the argmax of each output row (W4: the argmax if the grammar accepts it, else the
 argmax over the grammar-masked row, as llama.cpp's own samplers do).
@@ -40,7 +45,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from radixlm.runtime.bench import workloads as wl
 from radixlm.runtime.bench.results import ResultTables, comparison_row, table_rows
 
 Result = dict[str, float]
@@ -57,11 +61,15 @@ WORKLOAD_KNOBS: dict[str, tuple[str, ...]] = {
     "W2": ("dtype", "batch", "flash_attn", "n_ubatch"),
     "W3": ("dtype", "batch", "flash_attn", "n_ubatch"),
     "W4": ("dtype", "flash_attn"),
+    "W6": ("dtype", "flash_attn"),
     "W5": ("dtype", "flash_attn", "n_ubatch"),
 }
 N_BATCH = 2048  # logical batch: the most tokens one llama_decode call takes
 MIN_SHARED_PREFIX = 256  # a shorter common prefix (W2's chat header) is prefilled with each prompt
 NUM_THREADS = 2
+# prompt-lookup decoding (W6): LlamaPromptLookupDecoding's defaults
+LOOKUP_NGRAM = 2
+LOOKUP_DRAFT = 10
 INSTALL_HINT = "the llama.cpp peer needs llama-cpp-python: run `make bench-peers`"
 
 
@@ -252,7 +260,7 @@ class LlamaCppPeer:
     a llama_batch of N_BATCH tokens and W4's grammar sampler; close() frees them."""
 
     name = "llama.cpp"
-    w4_modes = ("json_schema",)
+    extraction_modes = ("json_schema", "json_schema, lookup")
 
     def __init__(self, config: PeerConfig, kv_unified: bool | None = None, extra_bufts: bool | None = None,
                  model_path: Path | None = None):
@@ -273,17 +281,18 @@ class LlamaCppPeer:
         self.batch = lib.llama_batch_init(N_BATCH, 0, 1)
         self.ctx: Any = None
         self.ctx_key: tuple[int, int, bool] | None = None  # (sequences, cells, unified)
-        self.grammar: Any = None
+        self.grammars: dict[str, Any] = {}  # extraction task name -> its grammar sampler
+        self.grammar: Any = None  # the one in use
 
     def close(self) -> None:
         lib = self.lib
-        if self.grammar:
-            lib.llama_sampler_free(self.grammar)
+        for grammar in self.grammars.values():
+            lib.llama_sampler_free(grammar)
         if self.ctx:
             lib.llama_free(self.ctx)
         lib.llama_batch_free(self.batch)
         lib.llama_model_free(self.model)
-        self.grammar = self.ctx = None
+        self.grammars, self.grammar, self.ctx = {}, None, None
 
     def encode(self, text: str) -> list[int]:
         """Token ids as the workloads' prompts mean them: ChatML markers parsed, no BOS added."""
@@ -375,28 +384,36 @@ class LlamaCppPeer:
         lib.llama_memory_clear(lib.llama_get_memory(self.ctx), False)
         return self.ctx
 
-    def extract(self, prompt: str, mode: str) -> str:
-        """W4: one extraction constrained by W4's schema as a GBNF grammar, greedy."""
-        if mode not in self.w4_modes:
-            raise ValueError(f"llama.cpp peer: W4 mode {mode!r} is not run")
+    def extract(self, prompt: str, mode: str, task: Any) -> str:
+        """One extraction of `task` (bench.extraction.ExtractionTask) constrained by its schema as
+        a GBNF grammar, greedy; in mode "json_schema, lookup" with prompt-lookup drafts."""
+        if mode not in self.extraction_modes:
+            raise ValueError(f"llama.cpp peer: extraction mode {mode!r} is not run")
         lib = self.lib
-        if self.grammar is None:
+        if task.name not in self.grammars:
             from llama_cpp.llama_grammar import json_schema_to_gbnf
 
-            gbnf = json_schema_to_gbnf(json.dumps(wl.W4_SCHEMA))
-            self.grammar = lib.llama_sampler_init_grammar(self.vocab, gbnf.encode(), b"root")
+            gbnf = json_schema_to_gbnf(json.dumps(task.schema))
+            self.grammars[task.name] = lib.llama_sampler_init_grammar(self.vocab, gbnf.encode(), b"root")
+        self.grammar = self.grammars[task.name]
         lib.llama_sampler_reset(self.grammar)
         tokens = self.encode(prompt)
-        ctx = self._context(1, len(tokens) + wl.W4_MAX_TOKENS)
-        entries = [(0, pos, token, pos == len(tokens) - 1) for pos, token in enumerate(tokens)]
-        out: list[int] = []
-        while len(out) < wl.W4_MAX_TOKENS:
-            token = self._decode(ctx, entries, self._constrained_argmax)[0]
-            if lib.llama_vocab_is_eog(self.vocab, token):
-                break
-            out.append(token)
-            entries = [(0, len(tokens) + len(out) - 1, token, True)]
-        return self._detokenize(out)
+        ctx = self._context(1, len(tokens) + task.max_tokens + LOOKUP_DRAFT)
+        memory = lib.llama_get_memory(ctx)
+        out = self._decode(ctx, [(0, pos, token, pos == len(tokens) - 1) for pos, token in enumerate(tokens)],
+                           self._constrained_argmax)
+        while not lib.llama_vocab_is_eog(self.vocab, out[-1]) and len(out) < task.max_tokens:
+            draft = lookup_draft(tokens + out)[: task.max_tokens - len(out) - 1] if mode.endswith("lookup") else []
+            first = len(tokens) + len(out) - 1  # the position of the last token, fed now
+            rows: list[np.ndarray] = []
+            self._decode(ctx, [(0, first + j, t, True) for j, t in enumerate([out[-1], *draft])],
+                         lambda row, into=rows: into.append(row.copy()) or 0)
+            for j, row in enumerate(rows):
+                out.append(self._constrained_argmax(row))
+                if lib.llama_vocab_is_eog(self.vocab, out[-1]) or j == len(draft) or out[-1] != draft[j]:
+                    break
+            lib.llama_memory_seq_rm(memory, 0, first + j + 1, -1)  # the K/V of the rejected drafts
+        return self._detokenize([t for t in out if not lib.llama_vocab_is_eog(self.vocab, t)])
 
     def _constrained_argmax(self, row: np.ndarray) -> int:
         """The argmax if the grammar accepts it, else the argmax of the grammar-masked row; accepted."""
@@ -426,6 +443,17 @@ class LlamaCppPeer:
             n = self.lib.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
             pieces.append(buf.raw[: max(n, 0)])
         return b"".join(pieces).decode("utf-8", errors="replace")
+
+
+def lookup_draft(history: Sequence[int]) -> list[int]:
+    """Up to LOOKUP_DRAFT tokens that followed the latest earlier occurrence of the history's last
+    n tokens (n = LOOKUP_NGRAM down to 1); empty when none occurred before."""
+    for n in range(min(LOOKUP_NGRAM, len(history) - 1), 0, -1):
+        tail = list(history[-n:])
+        for start in range(len(history) - n - 1, -1, -1):
+            if list(history[start : start + n]) == tail:
+                return list(history[start + n : start + n + LOOKUP_DRAFT])
+    return []
 
 
 def run_llamacpp(workloads: Sequence[str], configs: Sequence[PeerConfig], repeats: int,

@@ -3,11 +3,13 @@ knobs each workload depends on, the batch plan, prefix sharing, GGUF naming, the
 and the --peers plumbing, without llama.cpp; and, only where llama-cpp-python is installed
 (`make bench-peers`), a tiny real run: the tokenizer agrees with ours, batched and prefix-shared
 greedy generation gives what one sequence at a time gives, the quantizer makes a loadable GGUF
-once, and the grammar-constrained W4 output is valid JSON. No timing is asserted."""
+once, the grammar-constrained W4 output is valid JSON, and W6 with prompt-lookup drafts gives
+the output it gives without. No timing is asserted."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ from hypothesis import strategies as st
 
 from radixlm.runtime.bench import llamacpp_peer as lp
 from radixlm.runtime.bench import workloads as wl
+from radixlm.runtime.bench.extraction import TASKS
 from radixlm.runtime.bench.llamacpp_peer import PeerConfig
 
 SKIP_REASON = "llama-cpp-python is not installed (an optional extra: `make bench-peers`)"
@@ -47,7 +50,7 @@ def test_bad_configs_are_refused(spec: str) -> None:
 def test_each_workload_runs_once_per_combination_of_its_own_knobs() -> None:
     full = lp.parse_peer_configs("full")
     assert {w: len(lp.configs_for(w, full)) for w in lp.WORKLOAD_KNOBS} == {
-        "W1": 6, "W2": 24, "W3": 24, "W4": 6, "W5": 12}
+        "W1": 6, "W2": 24, "W3": 24, "W4": 6, "W5": 12, "W6": 6}
     w5 = lp.configs_for("W5", full)
     assert len({(c.dtype, c.flash_attn, c.n_ubatch) for c in w5}) == len(w5)
 
@@ -187,10 +190,31 @@ def test_batched_and_prefix_shared_generation_match_one_sequence_at_a_time(
 
 def test_w4_grammar_output_is_valid_json(peer: Any) -> None:
     case = wl.w4_cases()[0]
-    text = peer.extract(case["prompt"], "json_schema")
+    text = peer.extract(case["prompt"], "json_schema", TASKS["W4"])
     parses, valid, _ = wl.w4_check(text, case["truth"])
     assert parses and valid, text
     assert set(json.loads(text)) == set(wl.W4_SCHEMA["required"])
+
+
+def test_w6_lookup_drafts_give_the_output_without(peer: Any) -> None:
+    task = replace(TASKS["W6"], max_tokens=40)  # the first fields (llama.cpp's grammar sampler is slow)
+    case = task.cases()[0]
+    plain = peer.extract(case["prompt"], "json_schema", task)
+    assert peer.extract(case["prompt"], "json_schema, lookup", task) == plain
+    assert plain.startswith('{"name"') or plain.startswith('{ "name"'), plain
+
+
+@given(st.lists(st.integers(0, 4), max_size=40))
+def test_lookup_drafts_continue_the_latest_earlier_match(history: list[int]) -> None:
+    draft = lp.lookup_draft(history)
+    assert len(draft) <= lp.LOOKUP_DRAFT
+    if draft:  # some n-gram ending the history occurred before, and the draft followed it there
+        assert any(history[s + n : s + n + len(draft)] == draft and history[s : s + n] == history[-n:]
+                   for n in range(1, lp.LOOKUP_NGRAM + 1) for s in range(len(history) - n))
+    elif len(history) >= 2:  # no earlier occurrence of the last token
+        assert history[-1] not in history[:-1]
+    assert lp.lookup_draft([1, 2, 3, 9, 1, 2]) == [3, 9, 1, 2]
+    assert lp.lookup_draft([5, 1, 7, 2, 1]) == [7, 2, 1]
 
 
 def test_quantizer_makes_a_gguf_once(tmp_path: Path) -> None:

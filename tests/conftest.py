@@ -30,6 +30,30 @@ settings.register_profile(
 )
 settings.load_profile("radixlm")
 
+# The files that take longest (a fresh venv compiling the kernels, qemu drivers, schemathesis),
+# run first: `make test` deals whole files to its two workers in collection order, and a long
+# file dealt last would finish alone while the other worker idles.
+LONG_FILES_FIRST = (
+    "test_wheel_install.py",
+    "server/test_openapi_contract.py",
+    "kernels/test_cpu_linear.py",
+    "kernels/test_quant_gemm.py",
+    "kernels/test_paged_attention.py",
+    "server/test_model_families_http.py",
+    "kernels/test_bf16_gemm.py",
+    "kernels/test_vec_layer.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tests_dir = Path(__file__).parent
+
+    def rank(item: pytest.Item) -> int:
+        name = item.path.relative_to(tests_dir).as_posix() if item.path.is_relative_to(tests_dir) else ""
+        return LONG_FILES_FIRST.index(name) if name in LONG_FILES_FIRST else len(LONG_FILES_FIRST)
+
+    items.sort(key=rank)  # stable: the order within a file, and of the other files, is kept
+
 
 @pytest.fixture(scope="session")
 def default_model_dir() -> Path:

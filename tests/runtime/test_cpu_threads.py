@@ -45,6 +45,7 @@ def _wait_for(governor: ThreadGovernor, condition: Callable[[int], bool], limit_
     return threads
 
 
+@pytest.mark.alone  # the suite's other worker would be a neighbour that never goes quiet
 def test_a_busy_neighbour_takes_a_thread_and_gives_it_back() -> None:
     cpus = len(os.sched_getaffinity(0))
     if cpus < 2:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import re
@@ -10,9 +11,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +24,7 @@ import httpx
 import pytest
 
 SGLANG = "sglang==0.5.23"
+PR_SET_PDEATHSIG = 1  # prctl(2)
 FRONTEND_DEPS = ["orjson", "requests", "setproctitle", "psutil", "pybase64", "IPython", "msgspec", "pillow", "aiohttp"]
 
 
@@ -59,6 +62,18 @@ class ServerHandle:
         return self.proc.wait(timeout=timeout)
 
 
+def stop_with_parent() -> None:
+    """In a test's child process, before it runs: SIGTERM it when the test process dies (a pytest
+    worker killed for memory would otherwise leave its servers running, holding theirs)."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def stop_with_parent_thread() -> Callable[[], None] | None:
+    """stop_with_parent when called from the main thread: the signal follows the thread that
+    started the child, and a pool thread that starts servers ends long before they should."""
+    return stop_with_parent if threading.current_thread() is threading.main_thread() else None
+
+
 def start_server(model_path: Path | None, log_path: Path, *extra: str, timeout: float = 240,
                  port: int | None = None) -> ServerHandle:
     """Start `python -m radixlm.runtime.server.serve` (on a free port unless given) and wait until /health answers."""
@@ -68,7 +83,7 @@ def start_server(model_path: Path | None, log_path: Path, *extra: str, timeout: 
         cmd += ["--model-path", str(model_path)]
     log = open(log_path, "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=stop_with_parent_thread())
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import ServerHandle, free_port, ipc_dirs_of, start_server
+from conftest import ServerHandle, free_port, ipc_dirs_of, start_server, stop_with_parent_thread
 
 from radixlm.runtime.bench.router_hits import counter, families, hit_rate, send
 from radixlm.runtime.server.replicas import healthy_workers, router_command
@@ -47,7 +47,8 @@ def start_router(worker_urls: list[str], policy: str, log_path: Path, *flags: st
     log = open(log_path, "w")
     proc = subprocess.Popen(router_command(worker_urls, port, "127.0.0.1", policy, free_port(), "--log-level", "warn",
                                            *flags),
-                            stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=stop_with_parent_thread())
     router = ServerHandle(proc, f"http://127.0.0.1:{port}", log_path)
     try:
         wait_for(lambda: healthy_workers(router.url) == len(worker_urls), "the router to report its workers healthy",

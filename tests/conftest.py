@@ -42,6 +42,10 @@ LONG_FILES_FIRST = (
     "server/test_model_families_http.py",
     "kernels/test_bf16_gemm.py",
     "kernels/test_vec_layer.py",
+    "runtime/test_tensor_parallel.py",
+    "server/test_examples.py",
+    "runtime/test_jump_forward.py",
+    "runtime/test_model_families.py",
 )
 
 

@@ -65,6 +65,7 @@ class SchedulerStack:
                 schedule_policy=args.schedule_policy,
                 disable_radix_cache=args.disable_radix_cache,
                 random_seed=args.random_seed,
+                speculative=args.speculative,
             ),
             grammar_backend,
             kv_events=None if args.kv_events is None else KVEventStream(args.kv_events, dp_rank),

@@ -91,6 +91,7 @@ class Req:
     jump_forward_ids: list[int] = field(default_factory=list)
     num_forced_draft: int = 0
     ngram_index: NgramIndex | None = None  # speculative NGRAM: its prompt + output's n-grams
+    ngram_allowance: int | None = None  # n-gram tokens its next draft may have (speculative.Drafter)
     # speculative decoding's counts (SGLang's meta_info names): steps that verified this
     # request's draft, and its n-gram draft tokens proposed and accepted (forced ones not counted)
     spec_verify_ct: int = 0

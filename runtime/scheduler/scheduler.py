@@ -312,9 +312,13 @@ class Scheduler:
             self.runner.req_to_token_pool.write(req.req_pool_idx, req.num_cached, slots[offset : offset + len(chunk)])  # type: ignore[arg-type]
             offset += len(chunk)
         rows = [r.req_pool_idx for r in reqs]
-        if not plan.extends and all(len(c) == 1 for c in chunks):
-            seq_lens = [r.seq_len for r in self.running]
-            batch = ForwardBatch.decode(rows, seq_lens, [c[0] for c in chunks], slots)  # type: ignore[arg-type]
+        if not plan.extends:
+            # A decode batch, with drafts too: a request's token at position p is its own row,
+            # attending to positions [0, p] (DecodeStack and the attention backends write every
+            # row's K/V before any row attends), so drafts are verified on the decode fast path.
+            row_seq = [(r.req_pool_idx, r.seq_len + j) for r, c in zip(self.running, chunks) for j in range(len(c))]
+            batch = ForwardBatch.decode([r for r, _ in row_seq], [n for _, n in row_seq],  # type: ignore[misc]
+                                        [t for c in chunks for t in c], slots)
             return batch, list(self.running), []
         sample_reqs, sample_rows, spans, extra_rows, end = [], [], [], [], 0
         for req, chunk, ext in zip(reqs, chunks, list(plan.extends) + [None] * len(self.running)):

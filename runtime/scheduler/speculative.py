@@ -9,7 +9,10 @@ deterministic draft that is exact rejection sampling: the output follows the tar
 A request's draft (`Req.jump_forward_ids`), built after each step by `Drafter.draft`:
   1. the tokens its grammar forces (jump-forward), undrafted and first;
   2. with `--speculative-algorithm NGRAM`, then up to `--speculative-num-draft-tokens` tokens of
-     prompt lookup (`ngram_draft`) continuing them;
+     prompt lookup (`ngram_draft`) continuing them, fewer after misses: a request's n-gram
+     allowance halves (down to 1) after a step that accepted none of its n-gram tokens and
+     doubles (up to the flag) after one that accepted them all, so free text that rarely
+     repeats its prompt pays for one extra row, not eight;
   3. cut before the first EOS / stop token id (nothing after it would be used), at the first
      token the request's grammar refuses (`valid_prefix_len`: a refused token could never be
      accepted, and the masks along a draft need an allowed draft), and at the request's room
@@ -32,7 +35,7 @@ from radixlm.runtime.scheduler.ngram_draft import NgramIndex, TokenSeq
 from radixlm.runtime.scheduler.req import Req
 
 # Query rows a decode step may have with n-gram drafts: one per running request + draft tokens.
-MAX_VERIFY_ROWS = 16
+MAX_VERIFY_ROWS = 8
 # The longest draft of a constrained request: the grammar wrappers roll back at most this many.
 MAX_GRAMMAR_DRAFT = MAX_JUMP_FORWARD_TOKENS
 
@@ -52,7 +55,9 @@ class Drafter:
         req.num_forced_draft = len(draft)
         if cfg is None or req.reasoning_end is not None:
             return draft
-        room = min(cfg.num_draft_tokens, max_len - len(draft))
+        if req.ngram_allowance is None:
+            req.ngram_allowance = cfg.num_draft_tokens
+        room = min(req.ngram_allowance, max_len - len(draft))
         if req.grammar is not None:
             room = min(room, MAX_GRAMMAR_DRAFT - len(draft))
         if room <= 0:
@@ -93,4 +98,10 @@ class Drafter:
             if token != drafted:
                 break
             accepted += 1
-        req.spec_num_correct_drafts += max(0, accepted - req.num_forced_draft)
+        num_drafted, num_correct = len(draft) - req.num_forced_draft, max(0, accepted - req.num_forced_draft)
+        req.spec_num_correct_drafts += num_correct
+        if num_drafted and req.ngram_allowance is not None:
+            if num_correct == 0:
+                req.ngram_allowance = max(1, req.ngram_allowance // 2)
+            elif num_correct == num_drafted:
+                req.ngram_allowance = min(self.cfg.num_draft_tokens, req.ngram_allowance * 2)

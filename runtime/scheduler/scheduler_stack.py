@@ -130,6 +130,7 @@ class SchedulerStack:
             "num_waiting_reqs": len(sched.waiting),
             "num_grammar_queue_reqs": len(sched.grammar_waiting),  # waiting for their grammar to compile
             "num_retractions": sched.num_retractions,
+            **sched.drafter.server_info(),
             **self._kernel_info(),
         }
 

@@ -45,6 +45,16 @@ class Drafter:
 
     def __init__(self, cfg: SpeculativeConfig | None):
         self.cfg = cfg  # None: drafts are the forced tokens only (speculation off)
+        # since start, over every request: verify steps, tokens they took, n-gram tokens accepted
+        self.num_verify = self.num_verified_tokens = self.num_correct_drafts = 0
+
+    def server_info(self) -> dict[str, float | int]:
+        """Speculation's counts for /get_server_info (none while it is off); SGLang reports the
+        average accept length (tokens per verify step) as `avg_spec_accept_length`."""
+        if self.cfg is None:
+            return {}
+        return {"avg_spec_accept_length": self.num_verified_tokens / max(1, self.num_verify),
+                "spec_verify_ct": self.num_verify, "spec_num_correct_drafts": self.num_correct_drafts}
 
     def draft(self, req: Req, forced: list[int], max_len: int) -> list[int]:
         """The request's next draft: `forced` (its grammar's jump-forward tokens, allowed from
@@ -92,6 +102,8 @@ class Drafter:
         if self.cfg is None:
             return
         req.spec_verify_ct += 1
+        self.num_verify += 1
+        self.num_verified_tokens += len(new_ids)
         req.spec_num_proposed_drafts += len(draft) - req.num_forced_draft
         accepted = 0
         for token, drafted in zip(new_ids, draft):
@@ -100,6 +112,7 @@ class Drafter:
             accepted += 1
         num_drafted, num_correct = len(draft) - req.num_forced_draft, max(0, accepted - req.num_forced_draft)
         req.spec_num_correct_drafts += num_correct
+        self.num_correct_drafts += num_correct
         if num_drafted and req.ngram_allowance is not None:
             if num_correct == 0:
                 req.ngram_allowance = max(1, req.ngram_allowance // 2)

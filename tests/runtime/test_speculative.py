@@ -263,3 +263,25 @@ def test_w4_extraction_copies_spans_in_fewer_steps(default_model_dir: Path) -> N
     assert all(json.loads(o["text"]) for o in on)
     assert sum(o["meta_info"]["spec_num_correct_drafts"] for o in on) >= len(cases) * 3  # names, cities, emails
     assert forwards_on < forwards_off, (forwards_on, forwards_off)
+
+
+def test_outputs_equal_under_retraction(tiny_model_dir: Path) -> None:
+    """A pool too small for the batch: drafts are dropped, requests retracted and resumed, and
+    the outputs are those without speculation; no slot leaks."""
+    prompts = [f"one two three one two three {i} one two three one two" for i in range(6)]
+    params = [{"temperature": 0.0, "max_new_tokens": 40}] * 6
+    outs = {}
+    with Engine(str(tiny_model_dir), dtype="float32", max_total_tokens=128, chunked_prefill_size=32, random_seed=0,
+                **SPEC) as engine:
+        sched = engine.scheduler
+        spec = sched.drafter
+        for drafter in (spec, Drafter(None)):
+            sched.drafter = drafter
+            engine.generate(prompts, params)  # lowers admission's new-token ratio: the next run over-admits
+            assert engine.flush_cache()
+            before = sched.num_retractions
+            got = engine.generate(prompts, params)
+            assert isinstance(got, list) and sched.num_retractions > before
+            assert_engine_clean(engine)
+            outs[drafter.cfg is not None] = [o["output_ids"] for o in got]
+        assert spec.num_correct_drafts > 0 and outs[True] == outs[False]

@@ -18,7 +18,7 @@ class SpeculativeConfig:
     num_draft_tokens: int = 4  # n-gram tokens drafted per request per step, at most
     # an n-gram draft needs the last `min` tokens to occur earlier; matches are ranked by how far
     # (up to `max` tokens) the context before them agrees
-    ngram_min_match_window_size: int = 2
+    ngram_min_match_window_size: int = 3
     ngram_max_match_window_size: int = 12
 
     def __post_init__(self) -> None:

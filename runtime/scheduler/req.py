@@ -92,6 +92,7 @@ class Req:
     num_forced_draft: int = 0
     ngram_index: NgramIndex | None = None  # speculative NGRAM: its prompt + output's n-grams
     ngram_allowance: int | None = None  # n-gram tokens its next draft may have (speculative.Drafter)
+    ngram_shadow: int | None = None  # with allowance 0: the first token it would have drafted
     # speculative decoding's counts (SGLang's meta_info names): steps that verified this
     # request's draft, and its n-gram draft tokens proposed and accepted (forced ones not counted)
     spec_verify_ct: int = 0

@@ -10,9 +10,11 @@ A request's draft (`Req.jump_forward_ids`), built after each step by `Drafter.dr
   1. the tokens its grammar forces (jump-forward), undrafted and first;
   2. with `--speculative-algorithm NGRAM`, then up to `--speculative-num-draft-tokens` tokens of
      prompt lookup (`ngram_draft`) continuing them, fewer after misses: a request's n-gram
-     allowance halves (down to 1) after a step that accepted none of its n-gram tokens and
-     doubles (up to the flag) after one that accepted them all, so free text that rarely
-     repeats its prompt pays for one extra row, not eight;
+     allowance halves after a step that accepted none of its n-gram tokens (down to 0: no
+     n-gram rows) and doubles (up to the flag) after one that accepted them all; at 0 the
+     proposal is still made but not verified, and once its first token is the one the request
+     samples next, the allowance is 1 again. Free text that rarely repeats its prompt thus pays
+     for a few extra rows, then none;
   3. cut before the first EOS / stop token id (nothing after it would be used), at the first
      token the request's grammar refuses (`valid_prefix_len`: a refused token could never be
      accepted, and the masks along a draft need an allowed draft), and at the request's room
@@ -70,10 +72,13 @@ class Drafter:
         room = min(req.ngram_allowance, max_len - len(draft))
         if req.grammar is not None:
             room = min(room, MAX_GRAMMAR_DRAFT - len(draft))
-        if room <= 0:
-            return draft
         if req.ngram_index is None:
             req.ngram_index = NgramIndex(cfg.ngram_min_match_window_size, cfg.ngram_max_match_window_size)
+        if req.ngram_allowance == 0 and not draft and max_len > 0:  # off: watch whether it would hit
+            shadow = req.ngram_index.propose(TokenSeq(req.input_ids, req.output_ids), draft, 1)
+            req.ngram_shadow = shadow[0] if shadow else None
+        if room <= 0:
+            return draft
         proposal = req.ngram_index.propose(TokenSeq(req.input_ids, req.output_ids), draft, room)
         ends = req.eos_token_ids if not req.params.ignore_eos else frozenset()
         for i, token in enumerate(proposal):
@@ -101,6 +106,10 @@ class Drafter:
         """Count one verify step of `req` whose draft was `draft` and which took `new_ids`."""
         if self.cfg is None:
             return
+        if req.ngram_shadow is not None:
+            if new_ids and new_ids[0] == req.ngram_shadow and req.ngram_allowance == 0:
+                req.ngram_allowance = 1
+            req.ngram_shadow = None
         req.spec_verify_ct += 1
         self.num_verify += 1
         self.num_verified_tokens += len(new_ids)
@@ -115,6 +124,6 @@ class Drafter:
         self.num_correct_drafts += num_correct
         if num_drafted and req.ngram_allowance is not None:
             if num_correct == 0:
-                req.ngram_allowance = max(1, req.ngram_allowance // 2)
+                req.ngram_allowance //= 2
             elif num_correct == num_drafted:
                 req.ngram_allowance = min(self.cfg.num_draft_tokens, req.ngram_allowance * 2)

@@ -233,8 +233,9 @@ def test_sampled_outputs_follow_the_target_distribution(tiny_model_dir: Path) ->
     expected = table.sum(1, keepdims=True) * table.sum(0, keepdims=True) / table.sum()
     stat = float(((table - expected) ** 2 / expected).sum())
     assert _chi2_sf(stat, len(cells) - 1) > 1e-6, (stat, counts)
-    # the drafted continuation (the greedy one) was drawn often: the verifier's rows mattered
-    assert counts["spec"][tuple(greedy["output_ids"])] > 16
+    # the first drafted token (the greedy second token) was drawn in ~14% of the samples: the
+    # verifier's rows mattered (12 is 4.5 standard deviations below the ~37 expected)
+    assert sum(n for ids, n in counts["spec"].items() if ids[1] == greedy["output_ids"][1]) >= 12
 
 
 # ---------------------------------------------------------------- the default model

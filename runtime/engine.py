@@ -188,7 +188,7 @@ class Engine:
         msg = step.to_message()  # its text is the request's decoder's (track_text)
         assert msg.new_text is not None
         output.add(StrOutput(msg.rid, msg.new_text, msg.new_token_ids, msg.finish_reason,
-                             msg.prompt_tokens, msg.completion_tokens, msg.cached_tokens, msg.logprobs))
+                             msg.prompt_tokens, msg.completion_tokens, msg.cached_tokens, msg.logprobs, msg.spec))
 
     def _stream(self, started: list[Started], is_batch: bool) -> Iterator[dict[str, Any]]:
         outputs = [out for _, out in started]

@@ -184,6 +184,12 @@ class MetaInfo(Out):
     input_top_logprobs: list[list[LogprobEntry] | None] | None = None
     output_top_logprobs: list[list[LogprobEntry]] | None = None
     output_token_logprobs_length: int | None = Field(default=None, description="streaming: entries so far")
+    # with --speculative-algorithm (SGLang's names)
+    spec_verify_ct: int | None = Field(default=None, description="speculative decoding: steps that verified "
+                                       "this request's drafts")
+    spec_accept_length: float | None = Field(default=None, description="completion_tokens / spec_verify_ct")
+    spec_num_proposed_drafts: int | None = Field(default=None, description="n-gram draft tokens proposed")
+    spec_num_correct_drafts: int | None = Field(default=None, description="n-gram draft tokens accepted")
 
 
 class GenerateOutput(Out):

@@ -19,6 +19,7 @@ that is not streamed holds every list whole.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixlm.runtime.api.request_io import GenerateRequest
-from radixlm.runtime.ipc.messages import LOGPROB_LISTS, LogprobEntries, StrOutput
+from radixlm.runtime.ipc.messages import LOGPROB_LISTS, LogprobEntries, SpecCounts, StrOutput
 
 MIN_LOGPROB = -9999.0
 # Keys whose stream chunks carry only new entries (the sglang frontend concatenates them).
@@ -97,6 +98,7 @@ class RequestOutput:
         self._num_ids_taken = 0
         self.finish_reason: dict[str, Any] | None = None
         self.prompt_tokens = self.completion_tokens = self.cached_tokens = 0
+        self.spec: SpecCounts | None = None  # speculative decoding's counts, when on
         self.logprobs: dict[str, list[Any]] = {name: [] for name in self._lists()}
         self._num_logprobs_taken = dict.fromkeys(self.logprobs, 0)
         self.num_updates = 0  # deltas received
@@ -132,6 +134,8 @@ class RequestOutput:
         self.prompt_tokens, self.completion_tokens, self.cached_tokens = (
             out.prompt_tokens, out.completion_tokens, out.cached_tokens
         )
+        if out.spec is not None:
+            self.spec = out.spec
         if out.logprobs is not None and self.options.return_logprob:
             self._add_logprobs(out.logprobs)
         self.num_updates += 1
@@ -167,6 +171,9 @@ class RequestOutput:
         }
         if self.grammar_backend is not None:
             meta["grammar_backend"] = self.grammar_backend
+        if self.spec is not None:  # SGLang's names; accept length: output tokens per verify step
+            meta.update(dataclasses.asdict(self.spec))
+            meta["spec_accept_length"] = self.completion_tokens / max(1, self.spec.spec_verify_ct)
         if self.options.return_logprob:
             meta.update(self._new_logprobs() if self.stream else self.logprobs)
             if self.stream:

@@ -23,6 +23,7 @@ from radixlm.formats.tool_formats import TOOL_CALL_PARSERS
 from radixlm.runtime.config import envs
 from radixlm.runtime.config.envs import RADIXLM_AUTO_QUANTIZATION, RADIXLM_CPU_AUTO_DTYPE
 from radixlm.runtime.config.kv_events_config import KVEventsConfig, endpoint_for_rank
+from radixlm.runtime.config.speculative_config import SPECULATIVE_ALGORITHMS, SpeculativeConfig
 
 if TYPE_CHECKING:  # torch and the kernels load where they run, not in every process that reads settings
     from collections.abc import Callable
@@ -74,6 +75,10 @@ class ServerArgs:
     disable_cpu_kernels: bool = False
     disable_adaptive_threads: bool = False
     random_seed: int | None = None
+    speculative_algorithm: str | None = None  # None: no speculative decoding; NGRAM: prompt lookup
+    speculative_num_draft_tokens: int = SpeculativeConfig.num_draft_tokens
+    speculative_ngram_min_match_window_size: int = SpeculativeConfig.ngram_min_match_window_size
+    speculative_ngram_max_match_window_size: int = SpeculativeConfig.ngram_max_match_window_size
     log_level: str = "warning"
     # the HTTP server
     host: str = "127.0.0.1"
@@ -161,6 +166,7 @@ class ServerArgs:
             for endpoint in (self.kv_events.endpoint, self.kv_events.replay_endpoint):
                 if endpoint is not None:
                     endpoint_for_rank(endpoint, 1)  # a ValueError names what data parallelism needs
+        _ = self.speculative  # a bad speculative setting fails here, at startup
         if self.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
             raise ValueError(f"log_level must be debug, info, warning, error or critical, got {self.log_level!r}")
 
@@ -220,6 +226,15 @@ class ServerArgs:
             return None
         config = KVEventsConfig.from_json(self.kv_events_config)
         return config if config.is_enabled else None
+
+    @property
+    def speculative(self) -> SpeculativeConfig | None:
+        """The speculative decoding settings, or None when --speculative-algorithm is unset."""
+        if self.speculative_algorithm is None:
+            return None
+        return SpeculativeConfig(self.speculative_algorithm, self.speculative_num_draft_tokens,
+                                 self.speculative_ngram_min_match_window_size,
+                                 self.speculative_ngram_max_match_window_size)
 
     def replace(self, **changes: object) -> ServerArgs:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
@@ -286,6 +301,17 @@ HELP = {
     "disable_jump_forward": "constrained requests decode the text their grammar forces token by token, "
     "instead of checking all its tokens in one forward (same output, slower)",
     "random_seed": "seed of the sampler for requests without their own seed",
+    "speculative_algorithm": "speculative decoding: NGRAM drafts each request's next tokens from its own prompt and "
+    "output (prompt lookup: the tokens that followed the latest earlier occurrence of its last tokens), cut where its "
+    "grammar refuses, after the tokens jump-forward forces; one forward checks them all and keeps them as far as "
+    "sampling agrees, so outputs are unchanged (greedy: identical). Wins where outputs copy the prompt (extraction); "
+    "meta_info reports spec_verify_ct and spec_accept_length. STANDALONE (a draft model) is not supported yet "
+    "(default: off)",
+    "speculative_num_draft_tokens": "with --speculative-algorithm: n-gram tokens drafted per request per step, at "
+    "most (fewer after misses, and when the step's rows would exceed 8: a large batch is compute-bound)",
+    "speculative_ngram_min_match_window_size": "with NGRAM: the last this many tokens must occur earlier for a draft",
+    "speculative_ngram_max_match_window_size": "with NGRAM: earlier occurrences are ranked by how many tokens (up to "
+    "this many) before them agree with the sequence's end; the latest of the best is drafted from",
     "log_level": "debug, info (one line per request), warning (default), error",
     "host": "address to bind (default 127.0.0.1: this machine only)",
     "port": "port to bind",
@@ -345,7 +371,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     choices = {"dtype": DTYPES, "quantization": QUANTIZATIONS, "quantized_activations": QUANTIZED_ACTIVATIONS,
                "attention_backend": ATTENTION_BACKENDS, "schedule_policy": SCHEDULE_POLICIES,
                "tool_call_parser": TOOL_CALL_PARSERS, "grammar_backend": GRAMMAR_BACKENDS,
-               "reasoning_parser": REASONING_PARSERS, "load_balance_method": LOAD_BALANCE_METHODS}
+               "reasoning_parser": REASONING_PARSERS, "load_balance_method": LOAD_BALANCE_METHODS,
+               "speculative_algorithm": SPECULATIVE_ALGORITHMS}
     for f in dataclasses.fields(ServerArgs):
         flag = "--" + f.name.replace("_", "-")
         annotation = str(f.type)

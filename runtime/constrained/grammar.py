@@ -242,6 +242,22 @@ class Grammar:
         # the byte DFA and the token index accept the same bytes, so this only guards the invariant
         return draft if draft and self._guide.accepts_tokens(draft) else []
 
+    def valid_prefix_len(self, tokens: list[int]) -> int:
+        """How many leading `tokens` (at most MAX_JUMP_FORWARD_TOKENS, no EOS) the grammar allows
+        in turn from here (a speculative draft is cut there); the state does not change."""
+        if self._is_eos_accepted:
+            return 0
+        num_valid = 0
+        for token_id in tokens[:MAX_JUMP_FORWARD_TOKENS]:
+            try:
+                self._guide.advance(token_id, return_tokens=False)
+            except ValueError:
+                break
+            num_valid += 1
+        if num_valid:
+            self._guide.rollback_state(num_valid)
+        return num_valid
+
     def fill_vocab_masks(self, mask_rows: torch.Tensor, draft: list[int], budget: int | None = None) -> bool:
         """Fills row j of `mask_rows` (bool [len(draft) + 1, vocab_size]) with the mask after
         `draft[:j]` (row 0: the current state), row j under `budget - j` (see `fill_vocab_mask`;

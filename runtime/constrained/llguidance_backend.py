@@ -139,6 +139,13 @@ class LLGuidanceState(ClosingSearch):
             self._matcher.rollback(len(draft))
         return False
 
+    def valid_prefix_len(self, tokens: list[int]) -> int:
+        """How many leading `tokens` (at most MAX_DRAFT_TOKENS, no EOS) the grammar allows in turn
+        from here (a speculative draft is cut there); the state does not change."""
+        if self._eos_accepted or not tokens:
+            return 0
+        return int(self._matcher.validate_tokens(tokens[:MAX_DRAFT_TOKENS]))
+
     def min_tokens(self) -> int | None:
         """The tokens of the closing plan from here (`closing`: a short completion, not always the
         shortest; 0 once terminated), or None when the search finds none."""

@@ -138,6 +138,18 @@ class XGrammarState(ClosingSearch):
             self._matcher.rollback(len(draft))
         return False
 
+    def valid_prefix_len(self, tokens: list[int]) -> int:
+        """How many leading `tokens` (at most MAX_DRAFT_TOKENS, no stop token) the grammar allows in
+        turn from here (a speculative draft is cut there); the state does not change."""
+        num_valid = 0
+        for token_id in tokens[:MAX_DRAFT_TOKENS]:
+            if self._matcher.is_terminated() or not self._matcher.accept_token(token_id):
+                break
+            num_valid += 1
+        if num_valid:
+            self._matcher.rollback(num_valid)
+        return num_valid
+
     def min_tokens(self) -> int | None:
         """The tokens of the closing plan from here (`closing`: a short completion, not always the
         shortest; 0 once terminated), or None when the search finds none."""

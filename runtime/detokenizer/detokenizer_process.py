@@ -47,6 +47,7 @@ class DetokenizerManager:
             completion_tokens=out.completion_tokens,
             cached_tokens=out.cached_tokens,
             logprobs=out.logprobs,
+            spec=out.spec,
         )
 
     def _decode(self, out: io.ReqOutput) -> str:

@@ -102,6 +102,16 @@ LOGPROB_LISTS = ("input_token_logprobs", "output_token_logprobs", "input_top_log
 
 
 @dataclass(frozen=True)
+class SpecCounts:
+    """A request's speculative decoding so far (SGLang's meta_info names): the steps that
+    verified its drafts, and its n-gram draft tokens proposed and accepted."""
+
+    spec_verify_ct: int
+    spec_num_proposed_drafts: int
+    spec_num_correct_drafts: int
+
+
+@dataclass(frozen=True)
 class ReqOutput:
     """One request's progress in one scheduler step: token ids, and text only where the scheduler
     made it already (a request with stop strings or stop regexes: its decoder, which must see the
@@ -115,6 +125,7 @@ class ReqOutput:
     cached_tokens: int
     logprobs: LogprobEntries | None = None  # only when asked for
     new_text: str | None = None  # the text delta, trimmed at a stop; None: the detokenizer decodes the ids
+    spec: SpecCounts | None = None  # with speculative decoding on
 
 
 @dataclass(frozen=True)
@@ -144,6 +155,7 @@ class StrOutput:
     completion_tokens: int
     cached_tokens: int
     logprobs: LogprobEntries | None = None
+    spec: SpecCounts | None = None  # with speculative decoding on
 
 
 @dataclass(frozen=True)

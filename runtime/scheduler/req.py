@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from radixlm.runtime.constrained.lowered import LoweredGrammar
     from radixlm.runtime.detokenizer.detokenizer import IncrementalDecoder
     from radixlm.runtime.mem_cache.radix_cache import TreeNode
+    from radixlm.runtime.scheduler.ngram_draft import NgramIndex
     from radixlm.runtime.scheduler.token_matcher import TokenSequenceMatcher
 
 
@@ -84,9 +85,19 @@ class Req:
     grammar_after_reasoning: Grammar | None = None
     budget_steered: bool = False  # the output budget narrowed the mask or replaced a token (closed_by_budget)
     budget_ended: bool = False  # ... and the token it took last was EOS: the budget ended the output
-    # jump-forward draft: tokens the grammar forces after output_ids[-1], computed with it next
-    # step and kept as far as sampling agrees (only running requests have one)
+    # the draft (`speculative`): tokens the grammar forces after output_ids[-1] (jump-forward; the
+    # first `num_forced_draft`), then with speculative decoding the n-gram proposal; computed
+    # with it next step and kept as far as sampling agrees (only running requests have one)
     jump_forward_ids: list[int] = field(default_factory=list)
+    num_forced_draft: int = 0
+    ngram_index: NgramIndex | None = None  # speculative NGRAM: its prompt + output's n-grams
+    ngram_allowance: int | None = None  # n-gram tokens its next draft may have (speculative.Drafter)
+    ngram_shadow: int | None = None  # with allowance 0: the first token it would have drafted
+    # speculative decoding's counts (SGLang's meta_info names): steps that verified this
+    # request's draft, and its n-gram draft tokens proposed and accepted (forced ones not counted)
+    spec_verify_ct: int = 0
+    spec_num_proposed_drafts: int = 0
+    spec_num_correct_drafts: int = 0
     # logprobs: lists of (logprob, token_id) and per-position top lists
     input_token_logprobs: list[tuple[float | None, int]] = field(default_factory=list)
     output_token_logprobs: list[tuple[float, int]] = field(default_factory=list)

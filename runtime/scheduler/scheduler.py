@@ -18,6 +18,8 @@ join that token in the next forward, which then computes one logits row per draf
 row is sampled under the grammar mask of its position; the draft is kept as far as the samples
 agree with it, and the first disagreeing sample is the request's next token, so the output is
 what token-by-token decoding gives. The K/V of the rejected draft tokens is freed at once.
+Speculative decoding (`speculative`, `--speculative-algorithm NGRAM`) extends the same draft
+with prompt-lookup tokens, cut where the grammar refuses; it is verified the same way.
 
 Reasoning (`require_reasoning` with --reasoning-parser): a constrained request's grammar is held
 (`req.grammar_after_reasoning`) while `req.reasoning_end` watches its sampled ids for the
@@ -35,9 +37,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from radixlm.runtime.config.speculative_config import SpeculativeConfig
 from radixlm.runtime.constrained.closing import MAX_PLAN_BYTES
 from radixlm.runtime.constrained.grammar import GrammarBackend
-from radixlm.runtime.ipc.messages import ReqOutput
+from radixlm.runtime.ipc.messages import ReqOutput, SpecCounts
 from radixlm.runtime.mem_cache.radix_cache import BasePrefixCache, NoopRadixCache, RadixCache
 from radixlm.runtime.model.forward_batch import ForwardBatch
 from radixlm.runtime.model.model_runner import ModelRunner
@@ -54,6 +57,7 @@ from radixlm.runtime.scheduler.logprobs import (
 )
 from radixlm.runtime.scheduler.req import FinishReason, Req
 from radixlm.runtime.scheduler.schedule_policy import SchedulePolicy
+from radixlm.runtime.scheduler.speculative import Drafter
 
 if TYPE_CHECKING:
     from radixlm.runtime.scheduler.kv_events_publisher import KVEventStream
@@ -74,6 +78,7 @@ class SchedulerConfig:
     schedule_policy: str = "lpm"
     disable_radix_cache: bool = False
     random_seed: int | None = None
+    speculative: SpeculativeConfig | None = None  # None: no speculative decoding
 
 
 @dataclass(frozen=True)
@@ -97,6 +102,8 @@ class StepOutput:
             completion_tokens=len(req.output_ids),
             cached_tokens=req.cached_tokens,
             logprobs=take_new_logprobs(req) if req.logprob.return_logprob else None,
+            spec=None if req.spec_verify_ct == 0 else SpecCounts(
+                req.spec_verify_ct, req.spec_num_proposed_drafts, req.spec_num_correct_drafts),
         )
 
 
@@ -138,6 +145,7 @@ class Scheduler:
         self._aborted: list[Req] = []
         self.num_retractions = 0
         self.num_jump_forward_tokens = 0  # draft tokens kept: each saved a decode step
+        self.drafter = Drafter(cfg.speculative)
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO  # share of remaining tokens admission reserves
         self.num_forwards = 0
         self.recent_steps: deque[StepRecord] = deque(maxlen=STEP_RECORDS_KEPT)  # newest last
@@ -201,6 +209,7 @@ class Scheduler:
         self._aborted = []
         self._retire_finished()
         self._make_room_for_decode()
+        self.drafter.fit_budget(self.running)
         plan = plan_extends(self)
         if not plan.extends and not self.running:
             self._publish_kv_events()
@@ -270,7 +279,7 @@ class Scheduler:
         num_draft_tokens = sum(len(r.jump_forward_ids) for r in self.running)
         if num_draft_tokens and self.bridge.available_tokens() < len(self.running) + num_draft_tokens:
             for req in self.running:
-                req.jump_forward_ids = []
+                req.jump_forward_ids, req.num_forced_draft = [], 0
         while self.running and self.bridge.available_tokens() < len(self.running):
             req = self.running.pop()
             if not self.running and self.chunked_req is None:
@@ -303,9 +312,13 @@ class Scheduler:
             self.runner.req_to_token_pool.write(req.req_pool_idx, req.num_cached, slots[offset : offset + len(chunk)])  # type: ignore[arg-type]
             offset += len(chunk)
         rows = [r.req_pool_idx for r in reqs]
-        if not plan.extends and all(len(c) == 1 for c in chunks):
-            seq_lens = [r.seq_len for r in self.running]
-            batch = ForwardBatch.decode(rows, seq_lens, [c[0] for c in chunks], slots)  # type: ignore[arg-type]
+        if not plan.extends:
+            # A decode batch, with drafts too: a request's token at position p is its own row,
+            # attending to positions [0, p] (DecodeStack and the attention backends write every
+            # row's K/V before any row attends), so drafts are verified on the decode fast path.
+            row_seq = [(r.req_pool_idx, r.seq_len + j) for r, c in zip(self.running, chunks) for j in range(len(c))]
+            batch = ForwardBatch.decode([r for r, _ in row_seq], [n for _, n in row_seq],  # type: ignore[misc]
+                                        [t for c in chunks for t in c], slots)
             return batch, list(self.running), []
         sample_reqs, sample_rows, spans, extra_rows, end = [], [], [], [], 0
         for req, chunk, ext in zip(reqs, chunks, list(plan.extends) + [None] * len(self.running)):
@@ -380,10 +393,13 @@ class Scheduler:
                     break
             row += len(draft) + 1
             self.num_jump_forward_tokens += sum(t == d for t, d in zip(new_ids, draft))
+            self.drafter.record_verify(req, draft, new_ids)
             self.bridge.truncate(req, first_draft_pos + len(new_ids) - 1)  # K/V of the kept draft only
-            req.jump_forward_ids = []
-            if req.grammar is not None and not req.is_finished:
-                req.jump_forward_ids = req.grammar.jump_forward_ids(new_ids[-1], self._max_draft_len(req))
+            req.jump_forward_ids, req.num_forced_draft = [], 0
+            if not req.is_finished:
+                max_len = self._max_draft_len(req)
+                forced = [] if req.grammar is None else req.grammar.jump_forward_ids(new_ids[-1], max_len)
+                req.jump_forward_ids = self.drafter.draft(req, forced, max_len)
             outputs.append(StepOutput(req, tuple(new_ids)))
         if want_logprob:
             assert result.logprobs is not None and result.vocab_logprobs is not None

@@ -65,6 +65,7 @@ class SchedulerStack:
                 schedule_policy=args.schedule_policy,
                 disable_radix_cache=args.disable_radix_cache,
                 random_seed=args.random_seed,
+                speculative=args.speculative,
             ),
             grammar_backend,
             kv_events=None if args.kv_events is None else KVEventStream(args.kv_events, dp_rank),
@@ -129,6 +130,7 @@ class SchedulerStack:
             "num_waiting_reqs": len(sched.waiting),
             "num_grammar_queue_reqs": len(sched.grammar_waiting),  # waiting for their grammar to compile
             "num_retractions": sched.num_retractions,
+            **sched.drafter.server_info(),
             **self._kernel_info(),
         }
 

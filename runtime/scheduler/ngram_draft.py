@@ -1,0 +1,102 @@
+"""Prompt-lookup drafts (`--speculative-algorithm NGRAM`): a request's next tokens guessed by
+finding the text it just produced earlier in its own prompt + output, and proposing what followed.
+
+Extraction copies: a name, a date or a quote in the JSON is a span of the passage, so once the
+first tokens of a span are out, the rest of it is in the prompt. `NgramIndex` maps every n-gram of
+`min_window` tokens of a sequence to the positions right after it (oldest first); `propose` looks
+up the sequence's last `min_window` tokens, prefers the candidate whose earlier context agrees
+with the sequence's end the longest (up to `max_window` tokens; among equals, the most recent),
+and proposes the tokens that followed it.
+
+Incremental: the index remembers how many positions it has seen and indexes only the new ones at
+the next `propose` (a prompt of thousands of tokens is indexed once, at the request's first
+draft), so per step it costs O(new tokens + candidates looked at), never a rescan.
+
+The index holds no request: the caller passes the sequence as a `TokenSeq` (the request's
+prompt and output lists, read in place) and a `tail` of tokens already drafted this step (the
+grammar's forced tokens), which the match may use but which are not indexed (they are not output).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+# Candidates of one lookup judged at most (the most recent ones): a frequent n-gram (a quote
+# character with min_window 1) occurs hundreds of times in a long prompt.
+MAX_CANDIDATES = 64
+
+
+@dataclass(frozen=True)
+class TokenSeq:
+    """A request's prompt + output read in place (the lists grow; nothing is copied)."""
+
+    input_ids: Sequence[int]
+    output_ids: Sequence[int]
+
+    def __len__(self) -> int:
+        return len(self.input_ids) + len(self.output_ids)
+
+    def __getitem__(self, i: int) -> int:
+        num_input = len(self.input_ids)
+        return self.input_ids[i] if i < num_input else self.output_ids[i - num_input]
+
+
+class NgramIndex:
+    """One request's n-gram index (see the module docstring). `min_window` >= 1 tokens must match
+    for a proposal; candidates are ranked by agreement over up to `max_window` tokens."""
+
+    def __init__(self, min_window: int, max_window: int):
+        if not 1 <= min_window <= max_window:
+            raise ValueError(f"need 1 <= min_window <= max_window, got {min_window}, {max_window}")
+        self.min_window = min_window
+        self.max_window = max_window
+        # n-gram (its min_window tokens) -> the positions that follow an occurrence, ascending
+        self._ngram_to_next: dict[tuple[int, ...], list[int]] = {}
+        # occurrences ending before this position are indexed (each needs a token after it)
+        self._num_indexed = min_window
+
+    def _catch_up(self, seq: TokenSeq) -> None:
+        """Index every occurrence followed by a token of `seq` (those not indexed yet)."""
+        n, index = self.min_window, self._ngram_to_next
+        for nxt in range(self._num_indexed, len(seq)):
+            key = tuple(seq[i] for i in range(nxt - n, nxt))
+            positions = index.get(key)
+            if positions is None:
+                index[key] = [nxt]
+            else:
+                positions.append(nxt)
+        self._num_indexed = max(self._num_indexed, len(seq))
+
+    def propose(self, seq: TokenSeq, tail: Sequence[int], max_tokens: int) -> list[int]:
+        """Up to `max_tokens` tokens that followed the best earlier match of the end of
+        seq + tail (empty when none matches `min_window` tokens). The continuation is read from
+        seq + tail, so a match inside a repeating run continues the run."""
+        if max_tokens <= 0:
+            return []
+        self._catch_up(seq)
+        num_seq = len(seq)
+        end = num_seq + len(tail)
+
+        def at(i: int) -> int:
+            return seq[i] if i < num_seq else tail[i - num_seq]
+
+        n = self.min_window
+        if end < n + 1:
+            return []
+        key = tuple(at(i) for i in range(end - n, end))
+        positions = self._ngram_to_next.get(key)
+        if not positions:
+            return []
+        best_next, best_len = -1, 0
+        for nxt in reversed(positions[-MAX_CANDIDATES:]):  # all before the suffix: nxt < len(seq)
+            length = n
+            while length < self.max_window and nxt - length - 1 >= 0 and at(nxt - length - 1) == at(end - length - 1):
+                length += 1
+            if length > best_len:
+                best_next, best_len = nxt, length
+                if length == self.max_window:
+                    break
+        if best_next < 0:
+            return []
+        return [at(i) for i in range(best_next, min(best_next + max_tokens, end))]

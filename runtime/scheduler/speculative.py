@@ -1,0 +1,129 @@
+"""Speculative decoding's drafting side: what a running request's next forward verifies.
+
+The scheduler verifies a draft in one forward (see `scheduler`): a request feeds
+`[last token, *draft]`, gets one logits row per position, samples every row from the target
+distribution under its grammar mask, and keeps the draft while the samples equal it. For a
+deterministic draft that is exact rejection sampling: the output follows the target distribution
+(greedy: it is token-for-token the non-speculative output), whatever the draft.
+
+A request's draft (`Req.jump_forward_ids`), built after each step by `Drafter.draft`:
+  1. the tokens its grammar forces (jump-forward), undrafted and first;
+  2. with `--speculative-algorithm NGRAM`, then up to `--speculative-num-draft-tokens` tokens of
+     prompt lookup (`ngram_draft`) continuing them, fewer after misses: a request's n-gram
+     allowance halves after a step that accepted none of its n-gram tokens (down to 0: no
+     n-gram rows) and doubles (up to the flag) after one that accepted them all; at 0 the
+     proposal is still made but not verified, and once its first token is the one the request
+     samples next, the allowance is 1 again. Free text that rarely repeats its prompt thus pays
+     for a few extra rows, then none;
+  3. cut before the first EOS / stop token id (nothing after it would be used), at the first
+     token the request's grammar refuses (`valid_prefix_len`: a refused token could never be
+     accepted, and the masks along a draft need an allowed draft), and at the request's room
+     (context length, max_new_tokens: `max_len`).
+No n-gram drafts while a reasoning request is still reasoning (its grammar starts mid-draft).
+
+Compute-bound steps (`Drafter.fit_budget`, before each step): a CPU decode step of a small batch
+is bound by reading the weights, so k more query rows cost little; a large batch is bound by the
+arithmetic, where every rejected row is a loss. So the step's query rows — one per running
+request plus every n-gram draft token — are kept within MAX_VERIFY_ROWS: past it, each request's
+n-gram tokens are cut to an equal share of what is left (none at all once the running requests
+alone reach it). Forced tokens are never cut here: each of them saves a step.
+"""
+
+from __future__ import annotations
+
+from radixlm.runtime.config.speculative_config import SpeculativeConfig
+from radixlm.runtime.constrained.grammar import MAX_JUMP_FORWARD_TOKENS
+from radixlm.runtime.scheduler.ngram_draft import NgramIndex, TokenSeq
+from radixlm.runtime.scheduler.req import Req
+
+# Query rows a decode step may have with n-gram drafts: one per running request + draft tokens.
+MAX_VERIFY_ROWS = 8
+# The longest draft of a constrained request: the grammar wrappers roll back at most this many.
+MAX_GRAMMAR_DRAFT = MAX_JUMP_FORWARD_TOKENS
+
+
+class Drafter:
+    """Builds each running request's draft (see the module docstring); one per scheduler."""
+
+    def __init__(self, cfg: SpeculativeConfig | None):
+        self.cfg = cfg  # None: drafts are the forced tokens only (speculation off)
+        # since start, over every request: verify steps, tokens they took, n-gram tokens accepted
+        self.num_verify = self.num_verified_tokens = self.num_correct_drafts = 0
+
+    def server_info(self) -> dict[str, float | int]:
+        """Speculation's counts for /get_server_info (none while it is off); SGLang reports the
+        average accept length (tokens per verify step) as `avg_spec_accept_length`."""
+        if self.cfg is None:
+            return {}
+        return {"avg_spec_accept_length": self.num_verified_tokens / max(1, self.num_verify),
+                "spec_verify_ct": self.num_verify, "spec_num_correct_drafts": self.num_correct_drafts}
+
+    def draft(self, req: Req, forced: list[int], max_len: int) -> list[int]:
+        """The request's next draft: `forced` (its grammar's jump-forward tokens, allowed from
+        its state), then its n-gram continuation, cut as the module docstring says; at most
+        `max_len` tokens. Sets `req.num_forced_draft`."""
+        cfg = self.cfg
+        draft = forced[: max(0, max_len)]
+        req.num_forced_draft = len(draft)
+        if cfg is None or req.reasoning_end is not None:
+            return draft
+        if req.ngram_allowance is None:
+            req.ngram_allowance = cfg.num_draft_tokens
+        room = min(req.ngram_allowance, max_len - len(draft))
+        if req.grammar is not None:
+            room = min(room, MAX_GRAMMAR_DRAFT - len(draft))
+        if req.ngram_index is None:
+            req.ngram_index = NgramIndex(cfg.ngram_min_match_window_size, cfg.ngram_max_match_window_size)
+        if req.ngram_allowance == 0 and not draft and max_len > 0:  # off: watch whether it would hit
+            shadow = req.ngram_index.propose(TokenSeq(req.input_ids, req.output_ids), draft, 1)
+            req.ngram_shadow = shadow[0] if shadow else None
+        if room <= 0:
+            return draft
+        proposal = req.ngram_index.propose(TokenSeq(req.input_ids, req.output_ids), draft, room)
+        ends = req.eos_token_ids if not req.params.ignore_eos else frozenset()
+        for i, token in enumerate(proposal):
+            if token in ends or token in req.params.stop_token_ids:
+                proposal = proposal[:i]
+                break
+        if proposal and req.grammar is not None:
+            proposal = proposal[: req.grammar.valid_prefix_len(draft + proposal) - len(draft)]
+        return draft + proposal
+
+    def fit_budget(self, running: list[Req]) -> None:
+        """Cut the running requests' n-gram tokens to keep the step within MAX_VERIFY_ROWS."""
+        if self.cfg is None or not running:
+            return
+        num_drafted = sum(len(r.jump_forward_ids) - r.num_forced_draft for r in running)
+        if len(running) + num_drafted <= MAX_VERIFY_ROWS:
+            return
+        share = max(0, MAX_VERIFY_ROWS - len(running)) // len(running)
+        for req in running:
+            keep = req.num_forced_draft + share
+            if len(req.jump_forward_ids) > keep:
+                req.jump_forward_ids = req.jump_forward_ids[:keep]
+
+    def record_verify(self, req: Req, draft: list[int], new_ids: list[int]) -> None:
+        """Count one verify step of `req` whose draft was `draft` and which took `new_ids`."""
+        if self.cfg is None:
+            return
+        if req.ngram_shadow is not None:
+            if new_ids and new_ids[0] == req.ngram_shadow and req.ngram_allowance == 0:
+                req.ngram_allowance = 1
+            req.ngram_shadow = None
+        req.spec_verify_ct += 1
+        self.num_verify += 1
+        self.num_verified_tokens += len(new_ids)
+        req.spec_num_proposed_drafts += len(draft) - req.num_forced_draft
+        accepted = 0
+        for token, drafted in zip(new_ids, draft):
+            if token != drafted:
+                break
+            accepted += 1
+        num_drafted, num_correct = len(draft) - req.num_forced_draft, max(0, accepted - req.num_forced_draft)
+        req.spec_num_correct_drafts += num_correct
+        self.num_correct_drafts += num_correct
+        if num_drafted and req.ngram_allowance is not None:
+            if num_correct == 0:
+                req.ngram_allowance //= 2
+            elif num_correct == num_drafted:
+                req.ngram_allowance = min(self.cfg.num_draft_tokens, req.ngram_allowance * 2)

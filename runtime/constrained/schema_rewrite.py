@@ -49,6 +49,7 @@ from radixlm.runtime.constrained.compile_cache import SCHEMA_MAPS
 from radixlm.runtime.constrained.errors import GrammarError
 from radixlm.runtime.constrained.json_schema import resolve_pointer
 from radixlm.runtime.constrained.schema_merge import MergeConflict, merge
+from radixlm.runtime.constrained.schema_oneof import without_shared_types
 
 Schema = dict[str, Any]
 
@@ -60,6 +61,20 @@ ASSERTED_FORMATS = frozenset({
     "relative-json-pointer", "color",
 })  # fmt: skip
 ANNOTATIONS = ("$schema", "$id", "$comment", "id")
+# every keyword of drafts 04 .. 2020-12; any other key of a schema object is an annotation (e.g.
+# Snowplow's `self` block, OpenAPI's `x-*`) that no validator evaluates, and is dropped, so that
+# no engine reads its value as a subschema
+KEYWORDS = frozenset({
+    "$schema", "$id", "$ref", "$defs", "$anchor", "$dynamicRef", "$dynamicAnchor", "$recursiveRef",
+    "$recursiveAnchor", "$vocabulary", "$comment", "id", "definitions", "type", "enum", "const", "multipleOf",
+    "maximum", "exclusiveMaximum", "minimum", "exclusiveMinimum", "maxLength", "minLength", "pattern", "maxItems",
+    "minItems", "uniqueItems", "maxContains", "minContains", "maxProperties", "minProperties", "required",
+    "dependentRequired", "dependencies", "properties", "patternProperties", "additionalProperties", "propertyNames",
+    "items", "prefixItems", "additionalItems", "contains", "unevaluatedItems", "unevaluatedProperties", "allOf",
+    "anyOf", "oneOf", "not", "if", "then", "else", "dependentSchemas", "format", "contentEncoding",
+    "contentMediaType", "contentSchema", "title", "description", "default", "deprecated", "readOnly", "writeOnly",
+    "examples",
+})  # fmt: skip
 # Dates and times as patterns every engine enforces, stricter than RFC 3339: no engine's own
 # `date` knows the calendar (each takes 2023-02-29; outlines' date-time has no offset), so a
 # day is 01-28 in every month, 29-30 outside February, 31 in long months (never February 29);
@@ -81,6 +96,9 @@ def rewrite_schema(schema: object) -> object:
     if not isinstance(schema, dict):
         return schema
     root = copy.deepcopy(schema)
+    # a top-level annotation a reference points into (`#/components/...`) stays: it holds schemas
+    pointed_into = {ref[2:].split("/")[0] for ref in _refs(root) if ref.startswith("#/")}
+    root = {k: v for k, v in root.items() if k in KEYWORDS or k in pointed_into}
     rewriter = _Rewriter(root)
     return _prune_definitions(rewriter.node(root, "#", ()))
 
@@ -166,6 +184,8 @@ class _Rewriter:
         if not isinstance(node, dict):
             return node
         node = _dialect(node)
+        if path != "#":  # the root's annotations were dropped by `rewrite_schema`
+            node = {k: v for k, v in node.items() if k in KEYWORDS}
         for key in SCHEMA_MAPS:
             if isinstance(node.get(key), dict):
                 node[key] = {name: self.node(sub, f"{path}/{key}/{name}", refs) for name, sub in node[key].items()}
@@ -179,6 +199,8 @@ class _Rewriter:
             node = self.inline(node, path, refs)
         if isinstance(node.get("allOf"), list):
             node = self.merge_all_of(node, path, refs)
+        if isinstance(node.get("oneOf"), list):  # targets inlined, so that `_distribute` sees their types
+            node["oneOf"] = [self.inline(b, path, refs) if isinstance(b, dict) else b for b in node["oneOf"]]
         node = _dependents(node)
         node = _conditional(node)
         node = _property_names(node)
@@ -423,6 +445,9 @@ def _distribute(node: Schema) -> Schema:
             node[key] = branches
         if key == "oneOf" and _disjoint(node["oneOf"]):
             node["anyOf"] = node.pop("oneOf")
+        elif key == "oneOf" and "anyOf" not in node and (split := without_shared_types(node["oneOf"])) is not None:
+            del node["oneOf"]  # stricter: the types two branches share are dropped (`schema_oneof`)
+            node["anyOf"] = split
     return node
 
 

@@ -2,7 +2,7 @@
 more branches admit are removed from every branch.
 
 `oneOf` asks that exactly one branch match, which no engine enforces; the rewrite already serves a
-`oneOf` whose branches cannot overlap as `anyOf` (`schema_rewrite._disjoint`). Real schemas often
+`oneOf` whose branches cannot overlap as `anyOf` (`disjoint`). Real schemas often
 write `oneOf: [{"type": ["string", "null"]}, {"type": ["number", "null"]}]` (Kubernetes' Quantity):
 `null` matches both branches, so it is not a valid value, and the exact language is "a string or
 a number". In general a value of a type that two branches admit may still match only one of them
@@ -12,6 +12,7 @@ looser; the branches left admit pairwise different types, so `anyOf` of them is 
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 # a JSON number is an integer-valued one or a fraction; `integer` admits the first, `number` both
@@ -53,3 +54,76 @@ def without_shared_types(branches: list[object]) -> list[dict[str, Any]] | None:
         if names:
             out.append({**branch, "type": names[0] if len(names) == 1 else names})
     return out or None
+
+
+def _types(schema: object) -> set[str] | None:
+    """The JSON types a schema admits, when it says (`type`, `const`, `enum`); None if any."""
+    if not isinstance(schema, dict):
+        return None
+    if "const" in schema:
+        return {_json_type(schema["const"])}
+    if isinstance(schema.get("enum"), list):
+        return {_json_type(v) for v in schema["enum"]}
+    kind = schema.get("type")
+    kinds = set(kind) if isinstance(kind, list) else {kind} if isinstance(kind, str) else None
+    if kinds and "number" in kinds:
+        kinds.add("integer")
+    return kinds
+
+
+def _json_type(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int) or isinstance(value, float) and value.is_integer():
+        return "integer"
+    return {float: "number", str: "string", list: "array", dict: "object"}[type(value)]
+
+
+def disjoint(branches: list[object]) -> bool:
+    """Whether no instance can satisfy two branches: their types differ, or a property that both
+    require has disjoint constants."""
+    for i, a in enumerate(branches):
+        for b in branches[i + 1:]:
+            ta, tb = _types(a), _types(b)
+            if ta is not None and tb is not None and not ta & tb:
+                continue
+            if not _discriminated(a, b):
+                return False
+    return True
+
+
+def _discriminated(a: object, b: object) -> bool:
+    """A property both require with disjoint constants, or one requires that the other (closed)
+    does not allow."""
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return False
+    if _excludes(a, b) or _excludes(b, a):
+        return True
+    if _types(a) == {"array"} == _types(b) and not a.get("prefixItems") and not b.get("prefixItems"):
+        # two arrays of at least one item whose items have disjoint types
+        items_a, items_b = _types(a.get("items")), _types(b.get("items"))
+        if min(a.get("minItems", 0), b.get("minItems", 0)) >= 1 and items_a and items_b and not items_a & items_b:
+            return True
+    for name in set(a.get("required", [])) & set(b.get("required", [])):
+        va, vb = _values(a, name), _values(b, name)
+        if va is not None and vb is not None and not {json.dumps(v, sort_keys=True) for v in va} & {
+                json.dumps(v, sort_keys=True) for v in vb}:
+            return True
+    return False
+
+
+def _excludes(closed: dict[str, Any], other: dict[str, Any]) -> bool:
+    """`closed` allows no property `other` requires (additionalProperties false)."""
+    if closed.get("additionalProperties") is not False or closed.get("patternProperties"):
+        return False
+    allowed = closed.get("properties") or {}
+    return any(name not in allowed or allowed[name] is False for name in other.get("required", []))
+
+
+def _values(schema: dict[str, Any], name: str) -> list[object] | None:
+    sub = (schema.get("properties") or {}).get(name)
+    if not isinstance(sub, dict):
+        return None
+    return [sub["const"]] if "const" in sub else sub.get("enum") if isinstance(sub.get("enum"), list) else None

@@ -18,7 +18,7 @@ Structure, exact:
   does not lead back to itself (recursive references stay references);
 - `allOf` branches are merged into their parent (`merge`) where no two keywords conflict;
 - a parent's keywords are distributed into each `anyOf` / `oneOf` branch (P and (A or B) is
-  (P and A) or (P and B)); `oneOf` whose branches are pairwise disjoint (`_disjoint`) is `anyOf`;
+  (P and A) or (P and B)); `oneOf` whose branches are pairwise disjoint (`schema_oneof.disjoint`) is `anyOf`;
 - `required` names that `properties` does not list get the schema the object gives them
   (`patternProperties` matches, else `additionalProperties`, else `{}`: any value);
 - `propertyNames` with only `enum` / `const` / `pattern` becomes properties / patternProperties
@@ -41,7 +41,6 @@ naming the keyword. GrammarError where the schema is malformed in a way a rewrit
 from __future__ import annotations
 
 import copy
-import json
 import re
 from typing import Any
 
@@ -49,7 +48,7 @@ from radixlm.runtime.constrained.compile_cache import SCHEMA_MAPS
 from radixlm.runtime.constrained.errors import GrammarError
 from radixlm.runtime.constrained.json_schema import resolve_pointer
 from radixlm.runtime.constrained.schema_merge import MergeConflict, merge
-from radixlm.runtime.constrained.schema_oneof import without_shared_types
+from radixlm.runtime.constrained.schema_oneof import disjoint, without_shared_types
 
 Schema = dict[str, Any]
 
@@ -443,77 +442,9 @@ def _distribute(node: Schema) -> Schema:
                 continue
             node = {k: v for k, v in node.items() if k in (key, "$defs", "definitions")}
             node[key] = branches
-        if key == "oneOf" and _disjoint(node["oneOf"]):
+        if key == "oneOf" and disjoint(node["oneOf"]):
             node["anyOf"] = node.pop("oneOf")
         elif key == "oneOf" and "anyOf" not in node and (split := without_shared_types(node["oneOf"])) is not None:
             del node["oneOf"]  # stricter: the types two branches share are dropped (`schema_oneof`)
             node["anyOf"] = split
     return node
-
-
-def _types(schema: object) -> set[str] | None:
-    """The JSON types a schema admits, when it says (`type`, `const`, `enum`); None if any."""
-    if not isinstance(schema, dict):
-        return None
-    if "const" in schema:
-        return {_json_type(schema["const"])}
-    if isinstance(schema.get("enum"), list):
-        return {_json_type(v) for v in schema["enum"]}
-    kind = schema.get("type")
-    kinds = set(kind) if isinstance(kind, list) else {kind} if isinstance(kind, str) else None
-    if kinds and "number" in kinds:
-        kinds.add("integer")
-    return kinds
-
-
-def _json_type(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int) or isinstance(value, float) and value.is_integer():
-        return "integer"
-    return {float: "number", str: "string", list: "array", dict: "object"}[type(value)]
-
-
-def _disjoint(branches: list[object]) -> bool:
-    """Whether no instance can satisfy two branches: their types differ, or a property that both
-    require has disjoint constants."""
-    for i, a in enumerate(branches):
-        for b in branches[i + 1:]:
-            ta, tb = _types(a), _types(b)
-            if ta is not None and tb is not None and not ta & tb:
-                continue
-            if not _discriminated(a, b):
-                return False
-    return True
-
-
-def _discriminated(a: object, b: object) -> bool:
-    """A property both require with disjoint constants, or one requires that the other (closed)
-    does not allow."""
-    if not isinstance(a, dict) or not isinstance(b, dict):
-        return False
-    if _excludes(a, b) or _excludes(b, a):
-        return True
-    for name in set(a.get("required", [])) & set(b.get("required", [])):
-        va, vb = _values(a, name), _values(b, name)
-        if va is not None and vb is not None and not {json.dumps(v, sort_keys=True) for v in va} & {
-                json.dumps(v, sort_keys=True) for v in vb}:
-            return True
-    return False
-
-
-def _excludes(closed: Schema, other: Schema) -> bool:
-    """`closed` allows no property `other` requires (additionalProperties false)."""
-    if closed.get("additionalProperties") is not False or closed.get("patternProperties"):
-        return False
-    allowed = closed.get("properties") or {}
-    return any(name not in allowed or allowed[name] is False for name in other.get("required", []))
-
-
-def _values(schema: Schema, name: str) -> list[object] | None:
-    sub = (schema.get("properties") or {}).get(name)
-    if not isinstance(sub, dict):
-        return None
-    return [sub["const"]] if "const" in sub else sub.get("enum") if isinstance(sub.get("enum"), list) else None

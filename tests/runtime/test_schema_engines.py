@@ -100,6 +100,10 @@ def test_overlapping_types_and_annotations_are_served() -> None:
     assert "self" not in rewrite_schema(event)
     for schema in (quantity, event):
         validate("xgrammar", "json_schema", schema)  # served (GrammarError otherwise)
+    arrays = {"oneOf": [{"type": "array", "minItems": 1, "items": {"type": "string"}},
+                        {"type": "array", "minItems": 1, "items": {"type": "integer"}}]}
+    assert "anyOf" in rewrite_schema(arrays) and "oneOf" not in rewrite_schema(arrays)
+    assert "oneOf" in rewrite_schema({"oneOf": [{**b, "minItems": 0} for b in arrays["oneOf"]]})  # [] matches both
     pointed = {"components": {"a": {"type": "integer"}}, "$ref": "#/components/a"}
     assert rewrite_schema(pointed)["type"] == "integer"
 

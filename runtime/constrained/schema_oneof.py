@@ -8,6 +8,12 @@ write `oneOf: [{"type": ["string", "null"]}, {"type": ["number", "null"]}]` (Kub
 a number". In general a value of a type that two branches admit may still match only one of them
 (their other keywords may tell it apart), so dropping those types is exact or stricter, never
 looser; the branches left admit pairwise different types, so `anyOf` of them is `oneOf` of them.
+
+Closed objects that differ by their optional properties (`oneOf: [{"properties": {"email": ...,
+"if": ...}}, {"properties": {"slack": ..., "if": ...}}]`, all `additionalProperties: false`:
+SchemaStore's notification lists) overlap on the objects that use only shared properties (`{}`).
+`with_required_discriminators` requires, in each such branch that requires none, its first
+property that no other branch allows: stricter, and then no two branches can match one value.
 """
 
 from __future__ import annotations
@@ -127,3 +133,32 @@ def _values(schema: dict[str, Any], name: str) -> list[object] | None:
     if not isinstance(sub, dict):
         return None
     return [sub["const"]] if "const" in sub else sub.get("enum") if isinstance(sub.get("enum"), list) else None
+
+
+def with_required_discriminators(branches: list[object]) -> list[object] | None:
+    """The branches with each closed object branch requiring a property no other branch allows
+    (its first such property, unless it requires one already); None when an object branch is not
+    closed (`additionalProperties: false`, no `patternProperties`) or has no such property. Other
+    branches are left as they are (the caller checks `disjoint` on the result)."""
+    objects = [b for b in branches if isinstance(b, dict) and _types(b) == {"object"}]
+    if len(objects) < 2:
+        return None
+    if any(b.get("additionalProperties") is not False or b.get("patternProperties") for b in objects):
+        return None
+    allowed = [{n for n, sub in (b.get("properties") or {}).items() if sub is not False} for b in objects]
+    out: list[object] = []
+    for branch in branches:
+        if not any(branch is b for b in objects):
+            out.append(branch)
+            continue
+        assert isinstance(branch, dict)
+        i = next(i for i, b in enumerate(objects) if b is branch)
+        others = set().union(*(a for j, a in enumerate(allowed) if j != i))
+        own = [n for n in (branch.get("properties") or {}) if n in allowed[i] and n not in others]
+        if not own:
+            return None
+        required = list(branch.get("required", []))
+        if not any(n in own for n in required):
+            required.append(own[0])
+        out.append({**branch, "required": required})
+    return out

@@ -48,7 +48,11 @@ from radixlm.runtime.constrained.compile_cache import SCHEMA_MAPS
 from radixlm.runtime.constrained.errors import GrammarError
 from radixlm.runtime.constrained.json_schema import resolve_pointer
 from radixlm.runtime.constrained.schema_merge import MergeConflict, merge
-from radixlm.runtime.constrained.schema_oneof import disjoint, without_shared_types
+from radixlm.runtime.constrained.schema_oneof import (
+    disjoint,
+    with_required_discriminators,
+    without_shared_types,
+)
 
 Schema = dict[str, Any]
 
@@ -444,7 +448,11 @@ def _distribute(node: Schema) -> Schema:
             node[key] = branches
         if key == "oneOf" and disjoint(node["oneOf"]):
             node["anyOf"] = node.pop("oneOf")
-        elif key == "oneOf" and "anyOf" not in node and (split := without_shared_types(node["oneOf"])) is not None:
-            del node["oneOf"]  # stricter: the types two branches share are dropped (`schema_oneof`)
-            node["anyOf"] = split
+        elif key == "oneOf" and "anyOf" not in node:  # stricter forms (`schema_oneof`), if any
+            split = without_shared_types(node["oneOf"])
+            if split is None and (keyed := with_required_discriminators(node["oneOf"])) and disjoint(keyed):
+                split = keyed
+            if split is not None:
+                del node["oneOf"]
+                node["anyOf"] = split
     return node

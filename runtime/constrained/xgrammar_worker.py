@@ -26,6 +26,7 @@ answer is ("ok", compiled JSON), ("error", message) or ("over", message).
 from __future__ import annotations
 
 import os
+import pickle
 import subprocess
 import sys
 import threading
@@ -77,7 +78,7 @@ class CompileWorker:
             try:
                 send_message(proc.stdin, form)
                 status, payload = receive_message(proc.stdout, None)
-            except (EOFError, OSError):
+            except (EOFError, OSError, pickle.UnpicklingError):
                 code = self._discard()
                 raise BudgetExceeded(f"schema compile exceeded the {self.budget_mb} MB budget "
                                      f"(--grammar-compile-memory-mb): its process died ({describe_exit(code)})") from None
@@ -145,9 +146,12 @@ def _child_main(parent_pid: int) -> None:
 
     die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the parent decides
+    # the answers get the pipe to themselves: whatever xgrammar or torch print goes to stderr
+    stdout = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     import xgrammar as xgr
 
-    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    stdin = sys.stdin.buffer
     token_bytes, vocab_size, stop_token_ids, budget_bytes = receive_message(stdin, None)
     info = xgr.TokenizerInfo(token_bytes, xgr.VocabType.RAW, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
     del token_bytes

@@ -7,8 +7,8 @@
    serves (`backends.validate` with `--grammar-backend xgrammar`, the default) and by which
    engine; with `--generate`, the share of served schemas whose outputs all validate
    (`jsonschema`, the schema's own draft, format checker on) when generated on `--model-path`
-   (default: the default model; any weights do, the grammar decides validity): "v/c" is v of the
-   c schemas the generation engine compiled (within 300 s); each one that failed is listed.
+   (default: the default model; any weights do, the grammar decides validity), one request per
+   served schema through an in-process Engine's front door: "v/n", each failure listed.
 2. Per keyword: of the schemas (all sets) that use it, the share each engine compiles alone and
    the share the door serves.
 
@@ -113,14 +113,22 @@ def keyword_rows(outcomes: Sequence[Outcome]) -> list[str]:
 
 def generate_valid(model_path: Path, entries: Sequence[CorpusSchema],
                    max_new_tokens: int) -> tuple[tuple[int, int], list[tuple[str, str, str]]]:
-    """((schemas whose outputs all validated, schemas compiled), each failure (schema, reason,
-    message)) for the served `entries`, on an Engine with the default grammar backend
-    (`grammar.measure_coverage`, one seed)."""
-    from radixlm.runtime.bench.grammar import measure_coverage
+    """((schemas whose output validated, schemas generated), each failure (schema, reason,
+    message)) for `entries`, one request each through an in-process Engine's front door (so each
+    schema goes to the engine the server would choose), `--grammar-backend xgrammar`, seed 0,
+    temperature 1.0, in batches of `grammar.COVERAGE_CHUNK` (`grammar._generate` judges each)."""
+    from radixlm.runtime.bench.grammar import COVERAGE_CHUNK, _generate
+    from radixlm.runtime.engine import Engine
 
-    coverage = measure_coverage("xgrammar", model_path, entries, seeds=[0], max_new_tokens=max_new_tokens,
-                                deadline_s=300.0)
-    return (coverage.num_valid, coverage.num_compiled), coverage.failures
+    engine = Engine(str(model_path), grammar_backend="xgrammar", random_seed=0)
+    failures: list[tuple[str, str, str]] = []
+    try:
+        for start in range(0, len(entries), COVERAGE_CHUNK):
+            outcomes = _generate(engine, entries[start : start + COVERAGE_CHUNK], [0], max_new_tokens)
+            failures.extend((name, *outcome) for name, outcome in outcomes.items() if outcome is not None)
+    finally:
+        engine.shutdown()
+    return (len(entries) - len(failures), len(entries)), failures
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(set_rows(name_to_outcomes, name_to_valid)))
     print()
     print("\n".join(keyword_rows([o for outcomes in name_to_outcomes.values() for o in outcomes])))
-    for schema_name, reason, message in failures:  # served at the door, then not compiled or not valid
+    for schema_name, reason, message in failures:  # served at the door, then aborted or not valid
         print(f"- {schema_name}: {reason}: {message[:200]}")
     print(f"\n({time.perf_counter() - start:.0f} s; " + json.dumps({n: len(e) for n, e in name_to_entries.items()}) + ")")
     return 0

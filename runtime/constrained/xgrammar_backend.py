@@ -244,7 +244,6 @@ class XGrammarBackend(CompileCache[XGrammarCompiled]):
                                 self._json_steering if kind == "json_schema" else self._steering,
                                 time.perf_counter() - start)
 
-
     def shutdown(self) -> None:
         super().shutdown()
         for worker in self._workers:

@@ -326,7 +326,7 @@ HELP = {
     "expanded 3 times per path), xgrammar (the default) or llguidance (context-free: EBNF via `ebnf`, recursive $ref to any depth); "
     "all close output within max_new_tokens",
     "grammar_compile_memory_mb": "memory one large xgrammar grammar compile may take (MB): such compiles (a serialized "
-    "grammar of 256 KB or more, e.g. from a schema of ~20 KB of optional properties) run one at a time in a child "
+    "grammar of 1 MiB or more, e.g. from a schema of ~80 KB of optional properties) run one at a time in a child "
     "process capped at this much above its start-up size; one that needs more fails its request with 400 'schema "
     "compile exceeded the N MB budget' (default: a quarter of the machine's memory)",
     "kv_events_config": "publish the radix cache's stored / removed / cleared blocks over zmq, as SGLang and vLLM "

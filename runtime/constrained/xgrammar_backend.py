@@ -43,8 +43,9 @@ if TYPE_CHECKING:
 
 MAX_DRAFT_TOKENS = 16  # the longest jump-forward draft
 # A lowered form (serialized grammar) at least this long compiles in the memory-capped child
-# (`xgrammar_worker`); shorter ones need a few MB at most and compile in a worker thread.
-MIN_CHILD_FORM_CHARS = 256 * 1024
+# (`xgrammar_worker`); a shorter one needs ~30 MB at most (the compile takes ~30 bytes per
+# character of the form with a 49,152-token vocabulary) and compiles in a worker thread.
+MIN_CHILD_FORM_CHARS = 1024 * 1024
 # JSON laid out as `json.dumps` does by default (`", "` and `": "` between items, no other
 # whitespace): the server's layout with xgrammar, at the door and in the worker
 ANY_WHITESPACE = False

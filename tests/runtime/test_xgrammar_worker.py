@@ -14,7 +14,7 @@ import xgrammar as xgr
 from radixlm.runtime.bench.hard_schema_corpus import big_schema
 from radixlm.runtime.constrained import backends
 from radixlm.runtime.constrained.vocabulary import get_grammar_vocabulary
-from radixlm.runtime.constrained.xgrammar_backend import token_bytes, tokenizer_info
+from radixlm.runtime.constrained.xgrammar_backend import MIN_CHILD_FORM_CHARS, token_bytes, tokenizer_info
 from radixlm.runtime.constrained.xgrammar_worker import BudgetExceeded, CompileWorker
 from radixlm.runtime.tokenizer.tokenizer import Tokenizer
 
@@ -35,8 +35,8 @@ def test_child_compiles_what_the_parent_matches_and_survives_a_budget_overrun(de
     schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}}, "required": ["n"],
               "additionalProperties": False}
     form = backends.lower_on("xgrammar", "json_schema", schema).form
-    big = backends.validate("xgrammar", "json_schema", json.dumps(big_schema(4).schema))
-    assert big.backend == "xgrammar" and len(big.form) > 256 * 1024
+    big = backends.validate("xgrammar", "json_schema", json.dumps(big_schema(16).schema))
+    assert big.backend == "xgrammar" and len(big.form) > MIN_CHILD_FORM_CHARS  # as the server would send it
     try:
         compiled = xgr.CompiledGrammar.deserialize_json(worker.compile(form), info)
         assert _takes(compiled, tokenizer, '{"n": 42}')

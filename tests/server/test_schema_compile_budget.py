@@ -30,9 +30,10 @@ def _generate(server: ServerHandle, schema: dict[str, object], max_new_tokens: i
 
 
 def test_a_compile_over_the_budget_fails_only_its_request(budget_server: ServerHandle) -> None:
-    # four objects of 60 optional properties: a 360 KB xgrammar grammar, whose compile against the
-    # 49,152-token vocabulary needs well over 8 MB (it goes to the capped child: >= 256 KB)
-    big = big_schema(4).schema
+    # 16 objects of 60 optional properties (a 105 KB schema): a 1.5 MB xgrammar grammar, which goes
+    # to the capped child (>= 1 MiB) and whose compile against the 49,152-token vocabulary needs
+    # ~45 MB, well over 8 MB
+    big = big_schema(16).schema
     resp = _generate(budget_server, big)
     assert resp.status_code == 400, resp.text
     assert f"schema compile exceeded the {BUDGET_MB} MB budget" in resp.json()["error"]["message"], resp.text

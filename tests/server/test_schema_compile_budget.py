@@ -34,7 +34,7 @@ def test_a_compile_over_the_budget_fails_only_its_request(budget_server: ServerH
     # to the capped child (>= 1 MiB) and whose compile against the 49,152-token vocabulary needs
     # ~45 MB, well over 8 MB
     big = big_schema(16).schema
-    resp = _generate(budget_server, big)
+    resp = _generate(budget_server, big, max_new_tokens=400)  # room for its shortest output: only the budget fails
     assert resp.status_code == 400, resp.text
     assert f"schema compile exceeded the {BUDGET_MB} MB budget" in resp.json()["error"]["message"], resp.text
     assert budget_server.proc.poll() is None
@@ -44,5 +44,5 @@ def test_a_compile_over_the_budget_fails_only_its_request(budget_server: ServerH
     assert resp.status_code == 200, resp.text
     assert isinstance(json.loads(resp.json()["text"])["n"], int)
     # the same big schema again: the same refusal (the failed compile is cached with its schema)
-    resp = _generate(budget_server, big)
+    resp = _generate(budget_server, big, max_new_tokens=400)
     assert resp.status_code == 400 and "MB budget" in resp.text, resp.text

@@ -404,7 +404,9 @@ def _judge(schema: dict[str, Any], result: dict[str, Any]) -> Outcome:
         value = json.loads(result["text"])
     except json.JSONDecodeError as e:
         return "invalid output", f"not JSON ({e}): {result['text'][:80]!r}"
-    error = next(jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker())
+    # the schema's own draft (`$schema`; 2020-12 without one): draft-04's boolean bounds, draft-07's item lists
+    validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    error = next(validator(schema, format_checker=jsonschema.FormatChecker())
                  .iter_errors(value), None)
     return None if error is None else ("invalid output", error.message[:120])
 

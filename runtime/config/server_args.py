@@ -72,6 +72,7 @@ class ServerArgs:
     disable_jump_forward: bool = False
     constrained_json_whitespace_pattern: str | None = None  # outlines only; None: outlines-core's `[ ]?`
     grammar_backend: str = DEFAULT_GRAMMAR_BACKEND
+    grammar_compile_memory_mb: int | None = None  # one large grammar compile's budget; None: a quarter of the RAM
     disable_cpu_kernels: bool = False
     disable_adaptive_threads: bool = False
     random_seed: int | None = None
@@ -141,6 +142,8 @@ class ServerArgs:
             raise ValueError(f"max_connections must be >= 1, got {self.max_connections}")
         if self.grammar_backend not in GRAMMAR_BACKENDS:
             raise ValueError(f"grammar_backend must be one of {', '.join(GRAMMAR_BACKENDS)}, got {self.grammar_backend!r}")
+        if self.grammar_compile_memory_mb is not None and self.grammar_compile_memory_mb < 1:
+            raise ValueError(f"grammar_compile_memory_mb must be >= 1, got {self.grammar_compile_memory_mb}")
         if self.constrained_json_whitespace_pattern is not None and self.grammar_backend != "outlines":
             raise ValueError("constrained_json_whitespace_pattern applies to the outlines grammar backend only "
                              f"(grammar_backend is {self.grammar_backend}); add --grammar-backend outlines")
@@ -348,6 +351,10 @@ HELP = {
     "grammar_backend": "compiles regex / JSON-schema / EBNF constraints: outlines (token DFA; no EBNF, recursive $ref "
     "expanded 3 times per path), xgrammar (the default) or llguidance (context-free: EBNF via `ebnf`, recursive $ref to any depth); "
     "all close output within max_new_tokens",
+    "grammar_compile_memory_mb": "memory one large xgrammar grammar compile may take (MB): such compiles (a serialized "
+    "grammar of 1 MiB or more, e.g. from a schema of ~80 KB of optional properties) run one at a time in a child "
+    "process capped at this much above its start-up size; one that needs more fails its request with 400 'schema "
+    "compile exceeded the N MB budget' (default: a quarter of the machine's memory)",
     "kv_events_config": "publish the radix cache's stored / removed / cleared blocks over zmq, as SGLang and vLLM "
     "do: a JSON object with SGLang's keys, e.g. '{\"publisher\": \"zmq\", \"endpoint\": \"tcp://*:5557\", "
     "\"topic\": \"kv-events\"}' (also replay_endpoint, buffer_steps, hwm, max_queue_size) and block_size "

@@ -35,15 +35,18 @@ KINDS = {"outlines": ("regex", "json_schema", "choices"), "xgrammar": CFG, "llgu
 
 
 def create(name: str, tokenizer: Tokenizer, vocab_size: int, *, num_workers: int, enable_jump_forward: bool,
-           whitespace_pattern: str | None) -> GrammarBackend | XGrammarBackend | LLGuidanceBackend:
+           whitespace_pattern: str | None,
+           compile_memory_mb: int | None = None) -> GrammarBackend | XGrammarBackend | LLGuidanceBackend:
     """The compile backend `name` for this tokenizer and logits width. JSON schemas the front door
     gave another engine (`choose_json_schema`) it hands to that engine's backend, made on first use
-    with the same settings (`compile_cache.Siblings`)."""
+    with the same settings (`compile_cache.Siblings`). `compile_memory_mb`: xgrammar's budget for
+    one large compile (`--grammar-compile-memory-mb`; None: `xgrammar_worker.default_budget_mb`)."""
     from radixlm.runtime.constrained.compile_cache import Siblings
 
     def make(engine: str) -> GrammarBackend | XGrammarBackend | LLGuidanceBackend:
         return _create_one(engine, tokenizer, vocab_size, num_workers=num_workers,
-                           enable_jump_forward=enable_jump_forward, whitespace_pattern=whitespace_pattern)
+                           enable_jump_forward=enable_jump_forward, whitespace_pattern=whitespace_pattern,
+                           compile_memory_mb=compile_memory_mb)
 
     backend = make(name)
     backend.siblings = Siblings(make)
@@ -51,7 +54,8 @@ def create(name: str, tokenizer: Tokenizer, vocab_size: int, *, num_workers: int
 
 
 def _create_one(name: str, tokenizer: Tokenizer, vocab_size: int, *, num_workers: int, enable_jump_forward: bool,
-                whitespace_pattern: str | None) -> GrammarBackend | XGrammarBackend | LLGuidanceBackend:
+                whitespace_pattern: str | None,
+                compile_memory_mb: int | None) -> GrammarBackend | XGrammarBackend | LLGuidanceBackend:
     if name == "llguidance":
         from radixlm.runtime.constrained.llguidance_backend import LLGuidanceBackend
 
@@ -59,7 +63,8 @@ def _create_one(name: str, tokenizer: Tokenizer, vocab_size: int, *, num_workers
     if name == "xgrammar":
         from radixlm.runtime.constrained.xgrammar_backend import XGrammarBackend
 
-        return XGrammarBackend(tokenizer, vocab_size, num_workers=num_workers, enable_jump_forward=enable_jump_forward)
+        return XGrammarBackend(tokenizer, vocab_size, num_workers=num_workers, enable_jump_forward=enable_jump_forward,
+                               compile_memory_mb=compile_memory_mb)
     if name != "outlines":
         raise ValueError(f"grammar backend must be one of {', '.join(GRAMMAR_BACKENDS)}, got {name!r}")
     from radixlm.runtime.constrained.grammar import GrammarBackend

@@ -112,7 +112,7 @@ class IndexWorker:
             raise
         build = Build(builder, time.monotonic())
         try:
-            _send(builder.proc.stdin, request)
+            send_message(builder.proc.stdin, request)
         except OSError:
             pass  # the child died: `result` reads EOF and says so
         return build
@@ -128,7 +128,7 @@ class IndexWorker:
         frees its slot. Raises ValueError as `build` does."""
         builder = build.builder
         try:
-            status, payload = _receive(builder.proc.stdout, build.started + self.timeout_s)
+            status, payload = receive_message(builder.proc.stdout, build.started + self.timeout_s)
         except TimeoutError:
             self.cancel(build)
             raise ValueError(
@@ -138,7 +138,7 @@ class IndexWorker:
         except (EOFError, OSError, pickle.UnpicklingError):
             code = self.cancel(build)
             raise ValueError(
-                f"the process building its token index died ({_describe_exit(code)}); "
+                f"the process building its token index died ({describe_exit(code)}); "
                 "the regex is likely too large"
             ) from None
         self._release(builder)
@@ -204,7 +204,7 @@ class IndexWorker:
             _kill(old.proc)
         if reused is None:
             try:
-                _send(builder.proc.stdin, vocabulary)
+                send_message(builder.proc.stdin, vocabulary)
             except OSError:
                 self._discard(builder)
                 raise ValueError("could not start the process that builds token indexes") from None
@@ -244,19 +244,19 @@ def _kill(proc: subprocess.Popen[bytes]) -> int | None:
     return proc.wait()
 
 
-def _describe_exit(code: int | None) -> str:
+def describe_exit(code: int | None) -> str:
     if code is not None and code < 0:
         return f"signal {signal.Signals(-code).name}"
     return f"exit code {code}"
 
 
-def _send(stream: Any, obj: object) -> None:
+def send_message(stream: Any, obj: object) -> None:
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     stream.write(_HEADER.pack(len(data)) + data)
     stream.flush()
 
 
-def _receive(stream: Any, deadline: float | None) -> Any:
+def receive_message(stream: Any, deadline: float | None) -> Any:
     """One message from a pipe, reading its fd directly; TimeoutError past `deadline`."""
     fd = stream.fileno()
     (size,) = _HEADER.unpack(_read_exact(fd, _HEADER.size, deadline))
@@ -282,7 +282,7 @@ def _read_exact(fd: int, size: int, deadline: float | None) -> bytes:
 # ---------------------------------------------------------------- the child
 
 
-def _die_with_parent(parent_pid: int) -> None:
+def die_with_parent(parent_pid: int) -> None:
     """SIGKILL this process when the thread that started it exits (Linux); exit now if it has."""
     try:
         import ctypes
@@ -324,14 +324,14 @@ def token_distances(index: outlines_core.Index, end_token_id: int) -> dict[int, 
 def _child_main(max_memory_bytes: int, parent_pid: int) -> None:
     import resource
 
-    _die_with_parent(parent_pid)
+    die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the parent decides
     resource.setrlimit(resource.RLIMIT_AS, (max_memory_bytes, max_memory_bytes))
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    vocabulary = _receive(stdin, None)
+    vocabulary = receive_message(stdin, None)
     while True:
         try:
-            regex, end_token_id = _receive(stdin, None)
+            regex, end_token_id = receive_message(stdin, None)
         except EOFError:
             return
         try:
@@ -342,7 +342,7 @@ def _child_main(max_memory_bytes: int, parent_pid: int) -> None:
             answer = ("error", str(e))
         except MemoryError:
             answer = ("error", "out of memory while building the token index (the regex is too large)")
-        _send(stdout, answer)
+        send_message(stdout, answer)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ Structure, exact:
   does not lead back to itself (recursive references stay references);
 - `allOf` branches are merged into their parent (`merge`) where no two keywords conflict;
 - a parent's keywords are distributed into each `anyOf` / `oneOf` branch (P and (A or B) is
-  (P and A) or (P and B)); `oneOf` whose branches are pairwise disjoint (`_disjoint`) is `anyOf`;
+  (P and A) or (P and B)); `oneOf` whose branches are pairwise disjoint (`schema_oneof.disjoint`) is `anyOf`;
 - `required` names that `properties` does not list get the schema the object gives them
   (`patternProperties` matches, else `additionalProperties`, else `{}`: any value);
 - `propertyNames` with only `enum` / `const` / `pattern` becomes properties / patternProperties
@@ -41,7 +41,6 @@ naming the keyword. GrammarError where the schema is malformed in a way a rewrit
 from __future__ import annotations
 
 import copy
-import json
 import re
 from typing import Any
 
@@ -49,6 +48,11 @@ from radixlm.runtime.constrained.compile_cache import SCHEMA_MAPS
 from radixlm.runtime.constrained.errors import GrammarError
 from radixlm.runtime.constrained.json_schema import resolve_pointer
 from radixlm.runtime.constrained.schema_merge import MergeConflict, merge
+from radixlm.runtime.constrained.schema_oneof import (
+    disjoint,
+    with_required_discriminators,
+    without_shared_types,
+)
 
 Schema = dict[str, Any]
 
@@ -60,6 +64,20 @@ ASSERTED_FORMATS = frozenset({
     "relative-json-pointer", "color",
 })  # fmt: skip
 ANNOTATIONS = ("$schema", "$id", "$comment", "id")
+# every keyword of drafts 04 .. 2020-12; any other key of a schema object is an annotation (e.g.
+# Snowplow's `self` block, OpenAPI's `x-*`) that no validator evaluates, and is dropped, so that
+# no engine reads its value as a subschema
+KEYWORDS = frozenset({
+    "$schema", "$id", "$ref", "$defs", "$anchor", "$dynamicRef", "$dynamicAnchor", "$recursiveRef",
+    "$recursiveAnchor", "$vocabulary", "$comment", "id", "definitions", "type", "enum", "const", "multipleOf",
+    "maximum", "exclusiveMaximum", "minimum", "exclusiveMinimum", "maxLength", "minLength", "pattern", "maxItems",
+    "minItems", "uniqueItems", "maxContains", "minContains", "maxProperties", "minProperties", "required",
+    "dependentRequired", "dependencies", "properties", "patternProperties", "additionalProperties", "propertyNames",
+    "items", "prefixItems", "additionalItems", "contains", "unevaluatedItems", "unevaluatedProperties", "allOf",
+    "anyOf", "oneOf", "not", "if", "then", "else", "dependentSchemas", "format", "contentEncoding",
+    "contentMediaType", "contentSchema", "title", "description", "default", "deprecated", "readOnly", "writeOnly",
+    "examples",
+})  # fmt: skip
 # Dates and times as patterns every engine enforces, stricter than RFC 3339: no engine's own
 # `date` knows the calendar (each takes 2023-02-29; outlines' date-time has no offset), so a
 # day is 01-28 in every month, 29-30 outside February, 31 in long months (never February 29);
@@ -81,6 +99,9 @@ def rewrite_schema(schema: object) -> object:
     if not isinstance(schema, dict):
         return schema
     root = copy.deepcopy(schema)
+    # a top-level annotation a reference points into (`#/components/...`) stays: it holds schemas
+    pointed_into = {ref[2:].split("/")[0] for ref in _refs(root) if ref.startswith("#/")}
+    root = {k: v for k, v in root.items() if k in KEYWORDS or k in pointed_into}
     rewriter = _Rewriter(root)
     return _prune_definitions(rewriter.node(root, "#", ()))
 
@@ -166,6 +187,8 @@ class _Rewriter:
         if not isinstance(node, dict):
             return node
         node = _dialect(node)
+        if path != "#":  # the root's annotations were dropped by `rewrite_schema`
+            node = {k: v for k, v in node.items() if k in KEYWORDS}
         for key in SCHEMA_MAPS:
             if isinstance(node.get(key), dict):
                 node[key] = {name: self.node(sub, f"{path}/{key}/{name}", refs) for name, sub in node[key].items()}
@@ -179,6 +202,8 @@ class _Rewriter:
             node = self.inline(node, path, refs)
         if isinstance(node.get("allOf"), list):
             node = self.merge_all_of(node, path, refs)
+        if isinstance(node.get("oneOf"), list):  # targets inlined, so that `_distribute` sees their types
+            node["oneOf"] = [self.inline(b, path, refs) if isinstance(b, dict) else b for b in node["oneOf"]]
         node = _dependents(node)
         node = _conditional(node)
         node = _property_names(node)
@@ -421,74 +446,13 @@ def _distribute(node: Schema) -> Schema:
                 continue
             node = {k: v for k, v in node.items() if k in (key, "$defs", "definitions")}
             node[key] = branches
-        if key == "oneOf" and _disjoint(node["oneOf"]):
+        if key == "oneOf" and disjoint(node["oneOf"]):
             node["anyOf"] = node.pop("oneOf")
+        elif key == "oneOf" and "anyOf" not in node:  # stricter forms (`schema_oneof`), if any
+            split = without_shared_types(node["oneOf"])
+            if split is None and (keyed := with_required_discriminators(node["oneOf"])) and disjoint(keyed):
+                split = keyed
+            if split is not None:
+                del node["oneOf"]
+                node["anyOf"] = split
     return node
-
-
-def _types(schema: object) -> set[str] | None:
-    """The JSON types a schema admits, when it says (`type`, `const`, `enum`); None if any."""
-    if not isinstance(schema, dict):
-        return None
-    if "const" in schema:
-        return {_json_type(schema["const"])}
-    if isinstance(schema.get("enum"), list):
-        return {_json_type(v) for v in schema["enum"]}
-    kind = schema.get("type")
-    kinds = set(kind) if isinstance(kind, list) else {kind} if isinstance(kind, str) else None
-    if kinds and "number" in kinds:
-        kinds.add("integer")
-    return kinds
-
-
-def _json_type(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int) or isinstance(value, float) and value.is_integer():
-        return "integer"
-    return {float: "number", str: "string", list: "array", dict: "object"}[type(value)]
-
-
-def _disjoint(branches: list[object]) -> bool:
-    """Whether no instance can satisfy two branches: their types differ, or a property that both
-    require has disjoint constants."""
-    for i, a in enumerate(branches):
-        for b in branches[i + 1:]:
-            ta, tb = _types(a), _types(b)
-            if ta is not None and tb is not None and not ta & tb:
-                continue
-            if not _discriminated(a, b):
-                return False
-    return True
-
-
-def _discriminated(a: object, b: object) -> bool:
-    """A property both require with disjoint constants, or one requires that the other (closed)
-    does not allow."""
-    if not isinstance(a, dict) or not isinstance(b, dict):
-        return False
-    if _excludes(a, b) or _excludes(b, a):
-        return True
-    for name in set(a.get("required", [])) & set(b.get("required", [])):
-        va, vb = _values(a, name), _values(b, name)
-        if va is not None and vb is not None and not {json.dumps(v, sort_keys=True) for v in va} & {
-                json.dumps(v, sort_keys=True) for v in vb}:
-            return True
-    return False
-
-
-def _excludes(closed: Schema, other: Schema) -> bool:
-    """`closed` allows no property `other` requires (additionalProperties false)."""
-    if closed.get("additionalProperties") is not False or closed.get("patternProperties"):
-        return False
-    allowed = closed.get("properties") or {}
-    return any(name not in allowed or allowed[name] is False for name in other.get("required", []))
-
-
-def _values(schema: Schema, name: str) -> list[object] | None:
-    sub = (schema.get("properties") or {}).get(name)
-    if not isinstance(sub, dict):
-        return None
-    return [sub["const"]] if "const" in sub else sub.get("enum") if isinstance(sub.get("enum"), list) else None

@@ -36,11 +36,16 @@ from radixlm.runtime.constrained.errors import GrammarError
 from radixlm.runtime.constrained.lowered import LoweredGrammar, LoweringSettings
 from radixlm.runtime.constrained.spec import choices_regex
 from radixlm.runtime.constrained.structural_tag import xgrammar_format
+from radixlm.runtime.constrained.xgrammar_worker import BudgetExceeded, CompileWorker, default_budget_mb
 
 if TYPE_CHECKING:
     from radixlm.runtime.tokenizer.tokenizer import Tokenizer
 
 MAX_DRAFT_TOKENS = 16  # the longest jump-forward draft
+# A lowered form (serialized grammar) at least this long compiles in the memory-capped child
+# (`xgrammar_worker`); a shorter one needs ~30 MB at most (the compile takes ~30 bytes per
+# character of the form with a 49,152-token vocabulary) and compiles in a worker thread.
+MIN_CHILD_FORM_CHARS = 1024 * 1024
 # JSON laid out as `json.dumps` does by default (`", "` and `": "` between items, no other
 # whitespace): the server's layout with xgrammar, at the door and in the worker
 ANY_WHITESPACE = False
@@ -196,9 +201,11 @@ class XGrammarBackend(CompileCache[XGrammarCompiled]):
     backend_name = "xgrammar"
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, max_cache: int = 64, num_workers: int = 2,
-                 any_whitespace: bool = ANY_WHITESPACE, enable_jump_forward: bool = True):
+                 any_whitespace: bool = ANY_WHITESPACE, enable_jump_forward: bool = True,
+                 compile_memory_mb: int | None = None):
         """`any_whitespace=False`: JSON output is laid out as `json.dumps` does by default
-        (`", "` and `": "` between items, no other whitespace)."""
+        (`", "` and `": "` between items, no other whitespace). `compile_memory_mb`: the memory
+        budget of a large grammar's compile (`xgrammar_worker`; None: its default)."""
         super().__init__("xgrammar", max_cache, num_workers)
         self.enable_jump_forward = enable_jump_forward
         self.tokenizer = tokenizer
@@ -208,9 +215,12 @@ class XGrammarBackend(CompileCache[XGrammarCompiled]):
 
         id_to_bytes = get_grammar_vocabulary(tokenizer).id_to_bytes
         eos = [tokenizer.eos_token_id]
-        self._compiler = xgr.GrammarCompiler(tokenizer_info(id_to_bytes, vocab_size, eos, json=False), max_threads=1)
-        self._json_compiler = xgr.GrammarCompiler(tokenizer_info(id_to_bytes, vocab_size, eos, json=True),
-                                                  max_threads=1)
+        self._infos = tuple(tokenizer_info(id_to_bytes, vocab_size, eos, json=is_json) for is_json in (False, True))
+        self._compiler, self._json_compiler = (xgr.GrammarCompiler(info, max_threads=1) for info in self._infos)
+        budget_mb = default_budget_mb() if compile_memory_mb is None else compile_memory_mb
+        # the capped children of each vocabulary (each starts on its first large grammar)
+        self._workers = tuple(CompileWorker(token_bytes(id_to_bytes, vocab_size, is_json), vocab_size, eos, budget_mb)
+                              for is_json in (False, True))
         self._steering = Steering.build(id_to_bytes, vocab_size, tokenizer.encode_plain, tokenizer.eos_token_id)
         # JSON's vocabulary has no control-character tokens: never tried (xgrammar logs each refusal)
         self._json_steering = self._steering.without_control_bytes()
@@ -230,15 +240,27 @@ class XGrammarBackend(CompileCache[XGrammarCompiled]):
         control-character tokens, the rest against the whole vocabulary."""
         start = time.perf_counter()
         kind = lowered.kind
-        compiler = self._json_compiler if kind == "json_schema" else self._compiler
+        is_json = int(kind == "json_schema")  # the index of its vocabulary's compiler, info and worker
+        compiler = self._json_compiler if is_json else self._compiler
         try:
-            compiled = compiler.compile_grammar(xgr.Grammar.deserialize_json(lowered.form))
+            if len(lowered.form) < MIN_CHILD_FORM_CHARS:
+                compiled = compiler.compile_grammar(xgr.Grammar.deserialize_json(lowered.form))
+            else:
+                text = self._workers[is_json].compile(lowered.form)
+                compiled = xgr.CompiledGrammar.deserialize_json(text, self._infos[is_json])
+        except BudgetExceeded as e:
+            raise GrammarError(str(e)) from None
         except (RuntimeError, ValueError) as e:
             raise _compile_error(kind, e) from None
         return XGrammarCompiled(kind, compiled, self.vocab_size, self.tokenizer.vocab_size,
                                 self.tokenizer.encode_plain if self.enable_jump_forward else None,
                                 self._json_steering if kind == "json_schema" else self._steering,
                                 time.perf_counter() - start)
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        for worker in self._workers:
+            worker.close()
 
 
 def _compile_error(kind: str, error: Exception) -> GrammarError:
@@ -252,13 +274,18 @@ def tokenizer_info(id_to_bytes: Mapping[int, bytes], vocab_size: int, stop_token
     """xgrammar's vocabulary of `vocab_size` ids: each token's bytes; special tokens and ids
     beyond the tokenizer as b"" (never allowed in text); with `json`, tokens holding a control
     character too."""
+    return xgr.TokenizerInfo(token_bytes(id_to_bytes, vocab_size, json), xgr.VocabType.RAW, vocab_size=vocab_size,
+                             stop_token_ids=stop_token_ids)
+
+
+def token_bytes(id_to_bytes: Mapping[int, bytes], vocab_size: int, json: bool) -> list[bytes]:
+    """Each id's bytes as `tokenizer_info` gives them to xgrammar (b"": never allowed in text)."""
     def spelled(data: bytes | None) -> bytes:
         if data is None or (json and any(b < 0x20 for b in data)):
             return b""
         return data
 
-    encoded = [spelled(id_to_bytes.get(i)) for i in range(vocab_size)]
-    return xgr.TokenizerInfo(encoded, xgr.VocabType.RAW, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
+    return [spelled(id_to_bytes.get(i)) for i in range(vocab_size)]
 
 
 

@@ -55,6 +55,7 @@ class SchedulerStack:
             args.grammar_backend, tokenizer, model_config.vocab_size, num_workers=NUM_GRAMMAR_COMPILE_WORKERS,
             enable_jump_forward=not args.disable_jump_forward,
             whitespace_pattern=args.constrained_json_whitespace_pattern,
+            compile_memory_mb=args.grammar_compile_memory_mb,
         )
         scheduler = Scheduler(
             runner,

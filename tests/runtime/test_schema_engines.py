@@ -73,12 +73,52 @@ def test_rewrites_are_exact_or_stricter() -> None:
         ({"allOf": [{"$ref": "#/$defs/x"}, {"required": ["m"]}], "$defs": {"x": {"properties": {"m": {"type": "integer"}},
                                                                                "additionalProperties": False}}},
          [{"m": 1}, {"m": "s"}, {}, {"n": 1}]),
+        # oneOf overlapping only by type (Kubernetes' Quantity): the shared types dropped
+        ({"oneOf": [{"type": ["string", "null"]}, {"type": ["number", "null"]}]}, ["1Gi", 2, 2.5, None, True]),
+        ({"oneOf": [{"type": "integer", "minimum": 5}, {"type": "number", "maximum": 1}]}, [7, 0, 0.5, 3, 3.5, "x"]),
+        ({"oneOf": [{"type": "string", "maxLength": 2}, {"type": ["string", "boolean"], "minLength": 4}]},
+         ["ab", "abcd", True, "abc"]),
+        # closed objects that differ by optional properties: each requires one of its own
+        ({"oneOf": [{"type": "object", "properties": {"email": {}, "if": {}}, "additionalProperties": False},
+                    {"type": "object", "properties": {"slack": {}, "if": {}}, "additionalProperties": False}]},
+         [{}, {"if": 1}, {"email": 1}, {"slack": 1, "if": 2}, {"email": 1, "slack": 1}]),
+        # oneOf of references (their targets inlined so that their types show), unknown keywords dropped
+        ({"oneOf": [{"$ref": "#/definitions/a"}, {"$ref": "#/definitions/b"}], "x-note": {"type": "integer"},
+          "definitions": {"a": {"type": "string"}, "b": {"type": "object", "self": {"format": "jsonschema"}}}},
+         ["s", {}, 1, None]),
     ]
     for schema, instances in cases:
         rewritten = rewrite_schema(schema)
         for instance in instances:
             if not _errors(rewritten, instance):
                 assert not _errors(schema, instance), (schema, rewritten, instance)
+
+
+def test_overlapping_types_and_annotations_are_served() -> None:
+    quantity = {"oneOf": [{"type": ["string", "null"]}, {"type": ["number", "null"]}]}
+    assert rewrite_schema(quantity) == {"anyOf": [{"type": "string"}, {"type": "number"}]}
+    # a fraction-only remainder has no `type`: the oneOf stays (and is refused, naming it)
+    assert "oneOf" in rewrite_schema({"oneOf": [{"type": "integer"}, {"type": "number"}]})
+    event = {"self": {"vendor": "com.example", "format": "jsonschema"}, "type": "object",
+             "properties": {"url": {"type": ["string", "null"], "format": "uri", "maxLength": 4096}}}
+    assert "self" not in rewrite_schema(event)
+    for schema in (quantity, event):
+        validate("xgrammar", "json_schema", schema)  # served (GrammarError otherwise)
+    arrays = {"oneOf": [{"type": "array", "minItems": 1, "items": {"type": "string"}},
+                        {"type": "array", "minItems": 1, "items": {"type": "integer"}}]}
+    assert "anyOf" in rewrite_schema(arrays) and "oneOf" not in rewrite_schema(arrays)
+    assert "oneOf" in rewrite_schema({"oneOf": [{**b, "minItems": 0} for b in arrays["oneOf"]]})  # [] matches both
+    notify = {"type": "array", "items": {"oneOf": [
+        {"type": "string", "enum": ["github_check"]},
+        {"type": "object", "properties": {"email": {"type": "string"}, "if": {"type": "string"}},
+         "additionalProperties": False},
+        {"type": "object", "properties": {"slack": {"type": "string"}, "if": {"type": "string"}},
+         "additionalProperties": False}]}}
+    branches = rewrite_schema(notify)["items"]["anyOf"]
+    assert [b.get("required") for b in branches] == [None, ["email"], ["slack"]]
+    validate("xgrammar", "json_schema", notify)
+    pointed = {"components": {"a": {"type": "integer"}}, "$ref": "#/components/a"}
+    assert rewrite_schema(pointed)["type"] == "integer"
 
 
 def test_both_corpora_compile_at_the_door() -> None:

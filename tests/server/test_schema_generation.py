@@ -2,7 +2,9 @@
 the default `--grammar-backend xgrammar`): a sample of both schema corpora, each output
 validated with `jsonschema` (format checker on); the engine the door chose is in the native
 meta_info and the OpenAI response; a schema no engine enforces is refused with 400 naming the
-keyword. (Every schema's compile at the door: tests/runtime/test_schema_engines.py.)"""
+keyword; a small schema of each JSONSchemaBench-style set (`schema_sets`) generate valid
+outputs or are refused naming a keyword. (Every schema's compile at the door:
+tests/runtime/test_schema_engines.py, the sets' at the door: tests/runtime/test_schema_sets.py.)"""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from conftest import ServerHandle
 from jsonschema import FormatChecker
 from jsonschema.validators import validator_for
 
-from radixlm.runtime.bench import hard_schema_corpus, schema_corpus
+from radixlm.runtime.bench import hard_schema_corpus, schema_corpus, schema_sets
 
 # one schema of each hard family, and two of the first corpus
 SAMPLE = hard_schema_corpus.corpus()[::26] + schema_corpus.corpus()[::100]
@@ -37,6 +39,23 @@ def test_sampled_schemas_give_valid_outputs(tiny_server: ServerHandle) -> None:
         assert not _errors(entry.schema, json.loads(out["text"])), (entry.name, out["text"])
         engines.add(out["meta_info"]["grammar_backend"])
     assert engines == {"xgrammar", "llguidance"}
+
+
+def test_a_sample_of_each_schema_set_gives_valid_outputs(tiny_server: ServerHandle) -> None:
+    num_served = 0
+    for name, entries in schema_sets.load_sets().items():
+        small = [e for e in entries if len(json.dumps(e.schema)) <= 4000]
+        for n, entry in enumerate(small[len(small) // 2 : len(small) // 2 + 1]):
+            resp = httpx.post(tiny_server.url + "/generate", timeout=300, json={
+                "text": "JSON:", "sampling_params": {"json_schema": json.dumps(entry.schema), "max_new_tokens": 160,
+                                                     "temperature": 1.0, "seed": n}})
+            if resp.status_code == 400:  # refused, naming what no engine enforces
+                assert "does not enforce" in resp.text, (name, entry.name, resp.text)
+                continue
+            assert resp.status_code == 200, (name, entry.name, resp.text)
+            assert not _errors(entry.schema, json.loads(resp.json()["text"])), (name, entry.name, resp.json()["text"])
+            num_served += 1
+    assert num_served >= 6
 
 
 def test_openai_response_names_the_engine(tiny_server: ServerHandle, tiny_model_name: str) -> None:

@@ -10,7 +10,9 @@ Workloads (prompts from radixlm.runtime.bench.workloads, byte-identical to the p
       appended without a decode step of their own, per request
   W5  2,000-token prefill: tok/s
   W6  JSON extraction of 16 business documents (8-field schema; every value copies a span of the
-      document, a quote a long one: radixlm.runtime.bench.copy_extraction), as W4 with the schema
+      document, a quote a long one: radixlm.runtime.bench.copy_extraction), as W4 with the schema,
+      without and with n-gram speculative decoding (--speculative-algorithm NGRAM: its tokens kept
+      and tokens per verify step); llama.cpp without and with prompt-lookup decoding
 Frontend workloads (@function programs from radixlm.runtime.bench.frontend_workloads, greedy), each run
 with run_batch on radixlm and on a naive baseline that sends every gen / select to transformers
 as an independent full-prompt call, one at a time (radixlm.runtime.bench.naive); the table gives
@@ -147,9 +149,13 @@ class Ours:
             self._mode_engines[mode] = Engine(**{**self.engine_flags, **MODE_ENGINE_FLAGS[mode]})
         return self._mode_engines[mode]
 
-    def jump_forward_tokens(self, mode: str) -> int:
-        """Tokens jump-forward appended so far, in `mode`'s engine, without a decode step of their own."""
-        return self._engine_for(mode).scheduler.num_jump_forward_tokens
+    def counters(self, mode: str) -> dict[str, int]:
+        """Running counts of `mode`'s engine: draft tokens kept (forced and n-gram: each skipped a
+        decode step of its own), n-gram tokens kept, verify steps and the tokens they took."""
+        scheduler = self._engine_for(mode).scheduler
+        drafter = scheduler.drafter
+        return {"draft tokens kept": scheduler.num_jump_forward_tokens, "n-gram tokens kept": drafter.num_correct_drafts,
+                "verify steps": drafter.num_verify, "verified tokens": drafter.num_verified_tokens}
 
     def close_extra_engines(self) -> None:
         for engine in self._mode_engines.values():
@@ -259,9 +265,9 @@ def run_system(system: Ours | Transformers | LlamaCppPeer, workloads: list[str],
         elif workload in TASKS:
             modes = OURS_MODES[workload] if isinstance(system, Ours) else system.extraction_modes if isinstance(
                 system, LlamaCppPeer) else ("unconstrained",)
-            forced = system.jump_forward_tokens if isinstance(system, Ours) else None
+            counters = system.counters if isinstance(system, Ours) else None
             for mode in modes:
-                out.update(run_extraction(system, TASKS[workload], mode, forced))
+                out.update(run_extraction(system, TASKS[workload], mode, counters))
             if isinstance(system, Ours):
                 system.close_extra_engines()
     return out

@@ -40,11 +40,12 @@ TASKS = {
 # radixlm's modes per task; "unconstrained" sends no schema
 OURS_MODES: dict[str, tuple[str, ...]] = {
     "W4": ("json_schema", "json_schema, jump-forward off", "json_schema, compact whitespace", "unconstrained"),
-    "W6": ("json_schema",),
+    "W6": ("json_schema", "json_schema, ngram"),
 }
 # Engine flags of the modes that need an engine of their own
 MODE_ENGINE_FLAGS: dict[str, dict[str, Any]] = {
     "json_schema, jump-forward off": {"disable_jump_forward": True},
+    "json_schema, ngram": {"speculative_algorithm": "NGRAM"},  # prompt-lookup drafts (issue 37)
     # the whitespace pattern is an outlines setting (xgrammar, the default backend, has its own)
     "json_schema, compact whitespace": {"constrained_json_whitespace_pattern": "", "grammar_backend": "outlines"},
 }
@@ -55,13 +56,15 @@ class Extractor(Protocol):
 
 
 def run_extraction(system: Extractor, task: ExtractionTask, mode: str,
-                   forced_tokens: Callable[[str], int] | None = None) -> Result:
+                   counters: Callable[[str], dict[str, int]] | None = None) -> Result:
     """The task's requests one after another, after one warm-up request (for a constrained mode,
-    the grammar compile). `forced_tokens(mode)`: radixlm's count of tokens appended without a
-    decode step of their own so far, reported per request."""
+    the grammar compile). `counters(mode)`: radixlm's running counts in that mode's engine
+    (draft tokens kept, n-gram tokens kept, verify steps, tokens those steps took), reported per
+    request: forced (jump-forward) tokens and n-gram tokens that skipped a decode step of their
+    own, and with n-gram drafts the tokens each verify step took."""
     cases = task.cases()
     system.extract(cases[0]["prompt"], mode, task)
-    forced_before = forced_tokens(mode) if forced_tokens else 0
+    before = counters(mode) if counters else {}
     start = time.perf_counter()
     texts = [system.extract(c["prompt"], mode, task) for c in cases]
     per_request = (time.perf_counter() - start) / len(cases)
@@ -71,6 +74,10 @@ def run_extraction(system: Extractor, task: ExtractionTask, mode: str,
     out = {f"{tag} s/request": per_request, f"{tag} valid /{n}": float(sum(c[1] for c in checks)),
            f"{tag} lenient valid /{n}": float(lenient),
            f"{tag} exact fields /{n * task.num_fields}": float(sum(c[2] for c in checks))}
-    if forced_tokens and mode.startswith("json_schema"):
-        out[f"{tag} jump-forward tokens /request"] = (forced_tokens(mode) - forced_before) / n
+    if counters and mode.startswith("json_schema"):
+        delta = {k: v - before[k] for k, v in counters(mode).items()}
+        out[f"{tag} jump-forward tokens /request"] = (delta["draft tokens kept"] - delta["n-gram tokens kept"]) / n
+        if "ngram" in mode:
+            out[f"{tag} n-gram tokens kept /request"] = delta["n-gram tokens kept"] / n
+            out[f"{tag} tokens /verify step"] = delta["verified tokens"] / max(1, delta["verify steps"])
     return out

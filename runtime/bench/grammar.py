@@ -323,8 +323,8 @@ def measure_w4(name: str, dtype: str, repeats: int) -> W4Figures:
         runs = []
         for _ in range(repeats):
             system.flush()
-            runs.append(run_extraction(system, TASKS["W4"], "json_schema", system.jump_forward_tokens))
-        off = run_extraction(system, TASKS["W4"], "json_schema, jump-forward off", system.jump_forward_tokens)
+            runs.append(run_extraction(system, TASKS["W4"], "json_schema", system.counters))
+        off = run_extraction(system, TASKS["W4"], "json_schema, jump-forward off", system.counters)
     finally:
         system.shutdown()
     s_per_request = statistics.median(r["W4 json_schema s/request"] for r in runs)

@@ -16,7 +16,8 @@ import torch
 from radixlm.kernels import cpu_linear, quant
 
 # (gate_up's weights, down's, quant mode, H, I): I a multiple of 64 (float32, bf16) or 32; K-quants need
-# H (gate_up) or I (down) a multiple of 256. Q4_K with a Q6_K down is Q4_K_M's usual mix.
+# H (gate_up) or I (down) a multiple of 256. Q4_K with a Q6_K down is Q4_K_M's usual mix (and its int8
+# mode what a GGUF decodes in on an int8-dot CPU).
 CASES = [
     ("float32", "float32", "float32", 128, 64),
     ("bfloat16", "bfloat16", "float32", 96, 64),
@@ -27,6 +28,7 @@ CASES = [
     ("q4_k", "q4_k", "float32", 256, 256),
     ("q4_k", "q6_k", "float32", 256, 256),
     ("q4_k", "q4_k", "int8", 256, 256),
+    ("q4_k", "q6_k", "int8", 256, 256),  # x quantized once for gate_up; down reads float32 activations
     ("q5_k", "q5_k", "float32", 256, 256),
     ("q6_k", "q8_0", "float32", 256, 64),
 ]

@@ -30,8 +30,9 @@ inline int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 // out[M, n] (rows ld_out apart) = x[M, K] @ columns [c0, c0 + n) of the weight at w (K rows, in
 // the layer's layout; quantized: format L.formats[which], 0 gate_up, 1 down); c0 and n multiples
 // of 64 (float32) or 32.
-void slice_product(const MoeExperts& L, int which, const uint8_t* w, int64_t K, const float* x, int64_t M, int64_t c0, int64_t n,
-                   float* out, int64_t ld_out) {
+// xq: x quantized for L.mode (quantized int8 modes), or null.
+void slice_product(const MoeExperts& L, int which, const uint8_t* w, int64_t K, const float* x, const QuantizedX* xq,
+                   int64_t M, int64_t c0, int64_t n, float* out, int64_t ld_out) {
   switch (L.kind) {
     case MoeWeights::kFloat32: {
       const float* wf = reinterpret_cast<const float*>(w) + (c0 / kPanel) * K * kPanel;
@@ -45,7 +46,7 @@ void slice_product(const MoeExperts& L, int which, const uint8_t* w, int64_t K, 
       const QFormat f = L.formats[which];
       const int64_t group_bytes = K / q_block_k(f) * q_block_bytes(f);
       return q_gemm(x, M, K, w + (c0 / kQGroup) * group_bytes, n / kQGroup, f, L.mode, out, ld_out, nullptr, 0,
-                    nullptr);
+                    nullptr, xq);
     }
   }
 }
@@ -114,6 +115,15 @@ void moe_experts(const MoeExperts& L, const float* x, int64_t T, const int64_t* 
   const int64_t R = T * k, routed = static_cast<int64_t>(g.expert.size());
   std::vector<float> xg(R * H), act(R * I), out(R * Hp);
   for (int64_t i = 0; i < R; ++i) std::copy_n(x + (i / k) * H, H, xg.data() + g.pos[i] * H);
+  // The int8 modes' quantized rows, made once per layer rather than by each column slice's
+  // product: the gathered x (before the region), and in kInt8Block the activations, each 64-column
+  // slice's blocks by the item that computes them (kInt8Row needs whole rows: the down product
+  // quantizes its own).
+  const bool int8 = L.kind == MoeWeights::kQuant && q_reads_int8(L.formats[0], L.mode);
+  const bool int8_act = L.kind == MoeWeights::kQuant && L.mode == QMode::kInt8Block && q_reads_int8(L.formats[1], L.mode);
+  QuantizedXBuffer xgq, actq;
+  if (int8) q_quantize_x(xg.data(), R, H, L.mode, xgq);
+  if (int8_act) actq.resize(R, I);
 
   const int64_t s1 = (I + kSlice - 1) / kSlice, s2 = Hp / kSlice;
   const int64_t n1 = routed * s1, n2 = routed * s2, n3 = (T + kTokenRun - 1) / kTokenRun;
@@ -130,15 +140,26 @@ void moe_experts(const MoeExperts& L, const float* x, int64_t T, const int64_t* 
       const uint8_t* w = L.arena + L.offsets[2 * g.expert[i]];
       std::vector<float> gu(M * 2 * n);  // row r: the gate columns, then the up columns
       const float* rows = xg.data() + g.first[i] * H;
-      slice_product(L, 0, w, H, rows, M, c0, n, gu.data(), 2 * n);
-      slice_product(L, 0, w, H, rows, M, I + c0, n, gu.data() + n, 2 * n);
-      for (int64_t r = 0; r < M; ++r) silu_mul_rows<float>(gu.data() + r * 2 * n, 1, n, 2 * n, act.data() + (g.first[i] + r) * I + c0);
+      const QuantizedX rows_q = int8 ? xgq.view().from_row(g.first[i], H) : QuantizedX{};
+      slice_product(L, 0, w, H, rows, int8 ? &rows_q : nullptr, M, c0, n, gu.data(), 2 * n);
+      slice_product(L, 0, w, H, rows, int8 ? &rows_q : nullptr, M, I + c0, n, gu.data() + n, 2 * n);
+      for (int64_t r = g.first[i]; r < g.first[i + 1]; ++r) {
+        float* a = act.data() + r * I + c0;
+        silu_mul_rows<float>(gu.data() + (r - g.first[i]) * 2 * n, 1, n, 2 * n, a);
+        if (int8_act) {
+          const int64_t b0 = r * (I / kQBlock) + c0 / kQBlock;
+          q_quantize_blocks(a, n, actq.xq.data() + r * I + c0, actq.dx.data() + b0, actq.sq.data() + b0,
+                            actq.cx.data() + b0);
+        }
+      }
     } else if (u < n1 + n2) {  // down columns [c0, c0 + 64) of routed expert i
       const int64_t v = u - n1, i = v / s2, c0 = (v % s2) * kSlice;
       wait_for(up_done[i], s1);
       const int64_t M = g.first[i + 1] - g.first[i];
       const uint8_t* w = L.arena + L.offsets[2 * g.expert[i] + 1];
-      slice_product(L, 1, w, I, act.data() + g.first[i] * I, M, c0, kSlice, out.data() + g.first[i] * Hp + c0, Hp);
+      const QuantizedX act_q = int8_act ? actq.view().from_row(g.first[i], I) : QuantizedX{};
+      slice_product(L, 1, w, I, act.data() + g.first[i] * I, int8_act ? &act_q : nullptr, M, c0, kSlice,
+                    out.data() + g.first[i] * Hp + c0, Hp);
     } else {  // tokens [t0, t1): y[t] = sum over j of w[t][j] * out[pos(t, j)], in j's order
       wait_for(down_done, n2);
       const int64_t t0 = (u - n1 - n2) * kTokenRun, t1 = std::min(T, t0 + kTokenRun);

@@ -54,6 +54,30 @@ inline Vi quad(const uint8_t* blk, int t) {
   return quad_high<F>(t) ? vand_i(vshr_i<4>(raw), low) : vand_i(raw, low);
 }
 
+// The int32 dot products of x's block b (of each row) with a block of each group's 16 columns
+// (32 k as eight quads, kQuads to a 64-byte value vector: 1 for bytes, 2 for nibbles, low then
+// high): dot[r][g] lane c = sum over the block's k of u(c, k) * xq[r][k] (Dot's contract).
+// Shared by every int8 pass (the 32-k formats' blocks, Q4_K's sub-blocks).
+template <class Dot, int kQuads, int R, int G>
+inline void block_dots(typename Dot::Acc (&dot)[R][G], const uint8_t* const (&blk)[G], const int8_t* const (&xq)[R],
+                       int64_t b) {
+  for (int r = 0; r < R; ++r) {
+    for (int g = 0; g < G; ++g) dot[r][g] = Dot::zero();
+  }
+  for (int v = 0; v < 8 / kQuads; ++v) {
+    for (int h = 0; h < kQuads; ++h) {
+      const int t = v * kQuads + h;
+      typename Dot::W w[G];
+      for (int g = 0; g < G; ++g) w[g] = Dot::load(blk[g] + 64 * v, h == 1);
+      for (int r = 0; r < R; ++r) {
+        int32_t x4;
+        std::memcpy(&x4, xq[r] + b * kQBlock + 4 * t, sizeof x4);
+        for (int g = 0; g < G; ++g) dot[r][g] = Dot::dot(dot[r][g], w[g], x4);
+      }
+    }
+  }
+}
+
 // R rows x G groups with x quantized to int8: per block, the int32 dot products of the dot
 // variant D (the weights' u times x's int8, 4 per lane), the rest of the offset taken off in
 // int32 (exact), then acc += float(dot) * d * dx (+ m * dx * sq for Q4_1). The sums are the same
@@ -75,23 +99,7 @@ void int8_pass(const PassArgs& p) {
       prefetch_ahead<kBlockLines<F>>(blk[g]);
     }
     typename Dot::Acc dot[R][G];
-    for (int r = 0; r < R; ++r) {
-      for (int g = 0; g < G; ++g) dot[r][g] = Dot::zero();
-    }
-    // the block's 64-byte value vectors: each 1 quad (Q8_0) or 2 (Q4: low, high nibbles)
-    constexpr int kQuads = F == QFormat::kQ8_0 ? 1 : 2;
-    for (int v = 0; v < 8 / kQuads; ++v) {
-      for (int h = 0; h < kQuads; ++h) {
-        const int t = v * kQuads + h;
-        typename Dot::W w[G];
-        for (int g = 0; g < G; ++g) w[g] = Dot::load(blk[g] + 64 * v, h == 1);
-        for (int r = 0; r < R; ++r) {
-          int32_t x4;
-          std::memcpy(&x4, xq[r] + b * kQBlock + 4 * t, sizeof x4);
-          for (int g = 0; g < G; ++g) dot[r][g] = Dot::dot(dot[r][g], w[g], x4);
-        }
-      }
-    }
+    block_dots<Dot, F == QFormat::kQ8_0 ? 1 : 2>(dot, blk, xq, b);
     for (int g = 0; g < G; ++g) {
       const Vf d = half16(blk[g] + VB);
       const Vf m = F == QFormat::kQ4_1 ? half16(blk[g] + VB + 32) : vzero();
@@ -137,21 +145,7 @@ void q4k_int8_pass(const PassArgs& p) {
         prefetch_ahead<4>(blk[g]);
       }
       typename Dot::Acc dot[R][G];
-      for (int r = 0; r < R; ++r) {
-        for (int g = 0; g < G; ++g) dot[r][g] = Dot::zero();
-      }
-      for (int v = 0; v < 4; ++v) {
-        for (int h = 0; h < 2; ++h) {
-          const int t = 2 * v + h;
-          typename Dot::W w[G];
-          for (int g = 0; g < G; ++g) w[g] = Dot::load(blk[g] + 64 * v, h == 1);
-          for (int r = 0; r < R; ++r) {
-            int32_t x4;
-            std::memcpy(&x4, xq[r] + b * kQBlock + 4 * t, sizeof x4);
-            for (int g = 0; g < G; ++g) dot[r][g] = Dot::dot(dot[r][g], w[g], x4);
-          }
-        }
-      }
+      block_dots<Dot, 2>(dot, blk, xq, b);
       for (int g = 0; g < G; ++g) {
         for (int r = 0; r < R; ++r) {
           const int64_t i = r * a.nb + b;
@@ -424,39 +418,63 @@ void q_columns(const uint8_t* w, int64_t groups, int64_t nb, QFormat format, con
   });
 }
 
+bool q_reads_int8(QFormat format, QMode mode) {
+  return mode != QMode::kFloat && (!is_kquant(format) || format == QFormat::kQ4_K);
+}
+
+void QuantizedXBuffer::resize(int64_t M, int64_t K) {
+  xq.resize(M * K);
+  dx.resize(M * (K / kQBlock));
+  cx.resize(M * (K / kQBlock));
+  sq.resize(M * (K / kQBlock));
+}
+
+void q_quantize_x(const float* x, int64_t M, int64_t K, QMode mode, QuantizedXBuffer& out) {
+  check(mode != QMode::kFloat, "q_quantize_x takes an int8 mode");
+  check(K % kQBlock == 0, "a quantized product's K must be a multiple of 32, got " + std::to_string(K));
+  const int64_t nb = K / kQBlock;
+  out.resize(M, K);
+  parallel_for(0, M, 64, [&](int64_t first, int64_t last) {
+    for (int64_t m = first; m < last; ++m) {
+      quantize_row(x + m * K, K, mode == QMode::kInt8Row, out.xq.data() + m * K, out.dx.data() + m * nb,
+                   out.sq.data() + m * nb, out.cx.data() + m * nb);
+    }
+  });
+}
+
+void q_quantize_blocks(const float* src, int64_t n, int8_t* q, float* dx, int32_t* sq, float* cx) {
+  check(n % kQBlock == 0, "q_quantize_blocks takes whole 32-blocks, got " + std::to_string(n) + " values");
+  quantize_row(src, n, false, q, dx, sq, cx);
+}
+
 void q_gemm(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t groups, QFormat format, QMode mode,
-            float* out, int64_t ld_out, const float* residual, int64_t ld_res, const float* bias) {
-  if (is_kquant(format) && (format != QFormat::kQ4_K || mode == QMode::kFloat)) {
+            float* out, int64_t ld_out, const float* residual, int64_t ld_res, const float* bias,
+            const QuantizedX* quantized) {
+  if (is_kquant(format) && !q_reads_int8(format, mode)) {
     return kq_gemm(x, M, K, w, groups, format, out, ld_out, residual, ld_res, bias);
   }
   check(format != QFormat::kQ4_K || K % kKSuper == 0, "a K-quant product's K must be a multiple of 256, got " + std::to_string(K));
   check(K % kQBlock == 0, "a quantized product's K must be a multiple of 32, got " + std::to_string(K));
   check(groups % 2 == 0, "quant groups come in pairs (N padded to a multiple of 64)");
   if (M == 0 || groups == 0) return;
-  const int64_t nb = K / kQBlock;
   Activations act;
   act.x = x;
   act.K = K;
-  act.nb = nb;
-  std::vector<int8_t> xq;
-  std::vector<float> dx, cx;
-  std::vector<int32_t> sq;
+  act.nb = K / kQBlock;
+  QuantizedXBuffer own;
   const int variant = active_variant();
   if (mode != QMode::kFloat) {
-    xq.resize(M * K);
-    dx.resize(M * nb);
-    cx.resize(M * nb);
-    sq.resize(M * nb);
-    parallel_for(0, M, 64, [&](int64_t first, int64_t last) {
-      for (int64_t m = first; m < last; ++m) {
-        quantize_row(x + m * K, K, mode == QMode::kInt8Row, xq.data() + m * K, dx.data() + m * nb, sq.data() + m * nb,
-                     cx.data() + m * nb);
-      }
-    });
-    act.xq = xq.data();
-    act.dx = dx.data();
-    act.sq = sq.data();
-    act.cx = cx.data();
+    QuantizedX q;
+    if (quantized) {
+      q = *quantized;
+    } else {
+      q_quantize_x(x, M, K, mode, own);
+      q = own.view();
+    }
+    act.xq = q.xq;
+    act.dx = q.dx;
+    act.sq = q.sq;
+    act.cx = q.cx;
     int8_calls.fetch_add(1);
   }
   switch (format) {

@@ -75,10 +75,49 @@ std::string int8_variant();
 // an error for a variant this build or CPU does not run. Process-wide; for tests and benchmarks.
 void set_int8_variant(const std::string& name);
 
+// x's rows as the int8 modes read them: per row its K int8 values (rows K apart; in [-127, 127]),
+// per row and 32-block (K/32 apart) the scale dx, the sum of the block's int8 values sq and
+// dx * sq. A caller running several products on the same x (a mixture-of-experts layer's column
+// slices) quantizes it once (q_quantize_x / q_quantize_blocks) and hands it to each q_gemm.
+struct QuantizedX {
+  const int8_t* xq = nullptr;
+  const float* dx = nullptr;
+  const int32_t* sq = nullptr;
+  const float* cx = nullptr;
+  // The same rows from row r on (rows K apart).
+  QuantizedX from_row(int64_t r, int64_t K) const {
+    const int64_t nb = K / kQBlock;
+    return {xq + r * K, dx + r * nb, sq + r * nb, cx + r * nb};
+  }
+};
+
+// Whether q_gemm in `mode` reads x quantized (QuantizedX) for `format`: an int8 mode, on a
+// format with an int8 kernel (the others run weight-only on float32 x in every mode).
+bool q_reads_int8(QFormat format, QMode mode);
+
+// Storage for the quantized rows of x [M, K] (sized by resize; q_quantize_x sizes it).
+struct QuantizedXBuffer {
+  std::vector<int8_t> xq;
+  std::vector<float> dx, cx;
+  std::vector<int32_t> sq;
+  void resize(int64_t M, int64_t K);
+  QuantizedX view() const { return {xq.data(), dx.data(), sq.data(), cx.data()}; }
+};
+
+// Rows [0, M) of x [M, K] (rows K apart) quantized as q_gemm's int8 `mode` does, into `out` (resized
+// to M x K), on the threads.
+void q_quantize_x(const float* x, int64_t M, int64_t K, QMode mode, QuantizedXBuffer& out);
+// kInt8Block's quantization of n values at src (n a multiple of 32: n / 32 blocks, each on its own)
+// into q[n], dx / sq / cx[n / 32]: a slice of a row quantizes as that slice of the whole row.
+void q_quantize_blocks(const float* src, int64_t n, int8_t* q, float* dx, int32_t* sq, float* cx);
+
 // x [M, K] float32 (rows K apart, K a multiple of q_block_k); w quant groups [groups][K/block k][block bytes];
 // out / residual rows ld_out / ld_res apart (out may alias residual); bias [groups*16] or null.
+// quantized: x already quantized for `mode` (an int8 mode), or null (q_gemm quantizes it); products
+// that multiply float32 x (kFloat, the formats without an int8 kernel) read x.
 void q_gemm(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t groups, QFormat format, QMode mode,
-            float* out, int64_t ld_out, const float* residual, int64_t ld_res, const float* bias);
+            float* out, int64_t ld_out, const float* residual, int64_t ld_res, const float* bias,
+            const QuantizedX* quantized = nullptr);
 
 // out [T, nb*block k] float32 = columns cols[0..T) of quant groups w ([groups][nb][block bytes]),
 // dequantized as GGUF's dequantizer does (d * (u - offset), or d * u + m): for a tied embedding,

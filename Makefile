@@ -42,11 +42,12 @@ arm-tools:
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++-aarch64-linux-gnu qemu-user)
 
 # The suite in TEST_WORKERS processes (pytest-xdist), each taking a whole test file at a time so a
-# file's module-scoped servers start once (TEST_WORKERS=0: in this one process); then the tests
+# file's module-scoped servers start once, in the order tests/conftest.py gives them (the longest
+# first; TEST_WORKERS=0: in this one process); then the tests
 # marked `alone` (they watch the machine's load), by themselves. Exit 5 = nothing selected.
 TEST_WORKERS ?= 2
 test: model browser arm-tools
-	TRITON_INTERPRET=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not alone" $(ARGS) || [ $$? -eq 5 ]
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not alone" $(ARGS) || [ $$? -eq 5 ]
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -m alone $(ARGS) || [ $$? -eq 5 ]
 
 lint: setup

@@ -31,8 +31,9 @@ settings.register_profile(
 settings.load_profile("radixlm")
 
 # The files that take longest (a fresh venv compiling the kernels, qemu drivers, schemathesis),
-# run first: `make test` deals whole files to its two workers in collection order, and a long
-# file dealt last would finish alone while the other worker idles.
+# run first: `make test` deals whole files to its two workers in collection order (xdist's
+# --no-loadscope-reorder: by default it deals the files with most tests first), and a long file
+# dealt last would finish alone while the other worker idles.
 LONG_FILES_FIRST = (
     "test_wheel_install.py",
     "server/test_openapi_contract.py",

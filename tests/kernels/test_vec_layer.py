@@ -7,6 +7,9 @@ arm-tools` installs the Debian tools; the test fails without them rather than sk
 
 from __future__ import annotations
 
+import fcntl
+import functools
+import hashlib
 import os
 import platform
 import re
@@ -47,19 +50,45 @@ QEMU = ["qemu-aarch64", "-cpu", "max", "-L", "/usr/aarch64-linux-gnu"]
 
 def _build(cxx: str, driver: str, flags: list[str], out: Path, extra: list[str] | None = None) -> Path:
     """The driver and the kernel sources among `extra` compiled each to an object, as many at once
-    as the machine has cores (a decode-stack driver is 8 translation units), then linked."""
+    as the machine has cores (a decode-stack driver is 8 translation units), then linked. Objects
+    are shared between drivers and runs (`_object`): several drivers link the same kernels."""
     sources = [str(DRIVERS / driver), *(a for a in extra or [] if a.endswith(".cpp"))]
     options = ["-std=c++17", "-O2", "-I", str(CSRC), *flags, *(a for a in extra or [] if not a.endswith(".cpp"))]
-    objects = [out.with_name(f"{out.name}.{i}.{Path(src).stem}.o") for i, src in enumerate(sources)]
-    compiles = [[cxx, *options, "-c", src, "-o", str(obj)] for src, obj in zip(sources, objects)]
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        results = list(pool.map(lambda cmd: subprocess.run(cmd, capture_output=True, text=True, timeout=600), compiles))
-    for cmd, result in zip(compiles, results):
-        assert result.returncode == 0, f"build failed: {' '.join(cmd)}\n{result.stderr[-4000:]}"
+        objects = list(pool.map(lambda src: _object(cxx, options, src), sources))
     link = [cxx, *options, *map(str, objects), "-o", str(out)]
     result = subprocess.run(link, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, f"link failed: {' '.join(link)}\n{result.stderr[-4000:]}"
     return out
+
+
+@functools.cache
+def _headers_digest() -> str:
+    """Every header a translation unit here can include (the kernels' and the drivers')."""
+    digest = hashlib.sha256()
+    for header in sorted([*CSRC.rglob("*.h"), *DRIVERS.glob("*.h")]):
+        digest.update(str(header).encode() + header.read_bytes())
+    return digest.hexdigest()
+
+
+def _object(cxx: str, options: list[str], source: str) -> Path:
+    """`source` compiled with `options`, from the cache when the same compiler, options, source
+    and headers made it before (in this run by another driver or worker, or in an earlier run).
+    A lock per object: two test workers wanting it at once compile it once."""
+    key = hashlib.sha256("\0".join([cxx, *options, source, _headers_digest()]).encode()
+                         + Path(source).read_bytes()).hexdigest()[:24]
+    folder = cache_dir() / "test-objects"
+    folder.mkdir(parents=True, exist_ok=True)
+    obj = folder / f"{Path(source).stem}-{key}.o"
+    with open(folder / f"{obj.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not obj.exists():
+            partial = obj.with_suffix(f".{os.getpid()}.tmp")
+            cmd = [cxx, *options, "-c", source, "-o", str(partial)]
+            result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            assert result.returncode == 0, f"build failed: {' '.join(cmd)}\n{result.stderr[-4000:]}"
+            partial.rename(obj)
+    return obj
 
 
 def _run(cmd: list[str], closing: str) -> str:

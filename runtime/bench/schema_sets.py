@@ -36,6 +36,7 @@ from importlib import resources
 from typing import Any
 
 from radixlm.runtime.bench.schema_corpus import CorpusSchema
+from radixlm.runtime.constrained.schema_rewrite import refs_in
 
 Schema = dict[str, Any]
 KUBERNETES_VERSION = "v1.37.0-local-strict"
@@ -58,20 +59,6 @@ def _json_files(folder: Any) -> Iterator[tuple[str, Any]]:
             yield entry.name, json.loads(entry.read_text(encoding="utf-8"))
 
 
-def _refs(node: object) -> Iterator[str]:
-    """Every `$ref` string under `node`."""
-    stack = [node]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            ref = item.get("$ref")
-            if isinstance(ref, str):
-                yield ref
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-
-
 def _retarget(node: object, rename: Callable[[str], str]) -> object:
     """A deep copy of `node` with every `$ref` string passed through `rename`."""
     if isinstance(node, dict):
@@ -87,7 +74,7 @@ def bundle(root: Schema, defs: dict[str, Schema], key: str, prefix: str) -> Sche
     reached: dict[str, Schema] = {}
     pending = [root]
     while pending:
-        for ref in _refs(pending.pop()):
+        for ref in refs_in(pending.pop()):
             # the definition a reference points into (`#/definitions/a/properties/b`: `a`)
             name = ref[len(prefix):].split("/")[0].replace("~1", "/").replace("~0", "~") if ref.startswith(prefix) else None
             if name is not None and name in defs and name not in reached:

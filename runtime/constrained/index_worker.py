@@ -178,7 +178,7 @@ class IndexWorker:
             idle, busy = self._idle, list(self._busy)
             self._idle, self._busy = [], set()
         for builder in idle:
-            _kill(builder.proc)
+            kill_child(builder.proc)
         for builder in busy:  # its build sees EOF, then closes the pipes and reaps the child
             if builder.proc.poll() is None:
                 builder.proc.kill()
@@ -201,7 +201,7 @@ class IndexWorker:
             builder = reused or _Builder(self._spawn(), vocabulary)
             self._busy.add(builder)
         for old in stale:
-            _kill(old.proc)
+            kill_child(old.proc)
         if reused is None:
             try:
                 send_message(builder.proc.stdin, vocabulary)
@@ -218,13 +218,13 @@ class IndexWorker:
                 self._busy.remove(builder)
                 self._idle.append(builder)
         if not is_kept:
-            _kill(builder.proc)
+            kill_child(builder.proc)
 
     def _discard(self, builder: _Builder) -> int | None:
         """Kills the child of a failed build; its exit code."""
         with self._lock:
             self._busy.discard(builder)
-        return _kill(builder.proc)
+        return kill_child(builder.proc)
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
@@ -235,7 +235,8 @@ class IndexWorker:
         )
 
 
-def _kill(proc: subprocess.Popen[bytes]) -> int | None:
+def kill_child(proc: subprocess.Popen[bytes]) -> int | None:
+    """Kills a child process if it still runs, closes its pipes; its exit code."""
     if proc.poll() is None:
         proc.kill()
     for stream in (proc.stdin, proc.stdout):

@@ -100,7 +100,7 @@ def rewrite_schema(schema: object) -> object:
         return schema
     root = copy.deepcopy(schema)
     # a top-level annotation a reference points into (`#/components/...`) stays: it holds schemas
-    pointed_into = {ref[2:].split("/")[0] for ref in _refs(root) if ref.startswith("#/")}
+    pointed_into = {ref[2:].split("/")[0] for ref in refs_in(root) if ref.startswith("#/")}
     root = {k: v for k, v in root.items() if k in KEYWORDS or k in pointed_into}
     rewriter = _Rewriter(root)
     return _prune_definitions(rewriter.node(root, "#", ()))
@@ -115,7 +115,7 @@ def _prune_definitions(schema: object) -> object:
     reached: set[str] = set()
     stack = [body]
     while stack:
-        for ref in _refs(stack.pop()):
+        for ref in refs_in(stack.pop()):
             for key in ("$defs", "definitions"):
                 prefix = f"#/{key}/"
                 if ref.startswith(prefix):
@@ -149,7 +149,7 @@ class _Rewriter:
         if ref not in self._recursive:
             seen, stack, found = {ref}, [ref], False
             while stack and not found:
-                for sub_ref in _refs(self.resolve(stack.pop(), path)):
+                for sub_ref in refs_in(self.resolve(stack.pop(), path)):
                     if sub_ref == ref:
                         found = True
                         break
@@ -231,7 +231,7 @@ class _Rewriter:
         return merged
 
 
-def _refs(node: object) -> list[str]:
+def refs_in(node: object) -> list[str]:
     """Every `$ref` string inside `node` (keyword-blind)."""
     found: list[str] = []
     stack = [node]

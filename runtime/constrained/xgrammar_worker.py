@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from radixlm.runtime.constrained.index_worker import (
     describe_exit,
     die_with_parent,
+    kill_child,
     receive_message,
     send_message,
 )
@@ -118,14 +119,7 @@ class CompileWorker:
     def _discard(self) -> int | None:
         """Kills the child, if any; its exit code. Under the lock."""
         proc, self._proc = self._proc, None
-        if proc is None:
-            return None
-        if proc.poll() is None:
-            proc.kill()
-        for stream in (proc.stdin, proc.stdout):
-            if stream is not None:
-                stream.close()
-        return proc.wait()
+        return None if proc is None else kill_child(proc)
 
 
 # ---------------------------------------------------------------- the child

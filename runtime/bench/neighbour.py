@@ -5,15 +5,16 @@ radixlm's slowdown compares with transformers' in the same run."""
 
 from __future__ import annotations
 
-import ctypes
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 
 from radixlm.runtime.bench.results import ResultTables, split_metric, table_rows
+from radixlm.runtime.ipc.parent_death import set_parent_death_signal
 
 Result = dict[str, float]
 
@@ -28,18 +29,13 @@ BUSY_LOOP = "print('busy', flush=True)\nwhile True: pass"
 SETTLE_S = 1.0
 
 
-def _die_with_parent() -> None:
-    """In the busy loop's process, before it runs: killed when its parent dies (Linux), so a
-    bench or test killed mid-block leaves no loop spinning on a core."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
 @contextmanager
 def busy_neighbour(settle_s: float = 0.0) -> Iterator[subprocess.Popen[bytes]]:
     """One CPU-bound process (`while True: pass`) for the duration of the block, which starts
     once the process is in its loop and has run `settle_s` seconds."""
-    proc = subprocess.Popen([sys.executable, "-c", BUSY_LOOP], stdout=subprocess.PIPE, preexec_fn=_die_with_parent)
+    proc = subprocess.Popen([sys.executable, "-c", BUSY_LOOP], stdout=subprocess.PIPE,
+                            # killed with its parent: a bench or test killed mid-block leaves no loop spinning
+                            preexec_fn=partial(set_parent_death_signal, signal.SIGKILL))
     try:
         assert proc.stdout is not None and proc.stdout.readline() == b"busy\n"
         time.sleep(settle_s)

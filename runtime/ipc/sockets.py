@@ -3,7 +3,6 @@ constructors, and dying with the parent."""
 
 from __future__ import annotations
 
-import ctypes
 import os
 import shutil
 import signal
@@ -12,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import zmq
+
+from radixlm.runtime.ipc.parent_death import set_parent_death_signal
 
 
 @dataclass(frozen=True)
@@ -62,11 +63,6 @@ def push_socket(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
 def exit_with_parent() -> None:
     """Ask Linux to SIGTERM this process when its parent dies (so children never outlive it),
     and make SIGTERM / SIGINT exit quietly."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
-    except OSError:
-        pass
+    set_parent_death_signal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; Ctrl-C reaches the whole group

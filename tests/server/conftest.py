@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import re
@@ -17,14 +16,16 @@ import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from radixlm.runtime.ipc.parent_death import set_parent_death_signal
+
 SGLANG = "sglang==0.5.23"
-PR_SET_PDEATHSIG = 1  # prctl(2)
 FRONTEND_DEPS = ["orjson", "requests", "setproctitle", "psutil", "pybase64", "IPython", "msgspec", "pillow", "aiohttp"]
 
 
@@ -62,16 +63,14 @@ class ServerHandle:
         return self.proc.wait(timeout=timeout)
 
 
-def stop_with_parent() -> None:
-    """In a test's child process, before it runs: SIGTERM it when the test process dies (a pytest
-    worker killed for memory would otherwise leave its servers running, holding theirs)."""
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
 def stop_with_parent_thread() -> Callable[[], None] | None:
-    """stop_with_parent when called from the main thread: the signal follows the thread that
-    started the child, and a pool thread that starts servers ends long before they should."""
-    return stop_with_parent if threading.current_thread() is threading.main_thread() else None
+    """For a test's child process, before it runs: SIGTERM it when the test process dies (a pytest
+    worker killed for memory would otherwise leave its servers running, holding theirs). Only
+    from the main thread: the signal follows the thread that started the child, and a pool thread
+    that starts servers ends long before they should."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return partial(set_parent_death_signal, signal.SIGTERM)
 
 
 def start_server(model_path: Path | None, log_path: Path, *extra: str, timeout: float = 240,

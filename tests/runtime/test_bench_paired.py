@@ -1,6 +1,7 @@
 """`python -m radixlm.runtime.bench --paired`: run_paired lets two real systems take turns, one
 measurement each (two of our engines on the default model stand in for ours and the peer:
-llama.cpp is an optional extra), and paired_figures ratios the turns. No speed is asserted."""
+llama.cpp is an optional extra), and paired_figures ratios the turns. No speed is asserted, so W1
+decodes 8 tokens here instead of its 128."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 
 from radixlm.runtime.bench import __main__ as bench
+from radixlm.runtime.bench import workloads as wl
 
 
 def _watched(system: bench.Ours, name: str, calls: list[str]) -> bench.Ours:
@@ -25,7 +27,8 @@ def _watched(system: bench.Ours, name: str, calls: list[str]) -> bench.Ours:
 
 
 @pytest.mark.slow
-def test_paired_runs_take_turns(default_model_dir: Path) -> None:
+def test_paired_runs_take_turns(default_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(wl, "W1_NEW_TOKENS", 8)
     calls: list[str] = []
     ours, other = _watched(bench.Ours("q4_1"), "ours", calls), _watched(bench.Ours("q4_1"), "other", calls)
     try:

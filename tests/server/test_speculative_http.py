@@ -63,3 +63,22 @@ def test_native_and_openai_outputs_equal_with_speculation(spec_server: ServerHan
     assert on_tool.function.name == off_tool.function.name == "get_weather"
     assert on_tool.function.arguments == off_tool.function.arguments
     assert set(json.loads(on_tool.function.arguments)) == {"city"}
+
+
+def test_a_program_gets_speculation_without_a_change(spec_server: ServerHandle, tiny_server: ServerHandle) -> None:
+    """The language through RuntimeEndpoint: the same `@function` (a free gen, then one with
+    a JSON schema) against both servers gives the same text; the speculative server verified drafts."""
+    import radixlm as rl
+
+    @rl.function
+    def extract(s: Any) -> None:
+        s += "one two three one two three one two three " + rl.gen("loop", max_tokens=16, temperature=0)
+        s += '\n{"city": "Paris"} ' + rl.gen("city", max_tokens=24, temperature=0, json_schema=json.dumps(WEATHER))
+
+    on = extract.run(backend=rl.RuntimeEndpoint(spec_server.url))
+    off = extract.run(backend=rl.RuntimeEndpoint(tiny_server.url))
+    assert on.text() == off.text() and json.loads(on["city"]).keys() == {"city"}
+    for name in ("loop", "city"):
+        meta = on.get_meta_info(name)
+        assert 1 <= meta["spec_verify_ct"] <= meta["completion_tokens"]
+        assert "spec_verify_ct" not in off.get_meta_info(name)

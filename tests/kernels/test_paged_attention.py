@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from levels import level_params, long_extend_path_runs
+from levels import LEVELS, level_params, long_extend_path_runs
 from test_vec_layer import (  # the C++ drivers' build and run
     ARM_LEVELS,
     NATIVE_BUILDS,
@@ -281,6 +281,35 @@ def test_flash_cascade_over_a_shared_prefix_matches_reference(ext: Any, math: st
     assert ext.num_cascade_calls() - before == int(cascade)
     assert got.dtype == q_dtype
     assert (got.float() - _reference(q, batch, args, dim)).abs().max().item() < (1e-5 if f32_pool else 1.6e-2)
+
+
+@pytest.mark.parametrize("ext", LEVELS, indirect=True)
+@pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16])
+def test_one_requests_verify_rows_never_cascade_and_equal_its_decodes(ext: Any, pool_dtype: torch.dtype) -> None:
+    """A speculative verify step as DecodeStack sends it: one request as five decode entries, one
+    position apart (its decode row and four drafts), all on the same req_to_token row: 300+ shared
+    slots, but one request, so no cascade, and each entry's output equals, to the bit, that entry
+    run as a batch of its own (the one-row decode it stands for). A second request sharing the
+    prefix makes the same entries cascade: the rule counts distinct requests."""
+    pool, reqs, batch, _ = scattered_batch([300, 310], [1, 1], 9, 3, 64, pool_dtype, shared_len=300)
+    row0, row1 = (int(r) for r in batch.req_pool_indices)
+    reqs.req_to_token[row0, 301:305] = reqs.req_to_token[row1, 300:304]  # four more slots of the first request
+    k, v = pool.k_buffer[0], pool.v_buffer[0]
+    q5 = torch.randn(5, 9, 64, generator=torch.Generator().manual_seed(3))
+
+    def attend(rows: list[int], lens: list[int], q_rows: torch.Tensor) -> torch.Tensor:
+        n = len(rows)
+        return cpu_linear.paged_attention(ext, q_rows, k, v, reqs.req_to_token, torch.tensor(rows), torch.tensor(lens),
+                                          torch.ones(n, dtype=torch.int64), torch.arange(n), 0.125, flash=True)
+
+    lens = [301 + j for j in range(5)]
+    before = ext.num_cascade_calls()
+    verify = attend([row0] * 5, lens, q5)
+    assert ext.num_cascade_calls() == before
+    for j in range(5):
+        assert torch.equal(verify[j], attend([row0], [lens[j]], q5[j: j + 1])[0])
+    attend([row0] * 5 + [row1], [*lens, 311], torch.cat([q5, q5[:1]]))
+    assert ext.num_cascade_calls() == before + 1
 
 
 @pytest.mark.parametrize(("ext", "path"), level_params([("amx",), ("dpbf16",), ("fma",)], long_extend_path_runs),

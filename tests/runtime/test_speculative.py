@@ -243,23 +243,26 @@ def test_sampled_outputs_follow_the_target_distribution(tiny_model_dir: Path) ->
 
 @pytest.mark.slow
 def test_w4_extraction_copies_spans_in_fewer_steps(default_model_dir: Path) -> None:
-    """SmolLM2 on W4 passages (JSON whose values copy the passage), greedy, one at a time, in
-    float32 (its Q4_1 weights times float32 activations): the same JSON with and without NGRAM, n-gram drafts
-    accepted, fewer forwards."""
+    """SmolLM2 on W4 passages (JSON whose values copy the passage), greedy, one at a time, as it
+    ships (its Q4_1 weights times int8 activations): the same tokens with and without NGRAM, their
+    logprobs equal to the bit (a verify row is computed as a one-row decode is: no cascade over
+    one request's rows), n-gram drafts accepted, fewer forwards."""
     from radixlm.runtime.bench.workloads import W4_MAX_TOKENS, W4_SCHEMA, w4_cases
 
     cases = w4_cases()[:3]
     params = {"temperature": 0.0, "max_new_tokens": W4_MAX_TOKENS, "json_schema": json.dumps(W4_SCHEMA)}
     results: dict[bool, tuple[list[dict[str, Any]], int]] = {}
-    with Engine(None, dtype="float32", quantized_activations="float32", max_total_tokens=8192,
-                speculative_algorithm="NGRAM") as engine:
+    with Engine(None, max_total_tokens=8192, speculative_algorithm="NGRAM") as engine:
+        assert engine.runner.quantized_layers and engine.runner.cpu_kernels
         sched = engine.scheduler
         for drafter in (sched.drafter, Drafter(None)):  # one model load: speculation off by its drafter
             sched.drafter, before = drafter, sched.num_forwards
-            outs = [engine.generate(c["prompt"], params) for c in cases]
+            outs = [engine.generate(c["prompt"], params, return_logprob=True) for c in cases]
             assert_engine_clean(engine)
             results[drafter.cfg is not None] = outs, sched.num_forwards - before  # type: ignore[assignment]
     (on, forwards_on), (off, forwards_off) = results[True], results[False]
+    assert [o["output_ids"] for o in on] == [o["output_ids"] for o in off]
+    assert [o["meta_info"]["output_token_logprobs"] for o in on] == [o["meta_info"]["output_token_logprobs"] for o in off]
     assert [o["text"] for o in on] == [o["text"] for o in off]
     assert all(json.loads(o["text"]) for o in on)
     assert sum(o["meta_info"]["spec_num_correct_drafts"] for o in on) >= len(cases)  # copied from the passages

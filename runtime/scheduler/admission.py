@@ -89,8 +89,10 @@ def plan_extends(sched: Scheduler) -> AdmissionPlan:
         assert req.prefix_slots is not None
         prefix_len = req.prefix_slots.numel()
         new_len = req.seq_len - prefix_len
-        shared = _in_batch_shared_len(in_batch, req) - prefix_len
-        if shared > 0 and (shared >= IN_BATCH_SHARED_PREFIX_THRESHOLD or shared >= new_len - 1):
+        # new tokens a request admitted this step computes too, which waiting a step would read
+        # from the cache instead: all but the last (a request always computes its last token)
+        reusable = min(_in_batch_shared_len(in_batch, req) - prefix_len, new_len - 1)
+        if reusable > 0 and (reusable >= IN_BATCH_SHARED_PREFIX_THRESHOLD or reusable == new_len - 1):
             continue  # computes the same new prefix as a request admitted this step: next step
         n = min(new_len, budget)
         future = min(remaining_decode_tokens(req, ctx), MAX_RESERVED_PER_REQ) * ratio

@@ -44,3 +44,19 @@ def test_w2_prefills_in_three_forwards_computing_each_shared_prefix_once(tiny_mo
         assert all(r.secs > 0 and r.start > 0 for r in records)
     finally:
         engine.shutdown()
+
+
+def test_identical_prompts_prefill_in_two_forwards(tiny_model_dir: Path) -> None:
+    """24 copies of one prompt (`n` samples, or a client's retries): the first forward computes the
+    prompt once, the second admits every other copy together (each computes only its last token,
+    the rest read from the cache), rather than one copy per step."""
+    with Engine(str(tiny_model_dir), max_total_tokens=8192, random_seed=0) as engine:
+        prompt = "The same question, asked by many clients at once: " * 4
+        before = engine.scheduler.num_forwards
+        outs = engine.generate(prompt=[prompt] * 24, sampling_params={"max_new_tokens": 3, "temperature": 0,
+                                                                    "ignore_eos": True})
+        records = list(engine.scheduler.recent_steps)[-(engine.scheduler.num_forwards - before):]
+    assert len({o["text"] for o in outs}) == 1
+    extends = [(r.num_extends, r.num_extend_tokens) for r in records if r.num_extends]
+    prompt_len = outs[0]["meta_info"]["prompt_tokens"]
+    assert extends == [(1, prompt_len), (23, 23)], extends

@@ -75,6 +75,7 @@ class ServerArgs:
     grammar_compile_memory_mb: int | None = None  # one large grammar compile's budget; None: a quarter of the RAM
     disable_cpu_kernels: bool = False
     disable_adaptive_threads: bool = False
+    enable_deterministic_inference: bool = False  # a request's results never depend on the requests beside it
     random_seed: int | None = None
     speculative_algorithm: str | None = None  # None: no speculative decoding; NGRAM: prompt lookup
     speculative_num_draft_tokens: int = SpeculativeConfig.num_draft_tokens
@@ -348,6 +349,10 @@ HELP = {
     "this many are open gets 503 at once and is closed (default 512; uvicorn's limit_concurrency is not used: it counts "
     "open connections and running requests only when a request arrives, and refuses whichever request asks)",
     "disable_cpu_kernels": "run decode steps as torch ops instead of the C++ CPU kernels (DecodeStack, packed linear)",
+    "enable_deterministic_inference": "batch-invariant attention on the C++ CPU kernels: no cascade over a prefix several "
+    "requests share, each request attended on its own, so a request's logits do not depend on which requests run "
+    "beside it (speculative decoding then gives the tokens and logprobs it gives without, in any batch); costs the "
+    "cascade's saving where many requests share a long prefix",
     "grammar_backend": "compiles regex / JSON-schema / EBNF constraints: outlines (token DFA; no EBNF, recursive $ref "
     "expanded 3 times per path), xgrammar (the default) or llguidance (context-free: EBNF via `ebnf`, recursive $ref to any depth); "
     "all close output within max_new_tokens",

@@ -51,6 +51,7 @@ class RunnerConfig:
     kv_dtype: torch.dtype | None = None  # the KV pool's; None: dtype
     adaptive_threads: bool = True  # CPU: threads = the cores other processes leave free (cpu_threads.py)
     bf16_path: str | None = None  # our bf16 GEMM's path (kernel_policy.choose); None: kernel_policy.bf16_path's
+    deterministic: bool = False  # --enable-deterministic-inference: batch-invariant attention
 
     @classmethod
     def from_server_args(cls, args: ServerArgs, model_cfg: ModelConfig, quantized: bool = False) -> RunnerConfig:
@@ -77,6 +78,7 @@ class RunnerConfig:
             quantization=choices.quantization,
             quant_mode=choices.quant_mode,
             bf16_path=choices.bf16_path,
+            deterministic=args.enable_deterministic_inference,
         )
 
     @property
@@ -126,10 +128,14 @@ class ModelRunner:
             runner_cfg.cpu_kernels and runner_cfg.device == "cpu" and runner_cfg.attention_backend == "torch"
             and self.model.use_cpu_kernels(self.kv_pool.k_buffer, self.kv_pool.v_buffer, runner_cfg.bf16_path)
         )
+        if runner_cfg.deterministic and self.model.decode_stack is not None:
+            # its paged attention then never cascades (the flash flag's only use on one-token rows)
+            self.model.decode_stack.flash_attention = False
         self.threads = ThreadGovernor() if runner_cfg.adaptive_threads and runner_cfg.device == "cpu" else None
         self.attn_backend = create_attention_backend(
             runner_cfg.attention_backend, self.kv_pool, self.req_to_token_pool, model_cfg.scaling,
             load_cpu_kernels() if self.cpu_kernels else None, runner_cfg.bf16_path, layer_attention(model_cfg),
+            runner_cfg.deterministic,
         )
         logger.info(
             "model loaded in %.1fs: %s%s, dtype %s%s%s, KV pool %d tokens (%s)",

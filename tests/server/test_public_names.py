@@ -30,7 +30,7 @@ FLAGS = [  # SGLang's names, one per ServerArgs field
     "--max-running-requests", "--chunked-prefill-size", "--schedule-policy", "--disable-radix-cache",
     "--disable-jump-forward", "--constrained-json-whitespace-pattern", "--grammar-backend", "--grammar-compile-memory-mb",
     "--disable-cpu-kernels",
-    "--disable-adaptive-threads", "--random-seed",
+    "--disable-adaptive-threads", "--enable-deterministic-inference", "--random-seed",
     "--speculative-algorithm", "--speculative-num-draft-tokens", "--speculative-ngram-min-match-window-size",
     "--speculative-ngram-max-match-window-size", "--log-level", "--host", "--port", "--api-key", "--chat-template",
     "--served-model-name", "--tool-call-parser", "--reasoning-parser", "--response-store-size", "--enable-metrics",

@@ -60,14 +60,15 @@ class BaseAttentionBackend(abc.ABC):
 def create_attention_backend(
     name: str, kv_pool: KVPool, req_to_token_pool: ReqToTokenPool, scaling: float,
     cpu_kernels: cpu_linear.Extension | None = None, bf16_path: str | None = None,
-    layers: Sequence[LayerAttention] | None = None,
+    layers: Sequence[LayerAttention] | None = None, deterministic: bool = False,
 ) -> BaseAttentionBackend:
     """`cpu_kernels` (the loaded C++ extension, CPU only): the torch backend attends through its
-    paged kernel where that is faster (see torch_backend); `layers`: each layer's attention."""
+    paged kernel where that is faster (see torch_backend); `layers`: each layer's attention;
+    `deterministic`: the torch backend's attention batch-invariant (--enable-deterministic-inference)."""
     if name == "torch":
         from radixlm.runtime.model.attention.torch_backend import TorchAttentionBackend
 
-        return TorchAttentionBackend(kv_pool, req_to_token_pool, scaling, cpu_kernels, bf16_path, layers)
+        return TorchAttentionBackend(kv_pool, req_to_token_pool, scaling, cpu_kernels, bf16_path, layers, deterministic)
     if name == "triton":
         from radixlm.runtime.model.attention.triton_backend import TritonAttentionBackend
 

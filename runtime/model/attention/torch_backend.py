@@ -90,10 +90,13 @@ class TorchAttentionBackend(BaseAttentionBackend):
 
     def __init__(self, kv_pool: KVPool, req_to_token_pool: ReqToTokenPool, scaling: float,
                  cpu_kernels: cpu_linear.Extension | None = None, bf16_path: str | None = None,
-                 layers: Sequence[LayerAttention] | None = None):
+                 layers: Sequence[LayerAttention] | None = None, deterministic: bool = False):
         """`bf16_path`: our bf16 GEMM's (kernel_policy.choose), which names the instructions the
-        attention kernels may use; None: kernel_policy.bf16_path's."""
+        attention kernels may use; None: kernel_policy.bf16_path's. `deterministic`: no cascade
+        over a shared prefix on either path, and the paged kernel called per request for a batch
+        of several: each request's attention is then what it would be alone."""
         super().__init__(kv_pool, req_to_token_pool, scaling, layers)
+        self.deterministic = deterministic
         self._windowed_or_capped = [i for i, a in enumerate(self.layers) if not a.is_plain]
         head_dim = kv_pool.k_buffer[0].shape[-1]
         fits = head_dim in PAGED_ATTENTION_HEAD_DIMS and kv_pool.device.type == "cpu"
@@ -154,7 +157,7 @@ class TorchAttentionBackend(BaseAttentionBackend):
         if batch.mode is ForwardMode.DECODE:
             uniform = min(batch.seq_lens_list) == max_len
             mask = None if uniform else (key_pos[None, :] < batch.seq_lens[:, None])[:, None, None, :]
-            shared = _shared_prefix_len(batch, slot_index)
+            shared = 0 if self.deterministic else _shared_prefix_len(batch, slot_index)
             if shared and mask is None:
                 mask = torch.ones(batch.batch_size, 1, 1, max_len, dtype=torch.bool)
             return _Metadata(slot_index, mask, False, None, 1, start, shared)
@@ -172,7 +175,8 @@ class TorchAttentionBackend(BaseAttentionBackend):
             )
             batch_of_token = torch.repeat_interleave(torch.arange(batch.batch_size), batch.extend_lens)
             pad_rows = batch_of_token * max_ext + offsets
-        return _Metadata(slot_index, mask[:, None], False, pad_rows, max_ext, start, _shared_prefix_len(batch, slot_index))
+        shared = 0 if self.deterministic else _shared_prefix_len(batch, slot_index)
+        return _Metadata(slot_index, mask[:, None], False, pad_rows, max_ext, start, shared)
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: ForwardBatch
@@ -183,10 +187,12 @@ class TorchAttentionBackend(BaseAttentionBackend):
             assert self.cpu_kernels is not None
             req_to_token, rows, seq_lens = self._window_views.get(
                 layer_id, (self.req_to_token, batch.req_pool_indices, batch.seq_lens))
+            k_buf, v_buf = self.kv_pool.k_buffer[layer_id], self.kv_pool.v_buffer[layer_id]
+            if self.deterministic and batch.batch_size > 1:
+                return self._paged_per_request(q, k_buf, v_buf, req_to_token, rows, seq_lens, batch, layer.scaling)
             return paged_attention(
-                self.cpu_kernels, q, self.kv_pool.k_buffer[layer_id], self.kv_pool.v_buffer[layer_id],
-                req_to_token, rows, seq_lens, batch.extend_lens, batch.extend_start_loc,
-                layer.scaling, amx=self.amx, flash=self.flash,
+                self.cpu_kernels, q, k_buf, v_buf, req_to_token, rows, seq_lens, batch.extend_lens,
+                batch.extend_start_loc, layer.scaling, amx=self.amx, flash=self.flash,
             )
         if len(self._parts) == 1:
             return self._attend(q, layer_id, 0)
@@ -194,6 +200,20 @@ class TorchAttentionBackend(BaseAttentionBackend):
         for i, part in enumerate(self._parts):
             assert part.token_index is not None
             out[part.token_index] = self._attend(q[part.token_index], layer_id, i)
+        return out
+
+    def _paged_per_request(self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, req_to_token: torch.Tensor,
+                           rows: torch.Tensor, seq_lens: torch.Tensor, batch: ForwardBatch, scaling: float) -> torch.Tensor:
+        """The paged kernel once per request of the batch (deterministic): the kernel's cascade
+        serves only batches of several requests, and nothing else in it depends on the others."""
+        assert self.cpu_kernels is not None
+        out = torch.empty_like(q)
+        zero = torch.zeros(1, dtype=batch.extend_start_loc.dtype)
+        for b, (start, length) in enumerate(zip(batch.extend_start_loc.tolist(), batch.extend_lens_list, strict=True)):
+            out[start: start + length] = paged_attention(
+                self.cpu_kernels, q[start: start + length], k_buf, v_buf, req_to_token, rows[b: b + 1],
+                seq_lens[b: b + 1], batch.extend_lens[b: b + 1], zero, scaling, amx=self.amx, flash=self.flash,
+            )
         return out
 
     def _attend(self, q: torch.Tensor, layer_id: int, part_index: int) -> torch.Tensor:

@@ -6,7 +6,9 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <vector>
 
+#include "kernels/amx_attention.h"
 #include "kernels/check.h"
 #include "kernels/packed_gemm.h"
 #include "simd/math.h"
@@ -70,13 +72,45 @@ void check_weight(const PackedWeight& w, int64_t k, int64_t n, const char* name)
 
 // The step's buffers: the residual stream [B, Hp] (columns past hidden stay 0: the padded
 // products' columns), the normed rows [B, hidden], the q/k/v product [B, Qp], q [B, Hq, D], the
-// attention [B, Hq, D], the gate/up product [B, Gp] and its activation [B, intermediate]; every
-// request's extend length (1) and q row (b), as paged_attention reads them.
+// attention [B, Hq, D], the gate/up product [B, Gp] and its activation [B, intermediate]; and
+// the rows as paged_attention reads them (attention_entries).
 struct DecodeStack::Scratch {
   int64_t Hp, Qp, Gp;
   std::vector<float> residual, xn, qkv, q, attn, gu, act;
-  std::vector<int64_t> ones, starts;
+  std::vector<int64_t> rows, seq_lens, extend_lens, starts;  // one per entry
 };
+
+namespace {
+
+// The batch's rows as paged_attention's entries: a run of rows of one request at consecutive
+// positions (a speculative verify step: its decode row, then its drafts) is one entry of that
+// many new tokens, up to kAmxMinTokens - 1 of them, and every other row an entry of its own.
+// An entry of fewer than kAmxMinTokens new tokens is one work unit of the vector kernel, whose
+// keys are read once for all its rows, and each row's output is, to the bit, what the row alone
+// gives (the long-extend kernels, which round otherwise, take 16+); as separate entries the rows
+// were one unit each, every key read once per row.
+void attention_entries(const DecodeBatch& batch, std::vector<int64_t>& rows, std::vector<int64_t>& seq_lens,
+                       std::vector<int64_t>& extend_lens, std::vector<int64_t>& starts) {
+  rows.clear();
+  seq_lens.clear();
+  extend_lens.clear();
+  starts.clear();
+  for (int64_t b = 0; b < batch.size; ++b) {
+    const bool follows = !rows.empty() && rows.back() == batch.rows[b] && seq_lens.back() + 1 == batch.seq_lens[b] &&
+                         extend_lens.back() < kAmxMinTokens - 1;
+    if (follows) {
+      seq_lens.back() += 1;
+      extend_lens.back() += 1;
+    } else {
+      rows.push_back(batch.rows[b]);
+      seq_lens.push_back(batch.seq_lens[b]);
+      extend_lens.push_back(1);
+      starts.push_back(b);
+    }
+  }
+}
+
+}  // namespace
 
 DecodeStack::DecodeStack(const DecodeShape& shape) : shape_(shape) {
   RADIXLM_CHECK(shape.num_kv_heads > 0 && shape.num_heads % shape.num_kv_heads == 0,
@@ -150,8 +184,9 @@ void DecodeStack::attention_block(const DecodeLayer& L, const DecodeBatch& batch
     }
   }
   for (int64_t b = 0; b < B; ++b) std::memcpy(s.q.data() + b * Hq * D, qkv_p + b * Qp, sizeof(float) * Hq * D);
-  const AttentionBatch attn_batch{batch.req_to_token, batch.num_rows, batch.context, batch.rows,
-                                  batch.seq_lens,     s.ones.data(),  s.starts.data(), B};
+  const AttentionBatch attn_batch{batch.req_to_token,  batch.num_rows,        batch.context,
+                                  s.rows.data(),       s.seq_lens.data(),     s.extend_lens.data(),
+                                  s.starts.data(),     static_cast<int64_t>(s.rows.size())};
   paged_attention(s.q.data(), s.attn.data(), DType::kFloat32, B, Hq, L.kv, attn_batch, shape_.scale, false,
                   flash_attention);
   reduce_into_residual(s, B, [&] { linear(L.o, s.attn.data(), B, Hq * D, res, Hp, res, Hp, L.o_bias); });
@@ -186,9 +221,7 @@ void DecodeStack::forward(const DecodeBatch& batch, float* out) const {
   s.attn.resize(B * Hq * D);
   s.gu.resize(B * s.Gp);
   s.act.resize(B * shape_.intermediate);
-  s.ones.assign(B, 1);
-  s.starts.resize(B);
-  for (int64_t b = 0; b < B; ++b) s.starts[b] = b;
+  attention_entries(batch, s.rows, s.seq_lens, s.extend_lens, s.starts);
   RADIXLM_CHECK(!all_reduce.sum || B * s.Hp <= all_reduce.max_floats, "a decode batch of ", B,
                 " rows exceeds the all-reduce's slots");
   for (const DecodeLayer& L : layers_) {

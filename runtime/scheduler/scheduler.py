@@ -117,6 +117,8 @@ class StepRecord:
     num_extend_tokens: int
     num_decodes: int  # running requests that decoded (drafts included in their one row each)
     secs: float
+    num_draft_tokens: int = 0  # query rows beyond the decodes' one each: their drafts (forced + speculative)
+    num_new_tokens: int = 0  # output tokens the step appended, over every request
 
 
 STEP_RECORDS_KEPT = 4096
@@ -216,13 +218,16 @@ class Scheduler:
             return outputs
         start = time.monotonic()
         num_decodes = len(self.running)
+        num_draft_tokens = sum(len(r.jump_forward_ids) for r in self.running)
         batch, sample_reqs, spans = self._prepare(plan)
         logits = self.runner.forward(batch)
-        outputs += self._process_results(plan, sample_reqs, spans, logits)
+        new_outputs = self._process_results(plan, sample_reqs, spans, logits)
+        outputs += new_outputs
         self._retire_finished()
         self.num_forwards += 1
         self.recent_steps.append(StepRecord(start, len(plan.extends), sum(e.num_tokens for e in plan.extends),
-                                            num_decodes, time.monotonic() - start))
+                                            num_decodes, time.monotonic() - start, num_draft_tokens,
+                                            sum(len(o.token_ids) for o in new_outputs)))
         self._publish_kv_events()
         return outputs
 

@@ -310,8 +310,9 @@ HELP = {
     "sampling agrees, so outputs are unchanged (greedy: identical). Wins where outputs copy the prompt (extraction); "
     "meta_info reports spec_verify_ct and spec_accept_length. STANDALONE (a draft model) is not supported yet "
     "(default: off)",
-    "speculative_num_draft_tokens": "with --speculative-algorithm: n-gram tokens drafted per request per step, at "
-    "most (fewer after misses, and when the step's rows would exceed 8: a large batch is compute-bound)",
+    "speculative_num_draft_tokens": "with --speculative-algorithm: tokens drafted per request per step on a fresh "
+    "match; a copy that keeps being accepted doubles it, up to 15 (NGRAM), misses halve it, and a step's rows are "
+    "kept within 16 (a large batch is compute-bound)",
     "speculative_ngram_min_match_window_size": "with NGRAM: the last this many tokens must occur earlier for a draft",
     "speculative_ngram_max_match_window_size": "with NGRAM: earlier occurrences are ranked by how many tokens (up to "
     "this many) before them agree with the sequence's end; the latest of the best is drafted from",

@@ -15,7 +15,7 @@ STANDALONE_REFUSAL = ("--speculative-algorithm STANDALONE (a draft model) is not
 @dataclass(frozen=True)
 class SpeculativeConfig:
     algorithm: str = "NGRAM"
-    num_draft_tokens: int = 4  # n-gram tokens drafted per request per step, at most
+    num_draft_tokens: int = 4  # tokens drafted per request per step on a fresh match (see scheduler/speculative.py)
     # an n-gram draft needs the last `min` tokens to occur earlier; matches are ranked by how far
     # (up to `max` tokens) the context before them agrees
     ngram_min_match_window_size: int = 3

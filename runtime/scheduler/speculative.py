@@ -8,13 +8,17 @@ deterministic draft that is exact rejection sampling: the output follows the tar
 
 A request's draft (`Req.jump_forward_ids`), built after each step by `Drafter.draft`:
   1. the tokens its grammar forces (jump-forward), undrafted and first;
-  2. with `--speculative-algorithm NGRAM`, then up to `--speculative-num-draft-tokens` tokens of
-     prompt lookup (`ngram_draft`) continuing them, fewer after misses: a request's n-gram
-     allowance halves after a step that accepted none of its n-gram tokens (down to 0: no
-     n-gram rows) and doubles (up to the flag) after one that accepted them all; at 0 the
-     proposal is still made but not verified, and once its first token is the one the request
-     samples next, the allowance is 1 again. Free text that rarely repeats its prompt thus pays
-     for a few extra rows, then none;
+  2. with `--speculative-algorithm NGRAM`, then the request's n-gram allowance of prompt-lookup
+     tokens (`ngram_draft`) continuing them. The allowance follows the match: it starts at
+     `--speculative-num-draft-tokens`, doubles after a step that accepted all its n-gram tokens
+     (up to MAX_NGRAM_ALLOWANCE: a long copy, a quote or an e-mail, goes on in long drafts) and
+     halves after one that accepted none (down to 0: no n-gram rows); at 0 the proposal is still
+     made but not verified, and once its first token is the one the request samples next, the
+     allowance is 1 again. Free text that rarely repeats its prompt thus pays for a few extra
+     rows, then none. After a full hit whose extra sampled token also continues the source, the
+     next draft reads on from the same source position (a copy pointer, `Req.ngram_copy_next`)
+     rather than a fresh lookup: that source agrees with the output at least as far as any
+     other candidate;
   3. cut before the first EOS / stop token id (nothing after it would be used), at the first
      token the request's grammar refuses (`valid_prefix_len`: a refused token could never be
      accepted, and the masks along a draft need an allowed draft), and at the request's room
@@ -33,11 +37,16 @@ from __future__ import annotations
 
 from radixlm.runtime.config.speculative_config import SpeculativeConfig
 from radixlm.runtime.constrained.grammar import MAX_JUMP_FORWARD_TOKENS
-from radixlm.runtime.scheduler.ngram_draft import NgramIndex, TokenSeq
+from radixlm.runtime.scheduler.ngram_draft import NgramIndex, TokenSeq, continuation
 from radixlm.runtime.scheduler.req import Req
 
 # Query rows a decode step may have with n-gram drafts: one per running request + draft tokens.
-MAX_VERIFY_ROWS = 8
+# (One measurement on a shared 2-core EPYC, SmolLM2-135M int8: a 1-row decode step 1.0, 2 rows
+# 1.5, 5 rows ~1.8, 9 rows ~2.6, 17 rows ~3.5: a fully accepted 16-token draft costs ~5x less
+# per token than decoding; a short draft needs most of its tokens accepted to pay.)
+MAX_VERIFY_ROWS = 16
+# An n-gram allowance grows up to this (with the default flag: 4, 8, 15): the room at batch 1.
+MAX_NGRAM_ALLOWANCE = MAX_VERIFY_ROWS - 1
 # The longest draft of a constrained request: the grammar wrappers roll back at most this many.
 MAX_GRAMMAR_DRAFT = MAX_JUMP_FORWARD_TOKENS
 
@@ -65,6 +74,7 @@ class Drafter:
         cfg = self.cfg
         draft = forced[: max(0, max_len)]
         req.num_forced_draft = len(draft)
+        copy_next, req.ngram_copy_next = req.ngram_copy_next, None  # valid for this draft only
         if cfg is None or req.reasoning_end is not None:
             return draft
         if req.ngram_allowance is None:
@@ -79,7 +89,13 @@ class Drafter:
             req.ngram_shadow = shadow[0] if shadow else None
         if room <= 0:
             return draft
-        proposal = req.ngram_index.propose(TokenSeq(req.input_ids, req.output_ids), draft, room)
+        seq = TokenSeq(req.input_ids, req.output_ids)
+        if not draft and copy_next is not None and copy_next < len(seq):
+            start = copy_next
+        else:
+            start = req.ngram_index.match(seq, draft)
+        req.ngram_source = start
+        proposal = [] if start < 0 else continuation(seq, draft, start, room)
         ends = req.eos_token_ids if not req.params.ignore_eos else frozenset()
         for i, token in enumerate(proposal):
             if token in ends or token in req.params.stop_token_ids:
@@ -126,4 +142,17 @@ class Drafter:
             if num_correct == 0:
                 req.ngram_allowance //= 2
             elif num_correct == num_drafted:
-                req.ngram_allowance = min(self.cfg.num_draft_tokens, req.ngram_allowance * 2)
+                cap = max(self.cfg.num_draft_tokens, MAX_NGRAM_ALLOWANCE)
+                req.ngram_allowance = min(cap, req.ngram_allowance * 2)
+                self._follow_copy(req, draft, new_ids)
+
+    @staticmethod
+    def _follow_copy(req: Req, draft: list[int], new_ids: list[int]) -> None:
+        """After a full hit of a draft without forced tokens: when the token sampled after it is
+        also the source's next one, the next draft continues from the source (`ngram_copy_next`)."""
+        if req.num_forced_draft or req.ngram_source < 0 or len(new_ids) != len(draft) + 1:
+            return
+        source_next = req.ngram_source + len(draft)  # < the draft's sequence length: the source preceded it
+        seq = TokenSeq(req.input_ids, req.output_ids)
+        if seq[source_next] == new_ids[-1]:
+            req.ngram_copy_next = source_next + 1

@@ -18,7 +18,9 @@ A request's draft (`Req.jump_forward_ids`), built after each step by `Drafter.dr
      rows, then none. After a full hit whose extra sampled token also continues the source, the
      next draft reads on from the same source position (a copy pointer, `Req.ngram_copy_next`)
      rather than a fresh lookup: that source agrees with the output at least as far as any
-     other candidate;
+     other candidate; with `--speculative-algorithm STANDALONE`, instead, `num_draft_tokens`
+     tokens of the draft model (`draft_model`), asked for all requests at once after the step
+     (`draft_with_model`);
   3. cut before the first EOS / stop token id (nothing after it would be used), at the first
      token the request's grammar refuses (`valid_prefix_len`: a refused token could never be
      accepted, and the masks along a draft need an allowed draft), and at the request's room
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 from radixlm.runtime.config.speculative_config import SpeculativeConfig
 from radixlm.runtime.constrained.grammar import MAX_JUMP_FORWARD_TOKENS
+from radixlm.runtime.scheduler.draft_model import DraftModel, DraftWant
 from radixlm.runtime.scheduler.ngram_draft import NgramIndex, TokenSeq, continuation
 from radixlm.runtime.scheduler.req import Req
 
@@ -54,8 +57,12 @@ MAX_GRAMMAR_DRAFT = MAX_JUMP_FORWARD_TOKENS
 class Drafter:
     """Builds each running request's draft (see the module docstring); one per scheduler."""
 
-    def __init__(self, cfg: SpeculativeConfig | None):
+    def __init__(self, cfg: SpeculativeConfig | None, draft_model: DraftModel | None = None):
         self.cfg = cfg  # None: drafts are the forced tokens only (speculation off)
+        self.draft_model = draft_model  # STANDALONE's (then required)
+        if (cfg is not None and cfg.algorithm == "STANDALONE") != (draft_model is not None):
+            raise ValueError("a draft model goes with --speculative-algorithm STANDALONE, and only with it")
+        self._model_wants: list[tuple[Req, int]] = []  # STANDALONE: drafted by `draft_with_model`
         # since start, over every request: verify steps, tokens they took, n-gram tokens accepted
         self.num_verify = self.num_verified_tokens = self.num_correct_drafts = 0
 
@@ -77,11 +84,12 @@ class Drafter:
         copy_next, req.ngram_copy_next = req.ngram_copy_next, None  # valid for this draft only
         if cfg is None or req.reasoning_end is not None:
             return draft
+        if self.draft_model is not None:
+            self._model_wants.append((req, self._room(req, cfg.num_draft_tokens, len(draft), max_len)))
+            return draft
         if req.ngram_allowance is None:
             req.ngram_allowance = cfg.num_draft_tokens
-        room = min(req.ngram_allowance, max_len - len(draft))
-        if req.grammar is not None:
-            room = min(room, MAX_GRAMMAR_DRAFT - len(draft))
+        room = self._room(req, req.ngram_allowance, len(draft), max_len)
         if req.ngram_index is None:
             req.ngram_index = NgramIndex(cfg.ngram_min_match_window_size, cfg.ngram_max_match_window_size)
         if req.ngram_allowance == 0 and not draft and max_len > 0:  # off: watch whether it would hit
@@ -96,14 +104,46 @@ class Drafter:
             start = req.ngram_index.match(seq, draft)
         req.ngram_source = start
         proposal = [] if start < 0 else continuation(seq, draft, start, room)
+        return draft + self._cut(req, draft, proposal)
+
+    @staticmethod
+    def _room(req: Req, allowance: int, num_forced: int, max_len: int) -> int:
+        """Speculative tokens a draft may add after `num_forced` forced ones."""
+        room = min(allowance, max_len - num_forced)
+        return room if req.grammar is None else min(room, MAX_GRAMMAR_DRAFT - num_forced)
+
+    @staticmethod
+    def _cut(req: Req, forced: list[int], proposal: list[int]) -> list[int]:
+        """`proposal` cut before an EOS / stop token id and at the first token the grammar refuses."""
         ends = req.eos_token_ids if not req.params.ignore_eos else frozenset()
         for i, token in enumerate(proposal):
             if token in ends or token in req.params.stop_token_ids:
                 proposal = proposal[:i]
                 break
         if proposal and req.grammar is not None:
-            proposal = proposal[: req.grammar.valid_prefix_len(draft + proposal) - len(draft)]
-        return draft + proposal
+            proposal = proposal[: req.grammar.valid_prefix_len(forced + proposal) - len(forced)]
+        return proposal
+
+    def draft_with_model(self, num_running: int) -> None:
+        """STANDALONE: the draft model's tokens for the requests `draft` was asked for since the
+        last call (one batched proposal), each cut like an n-gram proposal and within a share of
+        MAX_VERIFY_ROWS among the `num_running` requests; appended to their drafts."""
+        wants, self._model_wants = [(r, room) for r, room in self._model_wants if room > 0 and not r.is_finished], []
+        if self.draft_model is None or not wants:
+            return
+        if num_running + sum(room for _, room in wants) > MAX_VERIFY_ROWS:
+            share = max(0, MAX_VERIFY_ROWS - num_running) // max(1, num_running)
+            wants = [(r, min(room, share)) for r, room in wants if share > 0]
+        proposals = self.draft_model.propose([
+            DraftWant(r.rid, [*r.input_ids, *r.output_ids, *r.jump_forward_ids], room) for r, room in wants])
+        for req, _ in wants:
+            proposal = proposals.get(req.rid, [])
+            req.jump_forward_ids = req.jump_forward_ids + self._cut(req, req.jump_forward_ids, proposal)
+
+    def release(self, req: Req) -> None:
+        """The request left the running set: free what the draft model holds for it."""
+        if self.draft_model is not None:
+            self.draft_model.release(req.rid)
 
     def fit_budget(self, running: list[Req]) -> None:
         """Cut the running requests' n-gram tokens to keep the step within MAX_VERIFY_ROWS."""

@@ -100,9 +100,11 @@ def test_settings_are_sglangs_and_checked() -> None:
     args = ServerArgs(speculative_algorithm="NGRAM", speculative_num_draft_tokens=3)
     assert args.speculative is not None and args.speculative.num_draft_tokens == 3
     assert ServerArgs().speculative is None
-    with pytest.raises(ValueError, match="STANDALONE .*not supported yet"):
+    with pytest.raises(ValueError, match="STANDALONE needs --speculative-draft-model-path"):
         ServerArgs(speculative_algorithm="STANDALONE")
-    with pytest.raises(ValueError, match="must be NGRAM"):
+    with pytest.raises(ValueError, match="STANDALONE only"):
+        ServerArgs(speculative_algorithm="NGRAM", speculative_draft_model_path="/x")
+    with pytest.raises(ValueError, match="must be one of NGRAM, STANDALONE"):
         ServerArgs(speculative_algorithm="EAGLE")
     with pytest.raises(ValueError, match="min_match_window_size"):
         ServerArgs(speculative_algorithm="NGRAM", speculative_ngram_min_match_window_size=5,

@@ -1,6 +1,6 @@
 """Where an extraction's time goes, with and without speculative decoding (issue 37).
 
-`python -m radixlm.runtime.bench.spec_profile [--task W6] [--flags '{"speculative_algorithm": "NGRAM"}']`
+`python -m radixlm.runtime.bench.spec_profile [--task W6] [--concurrency N] [--flags '{"speculative_algorithm": "NGRAM"}']`
 runs the task's requests one after another on an in-process Engine (as `extraction.run_extraction`
 does) and splits each request's wall time by the scheduler's step records: prefill steps, plain
 decode steps (one row per request), verify steps (rows with drafts: forced and speculative) and
@@ -70,13 +70,16 @@ class Profile:
             "rows/verify step": self.num_verify_rows / max(1, self.num_verify_steps),
             "tokens/verify step": self.num_verify_new_tokens / max(1, self.num_verify_steps),
             "output tokens": self.num_output_tokens / n,
+            "output tok/s": self.num_output_tokens / max(1e-9, self.wall),
             "bound": self.wall / max(1e-9, fixed + self.prefill_secs + one_step * n),
             "rows histogram": dict(sorted(self.rows_histogram.items())),
         }
 
 
-def profile(task: ExtractionTask, engine_flags: dict[str, Any]) -> Profile:
-    """Run the task's requests (after one warm-up) on a new Engine with `engine_flags`."""
+def profile(task: ExtractionTask, engine_flags: dict[str, Any], concurrency: int = 1) -> Profile:
+    """Run the task's requests (after one warm-up) on a new Engine with `engine_flags`: one after
+    another, or with `concurrency` > 1 that many at once (the cases repeated), in one batch
+    whose steps are shared (then "s/request" is the batch's wall time / its requests)."""
     from radixlm.runtime.engine import Engine
 
     engine = Engine(**engine_flags)
@@ -85,6 +88,15 @@ def profile(task: ExtractionTask, engine_flags: dict[str, Any]) -> Profile:
         cases = task.cases()
         engine.generate(prompt=cases[0]["prompt"], sampling_params=params)
         out = Profile()
+        if concurrency > 1:
+            prompts = [cases[i % len(cases)]["prompt"] for i in range(concurrency)]
+            engine.scheduler.recent_steps.clear()
+            start = time.perf_counter()
+            engine.generate(prompt=prompts, sampling_params=params)
+            out.wall = time.perf_counter() - start
+            out.add_steps(list(engine.scheduler.recent_steps))
+            out.num_requests = concurrency
+            return out
         for case in cases:
             engine.scheduler.recent_steps.clear()
             start = time.perf_counter()
@@ -102,8 +114,9 @@ def main() -> None:
     parser.add_argument("--task", default="W6", choices=sorted(TASKS))
     parser.add_argument("--flags", default="{}", help="Engine arguments as JSON, e.g. "
                         '\'{"speculative_algorithm": "NGRAM"}\'')
+    parser.add_argument("--concurrency", type=int, default=1, help="requests at once (default: one after another)")
     args = parser.parse_args()
-    result = profile(TASKS[args.task], json.loads(args.flags)).summary()
+    result = profile(TASKS[args.task], json.loads(args.flags), args.concurrency).summary()
     print(json.dumps({"task": args.task, "flags": json.loads(args.flags), **result}, indent=1))
 
 

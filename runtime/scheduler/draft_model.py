@@ -63,7 +63,10 @@ def load_draft_runner(path: str, target: ModelRunner, tokenizer: Tokenizer) -> M
         ids = list(range(min(own.vocab_size, tokenizer.vocab_size)))
         if own.vocab_size != tokenizer.vocab_size or own.convert_ids_to_tokens(ids) != tokenizer.convert_ids_to_tokens(ids):
             raise ValueError(refusal + "its tokenizer's tokens differ from the target's")
+    # "gguf" demands quantized tensors, which a float draft model lacks: "auto" keeps any it has
+    quantization = "auto" if target.cfg.quantization == "gguf" else target.cfg.quantization
     runner_cfg: RunnerConfig = replace(target.cfg, context_len=min(target.cfg.context_len, cfg.context_len),
+                                       quantization=quantization,
                                        adaptive_threads=False)  # the target's governor sets the threads
     return ModelRunner.from_dir(Path(model_dir), runner_cfg)
 

@@ -13,13 +13,14 @@ proposal. A request's rows and slots are freed when it leaves the running set (`
 finished, was aborted or retracted); `check_integrity` asserts that nothing leaked.
 
 Greedy drafts: the target's verification keeps its output distribution whatever the draft (see
-`speculative`), so the draft model needs no sampling and no grammar mask; the Drafter cuts its
-proposal where the grammar refuses.
+`speculative`), so the draft model needs no sampling. A constrained request's draft tokens are
+picked among those its grammar allows (`DraftWant.next_mask`, filled along the draft so far),
+so its draft follows the format the target is held to.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -39,11 +40,15 @@ class _DraftSeq:
 
 @dataclass(frozen=True)
 class DraftWant:
-    """One request's ask: `num_tokens` draft tokens after `context` (prompt + output + forced)."""
+    """One request's ask: `num_tokens` draft tokens after `context` (prompt + output + forced).
+    `next_mask(drafted, vocab_size)`: the allowed tokens (bool [vocab_size], True = allowed) after
+    the tokens drafted so far, for a request with a grammar (None: every token)."""
 
     rid: str
     context: list[int]
     num_tokens: int
+    next_mask: Callable[[list[int], int], torch.Tensor] | None = None
+    stop_ids: frozenset[int] = frozenset()  # a drafted one ends the draft (nothing after it is used)
 
 
 def load_draft_runner(path: str, target: ModelRunner, tokenizer: Tokenizer) -> ModelRunner:
@@ -103,10 +108,12 @@ class DraftModel:
         batch = ForwardBatch.extend([s.row for s in seqs], [len(s.ids) for s in seqs], chunks, slots)
         for seq, chunk in zip(seqs, chunks):
             seq.ids.extend(chunk)
-        tokens = self._argmax(self.runner.forward(batch))
+        tokens = self._greedy(self.runner.forward(batch), wants, [[] for _ in wants])
         drafts = {w.rid: [t] for w, t in zip(wants, tokens)}
         for step in range(1, max(w.num_tokens for w in wants)):
-            live = [(w, s) for w, s in zip(wants, seqs) if w.num_tokens > step]
+            live = [(w, s) for w, s in zip(wants, seqs) if w.num_tokens > step and drafts[w.rid][-1] not in w.stop_ids]
+            if not live:
+                break
             drafts_live = [drafts[w.rid][-1] for w, _ in live]
             slots = self.kv_pool.alloc(len(live))
             assert slots is not None
@@ -115,7 +122,9 @@ class DraftModel:
             batch = ForwardBatch.decode([s.row for _, s in live], [len(s.ids) + 1 for _, s in live], drafts_live, slots)
             for (_, seq), token in zip(live, drafts_live):
                 seq.ids.append(token)
-            for (w, _), token in zip(live, self._argmax(self.runner.forward(batch))):
+            live_wants = [w for w, _ in live]
+            logits = self.runner.forward(batch)
+            for w, token in zip(live_wants, self._greedy(logits, live_wants, [drafts[w.rid] for w in live_wants])):
                 drafts[w.rid].append(token)
         return drafts
 
@@ -146,7 +155,13 @@ class DraftModel:
             del seq.ids[length:]
 
     @staticmethod
-    def _argmax(logits: torch.Tensor) -> list[int]:
+    def _greedy(logits: torch.Tensor, wants: list[DraftWant], drafted: list[list[int]]) -> list[int]:
+        """Each row's most likely token, among those its grammar allows after `drafted`."""
+        if any(w.next_mask is not None for w in wants):
+            logits = logits.clone()  # the runner's output is an inference tensor
+        for i, (want, done) in enumerate(zip(wants, drafted)):
+            if want.next_mask is not None:
+                logits[i].masked_fill_(~want.next_mask(done, logits.shape[-1]), float("-inf"))
         return [int(t) for t in logits.argmax(dim=-1).tolist()]
 
     def release(self, rid: str) -> None:

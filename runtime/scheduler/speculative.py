@@ -37,6 +37,10 @@ alone reach it). Forced tokens are never cut here: each of them saves a step.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import torch
+
 from radixlm.runtime.config.speculative_config import SpeculativeConfig
 from radixlm.runtime.constrained.grammar import MAX_JUMP_FORWARD_TOKENS
 from radixlm.runtime.scheduler.draft_model import DraftModel, DraftWant
@@ -135,7 +139,9 @@ class Drafter:
             share = max(0, MAX_VERIFY_ROWS - num_running) // max(1, num_running)
             wants = [(r, min(room, share)) for r, room in wants if share > 0]
         proposals = self.draft_model.propose([
-            DraftWant(r.rid, [*r.input_ids, *r.output_ids, *r.jump_forward_ids], room) for r, room in wants])
+            DraftWant(r.rid, [*r.input_ids, *r.output_ids, *r.jump_forward_ids], room, _grammar_mask_fn(r),
+                      frozenset(r.params.stop_token_ids) | (frozenset() if r.params.ignore_eos else r.eos_token_ids))
+            for r, room in wants])
         for req, _ in wants:
             proposal = proposals.get(req.rid, [])
             req.jump_forward_ids = req.jump_forward_ids + self._cut(req, req.jump_forward_ids, proposal)
@@ -196,3 +202,19 @@ class Drafter:
         seq = TokenSeq(req.input_ids, req.output_ids)
         if seq[source_next] == new_ids[-1]:
             req.ngram_copy_next = source_next + 1
+
+
+def _grammar_mask_fn(req: Req) -> Callable[[list[int], int], torch.Tensor] | None:
+    """For a constrained request: the allowed-token row after its forced tokens + what the draft
+    model drafted so far (no budget steering: verification applies it)."""
+    grammar, forced = req.grammar, list(req.jump_forward_ids)
+    if grammar is None:
+        return None
+
+    def next_mask(drafted: list[int], vocab_size: int) -> torch.Tensor:
+        draft = forced + drafted
+        rows = torch.zeros(len(draft) + 1, vocab_size, dtype=torch.bool)
+        grammar.fill_vocab_masks(rows, draft)
+        return rows[-1]
+
+    return next_mask

@@ -81,6 +81,7 @@ class ServerArgs:
     speculative_num_draft_tokens: int = SpeculativeConfig.num_draft_tokens
     speculative_ngram_min_match_window_size: int = SpeculativeConfig.ngram_min_match_window_size
     speculative_ngram_max_match_window_size: int = SpeculativeConfig.ngram_max_match_window_size
+    speculative_draft_model_path: str | None = None  # STANDALONE: the draft model
     log_level: str = "warning"
     # the HTTP server
     host: str = "127.0.0.1"
@@ -238,7 +239,7 @@ class ServerArgs:
             return None
         return SpeculativeConfig(self.speculative_algorithm, self.speculative_num_draft_tokens,
                                  self.speculative_ngram_min_match_window_size,
-                                 self.speculative_ngram_max_match_window_size)
+                                 self.speculative_ngram_max_match_window_size, self.speculative_draft_model_path)
 
     def replace(self, **changes: object) -> ServerArgs:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
@@ -306,13 +307,17 @@ HELP = {
     "instead of checking all its tokens in one forward (same output, slower)",
     "random_seed": "seed of the sampler for requests without their own seed",
     "speculative_algorithm": "speculative decoding: NGRAM drafts each request's next tokens from its own prompt and "
-    "output (prompt lookup: the tokens that followed the latest earlier occurrence of its last tokens), cut where its "
-    "grammar refuses, after the tokens jump-forward forces; one forward checks them all and keeps them as far as "
-    "sampling agrees, so outputs are unchanged (greedy: identical). Wins where outputs copy the prompt (extraction); "
-    "meta_info reports spec_verify_ct and spec_accept_length. STANDALONE (a draft model) is not supported yet "
-    "(default: off)",
-    "speculative_num_draft_tokens": "with --speculative-algorithm: n-gram tokens drafted per request per step, at "
-    "most (fewer after misses, and when the step's rows would exceed 8: a large batch is compute-bound)",
+    "output (prompt lookup: the tokens that followed the latest earlier occurrence of its last tokens); STANDALONE "
+    "drafts them greedily with a smaller model of the same vocabulary (--speculative-draft-model-path). Drafts are "
+    "cut where the request's grammar refuses, after the tokens jump-forward forces; one forward checks them all and "
+    "keeps them as far as sampling agrees, so outputs are unchanged (greedy: identical). NGRAM wins where outputs "
+    "copy the prompt (extraction); meta_info reports spec_verify_ct and spec_accept_length (default: off)",
+    "speculative_num_draft_tokens": "with --speculative-algorithm: tokens drafted per request per step on a fresh "
+    "match; a copy that keeps being accepted doubles it, up to 15 (NGRAM), misses halve it, and a step's rows are "
+    "kept within 16 (a large batch is compute-bound)",
+    "speculative_draft_model_path": "with --speculative-algorithm STANDALONE: the draft model (what --model-path "
+    "takes); its vocabulary must be the target's. It runs in the scheduler process with its own KV pool, as many "
+    "tokens as the target's",
     "speculative_ngram_min_match_window_size": "with NGRAM: the last this many tokens must occur earlier for a draft",
     "speculative_ngram_max_match_window_size": "with NGRAM: earlier occurrences are ranked by how many tokens (up to "
     "this many) before them agree with the sequence's end; the latest of the best is drafted from",

@@ -5,27 +5,31 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# --speculative-algorithm's values: NGRAM (prompt-lookup drafts); STANDALONE (a draft model) is
-# named so that asking for it gets a clear refusal rather than argparse's list
+# --speculative-algorithm's values: NGRAM (prompt-lookup drafts); STANDALONE (a smaller draft model
+# with the target's vocabulary, --speculative-draft-model-path)
 SPECULATIVE_ALGORITHMS = ("NGRAM", "STANDALONE")
-STANDALONE_REFUSAL = ("--speculative-algorithm STANDALONE (a draft model) is not supported yet; "
-                      "--speculative-algorithm NGRAM drafts from the prompt without one")
 
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
     algorithm: str = "NGRAM"
-    num_draft_tokens: int = 4  # n-gram tokens drafted per request per step, at most
+    num_draft_tokens: int = 4  # tokens drafted per request per step on a fresh match (see scheduler/speculative.py)
     # an n-gram draft needs the last `min` tokens to occur earlier; matches are ranked by how far
     # (up to `max` tokens) the context before them agrees
     ngram_min_match_window_size: int = 3
     ngram_max_match_window_size: int = 12
+    draft_model_path: str | None = None  # STANDALONE: the draft model (a directory or what --model-path takes)
 
     def __post_init__(self) -> None:
-        if self.algorithm == "STANDALONE":
-            raise ValueError(STANDALONE_REFUSAL)
-        if self.algorithm != "NGRAM":
-            raise ValueError(f"speculative_algorithm must be NGRAM, got {self.algorithm!r}")
+        if self.algorithm not in SPECULATIVE_ALGORITHMS:
+            raise ValueError(f"speculative_algorithm must be one of {', '.join(SPECULATIVE_ALGORITHMS)}, "
+                             f"got {self.algorithm!r}")
+        if self.algorithm == "STANDALONE" and not self.draft_model_path:
+            raise ValueError("--speculative-algorithm STANDALONE needs --speculative-draft-model-path (a smaller "
+                             "model with the same tokenizer)")
+        if self.algorithm != "STANDALONE" and self.draft_model_path:
+            raise ValueError(f"--speculative-draft-model-path is used by --speculative-algorithm STANDALONE only "
+                             f"(the algorithm is {self.algorithm})")
         if self.num_draft_tokens < 1:
             raise ValueError(f"speculative_num_draft_tokens must be >= 1, got {self.num_draft_tokens}")
         if not 1 <= self.ngram_min_match_window_size <= self.ngram_max_match_window_size:

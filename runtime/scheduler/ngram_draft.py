@@ -74,6 +74,12 @@ class NgramIndex:
         seq + tail, so a match inside a repeating run continues the run."""
         if max_tokens <= 0:
             return []
+        start = self.match(seq, tail)
+        return [] if start < 0 else continuation(seq, tail, start, max_tokens)
+
+    def match(self, seq: TokenSeq, tail: Sequence[int]) -> int:
+        """The position in seq of the token after the best earlier match of the end of
+        seq + tail (its proposal starts there), or -1 when none matches `min_window` tokens."""
         self._catch_up(seq)
         num_seq = len(seq)
         end = num_seq + len(tail)
@@ -83,11 +89,11 @@ class NgramIndex:
 
         n = self.min_window
         if end < n + 1:
-            return []
+            return -1
         key = tuple(at(i) for i in range(end - n, end))
         positions = self._ngram_to_next.get(key)
         if not positions:
-            return []
+            return -1
         best_next, best_len = -1, 0
         for nxt in reversed(positions[-MAX_CANDIDATES:]):  # all before the suffix: nxt < len(seq)
             length = n
@@ -97,6 +103,11 @@ class NgramIndex:
                 best_next, best_len = nxt, length
                 if length == self.max_window:
                     break
-        if best_next < 0:
-            return []
-        return [at(i) for i in range(best_next, min(best_next + max_tokens, end))]
+        return best_next
+
+
+def continuation(seq: TokenSeq, tail: Sequence[int], start: int, max_tokens: int) -> list[int]:
+    """Up to `max_tokens` tokens of seq + tail from position `start` (< len(seq) + len(tail))."""
+    num_seq = len(seq)
+    stop = min(start + max_tokens, num_seq + len(tail))
+    return [seq[i] if i < num_seq else tail[i - num_seq] for i in range(start, stop)]

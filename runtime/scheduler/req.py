@@ -93,6 +93,10 @@ class Req:
     ngram_index: NgramIndex | None = None  # speculative NGRAM: its prompt + output's n-grams
     ngram_allowance: int | None = None  # n-gram tokens its next draft may have (speculative.Drafter)
     ngram_shadow: int | None = None  # with allowance 0: the first token it would have drafted
+    ngram_source: int = -1  # where in prompt + output its last n-gram proposal was read from
+    # after a step that accepted all its n-gram tokens: where in prompt + output the copy goes on
+    # (the next draft reads from there without a lookup), else None
+    ngram_copy_next: int | None = None
     # speculative decoding's counts (SGLang's meta_info names): steps that verified this
     # request's draft, and its n-gram draft tokens proposed and accepted (forced ones not counted)
     spec_verify_ct: int = 0

@@ -48,6 +48,7 @@ from radixlm.runtime.sampling.sampler import SampleOutput, SamplingBatch, count_
 from radixlm.runtime.sampling.sampling_params import SamplingParams
 from radixlm.runtime.scheduler.admission import AdmissionPlan, plan_extends
 from radixlm.runtime.scheduler.cache_bridge import CacheBridge
+from radixlm.runtime.scheduler.draft_model import DraftModel
 from radixlm.runtime.scheduler.logprobs import (
     InputLogprobSpan,
     input_logprob_span,
@@ -117,6 +118,8 @@ class StepRecord:
     num_extend_tokens: int
     num_decodes: int  # running requests that decoded (drafts included in their one row each)
     secs: float
+    num_draft_tokens: int = 0  # query rows beyond the decodes' one each: their drafts (forced + speculative)
+    num_new_tokens: int = 0  # output tokens the step appended, over every request
 
 
 STEP_RECORDS_KEPT = 4096
@@ -124,7 +127,8 @@ STEP_RECORDS_KEPT = 4096
 
 class Scheduler:
     def __init__(self, runner: ModelRunner, cfg: SchedulerConfig, grammar_backend: GrammarBackend | None = None,
-                 kv_events: KVEventStream | None = None):
+                 kv_events: KVEventStream | None = None, draft_runner: ModelRunner | None = None):
+        """`draft_runner`: STANDALONE speculative decoding's draft model (`draft_model`)."""
         self.runner = runner
         self.kv_events = kv_events  # publishes the cache's block events after each step and flush
         self.cfg = cfg
@@ -145,7 +149,7 @@ class Scheduler:
         self._aborted: list[Req] = []
         self.num_retractions = 0
         self.num_jump_forward_tokens = 0  # draft tokens kept: each saved a decode step
-        self.drafter = Drafter(cfg.speculative)
+        self.drafter = Drafter(cfg.speculative, None if draft_runner is None else DraftModel(draft_runner))
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO  # share of remaining tokens admission reserves
         self.num_forwards = 0
         self.recent_steps: deque[StepRecord] = deque(maxlen=STEP_RECORDS_KEPT)  # newest last
@@ -202,6 +206,8 @@ class Scheduler:
     def check_integrity(self) -> None:
         live = self.running + ([self.chunked_req] if self.chunked_req else [])
         self.bridge.check_integrity(live)
+        if self.drafter.draft_model is not None:
+            self.drafter.draft_model.check_integrity(r.rid for r in live)
 
     def step(self) -> list[StepOutput]:
         self._poll_grammars()
@@ -216,13 +222,16 @@ class Scheduler:
             return outputs
         start = time.monotonic()
         num_decodes = len(self.running)
+        num_draft_tokens = sum(len(r.jump_forward_ids) for r in self.running)
         batch, sample_reqs, spans = self._prepare(plan)
         logits = self.runner.forward(batch)
-        outputs += self._process_results(plan, sample_reqs, spans, logits)
+        new_outputs = self._process_results(plan, sample_reqs, spans, logits)
+        outputs += new_outputs
         self._retire_finished()
         self.num_forwards += 1
         self.recent_steps.append(StepRecord(start, len(plan.extends), sum(e.num_tokens for e in plan.extends),
-                                            num_decodes, time.monotonic() - start))
+                                            num_decodes, time.monotonic() - start, num_draft_tokens,
+                                            sum(len(o.token_ids) for o in new_outputs)))
         self._publish_kv_events()
         return outputs
 
@@ -286,10 +295,10 @@ class Scheduler:
                 # alone and still out of memory: the pool cannot hold this sequence any longer
                 req.finish_reason = FinishReason(
                     "abort", message=f"KV pool ({self.kv_pool.max_total_num_tokens} tokens) is full")
-                self.bridge.release(req, keep_in_cache=True)
+                self._release(req)
                 self._aborted.append(req)
                 break
-            self.bridge.release(req, keep_in_cache=True)
+            self._release(req)
             req.is_retracted = True
             self.waiting.insert(0, req)
             self.num_retractions += 1
@@ -401,6 +410,7 @@ class Scheduler:
                 forced = [] if req.grammar is None else req.grammar.jump_forward_ids(new_ids[-1], max_len)
                 req.jump_forward_ids = self.drafter.draft(req, forced, max_len)
             outputs.append(StepOutput(req, tuple(new_ids)))
+        self.drafter.draft_with_model(len(self.running))
         if want_logprob:
             assert result.logprobs is not None and result.vocab_logprobs is not None
             kept = torch.tensor(kept_rows, dtype=torch.int64)
@@ -462,13 +472,19 @@ class Scheduler:
         still_running = []
         for req in self.running:
             if req.is_finished:
-                self.bridge.release(req, keep_in_cache=True)
+                self._release(req)
             else:
                 still_running.append(req)
         self.running = still_running
         if self.chunked_req is not None and self.chunked_req.is_finished:
-            self.bridge.release(self.chunked_req, keep_in_cache=True)
+            self._release(self.chunked_req)
             self.chunked_req = None
+
+    def _release(self, req: Req) -> None:
+        """A request leaves the running set (finished, aborted or retracted): its K/V goes to the
+        cache, its draft model's K/V (STANDALONE) is freed."""
+        self.bridge.release(req, keep_in_cache=True)
+        self.drafter.release(req)
 
 
 def grammar_spec(params: SamplingParams) -> tuple[str, str] | None:

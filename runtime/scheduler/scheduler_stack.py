@@ -17,6 +17,7 @@ from radixlm.runtime.model.kernel_policy import cpu_isa
 from radixlm.runtime.model.model_config import ModelConfig
 from radixlm.runtime.model.model_runner import ModelRunner, RunnerConfig, quantizes
 from radixlm.runtime.sampling.sampling_params import SamplingParams
+from radixlm.runtime.scheduler.draft_model import load_draft_runner
 from radixlm.runtime.scheduler.kv_events_publisher import KVEventStream
 from radixlm.runtime.scheduler.req import LogprobOptions, Req
 from radixlm.runtime.scheduler.scheduler import Scheduler, SchedulerConfig, grammar_spec
@@ -51,6 +52,14 @@ class SchedulerStack:
         runner_cfg = RunnerConfig.from_server_args(args, model_config,
                                                    quantized=quantizes(model_dir, args.resolved_quantization))
         runner = ModelRunner.from_dir(model_dir, runner_cfg, args.tp_size)
+        spec = args.speculative
+        draft_runner = None
+        if spec is not None and spec.draft_model_path is not None:
+            try:
+                draft_runner = load_draft_runner(spec.draft_model_path, runner, tokenizer)
+            except BaseException:
+                runner.close()
+                raise
         grammar_backend = grammar_backends.create(
             args.grammar_backend, tokenizer, model_config.vocab_size, num_workers=NUM_GRAMMAR_COMPILE_WORKERS,
             enable_jump_forward=not args.disable_jump_forward,
@@ -70,6 +79,7 @@ class SchedulerStack:
             ),
             grammar_backend,
             kv_events=None if args.kv_events is None else KVEventStream(args.kv_events, dp_rank),
+            draft_runner=draft_runner,
         )
         eos = set(model_config.eos_token_ids)
         if tokenizer.eos_token_id is not None:

@@ -8,13 +8,19 @@ deterministic draft that is exact rejection sampling: the output follows the tar
 
 A request's draft (`Req.jump_forward_ids`), built after each step by `Drafter.draft`:
   1. the tokens its grammar forces (jump-forward), undrafted and first;
-  2. with `--speculative-algorithm NGRAM`, then up to `--speculative-num-draft-tokens` tokens of
-     prompt lookup (`ngram_draft`) continuing them, fewer after misses: a request's n-gram
-     allowance halves after a step that accepted none of its n-gram tokens (down to 0: no
-     n-gram rows) and doubles (up to the flag) after one that accepted them all; at 0 the
-     proposal is still made but not verified, and once its first token is the one the request
-     samples next, the allowance is 1 again. Free text that rarely repeats its prompt thus pays
-     for a few extra rows, then none;
+  2. with `--speculative-algorithm NGRAM`, then the request's n-gram allowance of prompt-lookup
+     tokens (`ngram_draft`) continuing them. The allowance follows the match: it starts at
+     `--speculative-num-draft-tokens`, doubles after a step that accepted all its n-gram tokens
+     (up to MAX_NGRAM_ALLOWANCE: a long copy, a quote or an e-mail, goes on in long drafts) and
+     halves after one that accepted none (down to 0: no n-gram rows); at 0 the proposal is still
+     made but not verified, and once its first token is the one the request samples next, the
+     allowance is 1 again. Free text that rarely repeats its prompt thus pays for a few extra
+     rows, then none. After a full hit whose extra sampled token also continues the source, the
+     next draft reads on from the same source position (a copy pointer, `Req.ngram_copy_next`)
+     rather than a fresh lookup: that source agrees with the output at least as far as any
+     other candidate; with `--speculative-algorithm STANDALONE`, instead, `num_draft_tokens`
+     tokens of the draft model (`draft_model`), asked for all requests at once after the step
+     (`draft_with_model`);
   3. cut before the first EOS / stop token id (nothing after it would be used), at the first
      token the request's grammar refuses (`valid_prefix_len`: a refused token could never be
      accepted, and the masks along a draft need an allowed draft), and at the request's room
@@ -31,13 +37,23 @@ alone reach it). Forced tokens are never cut here: each of them saves a step.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import torch
+
 from radixlm.runtime.config.speculative_config import SpeculativeConfig
 from radixlm.runtime.constrained.grammar import MAX_JUMP_FORWARD_TOKENS
-from radixlm.runtime.scheduler.ngram_draft import NgramIndex, TokenSeq
+from radixlm.runtime.scheduler.draft_model import DraftModel, DraftWant
+from radixlm.runtime.scheduler.ngram_draft import NgramIndex, TokenSeq, continuation
 from radixlm.runtime.scheduler.req import Req
 
 # Query rows a decode step may have with n-gram drafts: one per running request + draft tokens.
-MAX_VERIFY_ROWS = 8
+# (One measurement on a shared 2-core EPYC, SmolLM2-135M int8: a 1-row decode step 1.0, 2 rows
+# 1.5, 5 rows ~1.8, 9 rows ~2.6, 17 rows ~3.5: a fully accepted 16-token draft costs ~5x less
+# per token than decoding; a short draft needs most of its tokens accepted to pay.)
+MAX_VERIFY_ROWS = 16
+# An n-gram allowance grows up to this (with the default flag: 4, 8, 15): the room at batch 1.
+MAX_NGRAM_ALLOWANCE = MAX_VERIFY_ROWS - 1
 # The longest draft of a constrained request: the grammar wrappers roll back at most this many.
 MAX_GRAMMAR_DRAFT = MAX_JUMP_FORWARD_TOKENS
 
@@ -45,8 +61,12 @@ MAX_GRAMMAR_DRAFT = MAX_JUMP_FORWARD_TOKENS
 class Drafter:
     """Builds each running request's draft (see the module docstring); one per scheduler."""
 
-    def __init__(self, cfg: SpeculativeConfig | None):
+    def __init__(self, cfg: SpeculativeConfig | None, draft_model: DraftModel | None = None):
         self.cfg = cfg  # None: drafts are the forced tokens only (speculation off)
+        self.draft_model = draft_model  # STANDALONE's (then required)
+        if (cfg is not None and cfg.algorithm == "STANDALONE") != (draft_model is not None):
+            raise ValueError("a draft model goes with --speculative-algorithm STANDALONE, and only with it")
+        self._model_wants: list[tuple[Req, int]] = []  # STANDALONE: drafted by `draft_with_model`
         # since start, over every request: verify steps, tokens they took, n-gram tokens accepted
         self.num_verify = self.num_verified_tokens = self.num_correct_drafts = 0
 
@@ -65,13 +85,15 @@ class Drafter:
         cfg = self.cfg
         draft = forced[: max(0, max_len)]
         req.num_forced_draft = len(draft)
+        copy_next, req.ngram_copy_next = req.ngram_copy_next, None  # valid for this draft only
         if cfg is None or req.reasoning_end is not None:
+            return draft
+        if self.draft_model is not None:
+            self._model_wants.append((req, self._room(req, cfg.num_draft_tokens, len(draft), max_len)))
             return draft
         if req.ngram_allowance is None:
             req.ngram_allowance = cfg.num_draft_tokens
-        room = min(req.ngram_allowance, max_len - len(draft))
-        if req.grammar is not None:
-            room = min(room, MAX_GRAMMAR_DRAFT - len(draft))
+        room = self._room(req, req.ngram_allowance, len(draft), max_len)
         if req.ngram_index is None:
             req.ngram_index = NgramIndex(cfg.ngram_min_match_window_size, cfg.ngram_max_match_window_size)
         if req.ngram_allowance == 0 and not draft and max_len > 0:  # off: watch whether it would hit
@@ -79,15 +101,55 @@ class Drafter:
             req.ngram_shadow = shadow[0] if shadow else None
         if room <= 0:
             return draft
-        proposal = req.ngram_index.propose(TokenSeq(req.input_ids, req.output_ids), draft, room)
+        seq = TokenSeq(req.input_ids, req.output_ids)
+        if not draft and copy_next is not None and copy_next < len(seq):
+            start = copy_next
+        else:
+            start = req.ngram_index.match(seq, draft)
+        req.ngram_source = start
+        proposal = [] if start < 0 else continuation(seq, draft, start, room)
+        return draft + self._cut(req, draft, proposal)
+
+    @staticmethod
+    def _room(req: Req, allowance: int, num_forced: int, max_len: int) -> int:
+        """Speculative tokens a draft may add after `num_forced` forced ones."""
+        room = min(allowance, max_len - num_forced)
+        return room if req.grammar is None else min(room, MAX_GRAMMAR_DRAFT - num_forced)
+
+    @staticmethod
+    def _cut(req: Req, forced: list[int], proposal: list[int]) -> list[int]:
+        """`proposal` cut before an EOS / stop token id and at the first token the grammar refuses."""
         ends = req.eos_token_ids if not req.params.ignore_eos else frozenset()
         for i, token in enumerate(proposal):
             if token in ends or token in req.params.stop_token_ids:
                 proposal = proposal[:i]
                 break
         if proposal and req.grammar is not None:
-            proposal = proposal[: req.grammar.valid_prefix_len(draft + proposal) - len(draft)]
-        return draft + proposal
+            proposal = proposal[: req.grammar.valid_prefix_len(forced + proposal) - len(forced)]
+        return proposal
+
+    def draft_with_model(self, num_running: int) -> None:
+        """STANDALONE: the draft model's tokens for the requests `draft` was asked for since the
+        last call (one batched proposal), each cut like an n-gram proposal and within a share of
+        MAX_VERIFY_ROWS among the `num_running` requests; appended to their drafts."""
+        wants, self._model_wants = [(r, room) for r, room in self._model_wants if room > 0 and not r.is_finished], []
+        if self.draft_model is None or not wants:
+            return
+        if num_running + sum(room for _, room in wants) > MAX_VERIFY_ROWS:
+            share = max(0, MAX_VERIFY_ROWS - num_running) // max(1, num_running)
+            wants = [(r, min(room, share)) for r, room in wants if share > 0]
+        proposals = self.draft_model.propose([
+            DraftWant(r.rid, [*r.input_ids, *r.output_ids, *r.jump_forward_ids], room, _grammar_mask_fn(r),
+                      frozenset(r.params.stop_token_ids) | (frozenset() if r.params.ignore_eos else r.eos_token_ids))
+            for r, room in wants])
+        for req, _ in wants:
+            proposal = proposals.get(req.rid, [])
+            req.jump_forward_ids = req.jump_forward_ids + self._cut(req, req.jump_forward_ids, proposal)
+
+    def release(self, req: Req) -> None:
+        """The request left the running set: free what the draft model holds for it."""
+        if self.draft_model is not None:
+            self.draft_model.release(req.rid)
 
     def fit_budget(self, running: list[Req]) -> None:
         """Cut the running requests' n-gram tokens to keep the step within MAX_VERIFY_ROWS."""
@@ -126,4 +188,33 @@ class Drafter:
             if num_correct == 0:
                 req.ngram_allowance //= 2
             elif num_correct == num_drafted:
-                req.ngram_allowance = min(self.cfg.num_draft_tokens, req.ngram_allowance * 2)
+                cap = max(self.cfg.num_draft_tokens, MAX_NGRAM_ALLOWANCE)
+                req.ngram_allowance = min(cap, req.ngram_allowance * 2)
+                self._follow_copy(req, draft, new_ids)
+
+    @staticmethod
+    def _follow_copy(req: Req, draft: list[int], new_ids: list[int]) -> None:
+        """After a full hit of a draft without forced tokens: when the token sampled after it is
+        also the source's next one, the next draft continues from the source (`ngram_copy_next`)."""
+        if req.num_forced_draft or req.ngram_source < 0 or len(new_ids) != len(draft) + 1:
+            return
+        source_next = req.ngram_source + len(draft)  # < the draft's sequence length: the source preceded it
+        seq = TokenSeq(req.input_ids, req.output_ids)
+        if seq[source_next] == new_ids[-1]:
+            req.ngram_copy_next = source_next + 1
+
+
+def _grammar_mask_fn(req: Req) -> Callable[[list[int], int], torch.Tensor] | None:
+    """For a constrained request: the allowed-token row after its forced tokens + what the draft
+    model drafted so far (no budget steering: verification applies it)."""
+    grammar, forced = req.grammar, list(req.jump_forward_ids)
+    if grammar is None:
+        return None
+
+    def next_mask(drafted: list[int], vocab_size: int) -> torch.Tensor:
+        draft = forced + drafted
+        rows = torch.zeros(len(draft) + 1, vocab_size, dtype=torch.bool)
+        grammar.fill_vocab_masks(rows, draft)
+        return rows[-1]
+
+    return next_mask

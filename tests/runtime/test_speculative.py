@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -67,13 +68,43 @@ def test_ngram_proposal_continues_after_a_forced_tail() -> None:
         NgramIndex(3, 2)
 
 
+def test_a_copy_grows_its_draft_and_keeps_its_source() -> None:
+    """Full hits double the allowance (4, 8, 15: MAX_NGRAM_ALLOWANCE) and the next draft reads on
+    from the same source position; a miss halves it and a fresh lookup follows."""
+    from radixlm.runtime.config.speculative_config import SpeculativeConfig
+    from radixlm.runtime.scheduler.speculative import MAX_NGRAM_ALLOWANCE
+
+    span = list(range(100, 160))  # a long span to copy, then the output copies it
+    req = Req("r", [1, 2, *span, 3], _greedy(), frozenset())
+    req.params = replace(req.params, max_new_tokens=None)
+    drafter = Drafter(SpeculativeConfig(num_draft_tokens=4))
+    req.output_ids = [100, 101, 102]
+    sizes = []
+    for _ in range(4):
+        draft = drafter.draft(req, [], 100)
+        done = len(req.output_ids)
+        assert draft == span[done : done + len(draft)]
+        new_ids = span[done : done + len(draft) + 1]  # the target agrees, and its next token too
+        req.output_ids.extend(new_ids)
+        drafter.record_verify(req, draft, new_ids)
+        sizes.append(len(draft))
+        assert req.ngram_copy_next == 2 + len(req.output_ids)  # the source's next position
+    assert sizes == [4, 8, MAX_NGRAM_ALLOWANCE, MAX_NGRAM_ALLOWANCE]
+    draft = drafter.draft(req, [], 100)
+    req.output_ids.append(7)  # the target disagrees at once
+    drafter.record_verify(req, draft, [7])
+    assert req.ngram_allowance == MAX_NGRAM_ALLOWANCE // 2 and req.ngram_copy_next is None
+
+
 def test_settings_are_sglangs_and_checked() -> None:
     args = ServerArgs(speculative_algorithm="NGRAM", speculative_num_draft_tokens=3)
     assert args.speculative is not None and args.speculative.num_draft_tokens == 3
     assert ServerArgs().speculative is None
-    with pytest.raises(ValueError, match="STANDALONE .*not supported yet"):
+    with pytest.raises(ValueError, match="STANDALONE needs --speculative-draft-model-path"):
         ServerArgs(speculative_algorithm="STANDALONE")
-    with pytest.raises(ValueError, match="must be NGRAM"):
+    with pytest.raises(ValueError, match="STANDALONE only"):
+        ServerArgs(speculative_algorithm="NGRAM", speculative_draft_model_path="/x")
+    with pytest.raises(ValueError, match="must be one of NGRAM, STANDALONE"):
         ServerArgs(speculative_algorithm="EAGLE")
     with pytest.raises(ValueError, match="min_match_window_size"):
         ServerArgs(speculative_algorithm="NGRAM", speculative_ngram_min_match_window_size=5,

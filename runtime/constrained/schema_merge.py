@@ -6,6 +6,8 @@ two keywords cannot be combined (two different `pattern`s, a `$ref`, an object c
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 Schema = dict[str, Any]
@@ -70,8 +72,9 @@ def merge(a: Schema, b: Schema) -> Schema:
 def _check_closed(opened: Schema, closing: Schema) -> None:
     """`closing`'s additionalProperties applies to `opened`'s properties that it does not list:
     merged naively they would escape it."""
-    declared = set(closing.get("properties") or {}) | set()
-    if set(opened.get("properties") or {}) - declared or closing.get("patternProperties"):
+    declared = set(closing.get("properties") or {})
+    opened_names = {n for n, sub in (opened.get("properties") or {}).items() if sub is not False}  # false: absent
+    if opened_names - declared or closing.get("patternProperties"):
         raise MergeConflict
 
 
@@ -84,7 +87,55 @@ def _merge_sub(a: object, b: object) -> object:
         return False
     if not isinstance(a, dict) or not isinstance(b, dict):
         raise MergeConflict
+    for listed, other in ((a, b), (b, a)):  # e.g. one task name of 260 (Azure Pipelines)
+        values = listed_values(listed)
+        kept = _values_valid(values, other) if values is not None else None
+        if kept is not None:
+            return {"enum": kept} if kept else False
     return merge(a, b)
+
+
+def _values_valid(values: list[object], schema: dict[str, Any]) -> list[object] | None:
+    """The `values` valid for `schema` when it is a list of values or a `pattern` (annotations
+    aside), else None. A pattern is tried with Python's `re` in ASCII mode, where its classes are
+    at most ECMA-262's; a string with a line terminator is left out (`.` differs): stricter."""
+    other = listed_values(schema)
+    if other is not None:
+        keys = {json.dumps(v, sort_keys=True) for v in other}
+        return [v for v in values if json.dumps(v, sort_keys=True) in keys]
+    pattern = schema.get("pattern")
+    if set(schema) - set(_ANNOTATIONS) != {"pattern"} or not isinstance(pattern, str):
+        return None
+    try:
+        compiled = re.compile(pattern, re.ASCII)
+    except re.error:
+        return None
+    return [v for v in values if not isinstance(v, str)
+            or not any(c in v for c in "\n\r\u2028\u2029") and compiled.search(v) is not None]
+
+
+_ANNOTATIONS = ("title", "description", "default", "examples", "deprecated")
+
+
+def listed_values(schema: object) -> list[object] | None:
+    """The values `schema` admits when it is only a list of them (`const`, `enum`, or an `anyOf`
+    of such, annotations aside), else None."""
+    if not isinstance(schema, dict):
+        return None
+    keys = set(schema) - set(_ANNOTATIONS)
+    if keys == {"anyOf"} and isinstance(schema["anyOf"], list):
+        found: list[object] = []
+        for branch in schema["anyOf"]:
+            values = listed_values(branch)
+            if values is None:
+                return None
+            found.extend(values)
+        return found
+    if keys == {"const"}:
+        return [schema["const"]]
+    if keys == {"enum"} and isinstance(schema["enum"], list):
+        return list(schema["enum"])
+    return None
 
 
 def _type_set(value: object) -> set[str]:

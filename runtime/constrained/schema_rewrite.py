@@ -44,15 +44,13 @@ import copy
 import re
 from typing import Any
 
-from radixlm.runtime.constrained.compile_cache import SCHEMA_MAPS
+from radixlm.runtime.constrained.compile_cache import SCHEMA_MAPS, walk_subschemas
 from radixlm.runtime.constrained.errors import GrammarError
 from radixlm.runtime.constrained.json_schema import resolve_pointer
+from radixlm.runtime.constrained.schema_disjoint import Resolve
 from radixlm.runtime.constrained.schema_merge import MergeConflict, merge
-from radixlm.runtime.constrained.schema_oneof import (
-    disjoint,
-    with_required_discriminators,
-    without_shared_types,
-)
+from radixlm.runtime.constrained.schema_not import without_not
+from radixlm.runtime.constrained.schema_oneof import as_any_of
 
 Schema = dict[str, Any]
 
@@ -91,6 +89,13 @@ _SINGLES = ("additionalProperties", "items", "not", "if", "then", "else", "conta
 _LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
 _BRANCH_KEYS = ("anyOf", "oneOf")
 _APPLICATORS = ("allOf", "anyOf", "oneOf", "not", "if", "$ref", "dependentSchemas", "dependencies")
+# keywords no engine enforces (the rewrite removes them where it can; `engine_choice` refuses the rest)
+NEVER_ENFORCED = ("not", "oneOf", "uniqueItems", "if", "then", "else", "dependentRequired", "dependentSchemas",
+                  "contains", "minContains", "maxContains", "propertyNames", "unevaluatedProperties",
+                  "unevaluatedItems", "dependencies")
+# keywords that only annotate: beside a `$ref` they are dropped rather than inlining its target
+_REF_ANNOTATIONS = frozenset({"title", "description", "default", "examples", "deprecated", "readOnly", "writeOnly",
+                              "$comment"})
 MAX_INLINED = 50_000  # subschemas produced by inlining references, over the whole rewrite
 
 
@@ -189,6 +194,10 @@ class _Rewriter:
         node = _dialect(node)
         if path != "#":  # the root's annotations were dropped by `rewrite_schema`
             node = {k: v for k, v in node.items() if k in KEYWORDS}
+        if "$ref" in node and set(node) - {"$ref"} <= _REF_ANNOTATIONS:
+            node = {"$ref": node["$ref"]}  # exact, and a large target is not copied once per use
+        # as sent: what `not` negates and what `oneOf`'s other branches admit (their rewrites may be stricter)
+        raw = {key: node[key] for key in ("not", "oneOf") if key in node}
         for key in SCHEMA_MAPS:
             if isinstance(node.get(key), dict):
                 node[key] = {name: self.node(sub, f"{path}/{key}/{name}", refs) for name, sub in node[key].items()}
@@ -205,12 +214,20 @@ class _Rewriter:
         if isinstance(node.get("oneOf"), list):  # targets inlined, so that `_distribute` sees their types
             node["oneOf"] = [self.inline(b, path, refs) if isinstance(b, dict) else b for b in node["oneOf"]]
         node = _dependents(node)
+        if isinstance(raw.get("not"), dict):
+            node = without_not({**node, "not": raw["not"]})
         node = _conditional(node)
         node = _property_names(node)
         node = _required_outside(node, path)
         node = _arrays(node)
-        node = _distribute(node)
+        node = _distribute(node, raw.get("oneOf"), self.resolve_or_none)
         return node
+
+    def resolve_or_none(self, ref: str) -> object:
+        try:
+            return self.resolve(ref, "#") if ref.startswith("#") else None
+        except GrammarError:
+            return None
 
     def merge_all_of(self, node: Schema, path: str, refs: tuple[str, ...]) -> Schema:
         branches = [self.inline(b, path, refs) if isinstance(b, dict) else b for b in node["allOf"]]
@@ -432,27 +449,32 @@ def _arrays(node: Schema) -> Schema:
     return node
 
 
-def _distribute(node: Schema) -> Schema:
-    """The parent's keywords into each anyOf / oneOf branch; a disjoint oneOf as anyOf."""
+def _distribute(node: Schema, raw_one_of: object, resolve: Resolve) -> Schema:
+    """The parent's keywords into each anyOf / oneOf branch; a oneOf as anyOf of branches made
+    exclusive (`schema_oneof.as_any_of`); branches that still hold a keyword no engine enforces
+    left out (stricter) while others remain."""
     for key in _BRANCH_KEYS:
         branches = node.get(key)
         if not isinstance(branches, list):
             continue
         rest = {k: v for k, v in node.items() if k not in (key, "$defs", "definitions")}
         if rest and not any(k in rest for k in _BRANCH_KEYS + ("allOf", "$ref")):
-            try:
-                branches = [_and(rest, b) if isinstance(b, dict) else b for b in branches]
-            except MergeConflict:
-                continue
+            branches = [_and(rest, b) if isinstance(b, dict) else b for b in branches]
             node = {k: v for k, v in node.items() if k in (key, "$defs", "definitions")}
             node[key] = branches
-        if key == "oneOf" and disjoint(node["oneOf"]):
-            node["anyOf"] = node.pop("oneOf")
-        elif key == "oneOf" and "anyOf" not in node:  # stricter forms (`schema_oneof`), if any
-            split = without_shared_types(node["oneOf"])
-            if split is None and (keyed := with_required_discriminators(node["oneOf"])) and disjoint(keyed):
-                split = keyed
+        if key == "anyOf":
+            servable = [b for b in branches if _is_servable(b)]
+            if servable and len(servable) < len(branches):
+                node["anyOf"] = servable
+        elif "anyOf" not in node and isinstance(raw_one_of, list) and len(raw_one_of) == len(branches):
+            # (a oneOf that came in from an inlined or merged schema has no branches as sent here: it stays)
+            split = as_any_of(branches, raw_one_of, resolve, _is_servable)
             if split is not None:
                 del node["oneOf"]
                 node["anyOf"] = split
     return node
+
+
+def _is_servable(schema: object) -> bool:
+    """No keyword left that no engine enforces (`NEVER_ENFORCED`), references not followed."""
+    return not any(key in node for node, _ in walk_subschemas(schema) for key in NEVER_ENFORCED)

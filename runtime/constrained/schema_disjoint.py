@@ -1,0 +1,173 @@
+"""Whether two JSON schemas can share an instance (`disjoint`): what `schema_oneof` needs to serve
+a `oneOf` as `anyOf` (when no instance satisfies two branches, "exactly one" is "at least one").
+
+`disjoint(a, b, resolve)` is sound, never complete: True only when no JSON value satisfies both;
+False when it cannot tell. It reads only keywords whose meaning is the same in every draft
+(`type`, `const`, `enum`, `required`, `properties`, `additionalProperties`, `patternProperties`,
+`items` as a schema, `minItems` / `maxItems`, `minLength` / `maxLength`, and `anyOf` / `oneOf` /
+`allOf` for types); every keyword it ignores can only shrink a schema's instances, so ignoring it
+keeps the answer sound. A `$ref` is read as its target alone (`resolve`): draft-07 and earlier
+ignore a reference's siblings, 2019-09 and later apply them, and the target alone admits at
+least as much under both.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+Resolve = Callable[[str], object]  # a `$ref` -> its target schema; None where it cannot say
+# the JSON types as atoms: `number` admits integers and fractions, `integer` only the first
+ALL_TYPES = frozenset({"null", "boolean", "string", "object", "array", "integer", "number"})
+_MAX_DEPTH = 8  # nested properties / references followed before giving up (answer: not disjoint)
+
+
+def json_type(value: object) -> str:
+    """The type atom of a JSON value (an integer-valued float is an `integer`)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int) or isinstance(value, float) and value.is_integer():
+        return "integer"
+    return {float: "number", str: "string", list: "array", dict: "object"}[type(value)]
+
+
+def _atoms(kind: object) -> set[str] | None:
+    names = [kind] if isinstance(kind, str) else kind if isinstance(kind, list) else None
+    if names is None or not all(isinstance(n, str) and n in ALL_TYPES for n in names):
+        return None
+    atoms = set(names)
+    if "number" in atoms:
+        atoms.add("integer")
+    return atoms
+
+
+def target(schema: object, resolve: Resolve | None, depth: int = 0) -> object:
+    """`schema`, or the schema its `$ref` points to (followed up to a few times; siblings ignored)."""
+    while isinstance(schema, dict) and isinstance(schema.get("$ref"), str) and resolve is not None:
+        if depth >= _MAX_DEPTH:
+            return True
+        resolved = resolve(schema["$ref"])
+        schema = True if resolved is None else resolved
+        depth += 1
+    return schema
+
+
+def types_of(schema: object, resolve: Resolve | None = None, depth: int = 0) -> set[str] | None:
+    """The type atoms `schema` admits at most (None: it does not say, any type)."""
+    schema = target(schema, resolve, depth)
+    if schema is False:
+        return set()
+    if not isinstance(schema, dict) or depth > _MAX_DEPTH:
+        return None
+    found: set[str] | None = None
+
+    def narrow(atoms: set[str] | None) -> None:
+        nonlocal found
+        if atoms is not None:
+            found = atoms if found is None else found & atoms
+
+    if "const" in schema:
+        narrow({json_type(schema["const"])})
+    if isinstance(schema.get("enum"), list):
+        narrow({json_type(v) for v in schema["enum"]})
+    narrow(_atoms(schema.get("type")))
+    for key in ("anyOf", "oneOf"):
+        if isinstance(schema.get(key), list):
+            branch_types = [types_of(b, resolve, depth + 1) for b in schema[key]]
+            if all(t is not None for t in branch_types):
+                narrow(set().union(*branch_types))  # type: ignore[arg-type]
+    if isinstance(schema.get("allOf"), list):
+        for branch in schema["allOf"]:
+            narrow(types_of(branch, resolve, depth + 1))
+    return found
+
+
+def values_of(schema: object) -> list[object] | None:
+    """The values `schema` lists (`const` / `enum`), None where it lists none."""
+    if not isinstance(schema, dict):
+        return None
+    if "const" in schema:
+        return [schema["const"]]
+    return schema["enum"] if isinstance(schema.get("enum"), list) else None
+
+
+def value_keys(values: list[object]) -> set[str]:
+    return {json.dumps(v, sort_keys=True) for v in values}
+
+
+def forbids(schema: dict[str, Any], name: str) -> bool:
+    """An object valid for `schema` cannot hold property `name`."""
+    props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+    if name in props:
+        return props[name] is False
+    if schema.get("additionalProperties") is not False:
+        return False
+    patterns = schema.get("patternProperties") if isinstance(schema.get("patternProperties"), dict) else {}
+    return not any(_search(p, name) for p in patterns)
+
+
+def _search(pattern: str, name: str) -> bool:
+    try:
+        return re.search(pattern, name) is not None
+    except re.error:
+        return True  # a pattern Python cannot read may match: assume it does
+
+
+def disjoint(a: object, b: object, resolve: Resolve | None = None, depth: int = 0) -> bool:
+    """True only when no JSON value satisfies both `a` and `b` (see the module docstring)."""
+    if depth > _MAX_DEPTH:
+        return False
+    a, b = target(a, resolve), target(b, resolve)
+    if a is False or b is False:
+        return True
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return False
+    ta, tb = types_of(a, resolve), types_of(b, resolve)
+    if ta is not None and tb is not None and not ta & tb:
+        return True
+    va, vb = values_of(a), values_of(b)
+    if va is not None and vb is not None and not value_keys(va) & value_keys(vb):
+        return True
+    shared = ta & tb if ta is not None and tb is not None else ta if ta is not None else tb
+    if shared is None:
+        return False  # both admit values of every type that neither keyword below constrains
+    if shared <= {"object"}:
+        return _objects_disjoint(a, b, resolve, depth)
+    if shared <= {"array"}:
+        return _arrays_disjoint(a, b, resolve, depth)
+    if shared <= {"string"}:
+        return _bound(a, "maxLength") < _bound(b, "minLength", 0) or _bound(b, "maxLength") < _bound(a, "minLength", 0)
+    return False
+
+
+def _objects_disjoint(a: dict[str, Any], b: dict[str, Any], resolve: Resolve | None, depth: int) -> bool:
+    """Any common instance is an object: one requires a property the other forbids, or both
+    require a property whose schemas are disjoint."""
+    required_a = [n for n in a.get("required", []) if isinstance(n, str)]
+    required_b = [n for n in b.get("required", []) if isinstance(n, str)]
+    if any(forbids(b, n) for n in required_a) or any(forbids(a, n) for n in required_b):
+        return True
+    props_a = a.get("properties") if isinstance(a.get("properties"), dict) else {}
+    props_b = b.get("properties") if isinstance(b.get("properties"), dict) else {}
+    return any(name in props_a and name in props_b and disjoint(props_a[name], props_b[name], resolve, depth + 1)
+               for name in set(required_a) & set(required_b))
+
+
+def _arrays_disjoint(a: dict[str, Any], b: dict[str, Any], resolve: Resolve | None, depth: int) -> bool:
+    """Any common instance is an array: their lengths cannot agree, or it has an item and the
+    item schemas are disjoint."""
+    if _bound(a, "maxItems") < _bound(b, "minItems", 0) or _bound(b, "maxItems") < _bound(a, "minItems", 0):
+        return True
+    if max(_bound(a, "minItems", 0), _bound(b, "minItems", 0)) < 1 or "prefixItems" in a or "prefixItems" in b:
+        return False
+    items_a, items_b = a.get("items"), b.get("items")
+    return isinstance(items_a, dict) and isinstance(items_b, dict) and disjoint(items_a, items_b, resolve, depth + 1)
+
+
+def _bound(schema: dict[str, Any], key: str, default: float = float("inf")) -> float:
+    value = schema.get(key)
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else default

@@ -49,8 +49,9 @@ from radixlm.runtime.constrained.errors import GrammarError
 from radixlm.runtime.constrained.json_schema import resolve_pointer
 from radixlm.runtime.constrained.schema_disjoint import Resolve
 from radixlm.runtime.constrained.schema_merge import MergeConflict, merge
-from radixlm.runtime.constrained.schema_not import without_not
+from radixlm.runtime.constrained.schema_not import class_char, pattern_avoiding, without_not
 from radixlm.runtime.constrained.schema_oneof import as_any_of
+from radixlm.runtime.constrained.schema_refs import hoist_deep_refs
 
 Schema = dict[str, Any]
 
@@ -96,6 +97,8 @@ NEVER_ENFORCED = ("not", "oneOf", "uniqueItems", "if", "then", "else", "dependen
 # keywords that only annotate: beside a `$ref` they are dropped rather than inlining its target
 _REF_ANNOTATIONS = frozenset({"title", "description", "default", "examples", "deprecated", "readOnly", "writeOnly",
                               "$comment"})
+# a string without these is a regex (ECMA-262 and Python) that matches itself literally
+REGEX_SPECIALS = frozenset("\\^$.|?*+()[]{}")
 MAX_INLINED = 50_000  # subschemas produced by inlining references, over the whole rewrite
 
 
@@ -103,7 +106,7 @@ def rewrite_schema(schema: object) -> object:
     """The rewritten schema (see the module docstring); the input is not changed."""
     if not isinstance(schema, dict):
         return schema
-    root = copy.deepcopy(schema)
+    root = hoist_deep_refs(copy.deepcopy(schema))
     # a top-level annotation a reference points into (`#/components/...`) stays: it holds schemas
     pointed_into = {ref[2:].split("/")[0] for ref in refs_in(root) if ref.startswith("#/")}
     root = {k: v for k, v in root.items() if k in KEYWORDS or k in pointed_into}
@@ -286,6 +289,12 @@ def _dialect(node: Schema) -> Schema:
         del node["format"]
     if node.get("format") in FORMAT_PATTERNS and "pattern" not in node:
         node["pattern"] = f"^{FORMAT_PATTERNS[node.pop('format')]}$"
+    if node.get("format") == "regex":  # stricter: a regex without special characters, a literal
+        narrowed = pattern_avoiding(node["pattern"], REGEX_SPECIALS) if isinstance(node.get("pattern"), str) else (
+            "^[^" + "".join(class_char(c) for c in sorted(REGEX_SPECIALS)) + "]*$")
+        if narrowed is not None:
+            del node["format"]
+            node["pattern"] = narrowed
     if node.get("uniqueItems") is False:
         del node["uniqueItems"]
     if not any(k in node for k in _APPLICATORS):  # nothing else evaluates: the plain keyword
@@ -365,7 +374,7 @@ def _negate_discriminator(parent: Schema, cond: Schema) -> Schema | None:
 
 def _property_names(node: Schema) -> Schema:
     """`propertyNames` of `const` / `enum` / `pattern` alone, as (pattern) properties of a closed object."""
-    names = node.get("propertyNames")
+    names = _names_as_pattern(node.get("propertyNames"))
     if not isinstance(names, dict) or set(names) - {"const", "enum", "pattern", "type"}:
         return node
     extra = node.get("additionalProperties", {})
@@ -391,6 +400,29 @@ def _property_names(node: Schema) -> Schema:
             node["patternProperties"] = {names["pattern"]: extra}
         node["additionalProperties"] = False
     return node
+
+
+def _names_as_pattern(names: object) -> object:
+    """A `propertyNames` schema with its annotations and `type: string` dropped, and a length bound
+    or a `not: {pattern}` (`schema_not.required_chars`) as a `pattern` (exact / stricter: `.`
+    excludes line breaks), where it has no other."""
+    if not isinstance(names, dict):
+        return names
+    names = {k: v for k, v in names.items() if k not in (*_REF_ANNOTATIONS, "markdownDescription")}
+    if names.get("type") == "string":
+        del names["type"]
+    if "pattern" in names or "enum" in names or "const" in names:
+        return names
+    low, high = names.pop("minLength", 0), names.pop("maxLength", None)
+    if low or high is not None:
+        names["pattern"] = f"^.{{{low},{'' if high is None else high}}}$"
+    inner = names.get("not")
+    if isinstance(inner, dict) and "pattern" not in names:
+        narrowed = without_not({"type": "string", "not": inner})
+        if "not" not in narrowed:
+            del names["not"]
+            names["pattern"] = narrowed["pattern"]
+    return names
 
 
 def _matches(pattern: object, name: str) -> bool:

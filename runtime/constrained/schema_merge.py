@@ -60,6 +60,8 @@ def merge(a: Schema, b: Schema) -> Schema:
             continue
         elif key == "allOf":
             out[key] = [*out[key], *value]
+        elif key == "pattern" and (both := _patterns_and(out[key], value)) is not None:
+            out[key] = both
         else:
             raise MergeConflict
     if "additionalProperties" in b and b["additionalProperties"] is not True and "properties" in a:
@@ -143,3 +145,17 @@ def _type_set(value: object) -> set[str]:
     if "number" in kinds:
         kinds.add("integer")
     return {k for k in kinds if isinstance(k, str)}
+
+
+def _patterns_and(a: object, b: object) -> str | None:
+    """One pattern for strings matching both, when one of them only bans characters
+    (`^[^..]*$`, as `schema_not` writes them) and the other can be narrowed to avoid them."""
+    from radixlm.runtime.constrained.schema_not import avoided_chars, pattern_avoiding
+
+    if not isinstance(a, str) or not isinstance(b, str):
+        return None
+    for ban, other in ((a, b), (b, a)):
+        chars = avoided_chars(ban)
+        if chars is not None:
+            return pattern_avoiding(other, chars)
+    return None

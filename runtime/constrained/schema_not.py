@@ -154,6 +154,30 @@ def pattern_avoiding(pattern: str, avoided: set[str]) -> str | None:
     return "^" + "".join(out) + "$"
 
 
+def avoided_chars(pattern: str) -> set[str] | None:
+    """The characters `pattern` bans when it is `^[^...]*$` of listed characters and ranges (any
+    string without them), else None."""
+    try:
+        items = list(re._parser.parse(pattern))  # type: ignore[attr-defined]
+    except (re.error, RecursionError, AttributeError):
+        return None
+    if len(items) != 3 or [str(op) for op, _ in items] != ["AT", "MAX_REPEAT", "AT"] or str(items[0][1]) != (
+            "AT_BEGINNING") or str(items[2][1]) != "AT_END":
+        return None
+    low, high, sub = items[1][1]
+    sub = list(sub)
+    if low != 0 or high != re._constants.MAXREPEAT or len(sub) != 1:  # type: ignore[attr-defined]
+        return None
+    if str(sub[0][0]) == "NOT_LITERAL":  # `[^c]`, as Python's parser reads it
+        return {chr(sub[0][1])}
+    if str(sub[0][0]) != "IN":
+        return None
+    members = list(sub[0][1])
+    if not members or str(members[0][0]) != "NEGATE":
+        return None
+    return class_chars(members[1:])
+
+
 def _quantifier(low: int, high: int | None) -> str:
     if high is None:
         return {0: "*", 1: "+"}.get(low, f"{{{low},}}")
@@ -167,6 +191,8 @@ def _atom_avoiding(op: Any, arg: Any, avoided: set[str]) -> str | None:
     """One literal or class as a class without `avoided` (None where this cannot say it)."""
     if str(op) == "LITERAL":
         return None if chr(arg) in avoided else class_char(chr(arg)).join("[]")
+    if str(op) == "NOT_LITERAL":  # `[^c]`, as Python's parser reads it
+        return "[^" + "".join(class_char(c) for c in sorted(avoided | {chr(arg)})) + "]"
     if str(op) == "ANY":  # ECMA-262's `.`: anything but a line terminator
         return "[^\\n\\r\u2028\u2029" + "".join(class_char(c) for c in sorted(avoided)) + "]"
     if str(op) != "IN":

@@ -183,7 +183,7 @@ class _Rewriter:
             return node
         body = self.node(copy.deepcopy(target), path, (*refs, ref))
         rest = {k: v for k, v in node.items() if k != "$ref"}
-        if not rest:
+        if not rest or not isinstance(body, dict):  # (a target `false` stays false with any siblings)
             return body
         try:
             return merge(body, rest)
@@ -217,12 +217,17 @@ class _Rewriter:
         if isinstance(node.get("oneOf"), list):  # targets inlined, so that `_distribute` sees their types
             node["oneOf"] = [self.inline(b, path, refs) if isinstance(b, dict) else b for b in node["oneOf"]]
         node = _dependents(node)
+        if raw.get("not") is True or isinstance(raw.get("not"), dict) and set(raw["not"]) <= _REF_ANNOTATIONS:
+            return False  # `not: {}`: no value is valid (a property that must be absent)
         if isinstance(raw.get("not"), dict):
             node = without_not({**node, "not": raw["not"]})
         node = _conditional(node)
         node = _property_names(node)
         node = _required_outside(node, path)
         node = _arrays(node)
+        for key in _BRANCH_KEYS:  # branches that are references show their keywords (not recursive)
+            if isinstance(node.get(key), list) and set(node) - {key, "$defs", "definitions"} - _REF_ANNOTATIONS:
+                node[key] = [self.inline(b, path, refs) if isinstance(b, dict) else b for b in node[key]]
         node = _distribute(node, raw.get("oneOf"), self.resolve_or_none)
         return node
 
@@ -245,10 +250,22 @@ class _Rewriter:
             try:
                 merged = merge(merged, branch)
             except MergeConflict:
-                kept.append(branch)
+                try:  # a property given as a reference on one side and a schema on the other
+                    merged = merge(self.inline_properties(merged, path, refs), self.inline_properties(branch, path, refs))
+                except MergeConflict:
+                    kept.append(branch)
         if kept:
             merged["allOf"] = kept
         return merged
+
+
+    def inline_properties(self, node: Schema, path: str, refs: tuple[str, ...]) -> Schema:
+        """`node` with each property that is a reference replaced by its target (not recursive)."""
+        props = node.get("properties")
+        if not isinstance(props, dict) or not any(isinstance(s, dict) and "$ref" in s for s in props.values()):
+            return node
+        return {**node, "properties": {name: self.inline(sub, path, refs) if isinstance(sub, dict) else sub
+                                       for name, sub in props.items()}}
 
 
 def refs_in(node: object) -> list[str]:
@@ -489,7 +506,7 @@ def _distribute(node: Schema, raw_one_of: object, resolve: Resolve) -> Schema:
         branches = node.get(key)
         if not isinstance(branches, list):
             continue
-        rest = {k: v for k, v in node.items() if k not in (key, "$defs", "definitions")}
+        rest = {k: v for k, v in node.items() if k not in (key, "$defs", "definitions") and k not in _REF_ANNOTATIONS}
         if rest and not any(k in rest for k in _BRANCH_KEYS + ("allOf", "$ref")):
             branches = [_and(rest, b) if isinstance(b, dict) else b for b in branches]
             node = {k: v for k, v in node.items() if k in (key, "$defs", "definitions")}

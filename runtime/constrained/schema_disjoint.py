@@ -4,8 +4,8 @@ a `oneOf` as `anyOf` (when no instance satisfies two branches, "exactly one" is 
 `disjoint(a, b, resolve)` is sound, never complete: True only when no JSON value satisfies both;
 False when it cannot tell. It reads only keywords whose meaning is the same in every draft
 (`type`, `const`, `enum`, `required`, `properties`, `additionalProperties`, `patternProperties`,
-`items` as a schema, `minItems` / `maxItems`, `minLength` / `maxLength`, and `anyOf` / `oneOf` /
-`allOf` for types); every keyword it ignores can only shrink a schema's instances, so ignoring it
+`items` as a schema, `minItems` / `maxItems`, `minLength` / `maxLength`, `not` of listed values,
+and `anyOf` / `oneOf` (each branch) / `allOf` (types)); every keyword it ignores can only shrink a schema's instances, so ignoring it
 keeps the answer sound. A `$ref` is read as its target alone (`resolve`): draft-07 and earlier
 ignore a reference's siblings, 2019-09 and later apply them, and the target alone admits at
 least as much under both.
@@ -99,6 +99,15 @@ def value_keys(values: list[object]) -> set[str]:
     return {json.dumps(v, sort_keys=True) for v in values}
 
 
+def required_names(schema: dict[str, Any]) -> set[str]:
+    """Names an object valid for `schema` holds: its `required`, and those every `anyOf` branch requires."""
+    names = {n for n in schema.get("required", []) if isinstance(n, str)}
+    branches = schema.get("anyOf")
+    if isinstance(branches, list) and branches and all(isinstance(b, dict) for b in branches):
+        names |= set.intersection(*(required_names(b) for b in branches))
+    return names
+
+
 def forbids(schema: dict[str, Any], name: str) -> bool:
     """An object valid for `schema` cannot hold property `name`."""
     props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
@@ -132,6 +141,14 @@ def disjoint(a: object, b: object, resolve: Resolve | None = None, depth: int = 
     va, vb = values_of(a), values_of(b)
     if va is not None and vb is not None and not value_keys(va) & value_keys(vb):
         return True
+    for listed, other in ((va, b), (vb, a)):  # every value one lists is one the other's `not` lists
+        banned = values_of(other.get("not"))
+        if listed is not None and banned is not None and value_keys(listed) <= value_keys(banned):
+            return True
+    for one, other in ((a, b), (b, a)):  # each branch of an anyOf / oneOf is disjoint from the other
+        for key in ("anyOf", "oneOf"):
+            if isinstance(one.get(key), list) and all(disjoint(x, other, resolve, depth + 1) for x in one[key]):
+                return True
     shared = ta & tb if ta is not None and tb is not None else ta if ta is not None else tb
     if shared is None:
         return False  # both admit values of every type that neither keyword below constrains

@@ -159,3 +159,13 @@ def _patterns_and(a: object, b: object) -> str | None:
         if chars is not None:
             return pattern_avoiding(other, chars)
     return None
+
+
+def both(a: Schema, b: object) -> Schema:
+    """`a` and `b` as one schema: merged, or `b` added to `a`'s allOf where they conflict."""
+    if b is True or not isinstance(b, dict) or not b:
+        return dict(a)
+    try:
+        return merge(a, b)
+    except MergeConflict:
+        return {**a, "allOf": [*a.get("allOf", []), b]}

@@ -32,6 +32,7 @@ from radixlm.runtime.constrained.schema_disjoint import (
     Resolve,
     disjoint,
     forbids,
+    required_names,
     target,
     types_of,
     value_keys,
@@ -80,7 +81,7 @@ def _candidates(branch: Schema, other: Schema, resolve: Resolve | None) -> list[
     out: list[Schema | None] = []
     own, theirs = types_of(branch, resolve), types_of(other, resolve)
     if (own is None or "object" in own) and (theirs is None or "object" in theirs):
-        required = [n for n in branch.get("required", []) if isinstance(n, str)]
+        required = required_names(branch)
         for name in other.get("required", []):
             if isinstance(name, str) and name not in required:
                 out.append(_object_with(branch, {"properties": {name: False}}))

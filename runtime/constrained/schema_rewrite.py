@@ -41,15 +41,20 @@ naming the keyword. GrammarError where the schema is malformed in a way a rewrit
 from __future__ import annotations
 
 import copy
-import re
 from typing import Any
 
 from radixlm.runtime.constrained.compile_cache import SCHEMA_MAPS, walk_subschemas
 from radixlm.runtime.constrained.errors import GrammarError
 from radixlm.runtime.constrained.json_schema import resolve_pointer
 from radixlm.runtime.constrained.schema_disjoint import Resolve
-from radixlm.runtime.constrained.schema_merge import MergeConflict, merge
+from radixlm.runtime.constrained.schema_merge import MergeConflict, both, merge
 from radixlm.runtime.constrained.schema_not import class_char, pattern_avoiding, without_not
+from radixlm.runtime.constrained.schema_objects import (
+    one_property,
+    property_names,
+    required_outside,
+    unevaluated,
+)
 from radixlm.runtime.constrained.schema_oneof import as_any_of
 from radixlm.runtime.constrained.schema_refs import hoist_deep_refs
 
@@ -222,14 +227,16 @@ class _Rewriter:
         if isinstance(raw.get("not"), dict):
             node = without_not({**node, "not": raw["not"]})
         node = _conditional(node)
-        node = _property_names(node)
-        node = _required_outside(node, path)
+        node = property_names(node)
+        node = required_outside(node, path)
         node = _arrays(node)
         for key in _BRANCH_KEYS:  # branches that are references show their keywords (not recursive)
             if isinstance(node.get(key), list) and set(node) - {key, "$defs", "definitions"} - _REF_ANNOTATIONS:
                 node[key] = [self.inline(b, path, refs) if isinstance(b, dict) else b for b in node[key]]
         node = _distribute(node, raw.get("oneOf"), self.resolve_or_none)
-        return node
+        if isinstance(node.get("anyOf"), list):
+            node["anyOf"] = [unevaluated(b) if isinstance(b, dict) else b for b in node["anyOf"]]
+        return one_property(unevaluated(node))
 
     def resolve_or_none(self, ref: str) -> object:
         try:
@@ -350,22 +357,13 @@ def _conditional(node: Schema) -> Schema:
         return node
     cond, then, other = node.pop("if"), node.pop("then", {}), node.pop("else", {})
     if not isinstance(cond, dict):
-        return _and(node, then if cond is not False else other)
+        return both(node, then if cond is not False else other)
     negated = _negate_discriminator(node, cond)
-    yes = _and(_and(node, cond), then)
+    yes = both(both(node, cond), then)
     if negated is None:
         return yes  # stricter: the condition always holds
-    no = _and(_and(node, negated), other)
+    no = both(both(node, negated), other)
     return {"anyOf": [yes, no]}
-
-
-def _and(a: Schema, b: object) -> Schema:
-    if b is True or not isinstance(b, dict) or not b:
-        return dict(a)
-    try:
-        return merge(a, b)
-    except MergeConflict:
-        return {**a, "allOf": [*a.get("allOf", []), b]}
 
 
 def _negate_discriminator(parent: Schema, cond: Schema) -> Schema | None:
@@ -389,98 +387,6 @@ def _negate_discriminator(parent: Schema, cond: Schema) -> Schema | None:
     return {"properties": {name: {"enum": rest}}, "required": [name]}
 
 
-def _property_names(node: Schema) -> Schema:
-    """`propertyNames` of `const` / `enum` / `pattern` alone, as (pattern) properties of a closed object."""
-    names = _names_as_pattern(node.get("propertyNames"))
-    if not isinstance(names, dict) or set(names) - {"const", "enum", "pattern", "type"}:
-        return node
-    extra = node.get("additionalProperties", {})
-    if extra is True:
-        extra = {}
-    props = dict(node.get("properties") or {})
-    patterns = dict(node.get("patternProperties") or {})
-    if "const" in names or "enum" in names:
-        allowed = [names["const"]] if "const" in names else names["enum"]
-        allowed = [n for n in allowed if isinstance(n, str) and _matches(names.get("pattern"), n)]
-        props = {n: s for n, s in props.items() if n in allowed}
-        if extra is not False:
-            for name in allowed:
-                if name not in props:
-                    props[name] = _pattern_schema(patterns, name, extra)
-        node = {k: v for k, v in node.items() if k not in ("propertyNames", "patternProperties")}
-        node["properties"], node["additionalProperties"] = props, False
-        return node
-    if "pattern" in names and not patterns:
-        node = {k: v for k, v in node.items() if k != "propertyNames"}
-        node["properties"] = {n: s for n, s in props.items() if _matches(names["pattern"], n)}
-        if extra is not False:
-            node["patternProperties"] = {names["pattern"]: extra}
-        node["additionalProperties"] = False
-    return node
-
-
-def _names_as_pattern(names: object) -> object:
-    """A `propertyNames` schema with its annotations and `type: string` dropped, and a length bound
-    or a `not: {pattern}` (`schema_not.required_chars`) as a `pattern` (exact / stricter: `.`
-    excludes line breaks), where it has no other."""
-    if not isinstance(names, dict):
-        return names
-    names = {k: v for k, v in names.items() if k not in (*_REF_ANNOTATIONS, "markdownDescription")}
-    if names.get("type") == "string":
-        del names["type"]
-    if "pattern" in names or "enum" in names or "const" in names:
-        return names
-    low, high = names.pop("minLength", 0), names.pop("maxLength", None)
-    if low or high is not None:
-        names["pattern"] = f"^.{{{low},{'' if high is None else high}}}$"
-    inner = names.get("not")
-    if isinstance(inner, dict) and "pattern" not in names:
-        narrowed = without_not({"type": "string", "not": inner})
-        if "not" not in narrowed:
-            del names["not"]
-            names["pattern"] = narrowed["pattern"]
-    return names
-
-
-def _matches(pattern: object, name: str) -> bool:
-    if not isinstance(pattern, str):
-        return True
-    try:
-        return re.search(pattern, name) is not None
-    except re.error:
-        return False
-
-
-def _pattern_schema(patterns: dict[str, Any], name: str, extra: object) -> object:
-    """The schema an object gives an undeclared property `name`."""
-    matched = [s for p, s in patterns.items() if _matches(p, name)]
-    if not matched:
-        return extra if isinstance(extra, dict) else {}
-    body: object = matched[0]
-    for other in matched[1:]:
-        body = _and(body, other) if isinstance(body, dict) else body
-    return body
-
-
-def _required_outside(node: Schema, path: str) -> Schema:
-    required = node.get("required")
-    if not isinstance(required, list):
-        return node
-    props = node.get("properties") if isinstance(node.get("properties"), dict) else {}
-    missing = [n for n in required if isinstance(n, str) and n not in props]
-    if not missing:
-        return node
-    patterns = node.get("patternProperties") if isinstance(node.get("patternProperties"), dict) else {}
-    extra = node.get("additionalProperties", {})
-    props = dict(props)
-    for name in missing:
-        if extra is False and not any(_matches(p, name) for p in patterns):
-            raise GrammarError(f"required property {name!r} at {path} is not allowed by 'additionalProperties': "
-                               "false (no output is valid)")
-        props[name] = _pattern_schema(patterns, name, extra)
-    return {**node, "properties": props}
-
-
 def _arrays(node: Schema) -> Schema:
     """uniqueItems (at most one item) and contains (the first item), stricter."""
     if node.get("uniqueItems") is True and node.get("minItems", 0) <= 1:
@@ -492,7 +398,7 @@ def _arrays(node: Schema) -> Schema:
         del node["contains"]
         node.pop("minContains", None)
         items = node.get("items", {})
-        first = _and(items, contains) if isinstance(items, dict) else contains
+        first = both(items, contains) if isinstance(items, dict) else contains
         node["prefixItems"] = [first]
         node["minItems"] = max(node.get("minItems", 0), 1)
     return node
@@ -508,7 +414,7 @@ def _distribute(node: Schema, raw_one_of: object, resolve: Resolve) -> Schema:
             continue
         rest = {k: v for k, v in node.items() if k not in (key, "$defs", "definitions") and k not in _REF_ANNOTATIONS}
         if rest and not any(k in rest for k in _BRANCH_KEYS + ("allOf", "$ref")):
-            branches = [_and(rest, b) if isinstance(b, dict) else b for b in branches]
+            branches = [both(rest, b) if isinstance(b, dict) else b for b in branches]
             node = {k: v for k, v in node.items() if k in (key, "$defs", "definitions")}
             node[key] = branches
         if key == "anyOf":

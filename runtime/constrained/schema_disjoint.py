@@ -177,12 +177,18 @@ def _objects_disjoint(a: dict[str, Any], b: dict[str, Any], resolve: Resolve | N
 def _arrays_disjoint(a: dict[str, Any], b: dict[str, Any], resolve: Resolve | None, depth: int) -> bool:
     """Any common instance is an array: their lengths cannot agree, or it has an item and the
     item schemas are disjoint."""
-    if _bound(a, "maxItems") < _bound(b, "minItems", 0) or _bound(b, "maxItems") < _bound(a, "minItems", 0):
+    if _max_items(a) < _bound(b, "minItems", 0) or _max_items(b) < _bound(a, "minItems", 0):
         return True
     if max(_bound(a, "minItems", 0), _bound(b, "minItems", 0)) < 1 or "prefixItems" in a or "prefixItems" in b:
         return False
     items_a, items_b = a.get("items"), b.get("items")
     return isinstance(items_a, dict) and isinstance(items_b, dict) and disjoint(items_a, items_b, resolve, depth + 1)
+
+
+def _max_items(schema: dict[str, Any]) -> float:
+    if schema.get("items") is False and not schema.get("prefixItems"):
+        return 0  # no item allowed
+    return _bound(schema, "maxItems")
 
 
 def _bound(schema: dict[str, Any], key: str, default: float = float("inf")) -> float:

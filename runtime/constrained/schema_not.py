@@ -123,7 +123,7 @@ def _avoiding(node: Schema, patterns: list[str | None]) -> Schema | None:
     if own is not None and "string" not in own or "format" in node:
         return None
     if "pattern" not in node:
-        return {**node, "type": "string", "pattern": "^[^" + "".join(class_char(c) for c in sorted(avoided)) + "]*$"}
+        return {**node, "type": "string", "pattern": f"^{negated_class(avoided)}*$"}
     narrowed = pattern_avoiding(node["pattern"], avoided) if isinstance(node["pattern"], str) else None
     return None if narrowed is None else {**node, "type": "string", "pattern": narrowed}
 
@@ -184,7 +184,31 @@ def _quantifier(low: int, high: int | None) -> str:
     return f"{{{low}}}" if low == high else f"{{{low},{high}}}"
 
 
-_CATEGORY_TEXT = {"CATEGORY_DIGIT": "0-9", "CATEGORY_WORD": "A-Za-z0-9_", "CATEGORY_SPACE": "\\s"}
+_PRINTABLE = frozenset(chr(c) for c in range(0x20, 0x7F))
+
+
+def negated_class(excluded: set[str] | frozenset[str]) -> str:
+    """A class of every character but `excluded`; where `excluded` holds a non-ASCII character,
+    printable ASCII but `excluded` instead (stricter: xgrammar's budget steering finds no way out
+    of a negated class of multi-byte characters)."""
+    if all(ord(c) < 128 for c in excluded):
+        return "[^" + "".join(class_char(c) for c in sorted(excluded)) + "]"
+    return class_text(_PRINTABLE - excluded)
+
+
+def class_text(chars: set[str] | frozenset[str]) -> str:
+    """A class of exactly `chars` (runs of 3 or more written as ranges)."""
+    codes, parts, i = sorted(ord(c) for c in chars), [], 0
+    while i < len(codes):
+        j = i
+        while j + 1 < len(codes) and codes[j + 1] == codes[j] + 1:
+            j += 1
+        if j - i >= 2 and chr(codes[i]).isalnum() and chr(codes[j]).isalnum():
+            parts.append(f"{class_char(chr(codes[i]))}-{class_char(chr(codes[j]))}")
+        else:
+            parts.extend(class_char(chr(c)) for c in codes[i : j + 1])
+        i = j + 1
+    return "[" + "".join(parts) + "]"
 
 
 def _atom_avoiding(op: Any, arg: Any, avoided: set[str]) -> str | None:
@@ -192,28 +216,18 @@ def _atom_avoiding(op: Any, arg: Any, avoided: set[str]) -> str | None:
     if str(op) == "LITERAL":
         return None if chr(arg) in avoided else class_char(chr(arg)).join("[]")
     if str(op) == "NOT_LITERAL":  # `[^c]`, as Python's parser reads it
-        return "[^" + "".join(class_char(c) for c in sorted(avoided | {chr(arg)})) + "]"
-    if str(op) == "ANY":  # ECMA-262's `.`: anything but a line terminator
-        return "[^\\n\\r\u2028\u2029" + "".join(class_char(c) for c in sorted(avoided)) + "]"
+        return negated_class(avoided | {chr(arg)})
+    if str(op) == "ANY":  # ECMA-262's `.` (anything but a line terminator): printable ASCII, stricter
+        return class_text(_PRINTABLE - avoided)
     if str(op) != "IN":
         return None
     if arg and str(arg[0][0]) == "NEGATE":  # [^...]: add `avoided` to what it excludes
-        parts = []
-        for item_op, item in arg[1:]:
-            name = str(item_op)
-            if name == "LITERAL":
-                parts.append(class_char(chr(item)))
-            elif name == "RANGE":
-                parts.append(f"{class_char(chr(item[0]))}-{class_char(chr(item[1]))}")
-            elif name == "CATEGORY" and str(item) in _CATEGORY_TEXT:
-                parts.append(_CATEGORY_TEXT[str(item)])
-            else:
-                return None
-        return "[^" + "".join(parts) + "".join(class_char(c) for c in sorted(avoided)) + "]"
+        excluded = class_chars(arg[1:])
+        return None if excluded is None else negated_class(excluded | avoided)
     chars = class_chars(arg)
     if chars is None or not chars - avoided:
         return None
-    return "[" + "".join(class_char(c) for c in sorted(chars - avoided)) + "]"
+    return class_text(chars - avoided)
 
 
 _ESCAPED = {"\t": "\\t", "\n": "\\n", "\r": "\\r", "\v": "\\x0B", "\f": "\\x0C"}
@@ -225,7 +239,7 @@ def class_char(char: str) -> str:
         return _ESCAPED[char]
     if ord(char) < 32:
         return f"\\x{ord(char):02X}"
-    return "\\" + char if char in "\\[]^-&~" else char
+    return "\\" + char if char in "\\[]^-" else char
 
 
 # ECMA-262's \s: what a `\s` in a pattern may match

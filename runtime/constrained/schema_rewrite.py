@@ -48,7 +48,7 @@ from radixlm.runtime.constrained.errors import GrammarError
 from radixlm.runtime.constrained.json_schema import resolve_pointer
 from radixlm.runtime.constrained.schema_disjoint import Resolve
 from radixlm.runtime.constrained.schema_merge import MergeConflict, both, merge
-from radixlm.runtime.constrained.schema_not import class_char, pattern_avoiding, without_not
+from radixlm.runtime.constrained.schema_not import negated_class, pattern_avoiding, without_not
 from radixlm.runtime.constrained.schema_objects import (
     one_property,
     property_names,
@@ -315,7 +315,7 @@ def _dialect(node: Schema) -> Schema:
         node["pattern"] = f"^{FORMAT_PATTERNS[node.pop('format')]}$"
     if node.get("format") == "regex":  # stricter: a regex without special characters, a literal
         narrowed = pattern_avoiding(node["pattern"], REGEX_SPECIALS) if isinstance(node.get("pattern"), str) else (
-            "^[^" + "".join(class_char(c) for c in sorted(REGEX_SPECIALS)) + "]*$")
+            f"^{negated_class(REGEX_SPECIALS)}*$")
         if narrowed is not None:
             del node["format"]
             node["pattern"] = narrowed
@@ -417,6 +417,9 @@ def _distribute(node: Schema, raw_one_of: object, resolve: Resolve) -> Schema:
             branches = [both(rest, b) if isinstance(b, dict) else b for b in branches]
             node = {k: v for k, v in node.items() if k in (key, "$defs", "definitions")}
             node[key] = branches
+            if key == "oneOf" and isinstance(raw_one_of, list):
+                # a value of a branch satisfies the parent: it meets branch j as sent iff it meets both
+                raw_one_of = [both(rest, b) if isinstance(b, dict) else b for b in raw_one_of]
         if key == "anyOf":
             servable = [b for b in branches if _is_servable(b)]
             if servable and len(servable) < len(branches):

@@ -14,18 +14,32 @@ Dialects (draft-04 .. 2020-12), exact:
 - `unevaluatedProperties` / `unevaluatedItems` beside no applicator are `additionalProperties` / `items`.
 
 Structure, exact:
-- a `$ref` with sibling keywords, and every `$ref` inside `allOf`, is inlined when its target
-  does not lead back to itself (recursive references stay references);
-- `allOf` branches are merged into their parent (`merge`) where no two keywords conflict;
+- a `$ref` into the middle of the schema (not a whole definition) points at a copy of its target
+  made a definition first (`schema_refs`); a `$ref` beside annotations only stays a reference;
+- a `$ref` with sibling keywords, every `$ref` inside `allOf` and every branch of an `anyOf` /
+  `oneOf` that is a `$ref`, is inlined when its target does not lead back to itself (recursive
+  references stay references);
+- `allOf` branches are merged into their parent (`schema_merge.merge`) where no two keywords
+  conflict (properties given as references inlined to merge; listed values with listed values or
+  a `pattern` as one `enum`; a pattern that only bans characters with another pattern);
 - a parent's keywords are distributed into each `anyOf` / `oneOf` branch (P and (A or B) is
-  (P and A) or (P and B)); `oneOf` whose branches are pairwise disjoint (`schema_oneof.disjoint`) is `anyOf`;
+  (P and A) or (P and B));
 - `required` names that `properties` does not list get the schema the object gives them
   (`patternProperties` matches, else `additionalProperties`, else `{}`: any value);
-- `propertyNames` with only `enum` / `const` / `pattern` becomes properties / patternProperties
-  of a closed object.
+- `propertyNames` (`schema_objects`) of `enum` / `const` / `pattern` / length bounds / `not`
+  `pattern` becomes properties / patternProperties of a closed object (`{type: string}`: dropped);
+- a closed object with `maxProperties: 1` is an `anyOf` of one-property objects;
+- `not: {}` is `false`; `not` of `required` names, `enum` / `const` (beside a parent's),
+  `type`, and `anyOf` / `allOf` of those (`schema_not`), as positive keywords.
 
 Stricter where no engine enforces the keyword (the output stays valid, some valid outputs are
 no longer produced; docs/json-schema.md lists them):
+- `oneOf` (`schema_oneof`): anyOf of branches each narrowed to share no value with any other
+  branch as sent; branches that cannot be, left out;
+- `anyOf` branches that still hold a keyword no engine enforces are left out while others remain;
+- `not: {pattern}`: strings without a character every match holds (`schema_not`);
+- `format: regex`: strings without regex special characters (each a literal regex);
+- `unevaluatedProperties` where no applicator is left: `additionalProperties`;
 - `dependentRequired` / `dependentSchemas`: the dependents are always required / the schema
   always applies;
 - `if` / `then` / `else`: (if and then) or (not-if and else) when `if` tests one property against

@@ -100,8 +100,12 @@ def value_keys(values: list[object]) -> set[str]:
 
 
 def required_names(schema: dict[str, Any]) -> set[str]:
-    """Names an object valid for `schema` holds: its `required`, and those every `anyOf` branch requires."""
+    """Names an object valid for `schema` holds: its `required`, those of each `allOf` branch, and
+    those every `anyOf` branch requires."""
     names = {n for n in schema.get("required", []) if isinstance(n, str)}
+    for branch in schema.get("allOf", []) if isinstance(schema.get("allOf"), list) else []:
+        if isinstance(branch, dict):
+            names |= required_names(branch)
     branches = schema.get("anyOf")
     if isinstance(branches, list) and branches and all(isinstance(b, dict) for b in branches):
         names |= set.intersection(*(required_names(b) for b in branches))

@@ -131,14 +131,16 @@ def unevaluated(node: Schema) -> Schema:
 
 
 def one_property(node: Schema) -> Schema:
-    """A closed object of listed properties with `maxProperties: 1` (`minProperties` 0 or 1, at
-    most one required): an `anyOf` of one-property objects, one per listed property (and the empty
-    object when allowed); exact. (llguidance refuses min/maxProperties over optional properties.)"""
+    """An object of listed properties with `maxProperties: 1` (`minProperties` 0 or 1, at most one
+    required): an `anyOf` of one-property objects, one per listed property (and the empty object
+    when allowed). Exact for a closed object; where other names are allowed (`additionalProperties`
+    / `patternProperties`: CircleCI's steps, a built-in step or an orb's command), stricter: only
+    the listed names. (llguidance refuses min/maxProperties over optional properties.)"""
     props = node.get("properties")
     required = node.get("required", [])
-    if (node.get("maxProperties") != 1 or node.get("type") != "object" or node.get("additionalProperties") is not False
-            or node.get("patternProperties") or not isinstance(props, dict) or len(required) > 1
-            or node.get("minProperties", 0) not in (0, 1) or any(k in node for k in (*_APPLICATORS, "propertyNames"))):
+    if (node.get("maxProperties") != 1 or node.get("type") != "object" or not isinstance(props, dict) or not props
+            or len(required) > 1 or node.get("minProperties", 0) not in (0, 1)
+            or any(k in node for k in (*_APPLICATORS, "propertyNames"))):
         return node
     names = [n for n, sub in props.items() if sub is not False and (not required or n == required[0])]
     branches: list[object] = [{"type": "object", "properties": {n: props[n]}, "required": [n],

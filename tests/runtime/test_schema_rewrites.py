@@ -65,6 +65,10 @@ CASES: list[tuple[str, dict[str, Any], list[object]]] = [
     ("maxProperties 1 over listed keys", {**_CLOSED, "maxProperties": 1, "minProperties": 1, "properties": {
         "run": {"type": "string"}, "checkout": {"type": "boolean"}}},
      [{}, {"run": "x"}, {"checkout": True}, {"run": "x", "checkout": True}, {"other": 1}]),
+    ("maxProperties 1, other names allowed", {"type": "object", "maxProperties": 1, "minProperties": 1,
+                                              "properties": {"run": {"type": "string"}},
+                                              "additionalProperties": {"type": "object"}},
+     [{}, {"run": "x"}, {"orb/cmd": {}}, {"run": "x", "orb/cmd": {}}]),
     ("unevaluatedProperties after allOf is merged", {
         "type": "object", "properties": {"a": {"type": "integer"}}, "allOf": [{"properties": {"b": {"type": "string"}}}],
         "unevaluatedProperties": False},
@@ -100,10 +104,10 @@ def test_rewrite_is_exact_or_stricter_and_served(name: str, schema: dict[str, An
 
 
 def test_generated_outputs_validate_under_the_schema_as_sent(tiny_engine: Any) -> None:
-    params = [{"json_schema": json.dumps(schema), "max_new_tokens": 96, "temperature": 1.0, "seed": seed}
-              for _, schema, _ in CASES for seed in (0, 1)]
+    params = [{"json_schema": json.dumps(schema), "max_new_tokens": 96, "temperature": 1.0, "seed": n}
+              for n, (_, schema, _) in enumerate(CASES)]
     outs = tiny_engine.generate(prompt=["JSON:"] * len(params), sampling_params=params)
-    for out, (name, schema, _) in zip(outs, [c for c in CASES for _ in (0, 1)]):
+    for out, (name, schema, _) in zip(outs, CASES):
         assert out["meta_info"]["finish_reason"]["type"] in ("stop", "length"), (name, out["meta_info"])
         assert not _errors(schema, json.loads(out["text"])), (name, out["text"])
 

@@ -5,8 +5,8 @@ a `oneOf` as `anyOf` (when no instance satisfies two branches, "exactly one" is 
 False when it cannot tell. It reads only keywords whose meaning is the same in every draft
 (`type`, `const`, `enum`, `required`, `properties`, `additionalProperties`, `patternProperties`,
 `items` as a schema, `minItems` / `maxItems`, `minLength` / `maxLength`, `not` of listed values,
-and `anyOf` / `oneOf` (each branch) / `allOf` (types)); every keyword it ignores can only shrink a schema's instances, so ignoring it
-keeps the answer sound. A `$ref` is read as its target alone (`resolve`): draft-07 and earlier
+`anyOf` / `oneOf` (each branch) and `allOf` (any branch)); every keyword it ignores can only
+shrink a schema's instances, so ignoring it keeps the answer sound. A `$ref` is read as its target alone (`resolve`): draft-07 and earlier
 ignore a reference's siblings, 2019-09 and later apply them, and the target alone admits at
 least as much under both.
 """
@@ -149,10 +149,12 @@ def disjoint(a: object, b: object, resolve: Resolve | None = None, depth: int = 
         banned = values_of(other.get("not"))
         if listed is not None and banned is not None and value_keys(listed) <= value_keys(banned):
             return True
-    for one, other in ((a, b), (b, a)):  # each branch of an anyOf / oneOf is disjoint from the other
+    for one, other in ((a, b), (b, a)):  # each branch of an anyOf / oneOf, or one of an allOf, is disjoint
         for key in ("anyOf", "oneOf"):
             if isinstance(one.get(key), list) and all(disjoint(x, other, resolve, depth + 1) for x in one[key]):
                 return True
+        if isinstance(one.get("allOf"), list) and any(disjoint(x, other, resolve, depth + 1) for x in one["allOf"]):
+            return True
     shared = ta & tb if ta is not None and tb is not None else ta if ta is not None else tb
     if shared is None:
         return False  # both admit values of every type that neither keyword below constrains

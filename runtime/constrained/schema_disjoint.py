@@ -153,7 +153,8 @@ def disjoint(a: object, b: object, resolve: Resolve | None = None, depth: int = 
         for key in ("anyOf", "oneOf"):
             if isinstance(one.get(key), list) and all(disjoint(x, other, resolve, depth + 1) for x in one[key]):
                 return True
-        if isinstance(one.get("allOf"), list) and any(disjoint(x, other, resolve, depth + 1) for x in one["allOf"]):
+        if isinstance(one.get("allOf"), list) and any(disjoint(_typed(x, one), other, resolve, depth + 1)
+                                                       for x in one["allOf"]):
             return True
     shared = ta & tb if ta is not None and tb is not None else ta if ta is not None else tb
     if shared is None:
@@ -167,9 +168,17 @@ def disjoint(a: object, b: object, resolve: Resolve | None = None, depth: int = 
     return False
 
 
+def _typed(branch: object, parent: dict[str, Any]) -> object:
+    """An allOf `branch` with its parent's `type` (what a value of the parent also is)."""
+    if isinstance(branch, dict) and "type" in parent and "type" not in branch and "$ref" not in branch:
+        return {**branch, "type": parent["type"]}
+    return branch
+
+
 def _objects_disjoint(a: dict[str, Any], b: dict[str, Any], resolve: Resolve | None, depth: int) -> bool:
-    """Any common instance is an object: one requires a property the other forbids, or both
-    require a property whose schemas are disjoint."""
+    """Any common instance is an object: one requires a property the other forbids, or one
+    requires a property whose schema is disjoint from the other's for it (which applies
+    whenever the property is there)."""
     required_a = [n for n in a.get("required", []) if isinstance(n, str)]
     required_b = [n for n in b.get("required", []) if isinstance(n, str)]
     if any(forbids(b, n) for n in required_a) or any(forbids(a, n) for n in required_b):
@@ -177,7 +186,7 @@ def _objects_disjoint(a: dict[str, Any], b: dict[str, Any], resolve: Resolve | N
     props_a = a.get("properties") if isinstance(a.get("properties"), dict) else {}
     props_b = b.get("properties") if isinstance(b.get("properties"), dict) else {}
     return any(name in props_a and name in props_b and disjoint(props_a[name], props_b[name], resolve, depth + 1)
-               for name in set(required_a) & set(required_b))
+               for name in set(required_a) | set(required_b))
 
 
 def _arrays_disjoint(a: dict[str, Any], b: dict[str, Any], resolve: Resolve | None, depth: int) -> bool:

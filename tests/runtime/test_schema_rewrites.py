@@ -37,6 +37,11 @@ CASES: list[tuple[str, dict[str, Any], list[object]]] = [
         {"properties": {"provider": {"const": "s3"}}},
         {"properties": {"provider": {"type": "string", "not": {"enum": ["npm", "s3"]}}}}]},
      [{"provider": "npm", "email": "e"}, {"provider": "npm"}, {"provider": "s3"}, {"provider": "x"}, {}]),
+    ("oneOf: a required value, or any other value (a not)", {
+        "type": "object", "properties": {"when": {"type": "string"}, "start_in": {"type": "string"}},
+        "oneOf": [{"properties": {"when": {"enum": ["delayed"]}}, "required": ["when", "start_in"]},
+                  {"properties": {"when": {"not": {"enum": ["delayed"]}}}}]},
+     [{"when": "delayed", "start_in": "1h"}, {"when": "delayed"}, {"when": "manual"}, {}]),
     ("oneOf: enum members", {"oneOf": [{"const": "always"}, {"const": "never"}, {"enum": ["never", "soon"]}]},
      ["always", "never", "soon", "other"]),
     ("not: required names", {"type": "object", "properties": {"func": {"type": "string"}, "step": {"type": "string"}},

@@ -150,7 +150,7 @@ def _type_set(value: object) -> set[str]:
 def _patterns_and(a: object, b: object) -> str | None:
     """One pattern for strings matching both, when one of them only bans characters
     (`^[^..]*$`, as `schema_not` writes them) and the other can be narrowed to avoid them."""
-    from radixlm.runtime.constrained.schema_not import avoided_chars, pattern_avoiding
+    from radixlm.runtime.constrained.schema_regex_chars import avoided_chars, pattern_avoiding
 
     if not isinstance(a, str) or not isinstance(b, str):
         return None

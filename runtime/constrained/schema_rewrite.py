@@ -62,7 +62,7 @@ from radixlm.runtime.constrained.errors import GrammarError
 from radixlm.runtime.constrained.json_schema import resolve_pointer
 from radixlm.runtime.constrained.schema_disjoint import Resolve
 from radixlm.runtime.constrained.schema_merge import MergeConflict, both, merge
-from radixlm.runtime.constrained.schema_not import negated_class, pattern_avoiding, without_not
+from radixlm.runtime.constrained.schema_not import without_not
 from radixlm.runtime.constrained.schema_objects import (
     one_property,
     property_names,
@@ -71,6 +71,7 @@ from radixlm.runtime.constrained.schema_objects import (
 )
 from radixlm.runtime.constrained.schema_oneof import as_any_of
 from radixlm.runtime.constrained.schema_refs import hoist_deep_refs
+from radixlm.runtime.constrained.schema_regex_chars import negated_class, pattern_avoiding
 
 Schema = dict[str, Any]
 

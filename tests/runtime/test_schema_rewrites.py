@@ -17,7 +17,7 @@ from jsonschema.validators import validator_for
 from radixlm.runtime.constrained.backends import validate
 from radixlm.runtime.constrained.errors import GrammarError
 from radixlm.runtime.constrained.schema_disjoint import disjoint
-from radixlm.runtime.constrained.schema_not import pattern_avoiding, required_chars
+from radixlm.runtime.constrained.schema_regex_chars import pattern_avoiding, required_chars
 from radixlm.runtime.constrained.schema_rewrite import rewrite_schema
 
 _CLOSED = {"type": "object", "additionalProperties": False}

@@ -139,3 +139,54 @@ def test_disjointness_and_regex_helpers() -> None:
     assert required_chars("^\\w+://") == {":"} and required_chars("(?i)ab") is None and required_chars(".*") is None
     assert pattern_avoiding("^[^,]+$", {"\n"}) == "^[^\\n,]+$"
     assert pattern_avoiding("^a(b|c)$", {"x"}) is None  # a group: not narrowed
+
+
+# ---- property-based: random oneOf / not schemas over a small universe of values -------------
+_NAMES = ("a", "b", "c")
+_VALUES = (0, 1, "x", "y", None)
+
+
+def _branch_strategy() -> Any:
+    from hypothesis import strategies as st
+
+    value_schema = st.one_of(st.just({}), st.builds(lambda v: {"const": v}, st.sampled_from(_VALUES)),
+                             st.builds(lambda vs: {"enum": list(vs)}, st.sets(st.sampled_from(_VALUES), min_size=1)),
+                             st.builds(lambda v: {"not": {"enum": [v]}}, st.sampled_from(_VALUES)),
+                             st.sampled_from([{"type": "integer"}, {"type": "string"}, False]))
+    return st.fixed_dictionaries({}, optional={
+        "type": st.sampled_from(["object", "string", "integer", ["object", "null"]]),
+        "required": st.lists(st.sampled_from(_NAMES), unique=True, max_size=2),
+        "properties": st.dictionaries(st.sampled_from(_NAMES), value_schema, max_size=3),
+        "additionalProperties": st.just(False),
+        "not": st.one_of(st.builds(lambda n: {"required": [n]}, st.sampled_from(_NAMES)),
+                         st.builds(lambda v: {"enum": [v]}, st.sampled_from(_VALUES))),
+    })
+
+
+def _instances() -> list[object]:
+    objects: list[object] = [{}]
+    for name in _NAMES:
+        objects += [{**o, name: v} for o in objects[:8] for v in _VALUES[:3]]
+    return [*objects, *_VALUES]
+
+
+def test_random_one_of_rewrites_admit_only_valid_values() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    instances = _instances()
+
+    @settings(max_examples=150, deadline=None, derandomize=True)
+    @given(st.lists(_branch_strategy(), min_size=2, max_size=3),
+           st.fixed_dictionaries({}, optional={"type": st.just("object"), "required": st.just(["a"])}))
+    def check(branches: list[dict[str, Any]], parent: dict[str, Any]) -> None:
+        schema = {**parent, "oneOf": branches}
+        try:
+            rewritten = rewrite_schema(schema)
+        except GrammarError:  # refused (e.g. a required name that additionalProperties false forbids)
+            return
+        for instance in instances:
+            if not _errors(rewritten, instance):
+                assert not _errors(schema, instance), (schema, rewritten, instance)
+
+    check()

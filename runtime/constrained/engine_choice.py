@@ -20,14 +20,11 @@ import json
 from radixlm.runtime.config.limits import MAX_REWRITTEN_SCHEMA_CHARS
 from radixlm.runtime.constrained.compile_cache import walk_subschemas
 from radixlm.runtime.constrained.errors import GrammarError
-from radixlm.runtime.constrained.schema_rewrite import rewrite_schema
+from radixlm.runtime.constrained.schema_rewrite import NEVER_ENFORCED, rewrite_schema
 
 FALLBACK_ORDER = ("llguidance", "xgrammar", "outlines")
 
-# keywords no engine enforces (the rewrite removes them where it can: what is left is refused)
-_NEVER = ("not", "oneOf", "uniqueItems", "if", "then", "else", "dependentRequired", "dependentSchemas",
-          "contains", "minContains", "maxContains", "propertyNames", "unevaluatedProperties",
-          "unevaluatedItems", "dependencies")
+_NEVER = NEVER_ENFORCED  # keywords no engine enforces (the rewrite removes them where it can)
 # per engine: keywords it lets outputs violate, beyond _NEVER (llguidance refuses what it lacks)
 _ENGINE_UNENFORCED: dict[str, tuple[str, ...]] = {
     "xgrammar": ("allOf", "patternProperties"),

@@ -14,18 +14,32 @@ Dialects (draft-04 .. 2020-12), exact:
 - `unevaluatedProperties` / `unevaluatedItems` beside no applicator are `additionalProperties` / `items`.
 
 Structure, exact:
-- a `$ref` with sibling keywords, and every `$ref` inside `allOf`, is inlined when its target
-  does not lead back to itself (recursive references stay references);
-- `allOf` branches are merged into their parent (`merge`) where no two keywords conflict;
+- a `$ref` into the middle of the schema (not a whole definition) points at a copy of its target
+  made a definition first (`schema_refs`); a `$ref` beside annotations only stays a reference;
+- a `$ref` with sibling keywords, every `$ref` inside `allOf` and every branch of an `anyOf` /
+  `oneOf` that is a `$ref`, is inlined when its target does not lead back to itself (recursive
+  references stay references);
+- `allOf` branches are merged into their parent (`schema_merge.merge`) where no two keywords
+  conflict (properties given as references inlined to merge; listed values with listed values or
+  a `pattern` as one `enum`; a pattern that only bans characters with another pattern);
 - a parent's keywords are distributed into each `anyOf` / `oneOf` branch (P and (A or B) is
-  (P and A) or (P and B)); `oneOf` whose branches are pairwise disjoint (`schema_oneof.disjoint`) is `anyOf`;
+  (P and A) or (P and B));
 - `required` names that `properties` does not list get the schema the object gives them
   (`patternProperties` matches, else `additionalProperties`, else `{}`: any value);
-- `propertyNames` with only `enum` / `const` / `pattern` becomes properties / patternProperties
-  of a closed object.
+- `propertyNames` (`schema_objects`) of `enum` / `const` / `pattern` / length bounds / `not`
+  `pattern` becomes properties / patternProperties of a closed object (`{type: string}`: dropped);
+- a closed object with `maxProperties: 1` is an `anyOf` of one-property objects;
+- `not: {}` is `false`; `not` of `required` names, `enum` / `const` (beside a parent's),
+  `type`, and `anyOf` / `allOf` of those (`schema_not`), as positive keywords.
 
 Stricter where no engine enforces the keyword (the output stays valid, some valid outputs are
 no longer produced; docs/json-schema.md lists them):
+- `oneOf` (`schema_oneof`): anyOf of branches each narrowed to share no value with any other
+  branch as sent; branches that cannot be, left out;
+- `anyOf` branches that still hold a keyword no engine enforces are left out while others remain;
+- `not: {pattern}`: strings without a character every match holds (`schema_not`);
+- `format: regex`: strings without regex special characters (each a literal regex);
+- `unevaluatedProperties` where no applicator is left: `additionalProperties`;
 - `dependentRequired` / `dependentSchemas`: the dependents are always required / the schema
   always applies;
 - `if` / `then` / `else`: (if and then) or (not-if and else) when `if` tests one property against
@@ -41,18 +55,23 @@ naming the keyword. GrammarError where the schema is malformed in a way a rewrit
 from __future__ import annotations
 
 import copy
-import re
 from typing import Any
 
-from radixlm.runtime.constrained.compile_cache import SCHEMA_MAPS
+from radixlm.runtime.constrained.compile_cache import SCHEMA_MAPS, walk_subschemas
 from radixlm.runtime.constrained.errors import GrammarError
 from radixlm.runtime.constrained.json_schema import resolve_pointer
-from radixlm.runtime.constrained.schema_merge import MergeConflict, merge
-from radixlm.runtime.constrained.schema_oneof import (
-    disjoint,
-    with_required_discriminators,
-    without_shared_types,
+from radixlm.runtime.constrained.schema_disjoint import Resolve
+from radixlm.runtime.constrained.schema_merge import MergeConflict, both, merge
+from radixlm.runtime.constrained.schema_not import without_not
+from radixlm.runtime.constrained.schema_objects import (
+    one_property,
+    property_names,
+    required_outside,
+    unevaluated,
 )
+from radixlm.runtime.constrained.schema_oneof import as_any_of
+from radixlm.runtime.constrained.schema_refs import hoist_deep_refs
+from radixlm.runtime.constrained.schema_regex_chars import negated_class, pattern_avoiding
 
 Schema = dict[str, Any]
 
@@ -91,6 +110,15 @@ _SINGLES = ("additionalProperties", "items", "not", "if", "then", "else", "conta
 _LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
 _BRANCH_KEYS = ("anyOf", "oneOf")
 _APPLICATORS = ("allOf", "anyOf", "oneOf", "not", "if", "$ref", "dependentSchemas", "dependencies")
+# keywords no engine enforces (the rewrite removes them where it can; `engine_choice` refuses the rest)
+NEVER_ENFORCED = ("not", "oneOf", "uniqueItems", "if", "then", "else", "dependentRequired", "dependentSchemas",
+                  "contains", "minContains", "maxContains", "propertyNames", "unevaluatedProperties",
+                  "unevaluatedItems", "dependencies")
+# keywords that only annotate: beside a `$ref` they are dropped rather than inlining its target
+_REF_ANNOTATIONS = frozenset({"title", "description", "default", "examples", "deprecated", "readOnly", "writeOnly",
+                              "$comment"})
+# a string without these is a regex (ECMA-262 and Python) that matches itself literally
+REGEX_SPECIALS = frozenset("\\^$.|?*+()[]{}")
 MAX_INLINED = 50_000  # subschemas produced by inlining references, over the whole rewrite
 
 
@@ -98,7 +126,7 @@ def rewrite_schema(schema: object) -> object:
     """The rewritten schema (see the module docstring); the input is not changed."""
     if not isinstance(schema, dict):
         return schema
-    root = copy.deepcopy(schema)
+    root = hoist_deep_refs(copy.deepcopy(schema))
     # a top-level annotation a reference points into (`#/components/...`) stays: it holds schemas
     pointed_into = {ref[2:].split("/")[0] for ref in refs_in(root) if ref.startswith("#/")}
     root = {k: v for k, v in root.items() if k in KEYWORDS or k in pointed_into}
@@ -175,7 +203,7 @@ class _Rewriter:
             return node
         body = self.node(copy.deepcopy(target), path, (*refs, ref))
         rest = {k: v for k, v in node.items() if k != "$ref"}
-        if not rest:
+        if not rest or not isinstance(body, dict):  # (a target `false` stays false with any siblings)
             return body
         try:
             return merge(body, rest)
@@ -189,6 +217,10 @@ class _Rewriter:
         node = _dialect(node)
         if path != "#":  # the root's annotations were dropped by `rewrite_schema`
             node = {k: v for k, v in node.items() if k in KEYWORDS}
+        if "$ref" in node and set(node) - {"$ref"} <= _REF_ANNOTATIONS:
+            node = {"$ref": node["$ref"]}  # exact, and a large target is not copied once per use
+        # as sent: what `not` negates and what `oneOf`'s other branches admit (their rewrites may be stricter)
+        raw = {key: node[key] for key in ("not", "oneOf") if key in node}
         for key in SCHEMA_MAPS:
             if isinstance(node.get(key), dict):
                 node[key] = {name: self.node(sub, f"{path}/{key}/{name}", refs) for name, sub in node[key].items()}
@@ -205,12 +237,27 @@ class _Rewriter:
         if isinstance(node.get("oneOf"), list):  # targets inlined, so that `_distribute` sees their types
             node["oneOf"] = [self.inline(b, path, refs) if isinstance(b, dict) else b for b in node["oneOf"]]
         node = _dependents(node)
+        if raw.get("not") is True or isinstance(raw.get("not"), dict) and set(raw["not"]) <= _REF_ANNOTATIONS:
+            return False  # `not: {}`: no value is valid (a property that must be absent)
+        if isinstance(raw.get("not"), dict):
+            node = without_not({**node, "not": raw["not"]})
         node = _conditional(node)
-        node = _property_names(node)
-        node = _required_outside(node, path)
+        node = property_names(node)
+        node = required_outside(node, path)
         node = _arrays(node)
-        node = _distribute(node)
-        return node
+        for key in _BRANCH_KEYS:  # branches that are references show their keywords (not recursive)
+            if isinstance(node.get(key), list) and set(node) - {key, "$defs", "definitions"} - _REF_ANNOTATIONS:
+                node[key] = [self.inline(b, path, refs) if isinstance(b, dict) else b for b in node[key]]
+        node = _distribute(node, raw.get("oneOf"), self.resolve_or_none)
+        if isinstance(node.get("anyOf"), list):
+            node["anyOf"] = [unevaluated(b) if isinstance(b, dict) else b for b in node["anyOf"]]
+        return one_property(unevaluated(node))
+
+    def resolve_or_none(self, ref: str) -> object:
+        try:
+            return self.resolve(ref, "#") if ref.startswith("#") else None
+        except GrammarError:
+            return None
 
     def merge_all_of(self, node: Schema, path: str, refs: tuple[str, ...]) -> Schema:
         branches = [self.inline(b, path, refs) if isinstance(b, dict) else b for b in node["allOf"]]
@@ -225,10 +272,22 @@ class _Rewriter:
             try:
                 merged = merge(merged, branch)
             except MergeConflict:
-                kept.append(branch)
+                try:  # a property given as a reference on one side and a schema on the other
+                    merged = merge(self.inline_properties(merged, path, refs), self.inline_properties(branch, path, refs))
+                except MergeConflict:
+                    kept.append(branch)
         if kept:
             merged["allOf"] = kept
         return merged
+
+
+    def inline_properties(self, node: Schema, path: str, refs: tuple[str, ...]) -> Schema:
+        """`node` with each property that is a reference replaced by its target (not recursive)."""
+        props = node.get("properties")
+        if not isinstance(props, dict) or not any(isinstance(s, dict) and "$ref" in s for s in props.values()):
+            return node
+        return {**node, "properties": {name: self.inline(sub, path, refs) if isinstance(sub, dict) else sub
+                                       for name, sub in props.items()}}
 
 
 def refs_in(node: object) -> list[str]:
@@ -269,6 +328,12 @@ def _dialect(node: Schema) -> Schema:
         del node["format"]
     if node.get("format") in FORMAT_PATTERNS and "pattern" not in node:
         node["pattern"] = f"^{FORMAT_PATTERNS[node.pop('format')]}$"
+    if node.get("format") == "regex":  # stricter: a regex without special characters, a literal
+        narrowed = pattern_avoiding(node["pattern"], REGEX_SPECIALS) if isinstance(node.get("pattern"), str) else (
+            f"^{negated_class(REGEX_SPECIALS)}*$")
+        if narrowed is not None:
+            del node["format"]
+            node["pattern"] = narrowed
     if node.get("uniqueItems") is False:
         del node["uniqueItems"]
     if not any(k in node for k in _APPLICATORS):  # nothing else evaluates: the plain keyword
@@ -307,22 +372,13 @@ def _conditional(node: Schema) -> Schema:
         return node
     cond, then, other = node.pop("if"), node.pop("then", {}), node.pop("else", {})
     if not isinstance(cond, dict):
-        return _and(node, then if cond is not False else other)
+        return both(node, then if cond is not False else other)
     negated = _negate_discriminator(node, cond)
-    yes = _and(_and(node, cond), then)
+    yes = both(both(node, cond), then)
     if negated is None:
         return yes  # stricter: the condition always holds
-    no = _and(_and(node, negated), other)
+    no = both(both(node, negated), other)
     return {"anyOf": [yes, no]}
-
-
-def _and(a: Schema, b: object) -> Schema:
-    if b is True or not isinstance(b, dict) or not b:
-        return dict(a)
-    try:
-        return merge(a, b)
-    except MergeConflict:
-        return {**a, "allOf": [*a.get("allOf", []), b]}
 
 
 def _negate_discriminator(parent: Schema, cond: Schema) -> Schema | None:
@@ -346,75 +402,6 @@ def _negate_discriminator(parent: Schema, cond: Schema) -> Schema | None:
     return {"properties": {name: {"enum": rest}}, "required": [name]}
 
 
-def _property_names(node: Schema) -> Schema:
-    """`propertyNames` of `const` / `enum` / `pattern` alone, as (pattern) properties of a closed object."""
-    names = node.get("propertyNames")
-    if not isinstance(names, dict) or set(names) - {"const", "enum", "pattern", "type"}:
-        return node
-    extra = node.get("additionalProperties", {})
-    if extra is True:
-        extra = {}
-    props = dict(node.get("properties") or {})
-    patterns = dict(node.get("patternProperties") or {})
-    if "const" in names or "enum" in names:
-        allowed = [names["const"]] if "const" in names else names["enum"]
-        allowed = [n for n in allowed if isinstance(n, str) and _matches(names.get("pattern"), n)]
-        props = {n: s for n, s in props.items() if n in allowed}
-        if extra is not False:
-            for name in allowed:
-                if name not in props:
-                    props[name] = _pattern_schema(patterns, name, extra)
-        node = {k: v for k, v in node.items() if k not in ("propertyNames", "patternProperties")}
-        node["properties"], node["additionalProperties"] = props, False
-        return node
-    if "pattern" in names and not patterns:
-        node = {k: v for k, v in node.items() if k != "propertyNames"}
-        node["properties"] = {n: s for n, s in props.items() if _matches(names["pattern"], n)}
-        if extra is not False:
-            node["patternProperties"] = {names["pattern"]: extra}
-        node["additionalProperties"] = False
-    return node
-
-
-def _matches(pattern: object, name: str) -> bool:
-    if not isinstance(pattern, str):
-        return True
-    try:
-        return re.search(pattern, name) is not None
-    except re.error:
-        return False
-
-
-def _pattern_schema(patterns: dict[str, Any], name: str, extra: object) -> object:
-    """The schema an object gives an undeclared property `name`."""
-    matched = [s for p, s in patterns.items() if _matches(p, name)]
-    if not matched:
-        return extra if isinstance(extra, dict) else {}
-    body: object = matched[0]
-    for other in matched[1:]:
-        body = _and(body, other) if isinstance(body, dict) else body
-    return body
-
-
-def _required_outside(node: Schema, path: str) -> Schema:
-    required = node.get("required")
-    if not isinstance(required, list):
-        return node
-    props = node.get("properties") if isinstance(node.get("properties"), dict) else {}
-    missing = [n for n in required if isinstance(n, str) and n not in props]
-    if not missing:
-        return node
-    patterns = node.get("patternProperties") if isinstance(node.get("patternProperties"), dict) else {}
-    extra = node.get("additionalProperties", {})
-    props = dict(props)
-    for name in missing:
-        if extra is False and not any(_matches(p, name) for p in patterns):
-            raise GrammarError(f"required property {name!r} at {path} is not allowed by 'additionalProperties': "
-                               "false (no output is valid)")
-        props[name] = _pattern_schema(patterns, name, extra)
-    return {**node, "properties": props}
-
-
 def _arrays(node: Schema) -> Schema:
     """uniqueItems (at most one item) and contains (the first item), stricter."""
     if node.get("uniqueItems") is True and node.get("minItems", 0) <= 1:
@@ -426,33 +413,41 @@ def _arrays(node: Schema) -> Schema:
         del node["contains"]
         node.pop("minContains", None)
         items = node.get("items", {})
-        first = _and(items, contains) if isinstance(items, dict) else contains
+        first = both(items, contains) if isinstance(items, dict) else contains
         node["prefixItems"] = [first]
         node["minItems"] = max(node.get("minItems", 0), 1)
     return node
 
 
-def _distribute(node: Schema) -> Schema:
-    """The parent's keywords into each anyOf / oneOf branch; a disjoint oneOf as anyOf."""
+def _distribute(node: Schema, raw_one_of: object, resolve: Resolve) -> Schema:
+    """The parent's keywords into each anyOf / oneOf branch; a oneOf as anyOf of branches made
+    exclusive (`schema_oneof.as_any_of`); branches that still hold a keyword no engine enforces
+    left out (stricter) while others remain."""
     for key in _BRANCH_KEYS:
         branches = node.get(key)
         if not isinstance(branches, list):
             continue
-        rest = {k: v for k, v in node.items() if k not in (key, "$defs", "definitions")}
+        rest = {k: v for k, v in node.items() if k not in (key, "$defs", "definitions") and k not in _REF_ANNOTATIONS}
         if rest and not any(k in rest for k in _BRANCH_KEYS + ("allOf", "$ref")):
-            try:
-                branches = [_and(rest, b) if isinstance(b, dict) else b for b in branches]
-            except MergeConflict:
-                continue
+            branches = [both(rest, b) if isinstance(b, dict) else b for b in branches]
             node = {k: v for k, v in node.items() if k in (key, "$defs", "definitions")}
             node[key] = branches
-        if key == "oneOf" and disjoint(node["oneOf"]):
-            node["anyOf"] = node.pop("oneOf")
-        elif key == "oneOf" and "anyOf" not in node:  # stricter forms (`schema_oneof`), if any
-            split = without_shared_types(node["oneOf"])
-            if split is None and (keyed := with_required_discriminators(node["oneOf"])) and disjoint(keyed):
-                split = keyed
+            if key == "oneOf" and isinstance(raw_one_of, list):
+                # a value of a branch satisfies the parent: it meets branch j as sent iff it meets both
+                raw_one_of = [both(rest, b) if isinstance(b, dict) else b for b in raw_one_of]
+        if key == "anyOf":
+            servable = [b for b in branches if _is_servable(b)]
+            if servable and len(servable) < len(branches):
+                node["anyOf"] = servable
+        elif "anyOf" not in node and isinstance(raw_one_of, list) and len(raw_one_of) == len(branches):
+            # (a oneOf that came in from an inlined or merged schema has no branches as sent here: it stays)
+            split = as_any_of(branches, raw_one_of, resolve, _is_servable)
             if split is not None:
                 del node["oneOf"]
                 node["anyOf"] = split
     return node
+
+
+def _is_servable(schema: object) -> bool:
+    """No keyword left that no engine enforces (`NEVER_ENFORCED`), references not followed."""
+    return not any(key in node for node, _ in walk_subschemas(schema) for key in NEVER_ENFORCED)

@@ -19,8 +19,8 @@ def _sets() -> dict[str, list[schema_sets.CorpusSchema]]:
 
 MAX_CHARS = 64 * 1024  # the sample leaves out the few larger documents: their lowering takes seconds each
 # the share of each set's sample the door must serve (measured: docs/json-schema.md has the table)
-MIN_SERVED = {"glaive": 0.9, "github-easy": 0.9, "github-medium": 0.7, "github-hard": 0.1, "kubernetes": 0.9,
-              "snowplow": 0.9, "schemastore": 0.1}
+MIN_SERVED = {"glaive": 0.9, "github-easy": 0.9, "github-medium": 0.9, "github-hard": 0.9, "kubernetes": 0.9,
+              "snowplow": 0.9, "schemastore": 0.6}
 
 
 def test_sets_are_self_contained_and_licensed() -> None:

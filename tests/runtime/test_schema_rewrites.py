@@ -1,0 +1,192 @@
+"""The rewrites that serve what no engine enforces (`not`, overlapping `oneOf`, `format: regex`,
+`propertyNames`, `unevaluatedProperties`, `maxProperties: 1`, references into a schema's middle):
+each is exact or stricter. Per case: every probe the rewritten schema accepts is accepted by the
+schema as sent (`jsonschema`, format checker on), some probe is accepted, the door serves it, and
+outputs generated on the tiny random model (an in-process Engine, temperature 1.0) validate under
+the schema as sent. Refusals still name the keyword where no form exists."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from jsonschema import FormatChecker
+from jsonschema.validators import validator_for
+
+from radixlm.runtime.constrained.backends import validate
+from radixlm.runtime.constrained.errors import GrammarError
+from radixlm.runtime.constrained.schema_disjoint import disjoint
+from radixlm.runtime.constrained.schema_regex_chars import pattern_avoiding, required_chars
+from radixlm.runtime.constrained.schema_rewrite import rewrite_schema
+
+_CLOSED = {"type": "object", "additionalProperties": False}
+# (name, schema as sent, probes: instances some of which it accepts and some it rejects)
+CASES: list[tuple[str, dict[str, Any], list[object]]] = [
+    ("oneOf: each requires its own key", {
+        "type": "object", "properties": {"gcp": {"type": "string"}, "aws": {"type": "string"}},
+        "oneOf": [{"required": ["gcp"]}, {"required": ["aws"]}]},
+     [{}, {"gcp": "a"}, {"aws": "b"}, {"gcp": "a", "aws": "b"}, "s"]),
+    ("oneOf: one branch within the other", {"oneOf": [
+        {**_CLOSED, "properties": {"paths": {"type": "array"}, "project": {"type": "string"}}, "required": ["paths"]},
+        {**_CLOSED, "properties": {"paths": {"type": "array"}, "project": {"type": "string"}},
+         "required": ["project", "paths"]}]},
+     [{"paths": []}, {"paths": [], "project": "p"}, {"project": "p"}, {}]),
+    ("oneOf: constants, and a catch-all that excludes them", {"type": "object", "required": ["provider"], "oneOf": [
+        {"properties": {"provider": {"const": "npm"}, "email": {"type": "string"}}, "required": ["email"]},
+        {"properties": {"provider": {"const": "s3"}}},
+        {"properties": {"provider": {"type": "string", "not": {"enum": ["npm", "s3"]}}}}]},
+     [{"provider": "npm", "email": "e"}, {"provider": "npm"}, {"provider": "s3"}, {"provider": "x"}, {}]),
+    ("oneOf: a required value, or any other value (a not)", {
+        "type": "object", "properties": {"when": {"type": "string"}, "start_in": {"type": "string"}},
+        "oneOf": [{"properties": {"when": {"enum": ["delayed"]}}, "required": ["when", "start_in"]},
+                  {"properties": {"when": {"not": {"enum": ["delayed"]}}}}]},
+     [{"when": "delayed", "start_in": "1h"}, {"when": "delayed"}, {"when": "manual"}, {}]),
+    ("oneOf: enum members", {"oneOf": [{"const": "always"}, {"const": "never"}, {"enum": ["never", "soon"]}]},
+     ["always", "never", "soon", "other"]),
+    ("not: required names", {"type": "object", "properties": {"func": {"type": "string"}, "step": {"type": "string"}},
+                             "not": {"required": ["func", "step"]}},
+     [{}, {"func": "f"}, {"step": "s"}, {"func": "f", "step": "s"}, 3]),
+    ("not: anyOf of required", {"type": "object", "not": {"anyOf": [{"required": ["a"]}, {"required": ["b"]}]}},
+     [{}, {"a": 1}, {"b": 1}, {"c": 1}]),
+    ("not: allOf of required", {"not": {"allOf": [{"required": ["when"]}, {"required": ["unless"]}]}},
+     [{}, {"when": 1}, {"unless": 1}, {"when": 1, "unless": 1}, "s"]),
+    ("not: pattern beside a pattern", {"type": "string", "maxLength": 20, "pattern": "^[A-Za-z][A-Za-z0-9_]*$",
+                                       "not": {"pattern": "^([Bb][Uu][Ii][Ll][Dd][Kk][Ii][Tt][Ee]|[Bb][Kk])"}},
+     ["deploy_key", "bk_key", "BuildkiteX", "ab", "_x", "k"]),
+    ("not: patterns alone", {"not": {"anyOf": [{"pattern": "\\.\\."}, {"pattern": "@\\{"}]}},
+     ["a..b", "a@{b", "a.b", "plain", 3]),
+    ("not: type and enum", {"type": ["string", "null"], "enum": ["a", "b", None], "not": {"enum": ["b"]}},
+     ["a", "b", None, "c"]),
+    ("format: regex", {"type": "object", "properties": {"re": {"type": "string", "format": "regex"},
+                                                        "cov": {"type": "string", "format": "regex",
+                                                                "pattern": "^/.+/$"}}, "required": ["re", "cov"]},
+     [{"re": "abc", "cov": "/x y/"}, {"re": "(", "cov": "/x/"}, {"re": "a", "cov": "/(/"}, {"re": "a", "cov": "x"}]),
+    ("propertyNames: a length bound, a string type", {"type": "object", "propertyNames": {"minLength": 2},
+                                                      "additionalProperties": {"type": "integer"},
+                                                      "properties": {"meta": {"type": "object",
+                                                                              "propertyNames": {"type": "string"}}}},
+     [{}, {"ab": 1}, {"a": 1}, {"ab": "x"}, {"meta": {"k": 1}}]),
+    ("maxProperties 1 over listed keys", {**_CLOSED, "maxProperties": 1, "minProperties": 1, "properties": {
+        "run": {"type": "string"}, "checkout": {"type": "boolean"}}},
+     [{}, {"run": "x"}, {"checkout": True}, {"run": "x", "checkout": True}, {"other": 1}]),
+    ("maxProperties 1, other names allowed", {"type": "object", "maxProperties": 1, "minProperties": 1,
+                                              "properties": {"run": {"type": "string"}},
+                                              "additionalProperties": {"type": "object"}},
+     [{}, {"run": "x"}, {"orb/cmd": {}}, {"run": "x", "orb/cmd": {}}]),
+    ("unevaluatedProperties after allOf is merged", {
+        "type": "object", "properties": {"a": {"type": "integer"}}, "allOf": [{"properties": {"b": {"type": "string"}}}],
+        "unevaluatedProperties": False},
+     [{"a": 1}, {"b": "x"}, {"c": 1}, {"a": 1, "b": "x"}]),
+    ("a reference into a schema's middle", {
+        "type": "object", "properties": {"x": {"type": "object", "properties": {"y": {"type": "integer", "maximum": 9}},
+                                               "oneOf": [{"required": ["y"]}, {"required": ["w"]}]},
+                                         "z": {"$ref": "#/properties/x/properties/y"}}, "required": ["z"]},
+     [{"z": 3}, {"z": 12}, {"z": "s"}, {"x": {"y": 1}, "z": 1}]),
+    ("listed values joined with a pattern", {
+        "type": "object", "properties": {"task": {"anyOf": [{"enum": ["A@1"]}, {"enum": ["B@2"]}]}},
+        "required": ["task"], "anyOf": [{"properties": {"task": {"pattern": "^A@1$"}, "a": {"type": "integer"}}},
+                                        {"properties": {"task": {"pattern": "^B@2$"}}}]},
+     [{"task": "A@1"}, {"task": "B@2"}, {"task": "C@3"}, {"task": "A@1", "a": "s"}]),
+]
+CASE_IDS = [name for name, _, _ in CASES]
+
+
+def _errors(schema: object, instance: object) -> list[str]:
+    validator = validator_for(schema)
+    return [e.message for e in validator(schema, format_checker=FormatChecker()).iter_errors(instance)]
+
+
+@pytest.mark.parametrize("name,schema,probes", CASES, ids=CASE_IDS)
+def test_rewrite_is_exact_or_stricter_and_served(name: str, schema: dict[str, Any], probes: list[object]) -> None:
+    rewritten = rewrite_schema(schema)
+    accepted = [p for p in probes if not _errors(rewritten, p)]
+    assert accepted, (name, rewritten)  # not empty
+    for probe in accepted:
+        assert not _errors(schema, probe), (name, rewritten, probe)
+    assert any(_errors(schema, p) for p in probes), name  # the probes can tell
+    validate("xgrammar", "json_schema", schema)  # served (GrammarError names the keyword otherwise)
+
+
+def test_generated_outputs_validate_under_the_schema_as_sent(tiny_engine: Any) -> None:
+    params = [{"json_schema": json.dumps(schema), "max_new_tokens": 96, "temperature": 1.0, "seed": n}
+              for n, (_, schema, _) in enumerate(CASES)]
+    outs = tiny_engine.generate(prompt=["JSON:"] * len(params), sampling_params=params)
+    for out, (name, schema, _) in zip(outs, CASES):
+        assert out["meta_info"]["finish_reason"]["type"] in ("stop", "length"), (name, out["meta_info"])
+        assert not _errors(schema, json.loads(out["text"])), (name, out["text"])
+
+
+def test_what_has_no_exact_or_stricter_form_is_refused_naming_it() -> None:
+    # two string branches told apart only by patterns that may both match: "exactly one" is unenforceable
+    with pytest.raises(GrammarError, match="'oneOf'"):
+        validate("xgrammar", "json_schema", {"oneOf": [{"type": "string", "pattern": "^a"},
+                                                       {"type": "string", "pattern": "b$"}]})
+    with pytest.raises(GrammarError, match="'not'"):  # no character every match holds
+        validate("xgrammar", "json_schema", {"type": "string", "not": {"pattern": "^.*$"}})
+    with pytest.raises(GrammarError, match="'not'"):
+        validate("xgrammar", "json_schema", {"type": "integer", "not": {"const": 3}})
+    # the branch holding an unenforced `not` is left out of an anyOf; if it is the only one, refused
+    assert rewrite_schema({"anyOf": [{"type": "integer"}, {"type": "string", "not": {"pattern": ".*"}}]}) == {
+        "anyOf": [{"type": "integer"}]}
+
+
+def test_disjointness_and_regex_helpers() -> None:
+    assert disjoint({"type": "object", "required": ["a"]}, {**_CLOSED, "properties": {"b": {}}})
+    assert not disjoint({"required": ["a"]}, {**{"additionalProperties": False}, "properties": {"b": {}}})  # "s" fits
+    assert disjoint({"$ref": "#/$defs/s"}, {"type": "integer"}, lambda ref: {"type": "string"})
+    assert disjoint({"type": "array", "minItems": 1, "items": {"type": "string"}}, {"type": "array", "items": False})
+    assert required_chars("^\\w+://") == {":"} and required_chars("(?i)ab") is None and required_chars(".*") is None
+    assert pattern_avoiding("^[^,]+$", {"\n"}) == "^[^\\n,]+$"
+    assert pattern_avoiding("^a(b|c)$", {"x"}) is None  # a group: not narrowed
+
+
+# ---- property-based: random oneOf / not schemas over a small universe of values -------------
+_NAMES = ("a", "b", "c")
+_VALUES = (0, 1, "x", "y", None)
+
+
+def _branch_strategy() -> Any:
+    from hypothesis import strategies as st
+
+    value_schema = st.one_of(st.just({}), st.builds(lambda v: {"const": v}, st.sampled_from(_VALUES)),
+                             st.builds(lambda vs: {"enum": list(vs)}, st.sets(st.sampled_from(_VALUES), min_size=1)),
+                             st.builds(lambda v: {"not": {"enum": [v]}}, st.sampled_from(_VALUES)),
+                             st.sampled_from([{"type": "integer"}, {"type": "string"}, False]))
+    return st.fixed_dictionaries({}, optional={
+        "type": st.sampled_from(["object", "string", "integer", ["object", "null"]]),
+        "required": st.lists(st.sampled_from(_NAMES), unique=True, max_size=2),
+        "properties": st.dictionaries(st.sampled_from(_NAMES), value_schema, max_size=3),
+        "additionalProperties": st.just(False),
+        "not": st.one_of(st.builds(lambda n: {"required": [n]}, st.sampled_from(_NAMES)),
+                         st.builds(lambda v: {"enum": [v]}, st.sampled_from(_VALUES))),
+    })
+
+
+def _instances() -> list[object]:
+    objects: list[object] = [{}]
+    for name in _NAMES:
+        objects += [{**o, name: v} for o in objects[:8] for v in _VALUES[:3]]
+    return [*objects, *_VALUES]
+
+
+def test_random_one_of_rewrites_admit_only_valid_values() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    instances = _instances()
+
+    @settings(max_examples=150, deadline=None, derandomize=True)
+    @given(st.lists(_branch_strategy(), min_size=2, max_size=3),
+           st.fixed_dictionaries({}, optional={"type": st.just("object"), "required": st.just(["a"])}))
+    def check(branches: list[dict[str, Any]], parent: dict[str, Any]) -> None:
+        schema = {**parent, "oneOf": branches}
+        try:
+            rewritten = rewrite_schema(schema)
+        except GrammarError:  # refused (e.g. a required name that additionalProperties false forbids)
+            return
+        for instance in instances:
+            if not _errors(rewritten, instance):
+                assert not _errors(schema, instance), (schema, rewritten, instance)
+
+    check()

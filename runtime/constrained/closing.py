@@ -8,9 +8,10 @@ current state, append the single byte that most likely heads towards the end (cl
 first: null, true), separators, any other printable ASCII), trying each in that order until the
 matcher takes one, until the grammar can end. Both engines only ever accept
 prefixes that can still complete, so the search cannot dead-end, but it can go round in circles
-in free text (an email's local part takes `a` forever): after a byte taken 3 times in a row, it
-takes the first byte that changes which of a dozen probe bytes may follow (`\n`, `\t`, `\r`
-included: `[^\n]+ "\n"` ends a line) and has not broken a run before at the same place (same
+in free text (an email's local part takes `a` forever; a cron field's list of numbers
+takes `0,` forever): after a unit of up to 4 bytes taken 3 times in a row, it takes the first byte, other
+than the unit's next, that changes which of a dozen probe bytes may follow (`\n`, `\t`, `\r`
+included: `[^\n]+ "\n"` ends a line) and has not broken a cycle before at the same place (same
 signature, as many quotes taken): `.` then `@` in an email. Where no ASCII byte fits (an enum of
 non-ASCII words), the shortest token the mask allows is taken. The bytes found are then tokenized
 as the tokenizer would (usually far fewer tokens), and that plan is checked against the matcher.
@@ -40,7 +41,8 @@ import torch
 MAX_PLAN_BYTES = 2048  # a plan longer than this is not searched for (None: no steering)
 NEAR_END = 4  # within this many tokens of the budget, plans are searched afresh (they may be shorter)
 
-MAX_RUN = 3  # a byte taken this many times in a row: free text, which the search must leave
+MAX_RUN = 3  # a unit of bytes taken this many times in a row: a cycle, which the search must leave
+MAX_PERIOD = 4  # the longest unit looked for
 
 _LOWER = "ntaeiou" + "".join(c for c in string.ascii_lowercase if c not in "ntaeiou")  # null / true first
 _ORDER = [ord(c) for c in '"}]),' + string.digits + _LOWER + string.ascii_uppercase + " -._:@/+[{("]
@@ -141,7 +143,7 @@ class ClosingSearch:
         controls = [b for b in _CONTROLS if b in byte_ids]  # only to leave free text (a line's end)
         # bytes that broke a run, by where: (probe signature, quotes taken so far)
         breakers: dict[tuple[int, bool, int], set[int]] = {}
-        last, run, quotes = -1, 0, 0
+        last, quotes = -1, 0
         try:
             while not self._can_end():
                 if len(spelled) >= MAX_PLAN_BYTES:
@@ -150,12 +152,14 @@ class ClosingSearch:
                 closer = _OPENERS.get(last)
                 candidates = order if closer is None else [closer, *order]
                 token_id, byte = None, -1
-                if run >= MAX_RUN:  # free text: leave it by a byte that changes what may follow
+                period = _cycle_period(spelled)
+                if period:  # going round: leave by a byte other than the cycle's next that changes what may follow
                     now = self._signature(probes)
                     used = breakers.setdefault((*now, quotes), set())
-                    token_id, byte = self._breaker(byte_ids, candidates + controls, probes, now, used | {last})
+                    cycle_next = {spelled[-period]}
+                    token_id, byte = self._breaker(byte_ids, candidates + controls, probes, now, used | cycle_next)
                     if token_id is None:  # every breaker was used here before: one of them again
-                        token_id, byte = self._breaker(byte_ids, candidates + controls, probes, now, {last})
+                        token_id, byte = self._breaker(byte_ids, candidates + controls, probes, now, cycle_next)
                     if token_id is not None:
                         used.add(byte)
                 if token_id is None:
@@ -167,7 +171,6 @@ class ClosingSearch:
                 path.append(token_id)
                 if byte >= 0:
                     spelled.append(byte)
-                run = run + 1 if byte == last else 1
                 quotes += byte == _QUOTE
                 last = byte
         finally:
@@ -221,6 +224,16 @@ class ClosingSearch:
         complete = taken == len(ids) and self._can_end()
         self._undo(taken)
         return complete
+
+
+def _cycle_period(spelled: bytearray) -> int:
+    """The length of the unit (1 to MAX_PERIOD bytes) that `spelled` ends with MAX_RUN times in a
+    row, the shortest such; 0 if none."""
+    for period in range(1, MAX_PERIOD + 1):
+        tail = spelled[-period * MAX_RUN:]
+        if len(tail) == period * MAX_RUN and tail == tail[:period] * MAX_RUN:
+            return period
+    return 0
 
 
 @dataclass(frozen=True)

@@ -119,6 +119,27 @@ def test_cfg_closing_plan_completes_the_grammar(default_model_dir: Path, backend
         grammars.shutdown()
 
 
+CRON = {"type": "object", "properties": {"cron": {"type": "string", "pattern": r"^(((\d+,)+\d+|\*) ?){5,6}$"}},
+        "required": ["cron"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("backend_name", [b for b in GRAMMAR_BACKENDS if b != "outlines"])
+def test_cfg_closing_plan_leaves_a_two_byte_cycle(default_model_dir: Path, backend_name: str) -> None:
+    """A cron field (meltano's schedules): from `0` the search's byte order takes `,` then `0`
+    forever; after the unit `0,` three times it must leave by another byte (` `, the next field),
+    and the plan completes the schema."""
+    tokenizer = Tokenizer(str(default_model_dir))
+    grammars = backends.create(backend_name, tokenizer, 49152, num_workers=1, enable_jump_forward=True,
+                               whitespace_pattern=None)
+    try:
+        state = grammars.get("json_schema", json.dumps(CRON)).result().new_state()
+        plan = state.closing_ids()
+        assert plan is not None
+        validate(CRON, tokenizer.decode(plan))
+    finally:
+        grammars.shutdown()
+
+
 @pytest.fixture(scope="module", params=GRAMMAR_BACKENDS)
 def engine(request: pytest.FixtureRequest, tiny_engine: Engine, tiny_model_dir: Path) -> Iterator[Engine]:
     """The tiny model's engine on each grammar backend."""

@@ -190,7 +190,7 @@ def test_decodes_sharing_a_long_prefix_take_the_cascade(ext: Any, runner_at_leve
 STACK_DRIVER = ["-DRADIXLM_NO_TORCH", "-fopenmp",
                 *(str(REPO / "kernels" / "csrc" / "kernels" / name)
                   for name in ("decode_stack.cpp", "paged_attention.cpp", "flash_attention.cpp", "amx_attention.cpp",
-                               "bf16_gemm.cpp", "quant_gemm.cpp", "kquant_gemm.cpp"))]
+                               "bf16_gemm.cpp", "quant_gemm.cpp", "kquant_gemm.cpp", "moe_experts.cpp", "rows.cpp"))]
 
 
 @pytest.mark.parametrize("level", NATIVE_BUILDS)

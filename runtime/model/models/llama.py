@@ -19,8 +19,10 @@ Layout choices made for a lean decode step (few, large ops):
   vdpbf16ps, emulated 16 beside a CPU's bf16 hardware and every row without it) run in our packed C++ kernels (radixlm.kernels.cpu_linear: float32 FMA, or bf16 dot products), and a
   decode step of up to that many requests runs all its decoder layers in one C++ call
   (DecodeStack: the same math, float32 residual stream), which removes the per-op overhead that
-  dominates a small model's decode step. DecodeStack implements the Llama/Qwen layer only:
-  a model with any option it lacks (`decode_stack_misfit`) decodes layer by layer, its products
+  dominates a small model's decode step. DecodeStack implements the Llama/Qwen layer, and a
+  sparse layer's mixture of experts where the fused experts kernel takes it (the router, top-k
+  and FusedExperts inside its layer loop: a MoE decode step is one C++ call too); a model with
+  any option it lacks (`decode_stack_misfit`) decodes layer by layer, its products
   still in the packed kernels; one with sliding windows leaves it while a window cuts a context.
   Prefill-sized steps take the kernels' fused row-wise
   RMSNorm and SiLU x up (one pass each, float32 arithmetic) instead of torch's multi-pass ones.
@@ -93,6 +95,7 @@ class LlamaForCausalLM(nn.Module):
         windows = [w for w in (cfg.layer(i).sliding_window for i in range(cfg.num_layers)) if w is not None]
         self.min_window = min(windows) if windows else None
         self.decode_stack: object | None = None  # cpu_linear's DecodeStack once use_cpu_kernels ran
+        self.decode_stack_rows = 1 << 62  # the most rows its mixtures of experts take (FusedExperts.max_rows)
         self.tp: TPGroup | None = None
 
     @staticmethod
@@ -155,7 +158,7 @@ class LlamaForCausalLM(nn.Module):
         window, so only while no window cuts the batch's contexts."""
         return (
             self.decode_stack is not None and batch.mode is ForwardMode.DECODE
-            and batch.batch_size <= self.lm_head.max_rows
+            and batch.batch_size <= min(self.lm_head.max_rows, self.decode_stack_rows)
             and (self.min_window is None or max(batch.seq_lens_list) <= self.min_window)
             # tensor parallel: the residual stream's rows fit the shared-memory sum's slots
             and (self.tp is None or batch.batch_size * self._padded_hidden() * 4 <= self.tp.shm.max_bytes)  # type: ignore[union-attr]
@@ -182,14 +185,24 @@ class LlamaForCausalLM(nn.Module):
             "MLP biases": cfg.mlp_bias,
             "attention logit soft-capping": cfg.attn_logit_softcap is not None,
             "layers with different or no rotary embeddings": any(r != 0 for r in self.layer_rope),
-            "an MLP other than the dense one": any(not isinstance(layer.mlp, DenseMLP) for layer in self.layers),
             "q/k/v or gate/up products in parts of different quantized formats":
                 any(lin.parts is not None for layer in self.layers for lin in layer.modules() if isinstance(lin, Linear)),
+            "an MLP other than the dense one or a mixture of experts in the fused kernel":
+                any(not isinstance(layer.mlp, DenseMLP) and not self._stack_takes_experts(layer.mlp)
+                    for layer in self.layers),
+            "mixtures of experts under tensor parallelism":
+                self.tp is not None and any(isinstance(layer.mlp, SparseMoeBlock) for layer in self.layers),
             "a residual multiplier the quantized output products could not absorb":
                 any(layer.output_scale != 1.0 for layer in self.layers),  # type: ignore[union-attr]
         }
         found = [what for what, present in misfits.items() if present]
         return ", ".join(found) if found else None
+
+    @staticmethod
+    def _stack_takes_experts(mlp: nn.Module) -> bool:
+        """Whether DecodeStack runs this block: a mixture of experts the fused kernel takes (its
+        SparseMoeBlock.fused, set once use_cpu_kernels placed the experts)."""
+        return isinstance(mlp, SparseMoeBlock) and mlp.fused is not None
 
     def use_cpu_kernels(self, k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor],
                         bf16_path: str | None = None) -> bool:
@@ -228,14 +241,23 @@ class LlamaForCausalLM(nn.Module):
         modes = set()
         for layer, k_buf, v_buf in zip(self.layers, k_buffers, v_buffers, strict=True):
             assert isinstance(layer, DecoderLayer)
-            qkv, o, gate_up, down = (lin.method for lin in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj,
-                                                            layer.down_proj))
-            assert qkv is not None and o is not None and gate_up is not None and down is not None
+            qkv, o = layer.qkv_proj.method, layer.o_proj.method
+            assert qkv is not None and o is not None
+            mlp, experts, gate_up, down = [], None, None, None
+            if isinstance(layer.mlp, SparseMoeBlock):  # a sparse layer: its router and fused experts
+                experts = self._stack_experts(ext, layer.mlp)
+            else:
+                mlp = [layer.gate_up_proj.method, layer.down_proj.method]
+                assert mlp[0] is not None and mlp[1] is not None
+                gate_up, down = mlp[0].packed, mlp[1].packed
             stack.add_layer(
-                qkv.packed, qkv.bias, o.packed, o.bias, gate_up.packed, down.packed, f32(layer.q_norm),
-                f32(layer.k_norm), k_buf, v_buf, f32(layer.input_layernorm), f32(layer.pre_mlp_norm),
+                qkv.packed, qkv.bias, o.packed, o.bias, gate_up, down, f32(layer.q_norm), f32(layer.k_norm),
+                k_buf, v_buf, f32(layer.input_layernorm), f32(layer.pre_mlp_norm), experts,
             )
-            modes |= {m.quant_mode for m in (qkv, o, gate_up, down) if m.quant_mode is not None}
+            modes |= {m.quant_mode for m in (qkv, o, *mlp) if m.quant_mode is not None}
+            if isinstance(layer.mlp, SparseMoeBlock):
+                assert layer.mlp.fused is not None
+                self.decode_stack_rows = min(self.decode_stack_rows, layer.mlp.fused.max_rows)
         stack.bf16_path = cpu_linear.BF16_PATHS.index(bf16_path)
         stack.flash_attention = attention_kernels(ext, k_buffers[0].dtype, bf16_path, cfg.head_dim).flash
         if self.tp is not None:
@@ -244,6 +266,17 @@ class LlamaForCausalLM(nn.Module):
             (stack.quant_mode,) = modes  # one mode per model
         self.decode_stack = stack
         return True
+
+    @staticmethod
+    def _stack_experts(ext: object, block: SparseMoeBlock) -> object:
+        """DecodeStack's view of a sparse layer: the router (float32, HF's [E, hidden]) and the
+        fused kernel's experts, routed as the block routes (SparseMoeBlock.route)."""
+        fused, options = block.fused, block.options
+        assert fused is not None
+        return ext.DecodeExperts(  # type: ignore[attr-defined]
+            block.gate.detach().float().contiguous(), fused.arena, fused.offsets, fused.inter, fused.kind,
+            *fused.block_bytes, fused.mode, fused.bf16_path, options.top_k, options.norm_topk_prob,
+        )
 
     def _place_weights(self) -> None:
         """Every kernel weight in one huge-page allocation, in the order a decode step reads them

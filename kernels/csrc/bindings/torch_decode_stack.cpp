@@ -66,21 +66,34 @@ DecodeStack::DecodeStack(int64_t hidden, int64_t num_heads, int64_t num_kv_heads
     : core_(DecodeShape{hidden, num_heads, num_kv_heads, head_dim, intermediate, static_cast<float>(rms_eps),
                         static_cast<float>(scale)}) {}
 
-void DecodeStack::add_layer(torch::Tensor qkv, c10::optional<torch::Tensor> qkv_bias, torch::Tensor o,
+void DecodeStack::add_layer(c10::optional<torch::Tensor> qkv, c10::optional<torch::Tensor> qkv_bias, torch::Tensor o,
                             c10::optional<torch::Tensor> o_bias, c10::optional<torch::Tensor> gate_up,
                             c10::optional<torch::Tensor> down, c10::optional<torch::Tensor> q_norm,
                             c10::optional<torch::Tensor> k_norm, torch::Tensor k_buf, torch::Tensor v_buf,
                             c10::optional<torch::Tensor> attn_norm, c10::optional<torch::Tensor> ffn_norm,
-                            const Experts* experts) {
+                            const Experts* experts, const std::vector<std::pair<torch::Tensor, int64_t>>& qkv_parts,
+                            const std::vector<std::pair<torch::Tensor, int64_t>>& gate_up_parts) {
   const DecodeShape& c = core_.shape();
   const int64_t qkv_width = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
   DecodeLayer layer;
-  layer.qkv = packed_weight(qkv, c.hidden, qkv_width, "qkv");
+  const bool whole_qkv = qkv.has_value() && qkv->defined();
+  TORCH_CHECK(whole_qkv == qkv_parts.empty(), "a layer takes either qkv or qkv_parts");
+  TORCH_CHECK(gate_up_parts.empty() || experts == nullptr, "a sparse layer has no gate_up_parts");
+  if (whole_qkv) layer.qkv = packed_weight(*qkv, c.hidden, qkv_width, "qkv");
+  for (const auto& [w, columns] : qkv_parts) {
+    layer.qkv_parts.push_back(WeightPart{packed_weight(w, c.hidden, columns, "qkv part"), columns});
+    kept_.push_back(w);
+  }
+  for (const auto& [w, columns] : gate_up_parts) {
+    layer.gate_up_parts.push_back(WeightPart{packed_weight(w, c.hidden, columns, "gate_up part"), columns});
+    kept_.push_back(w);
+  }
   layer.o = packed_weight(o, c.num_heads * c.head_dim, c.hidden, "o");
-  const bool dense = gate_up.has_value() && gate_up->defined() && down.has_value() && down->defined();
+  const bool dense = (!gate_up_parts.empty() || (gate_up.has_value() && gate_up->defined())) && down.has_value() &&
+                     down->defined();
   TORCH_CHECK(dense != (experts != nullptr), "a layer takes either gate_up and down (dense) or experts (sparse)");
   if (dense) {
-    layer.gate_up = packed_weight(*gate_up, c.hidden, 2 * c.intermediate, "gate_up");
+    if (gate_up_parts.empty()) layer.gate_up = packed_weight(*gate_up, c.hidden, 2 * c.intermediate, "gate_up");
     layer.down = packed_weight(*down, c.intermediate, c.hidden, "down");
   } else {
     layer.moe = experts->view;
@@ -98,9 +111,9 @@ void DecodeStack::add_layer(torch::Tensor qkv, c10::optional<torch::Tensor> qkv_
   layer.attn_norm = optional_vector(attn_norm, c.hidden, "attn_norm");
   layer.ffn_norm = optional_vector(ffn_norm, c.hidden, "ffn_norm");
   core_.add_layer(layer);
-  for (const auto& t : {qkv, o, k_buf, v_buf}) kept_.push_back(t);
+  for (const auto& t : {o, k_buf, v_buf}) kept_.push_back(t);
   if (experts != nullptr) kept_.insert(kept_.end(), experts->kept.begin(), experts->kept.end());
-  for (const auto* t : {&gate_up, &down, &qkv_bias, &o_bias, &q_norm, &k_norm, &attn_norm, &ffn_norm}) {
+  for (const auto* t : {&qkv, &gate_up, &down, &qkv_bias, &o_bias, &q_norm, &k_norm, &attn_norm, &ffn_norm}) {
     if (t->has_value() && (*t)->defined()) kept_.push_back(**t);
   }
 }

@@ -69,12 +69,15 @@ class DecodeStack {
   // (quant_gemm.h); biases float32 padded to the packed width, or None; q_norm / k_norm float32
   // [head_dim] or None; k_buf / v_buf are the layer's KV pool buffers [slots, num_kv_heads,
   // head_dim] (float32 or bfloat16); attn_norm / ffn_norm float32 [hidden], or None where folded.
-  void add_layer(torch::Tensor qkv, c10::optional<torch::Tensor> qkv_bias, torch::Tensor o,
+  // qkv_parts / gate_up_parts: where that product comes in parts of different quantized formats,
+  // each part's weight and its (unpadded) columns, in order (then qkv / gate_up is None).
+  void add_layer(c10::optional<torch::Tensor> qkv, c10::optional<torch::Tensor> qkv_bias, torch::Tensor o,
                  c10::optional<torch::Tensor> o_bias, c10::optional<torch::Tensor> gate_up,
                  c10::optional<torch::Tensor> down, c10::optional<torch::Tensor> q_norm,
                  c10::optional<torch::Tensor> k_norm, torch::Tensor k_buf, torch::Tensor v_buf,
                  c10::optional<torch::Tensor> attn_norm, c10::optional<torch::Tensor> ffn_norm,
-                 const Experts* experts);
+                 const Experts* experts, const std::vector<std::pair<torch::Tensor, int64_t>>& qkv_parts,
+                 const std::vector<std::pair<torch::Tensor, int64_t>>& gate_up_parts);
 
   // hidden [B, H] float32 (the embeddings of the new tokens); rope [B, head_dim/2, 2] float32
   // (cos, sin of each token's position); slots int64 [B] (KV slots of the new tokens);

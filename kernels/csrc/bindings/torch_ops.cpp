@@ -229,7 +229,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("add_layer", &radixlm::bindings::DecodeStack::add_layer, pybind11::arg("qkv"), pybind11::arg("qkv_bias"),
            pybind11::arg("o"), pybind11::arg("o_bias"), pybind11::arg("gate_up"), pybind11::arg("down"),
            pybind11::arg("q_norm"), pybind11::arg("k_norm"), pybind11::arg("k_buf"), pybind11::arg("v_buf"),
-           pybind11::arg("attn_norm"), pybind11::arg("ffn_norm"), pybind11::arg("experts") = nullptr)
+           pybind11::arg("attn_norm"), pybind11::arg("ffn_norm"), pybind11::arg("experts") = nullptr,
+           pybind11::arg("qkv_parts") = std::vector<std::pair<torch::Tensor, int64_t>>{},
+           pybind11::arg("gate_up_parts") = std::vector<std::pair<torch::Tensor, int64_t>>{})
       .def("forward", &radixlm::bindings::DecodeStack::forward)
       .def_property("bf16_path", &radixlm::bindings::DecodeStack::get_bf16_path, &radixlm::bindings::DecodeStack::set_bf16_path)
       .def_property("quant_mode", &radixlm::bindings::DecodeStack::get_quant_mode, &radixlm::bindings::DecodeStack::set_quant_mode)

@@ -57,6 +57,14 @@ struct DecodeExperts {
   bool norm_topk_prob = false;
 };
 
+// One part of a product whose output columns come from weights of different formats side by side
+// (a Q4_K_M file's q and k in Q4_K, v in Q6_K): `columns` (unpadded) of the output, after the
+// parts before it; its weight packed for those columns.
+struct WeightPart {
+  PackedWeight weight;
+  int64_t columns = 0;
+};
+
 // One layer. Biases float32 padded to the packed width, q_norm / k_norm float32 [head_dim],
 // attn_norm / ffn_norm float32 [hidden]: each null where the layer has none (the RMSNorm weights
 // before qkv and gate_up are folded into those products where they are float; quantized ones
@@ -72,6 +80,8 @@ struct DecodeLayer {
   const float* ffn_norm = nullptr;
   KvBuffers kv;
   DecodeExperts moe;  // a sparse layer's (then gate_up / down are unused and may be null)
+  // q/k/v or gate/up in parts (then qkv / gate_up are unused and may be null); empty: whole
+  std::vector<WeightPart> qkv_parts, gate_up_parts;
 
   bool is_sparse() const { return moe.top_k > 0; }
 };
@@ -127,6 +137,8 @@ class DecodeStack {
   AllReduce all_reduce;
 
  private:
+  void linear_parts(const PackedWeight& whole, const std::vector<WeightPart>& parts, const float* x, int64_t M,
+                    int64_t K, float* out, int64_t ld_out, const float* bias) const;
   void linear(const PackedWeight& w, const float* x, int64_t M, int64_t K, float* out, int64_t ld_out,
               const float* residual, int64_t ld_res, const float* bias) const;
   struct Scratch;
@@ -138,6 +150,7 @@ class DecodeStack {
 
   DecodeShape shape_;
   std::vector<DecodeLayer> layers_;
+  int64_t qkv_ld_ = 0, gate_up_ld_ = 0;  // the row strides of the q/k/v and gate/up products' outputs
 };
 
 }  // namespace radixlm

@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from radixlm.kernels import cpu_linear, quant
-from radixlm.runtime.model import kernel_policy
+from radixlm.runtime.model import kernel_policy, linear_method
 from radixlm.runtime.model.attention.base import BaseAttentionBackend
 from radixlm.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from radixlm.runtime.model.kernel_policy import attention_kernels, cpu_isa, load_cpu_kernels
@@ -185,8 +185,6 @@ class LlamaForCausalLM(nn.Module):
             "MLP biases": cfg.mlp_bias,
             "attention logit soft-capping": cfg.attn_logit_softcap is not None,
             "layers with different or no rotary embeddings": any(r != 0 for r in self.layer_rope),
-            "q/k/v or gate/up products in parts of different quantized formats":
-                any(lin.parts is not None for layer in self.layers for lin in layer.modules() if isinstance(lin, Linear)),
             "an MLP other than the dense one or a mixture of experts in the fused kernel":
                 any(not isinstance(layer.mlp, DenseMLP) and not self._stack_takes_experts(layer.mlp)
                     for layer in self.layers),
@@ -241,20 +239,25 @@ class LlamaForCausalLM(nn.Module):
         modes = set()
         for layer, k_buf, v_buf in zip(self.layers, k_buffers, v_buffers, strict=True):
             assert isinstance(layer, DecoderLayer)
-            qkv, o = layer.qkv_proj.method, layer.o_proj.method
-            assert qkv is not None and o is not None
-            mlp, experts, gate_up, down = [], None, None, None
+            o = layer.o_proj.method
+            assert o is not None
+            products = [*layer.qkv_proj.kernel_linears(), layer.o_proj]
+            experts, gate_up, down, gate_up_parts = None, None, None, []
             if isinstance(layer.mlp, SparseMoeBlock):  # a sparse layer: its router and fused experts
                 experts = self._stack_experts(ext, layer.mlp)
             else:
-                mlp = [layer.gate_up_proj.method, layer.down_proj.method]
-                assert mlp[0] is not None and mlp[1] is not None
-                gate_up, down = mlp[0].packed, mlp[1].packed
+                gate_up, gate_up_parts = self._stack_product(layer.gate_up_proj)
+                down = layer.down_proj.method.packed  # type: ignore[union-attr]
+                products += [*layer.gate_up_proj.kernel_linears(), layer.down_proj]
+            qkv, qkv_parts = self._stack_product(layer.qkv_proj)
+            qkv_bias = layer.qkv_proj.method.bias if layer.qkv_proj.method is not None else \
+                linear_method.padded_bias(layer.qkv_proj.bias)  # parts: the whole layer's, after theirs
             stack.add_layer(
-                qkv.packed, qkv.bias, o.packed, o.bias, gate_up, down, f32(layer.q_norm), f32(layer.k_norm),
-                k_buf, v_buf, f32(layer.input_layernorm), f32(layer.pre_mlp_norm), experts,
+                qkv, qkv_bias, o.packed, o.bias, gate_up, down,
+                f32(layer.q_norm), f32(layer.k_norm), k_buf, v_buf, f32(layer.input_layernorm),
+                f32(layer.pre_mlp_norm), experts, qkv_parts, gate_up_parts,
             )
-            modes |= {m.quant_mode for m in (qkv, o, *mlp) if m.quant_mode is not None}
+            modes |= {lin.method.quant_mode for lin in products if lin.method.quant_mode is not None}  # type: ignore[union-attr]
             if isinstance(layer.mlp, SparseMoeBlock):
                 assert layer.mlp.fused is not None
                 self.decode_stack_rows = min(self.decode_stack_rows, layer.mlp.fused.max_rows)
@@ -266,6 +269,15 @@ class LlamaForCausalLM(nn.Module):
             (stack.quant_mode,) = modes  # one mode per model
         self.decode_stack = stack
         return True
+
+    @staticmethod
+    def _stack_product(linear: Linear) -> tuple[torch.Tensor | None, list[tuple[torch.Tensor, int]]]:
+        """DecodeStack's view of a fused input product: (its packed weight, []) or, where it comes
+        in parts of different quantized formats, (None, each part's (packed weight, columns))."""
+        if linear.parts is None:
+            assert linear.method is not None
+            return linear.method.packed, []
+        return None, [(part.method.packed, part.out_features) for part in linear.kernel_linears()]  # type: ignore[union-attr]
 
     @staticmethod
     def _stack_experts(ext: object, block: SparseMoeBlock) -> object:

@@ -190,7 +190,7 @@ def test_decodes_sharing_a_long_prefix_take_the_cascade(ext: Any, runner_at_leve
 STACK_DRIVER = ["-DRADIXLM_NO_TORCH", "-fopenmp",
                 *(str(REPO / "kernels" / "csrc" / "kernels" / name)
                   for name in ("decode_stack.cpp", "paged_attention.cpp", "flash_attention.cpp", "amx_attention.cpp",
-                               "bf16_gemm.cpp", "quant_gemm.cpp", "kquant_gemm.cpp"))]
+                               "bf16_gemm.cpp", "quant_gemm.cpp", "kquant_gemm.cpp", "moe_experts.cpp", "rows.cpp"))]
 
 
 @pytest.mark.parametrize("level", NATIVE_BUILDS)
@@ -203,3 +203,44 @@ def test_decode_stack_driver_aarch64(test_id: str, tmp_path: Path) -> None:
     """The neon builds' int8 modes run the dot variant qemu's `max` CPU has (dotprod in the second)."""
     closing = rf"decode_stack {ARM_LEVELS[test_id][0]}: \d+ checks passed"
     _arm_case(test_id, "test_decode_stack.cpp", closing, tmp_path, STACK_DRIVER)
+
+
+# a Q4_K_M file's mixes: v in Q6_K beside q/k in Q4_K; here up in Q5_K beside gate in Q4_K too, at a
+# width (288) that is not a whole number of 64-column panels, so the parts' padding overlaps
+MIXED_FORMATS = {"q_proj": "q4_k", "k_proj": "q4_k", "v_proj": "q6_k", "o_proj": "q4_k", "gate_proj": "q4_k",
+                 "up_proj": "q5_k", "down_proj": "q8_0"}
+
+
+def test_decode_stack_takes_products_in_parts(tmp_path: Path) -> None:
+    """q/k/v and gate/up whose parts come in different quantized formats (Linear.parts) run in
+    DecodeStack, q/k/v's bias added over all the parts: its decode steps (batched, different
+    lengths) within 1e-5 of the same model's layer by layer."""
+    from radixlm_testing import runner_decode, runner_extend, save_tiny_model
+    from safetensors.torch import load_file
+
+    from radixlm.kernels import quant
+    from radixlm.runtime.model.model_config import ModelConfig
+    from radixlm.runtime.model.model_runner import ModelRunner, RunnerConfig
+
+    save_tiny_model(tmp_path, "qwen2", hidden_size=256, intermediate_size=288, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=64)  # Qwen2: q/k/v biases
+    cfg = ModelConfig.from_dir(tmp_path)
+    floats = load_file(tmp_path / "model.safetensors")
+    weights = {name: quant.quantize(w, MIXED_FORMATS[name.split(".")[-2]])
+               if name.split(".")[-2] in MIXED_FORMATS and name.endswith("weight") else w
+               for name, w in floats.items()}
+    seqs = [list(range(3, 30)), [7, 8, 9, 10, 11, 12, 13, 14, 15, 16]]
+    logits = []
+    for in_stack in (True, False):
+        runner = ModelRunner(cfg, RunnerConfig(torch.float32, "torch", 512, 4, cfg.context_len, quantization="gguf"),
+                             weights)
+        qkv, gate_up = runner.model.layers[0].qkv_proj, runner.model.layers[0].mlp.gate_up_proj
+        assert qkv.parts is not None and len(qkv.parts) == 2 and gate_up.parts is not None
+        assert runner.model.decode_stack is not None, runner.model.decode_stack_misfit()
+        if not in_stack:
+            runner.model.decode_stack = None
+        rows = [runner.req_to_token_pool.alloc() for _ in seqs]
+        start = [len(s) - 3 for s in seqs]
+        runner_extend(runner, rows, [0, 0], [s[:n] for s, n in zip(seqs, start)], all_logits=False)
+        logits.append(torch.stack([runner_decode(runner, rows, seqs, [n + i for n in start]) for i in range(3)]))
+    torch.testing.assert_close(logits[0], logits[1], rtol=1e-5, atol=1e-5)

@@ -132,3 +132,48 @@ def test_fused_experts_refuse_bad_input(ext: Any) -> None:
         ext.moe_experts(x, ids, weights, arena, offsets, 48, kind, block_bytes, block_bytes, 0, -1)
     with pytest.raises(RuntimeError, match="weights must be"):
         ext.moe_experts(x, ids, weights[:, :1], arena, offsets, 64, kind, block_bytes, block_bytes, 0, -1)
+
+
+def _decode_logits(path: Any, quantization: str | None, in_stack: bool, seqs: list[list[int]],
+                   steps: int) -> list[torch.Tensor]:
+    """Each decode step's logits of a runner over the tiny model at `path` (the runtime's kernel
+    level), its prompts' last `steps` tokens decoded one step at a time, through DecodeStack or,
+    with it taken away, layer by layer."""
+    from radixlm_testing import runner_decode, runner_extend
+    from safetensors.torch import load_file
+
+    from radixlm.runtime.model.model_config import ModelConfig
+    from radixlm.runtime.model.model_runner import ModelRunner, RunnerConfig
+
+    cfg = ModelConfig.from_dir(path)
+    runner = ModelRunner(cfg, RunnerConfig(torch.float32, "torch", 512, len(seqs) + 1, cfg.context_len,
+                                           quantization=quantization), load_file(path / "model.safetensors"))
+    assert runner.model.decode_stack is not None, runner.model.decode_stack_misfit()
+    if not in_stack:
+        runner.model.decode_stack = None
+    rows = [runner.req_to_token_pool.alloc() for _ in seqs]
+    start = [len(s) - steps for s in seqs]
+    runner_extend(runner, rows, [0] * len(seqs), [s[:n] for s, n in zip(seqs, start)], all_logits=False)
+    return [runner_decode(runner, rows, seqs, [n + i for n in start]) for i in range(steps)]
+
+
+@pytest.mark.parametrize(("kind", "quantization"), [("qwen3_moe", None), ("mixtral", "q8_0")])
+def test_decode_steps_of_a_moe_model_run_in_decode_stack(tmp_path: Any, kind: str, quantization: str | None) -> None:
+    """A mixture-of-experts model's decode step is one DecodeStack call (the router, top-k and the
+    fused experts inside its layer loop), for widths the fused kernel tiles: float32 logits within
+    1e-4 of transformers' (Qwen3-MoE: top-k renormalised, a dense layer beside the sparse one), and
+    a quantized model's (Mixtral, Q8_0 experts) within 1e-4 of its own layer-by-layer decode."""
+    from radixlm_testing import save_tiny_model
+
+    hf = save_tiny_model(tmp_path, kind, **({"moe_intermediate_size": 64} if kind == "qwen3_moe" else
+                                            {"intermediate_size": 64}))
+    seqs = [[(5 * i + 3 * j) % 250 + 1 for i in range(n)] for j, n in enumerate((9, 17, 12))]
+    got = _decode_logits(tmp_path, quantization, True, seqs, steps=3)
+    if quantization is None:
+        with torch.no_grad():
+            full = [hf(torch.tensor([s])).logits[0] for s in seqs]
+        want = [torch.stack([f[len(s) - 3 + i] for f, s in zip(full, seqs)]) for i in range(3)]
+    else:
+        want = _decode_logits(tmp_path, quantization, False, seqs, steps=3)
+    for step, (g, w) in enumerate(zip(got, want)):
+        assert (g - w).abs().max().item() <= 1e-4, step

@@ -44,23 +44,60 @@ const float* optional_vector(const c10::optional<torch::Tensor>& t, int64_t n, c
 
 }  // namespace
 
+Experts::Experts(torch::Tensor router, torch::Tensor arena, torch::Tensor offsets, int64_t inter, int64_t kind,
+                 int64_t gate_up_block_bytes, int64_t down_block_bytes, int64_t mode, int64_t bf16_path, int64_t top_k,
+                 bool norm_topk_prob) {
+  TORCH_CHECK(router.dim() == 2 && router.scalar_type() == at::kFloat && router.is_contiguous(),
+              "router must be contiguous float32 [num_experts, hidden]");
+  view.experts = moe_layer(arena, offsets, router.size(1), inter, kind, gate_up_block_bytes, down_block_bytes, mode,
+                           bf16_path);
+  TORCH_CHECK(router.size(0) == view.experts.num_experts, "router has ", router.size(0), " rows for ",
+              view.experts.num_experts, " experts");
+  TORCH_CHECK(top_k >= 1 && top_k <= view.experts.num_experts, "top_k must be within 1..", view.experts.num_experts,
+              ", not ", top_k);
+  view.router = router.data_ptr<float>();
+  view.top_k = top_k;
+  view.norm_topk_prob = norm_topk_prob;
+  kept = {router, arena, offsets};
+}
+
 DecodeStack::DecodeStack(int64_t hidden, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                          int64_t intermediate, double rms_eps, double scale)
     : core_(DecodeShape{hidden, num_heads, num_kv_heads, head_dim, intermediate, static_cast<float>(rms_eps),
                         static_cast<float>(scale)}) {}
 
-void DecodeStack::add_layer(torch::Tensor qkv, c10::optional<torch::Tensor> qkv_bias, torch::Tensor o,
-                            c10::optional<torch::Tensor> o_bias, torch::Tensor gate_up, torch::Tensor down,
-                            c10::optional<torch::Tensor> q_norm, c10::optional<torch::Tensor> k_norm,
-                            torch::Tensor k_buf, torch::Tensor v_buf, c10::optional<torch::Tensor> attn_norm,
-                            c10::optional<torch::Tensor> ffn_norm) {
+void DecodeStack::add_layer(c10::optional<torch::Tensor> qkv, c10::optional<torch::Tensor> qkv_bias, torch::Tensor o,
+                            c10::optional<torch::Tensor> o_bias, c10::optional<torch::Tensor> gate_up,
+                            c10::optional<torch::Tensor> down, c10::optional<torch::Tensor> q_norm,
+                            c10::optional<torch::Tensor> k_norm, torch::Tensor k_buf, torch::Tensor v_buf,
+                            c10::optional<torch::Tensor> attn_norm, c10::optional<torch::Tensor> ffn_norm,
+                            const Experts* experts, const std::vector<std::pair<torch::Tensor, int64_t>>& qkv_parts,
+                            const std::vector<std::pair<torch::Tensor, int64_t>>& gate_up_parts) {
   const DecodeShape& c = core_.shape();
   const int64_t qkv_width = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
   DecodeLayer layer;
-  layer.qkv = packed_weight(qkv, c.hidden, qkv_width, "qkv");
+  const bool whole_qkv = qkv.has_value() && qkv->defined();
+  TORCH_CHECK(whole_qkv == qkv_parts.empty(), "a layer takes either qkv or qkv_parts");
+  TORCH_CHECK(gate_up_parts.empty() || experts == nullptr, "a sparse layer has no gate_up_parts");
+  if (whole_qkv) layer.qkv = packed_weight(*qkv, c.hidden, qkv_width, "qkv");
+  for (const auto& [w, columns] : qkv_parts) {
+    layer.qkv_parts.push_back(WeightPart{packed_weight(w, c.hidden, columns, "qkv part"), columns});
+    kept_.push_back(w);
+  }
+  for (const auto& [w, columns] : gate_up_parts) {
+    layer.gate_up_parts.push_back(WeightPart{packed_weight(w, c.hidden, columns, "gate_up part"), columns});
+    kept_.push_back(w);
+  }
   layer.o = packed_weight(o, c.num_heads * c.head_dim, c.hidden, "o");
-  layer.gate_up = packed_weight(gate_up, c.hidden, 2 * c.intermediate, "gate_up");
-  layer.down = packed_weight(down, c.intermediate, c.hidden, "down");
+  const bool dense = (!gate_up_parts.empty() || (gate_up.has_value() && gate_up->defined())) && down.has_value() &&
+                     down->defined();
+  TORCH_CHECK(dense != (experts != nullptr), "a layer takes either gate_up and down (dense) or experts (sparse)");
+  if (dense) {
+    if (gate_up_parts.empty()) layer.gate_up = packed_weight(*gate_up, c.hidden, 2 * c.intermediate, "gate_up");
+    layer.down = packed_weight(*down, c.intermediate, c.hidden, "down");
+  } else {
+    layer.moe = experts->view;
+  }
   TORCH_CHECK(k_buf.dim() == 3 && k_buf.size(1) == c.num_kv_heads && k_buf.size(2) == c.head_dim && k_buf.is_contiguous() &&
                   v_buf.sizes() == k_buf.sizes() && v_buf.is_contiguous() && v_buf.scalar_type() == k_buf.scalar_type() &&
                   (k_buf.scalar_type() == at::kFloat || k_buf.scalar_type() == at::kBFloat16),
@@ -74,8 +111,9 @@ void DecodeStack::add_layer(torch::Tensor qkv, c10::optional<torch::Tensor> qkv_
   layer.attn_norm = optional_vector(attn_norm, c.hidden, "attn_norm");
   layer.ffn_norm = optional_vector(ffn_norm, c.hidden, "ffn_norm");
   core_.add_layer(layer);
-  for (const auto& t : {qkv, o, gate_up, down, k_buf, v_buf}) kept_.push_back(t);
-  for (const auto* t : {&qkv_bias, &o_bias, &q_norm, &k_norm, &attn_norm, &ffn_norm}) {
+  for (const auto& t : {o, k_buf, v_buf}) kept_.push_back(t);
+  if (experts != nullptr) kept_.insert(kept_.end(), experts->kept.begin(), experts->kept.end());
+  for (const auto* t : {&qkv, &gate_up, &down, &qkv_bias, &o_bias, &q_norm, &k_norm, &attn_norm, &ffn_norm}) {
     if (t->has_value() && (*t)->defined()) kept_.push_back(**t);
   }
 }

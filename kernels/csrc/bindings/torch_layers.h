@@ -41,21 +41,43 @@ torch::Tensor moe_experts(const torch::Tensor& x, const torch::Tensor& ids, cons
                           const torch::Tensor& arena, const torch::Tensor& offsets, int64_t inter, int64_t kind,
                           int64_t gate_up_block_bytes, int64_t down_block_bytes, int64_t mode, int64_t bf16_path);
 
+// The view of one layer's experts (moe_experts' arguments past x, ids and weights) for a hidden
+// width, its arena checked to hold every offset's weight.
+MoeExperts moe_layer(const torch::Tensor& arena, const torch::Tensor& offsets, int64_t hidden, int64_t inter,
+                     int64_t kind, int64_t gate_up_block_bytes, int64_t down_block_bytes, int64_t mode,
+                     int64_t bf16_path);
+
 // radixlm::DecodeStack over tensors it keeps alive.
+// A sparse layer's mixture of experts for DecodeStack::add_layer: the router float32 [E, hidden]
+// and the experts as moe_experts takes them (checked: moe_layer); the stack keeps the tensors alive.
+struct Experts {
+  Experts(torch::Tensor router, torch::Tensor arena, torch::Tensor offsets, int64_t inter, int64_t kind,
+          int64_t gate_up_block_bytes, int64_t down_block_bytes, int64_t mode, int64_t bf16_path, int64_t top_k,
+          bool norm_topk_prob);
+  DecodeExperts view;
+  std::vector<torch::Tensor> kept;
+};
+
 class DecodeStack {
  public:
   DecodeStack(int64_t hidden, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t intermediate,
               double rms_eps, double scale);
 
-  // One layer, in order. Weights are float32 packed [N/64, K, 64] (packed_gemm.h), bfloat16 VNNI
+  // One layer, in order (a sparse layer: gate_up and down None, and `experts` its mixture of
+  // experts). Weights are float32 packed [N/64, K, 64] (packed_gemm.h), bfloat16 VNNI
   // panels [N/32, Kp/2, 32, 2] (bf16_gemm.h) or uint8 quant groups [N/16, K/32, block bytes]
   // (quant_gemm.h); biases float32 padded to the packed width, or None; q_norm / k_norm float32
   // [head_dim] or None; k_buf / v_buf are the layer's KV pool buffers [slots, num_kv_heads,
   // head_dim] (float32 or bfloat16); attn_norm / ffn_norm float32 [hidden], or None where folded.
-  void add_layer(torch::Tensor qkv, c10::optional<torch::Tensor> qkv_bias, torch::Tensor o,
-                 c10::optional<torch::Tensor> o_bias, torch::Tensor gate_up, torch::Tensor down,
-                 c10::optional<torch::Tensor> q_norm, c10::optional<torch::Tensor> k_norm, torch::Tensor k_buf,
-                 torch::Tensor v_buf, c10::optional<torch::Tensor> attn_norm, c10::optional<torch::Tensor> ffn_norm);
+  // qkv_parts / gate_up_parts: where that product comes in parts of different quantized formats,
+  // each part's weight and its (unpadded) columns, in order (then qkv / gate_up is None).
+  void add_layer(c10::optional<torch::Tensor> qkv, c10::optional<torch::Tensor> qkv_bias, torch::Tensor o,
+                 c10::optional<torch::Tensor> o_bias, c10::optional<torch::Tensor> gate_up,
+                 c10::optional<torch::Tensor> down, c10::optional<torch::Tensor> q_norm,
+                 c10::optional<torch::Tensor> k_norm, torch::Tensor k_buf, torch::Tensor v_buf,
+                 c10::optional<torch::Tensor> attn_norm, c10::optional<torch::Tensor> ffn_norm,
+                 const Experts* experts, const std::vector<std::pair<torch::Tensor, int64_t>>& qkv_parts,
+                 const std::vector<std::pair<torch::Tensor, int64_t>>& gate_up_parts);
 
   // hidden [B, H] float32 (the embeddings of the new tokens); rope [B, head_dim/2, 2] float32
   // (cos, sin of each token's position); slots int64 [B] (KV slots of the new tokens);

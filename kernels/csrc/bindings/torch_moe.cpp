@@ -26,22 +26,16 @@ int64_t packed_bytes(const MoeExperts& L, QFormat f, int64_t K, int64_t N) {
 
 }  // namespace
 
-torch::Tensor moe_experts(const torch::Tensor& x, const torch::Tensor& ids, const torch::Tensor& weights,
-                          const torch::Tensor& arena, const torch::Tensor& offsets, int64_t inter, int64_t kind,
-                          int64_t gate_up_block_bytes, int64_t down_block_bytes, int64_t mode, int64_t bf16_path) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be a contiguous float32 [T, H]");
-  const int64_t T = x.size(0);
-  TORCH_CHECK(ids.dim() == 2 && ids.size(0) == T && ids.scalar_type() == at::kLong && ids.is_contiguous(),
-              "ids must be contiguous int64 [T, k]");
-  TORCH_CHECK(weights.sizes() == ids.sizes() && weights.scalar_type() == at::kFloat && weights.is_contiguous(),
-              "weights must be contiguous float32 [T, k]");
+MoeExperts moe_layer(const torch::Tensor& arena, const torch::Tensor& offsets, int64_t hidden, int64_t inter,
+                     int64_t kind, int64_t gate_up_block_bytes, int64_t down_block_bytes, int64_t mode,
+                     int64_t bf16_path) {
   TORCH_CHECK(arena.dim() == 1 && arena.scalar_type() == at::kByte && arena.is_contiguous(), "arena must be contiguous uint8");
   TORCH_CHECK(offsets.dim() == 2 && offsets.size(1) == 2 && offsets.scalar_type() == at::kLong && offsets.is_contiguous(),
               "offsets must be contiguous int64 [E, 2]");
   TORCH_CHECK(kind >= 0 && kind <= static_cast<int64_t>(MoeWeights::kQuant), "unknown expert weight kind ", kind);
   TORCH_CHECK(mode >= 0 && mode <= static_cast<int64_t>(QMode::kInt8Row), "unknown quantized mode ", mode);
   MoeExperts L;
-  L.hidden = x.size(1);
+  L.hidden = hidden;
   L.inter = inter;
   L.num_experts = offsets.size(0);
   L.kind = static_cast<MoeWeights>(kind);
@@ -59,6 +53,20 @@ torch::Tensor moe_experts(const torch::Tensor& x, const torch::Tensor& ids, cons
     TORCH_CHECK(off[i] >= 0 && off[i] + sizes[i % 2] <= arena.numel(), "expert ", i / 2, "'s ",
                 i % 2 ? "down" : "gate_up", " weight at byte ", off[i], " runs past the arena's ", arena.numel(), " bytes");
   }
+  return L;
+}
+
+torch::Tensor moe_experts(const torch::Tensor& x, const torch::Tensor& ids, const torch::Tensor& weights,
+                          const torch::Tensor& arena, const torch::Tensor& offsets, int64_t inter, int64_t kind,
+                          int64_t gate_up_block_bytes, int64_t down_block_bytes, int64_t mode, int64_t bf16_path) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be a contiguous float32 [T, H]");
+  const int64_t T = x.size(0);
+  TORCH_CHECK(ids.dim() == 2 && ids.size(0) == T && ids.scalar_type() == at::kLong && ids.is_contiguous(),
+              "ids must be contiguous int64 [T, k]");
+  TORCH_CHECK(weights.sizes() == ids.sizes() && weights.scalar_type() == at::kFloat && weights.is_contiguous(),
+              "weights must be contiguous float32 [T, k]");
+  const MoeExperts L =
+      moe_layer(arena, offsets, x.size(1), inter, kind, gate_up_block_bytes, down_block_bytes, mode, bf16_path);
   auto y = torch::empty_like(x);
   radixlm::moe_experts(L, x.data_ptr<float>(), T, ids.data_ptr<int64_t>(), weights.data_ptr<float>(), ids.size(1),
                        y.data_ptr<float>());

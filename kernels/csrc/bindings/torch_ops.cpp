@@ -220,9 +220,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "whether the vector long-extend kernel runs in float32 FMAs here (else vdpbf16ps): timed once, unless set");
   m.def("set_long_extend_math", &radixlm::set_long_extend_math,
         "the vector long-extend kernel's math: 0 vdpbf16ps, 1 float32 FMAs, -1 decide again by timing");
+  pybind11::class_<radixlm::bindings::Experts, std::shared_ptr<radixlm::bindings::Experts>>(m, "DecodeExperts",
+                                                                                         pybind11::module_local())
+      .def(pybind11::init<torch::Tensor, torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t, int64_t, int64_t,
+                          int64_t, int64_t, bool>());
   pybind11::class_<radixlm::bindings::DecodeStack>(m, "DecodeStack", pybind11::module_local())
       .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double>())
-      .def("add_layer", &radixlm::bindings::DecodeStack::add_layer)
+      .def("add_layer", &radixlm::bindings::DecodeStack::add_layer, pybind11::arg("qkv"), pybind11::arg("qkv_bias"),
+           pybind11::arg("o"), pybind11::arg("o_bias"), pybind11::arg("gate_up"), pybind11::arg("down"),
+           pybind11::arg("q_norm"), pybind11::arg("k_norm"), pybind11::arg("k_buf"), pybind11::arg("v_buf"),
+           pybind11::arg("attn_norm"), pybind11::arg("ffn_norm"), pybind11::arg("experts") = nullptr,
+           pybind11::arg("qkv_parts") = std::vector<std::pair<torch::Tensor, int64_t>>{},
+           pybind11::arg("gate_up_parts") = std::vector<std::pair<torch::Tensor, int64_t>>{})
       .def("forward", &radixlm::bindings::DecodeStack::forward)
       .def_property("bf16_path", &radixlm::bindings::DecodeStack::get_bf16_path, &radixlm::bindings::DecodeStack::set_bf16_path)
       .def_property("quant_mode", &radixlm::bindings::DecodeStack::get_quant_mode, &radixlm::bindings::DecodeStack::set_quant_mode)

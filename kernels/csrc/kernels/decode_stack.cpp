@@ -11,6 +11,7 @@
 #include "kernels/amx_attention.h"
 #include "kernels/check.h"
 #include "kernels/packed_gemm.h"
+#include "kernels/parallel.h"
 #include "simd/math.h"
 
 namespace radixlm {
@@ -61,6 +62,51 @@ void store_kv(const float* k, const float* v, int64_t slot, int64_t width, const
   from_float(v, width, static_cast<T*>(kv.v) + slot * width);
 }
 
+// A token's routing (DecodeExperts): ids[0, k) the k most probable experts of softmax(logits)
+// (descending; ties: the lower id), weights[0, k) their probabilities (renormalised where `norm`).
+// logits [E] is overwritten with the probabilities.
+void route(float* logits, int64_t E, int64_t k, bool norm, int64_t* ids, float* weights) {
+  const float top = *std::max_element(logits, logits + E);
+  float sum = 0.0f;
+  for (int64_t e = 0; e < E; ++e) sum += logits[e] = std::exp(logits[e] - top);
+  for (int64_t e = 0; e < E; ++e) logits[e] /= sum;
+  float chosen = 0.0f;
+  for (int64_t j = 0; j < k; ++j) {
+    int64_t best = -1;
+    for (int64_t e = 0; e < E; ++e) {
+      if (std::find(ids, ids + j, e) != ids + j) continue;
+      if (best < 0 || logits[e] > logits[best]) best = e;
+    }
+    ids[j] = best;
+    weights[j] = logits[best];
+    chosen += logits[best];
+  }
+  if (norm) {
+    for (int64_t j = 0; j < k; ++j) weights[j] /= chosen;
+  }
+}
+
+void check_weight(const PackedWeight& w, int64_t k, int64_t n, const char* name);
+
+// A product's weight: whole, or its parts (quantized, their columns summing to n).
+void check_parts(const PackedWeight& whole, const std::vector<WeightPart>& parts, int64_t k, int64_t n,
+                 const char* name) {
+  if (parts.empty()) return check_weight(whole, k, n, name);
+  int64_t columns = 0;
+  for (const WeightPart& p : parts) {
+    RADIXLM_CHECK(p.weight.kind == WeightKind::kQuant && p.columns > 0, name, "'s parts must be quantized");
+    check_weight(p.weight, k, p.columns, name);
+    columns += p.columns;
+  }
+  RADIXLM_CHECK(columns == n, name, "'s parts hold ", columns, " columns, not ", n);
+}
+
+// Row stride of a product's output: its padded width, and where it comes in parts room for the
+// last part's padding (each part writes its padded columns; the next part overwrites them).
+int64_t parts_stride(const std::vector<WeightPart>& parts, int64_t n) {
+  return padded(n) + (parts.empty() ? 0 : kPanel);
+}
+
 void check_weight(const PackedWeight& w, int64_t k, int64_t n, const char* name) {
   RADIXLM_CHECK(w.data != nullptr && w.units > 0 && w.columns() == padded(n), name, " must hold ", padded(n),
                 " packed columns (", n, " padded to a multiple of 64), not ", w.columns());
@@ -78,6 +124,10 @@ struct DecodeStack::Scratch {
   int64_t Hp, Qp, Gp;
   std::vector<float> residual, xn, qkv, q, attn, gu, act;
   std::vector<int64_t> rows, seq_lens, extend_lens, starts;  // one per entry
+  // sparse layers: the router's logits [B, E], each token's experts and weights [B, top_k], the
+  // experts' output [B, hidden]
+  std::vector<float> logits, expert_weights, moe_out;
+  std::vector<int64_t> expert_ids;
 };
 
 namespace {
@@ -120,13 +170,23 @@ DecodeStack::DecodeStack(const DecodeShape& shape) : shape_(shape) {
 
 void DecodeStack::add_layer(const DecodeLayer& layer) {
   const DecodeShape& c = shape_;
-  check_weight(layer.qkv, c.hidden, (c.num_heads + 2 * c.num_kv_heads) * c.head_dim, "qkv");
+  check_parts(layer.qkv, layer.qkv_parts, c.hidden, (c.num_heads + 2 * c.num_kv_heads) * c.head_dim, "qkv");
   check_weight(layer.o, c.num_heads * c.head_dim, c.hidden, "o");
-  check_weight(layer.gate_up, c.hidden, 2 * c.intermediate, "gate_up");
-  check_weight(layer.down, c.intermediate, c.hidden, "down");
+  if (layer.is_sparse()) {
+    const MoeExperts& x = layer.moe.experts;
+    RADIXLM_CHECK(layer.moe.router != nullptr && x.arena != nullptr && x.offsets != nullptr && x.hidden == c.hidden &&
+                      x.inter > 0 && layer.moe.top_k <= x.num_experts,
+                  "a sparse layer needs a router, its experts' arena and offsets, hidden ", c.hidden,
+                  " and top_k within 1..num_experts");
+  } else {
+    check_parts(layer.gate_up, layer.gate_up_parts, c.hidden, 2 * c.intermediate, "gate_up");
+    check_weight(layer.down, c.intermediate, c.hidden, "down");
+  }
   RADIXLM_CHECK(layer.kv.k != nullptr && layer.kv.v != nullptr && layer.kv.num_kv_heads == c.num_kv_heads &&
                     layer.kv.head_dim == c.head_dim,
                 "k_buf / v_buf must be contiguous float32 or bfloat16 [slots, num_kv_heads, head_dim]");
+  qkv_ld_ = std::max(qkv_ld_, parts_stride(layer.qkv_parts, (c.num_heads + 2 * c.num_kv_heads) * c.head_dim));
+  gate_up_ld_ = std::max(gate_up_ld_, parts_stride(layer.gate_up_parts, 2 * c.intermediate));
   layers_.push_back(layer);
 }
 
@@ -143,6 +203,21 @@ void DecodeStack::linear(const PackedWeight& w, const float* x, int64_t M, int64
                        bf16_path);
     case WeightKind::kFloat32:
       return packed_gemm(x, M, K, static_cast<const float*>(w.data), w.units, out, ld_out, residual, ld_res, bias);
+  }
+}
+
+// out = x @ whole (+ bias), or x @ each part into its columns (+ bias over them all).
+void DecodeStack::linear_parts(const PackedWeight& whole, const std::vector<WeightPart>& parts, const float* x,
+                               int64_t M, int64_t K, float* out, int64_t ld_out, const float* bias) const {
+  if (parts.empty()) return linear(whole, x, M, K, out, ld_out, nullptr, 0, bias);
+  int64_t c0 = 0;
+  for (const WeightPart& p : parts) {
+    linear(p.weight, x, M, K, out + c0, ld_out, nullptr, 0, nullptr);
+    c0 += p.columns;
+  }
+  if (bias == nullptr) return;
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t c = 0; c < c0; ++c) out[m * ld_out + c] += bias[c];
   }
 }
 
@@ -164,7 +239,7 @@ void DecodeStack::attention_block(const DecodeLayer& L, const DecodeBatch& batch
   const bool kv_bf16 = L.kv.dtype == DType::kBFloat16;
   float *res = s.residual.data(), *x = s.xn.data(), *qkv_p = s.qkv.data();
   for (int64_t b = 0; b < B; ++b) rms_norm(res + b * Hp, H, eps, L.attn_norm, x + b * H);
-  linear(L.qkv, x, B, H, qkv_p, Qp, nullptr, 0, L.qkv_bias);
+  linear_parts(L.qkv, L.qkv_parts, x, B, H, qkv_p, Qp, L.qkv_bias);
   for (int64_t b = 0; b < B; ++b) {
     float* q = qkv_p + b * Qp;
     float* k = q + Hq * D;
@@ -197,9 +272,37 @@ void DecodeStack::mlp_block(const DecodeLayer& L, int64_t B, Scratch& s) const {
   const int64_t H = shape_.hidden, I = shape_.intermediate, Hp = s.Hp, Gp = s.Gp;
   float *res = s.residual.data(), *x = s.xn.data(), *gu = s.gu.data(), *act = s.act.data();
   for (int64_t b = 0; b < B; ++b) rms_norm(res + b * Hp, H, shape_.rms_eps, L.ffn_norm, x + b * H);
-  linear(L.gate_up, x, B, H, gu, Gp, nullptr, 0, nullptr);
+  linear_parts(L.gate_up, L.gate_up_parts, x, B, H, gu, Gp, nullptr);
   for (int64_t b = 0; b < B; ++b) silu_mul(gu + b * Gp, gu + b * Gp + I, I, act + b * I);
   reduce_into_residual(s, B, [&] { linear(L.down, act, B, I, res, Hp, res, Hp, nullptr); });
+}
+
+// RMSNorm, the router, top-k, the routed experts (one moe_experts region) onto the residual.
+void DecodeStack::experts_block(const DecodeLayer& L, int64_t B, Scratch& s) const {
+  const int64_t H = shape_.hidden, Hp = s.Hp, E = L.moe.experts.num_experts, k = L.moe.top_k;
+  float *res = s.residual.data(), *x = s.xn.data();
+  for (int64_t b = 0; b < B; ++b) rms_norm(res + b * Hp, H, shape_.rms_eps, L.ffn_norm, x + b * H);
+  s.logits.resize(B * E);
+  s.expert_ids.resize(B * k);
+  s.expert_weights.resize(B * k);
+  s.moe_out.resize(B * H);
+  // the router's E x H products per token: serial at a decode batch of a few tokens (a parallel
+  // region costs more than they do), over the threads for larger ones
+  parallel_for(0, B, 4, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      float* logits = s.logits.data() + b * E;
+      for (int64_t e = 0; e < E; ++e) logits[e] = dot(x + b * H, L.moe.router + e * H, H);
+      route(logits, E, k, L.moe.norm_topk_prob, s.expert_ids.data() + b * k, s.expert_weights.data() + b * k);
+    }
+  });
+  moe_experts(L.moe.experts, x, B, s.expert_ids.data(), s.expert_weights.data(), k, s.moe_out.data());
+  reduce_into_residual(s, B, [&] {
+    for (int64_t b = 0; b < B; ++b) {
+      const float* y = s.moe_out.data() + b * H;
+      float* r = res + b * Hp;
+      for (int64_t i = 0; i < H; ++i) r[i] += y[i];
+    }
+  });
 }
 
 void DecodeStack::forward(const DecodeBatch& batch, float* out) const {
@@ -211,8 +314,8 @@ void DecodeStack::forward(const DecodeBatch& batch, float* out) const {
   }
   Scratch s;
   s.Hp = padded(H);
-  s.Qp = padded((Hq + 2 * shape_.num_kv_heads) * D);
-  s.Gp = padded(2 * shape_.intermediate);
+  s.Qp = std::max(qkv_ld_, padded((Hq + 2 * shape_.num_kv_heads) * D));
+  s.Gp = std::max(gate_up_ld_, padded(2 * shape_.intermediate));
   s.residual.assign(B * s.Hp, 0.0f);
   for (int64_t b = 0; b < B; ++b) std::memcpy(s.residual.data() + b * s.Hp, batch.hidden + b * H, sizeof(float) * H);
   s.xn.resize(B * H);
@@ -226,7 +329,11 @@ void DecodeStack::forward(const DecodeBatch& batch, float* out) const {
                 " rows exceeds the all-reduce's slots");
   for (const DecodeLayer& L : layers_) {
     attention_block(L, batch, s);
-    mlp_block(L, B, s);
+    if (L.is_sparse()) {
+      experts_block(L, B, s);
+    } else {
+      mlp_block(L, B, s);
+    }
   }
   for (int64_t b = 0; b < B; ++b) std::memcpy(out + b * H, s.residual.data() + b * s.Hp, sizeof(float) * H);
 }

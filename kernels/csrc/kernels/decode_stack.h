@@ -5,6 +5,10 @@
 // pool slots, attention read in place from the pool (paged_attention.h: GQA, flash-style float32
 // softmax), o_proj accumulated onto the residual, RMSNorm, fused gate/up product, SiLU(gate) * up,
 // down_proj accumulated onto the residual. The residual stream stays float32 throughout.
+// A sparse layer (Qwen3-MoE, Mixtral, OLMoE) takes a mixture of experts in place of the dense
+// MLP: RMSNorm, the router's logits, softmax, top-k (renormalised where the model says), and every
+// routed expert's SwiGLU and the weighted sum in one moe_experts call (moe_experts.h), added to
+// the residual.
 //
 // Why: a decode step of a small model on a CPU is bound by per-op overhead (Python, dispatch,
 // small kernels, dtype conversions) as much as by reading the weights; here a step has one call
@@ -21,6 +25,7 @@
 #include <vector>
 
 #include "kernels/bf16_gemm.h"
+#include "kernels/moe_experts.h"
 #include "kernels/paged_attention.h"
 #include "kernels/quant_gemm.h"
 
@@ -41,6 +46,25 @@ struct PackedWeight {
   int64_t columns() const { return units * (kind == WeightKind::kFloat32 ? 64 : kind == WeightKind::kBFloat16 ? 32 : 16); }
 };
 
+// A sparse layer's mixture of experts: router float32 [num_experts, hidden] (one row per expert,
+// HF's gate layout), the experts as moe_experts reads them (hidden the stack's). Each token takes
+// the top_k experts of softmax(router @ x) in float32 (ties: the lower id first), in descending
+// order, their probabilities divided by their sum where norm_topk_prob. top_k 0: a dense layer.
+struct DecodeExperts {
+  const float* router = nullptr;
+  MoeExperts experts;
+  int64_t top_k = 0;
+  bool norm_topk_prob = false;
+};
+
+// One part of a product whose output columns come from weights of different formats side by side
+// (a Q4_K_M file's q and k in Q4_K, v in Q6_K): `columns` (unpadded) of the output, after the
+// parts before it; its weight packed for those columns.
+struct WeightPart {
+  PackedWeight weight;
+  int64_t columns = 0;
+};
+
 // One layer. Biases float32 padded to the packed width, q_norm / k_norm float32 [head_dim],
 // attn_norm / ffn_norm float32 [hidden]: each null where the layer has none (the RMSNorm weights
 // before qkv and gate_up are folded into those products where they are float; quantized ones
@@ -55,6 +79,11 @@ struct DecodeLayer {
   const float* attn_norm = nullptr;
   const float* ffn_norm = nullptr;
   KvBuffers kv;
+  DecodeExperts moe;  // a sparse layer's (then gate_up / down are unused and may be null)
+  // q/k/v or gate/up in parts (then qkv / gate_up are unused and may be null); empty: whole
+  std::vector<WeightPart> qkv_parts, gate_up_parts;
+
+  bool is_sparse() const { return moe.top_k > 0; }
 };
 
 struct DecodeShape {
@@ -87,7 +116,8 @@ class DecodeStack {
  public:
   explicit DecodeStack(const DecodeShape& shape);
 
-  // One layer, in order; its weights' kinds and sizes are checked against the shape.
+  // One layer, in order; its weights' kinds and sizes are checked against the shape (a dense
+  // layer's gate_up / down; a sparse layer's experts: their widths and top_k).
   void add_layer(const DecodeLayer& layer);
 
   // The step: writes each layer's K/V at the new tokens' slots, and out [B, hidden] (rows
@@ -107,16 +137,20 @@ class DecodeStack {
   AllReduce all_reduce;
 
  private:
+  void linear_parts(const PackedWeight& whole, const std::vector<WeightPart>& parts, const float* x, int64_t M,
+                    int64_t K, float* out, int64_t ld_out, const float* bias) const;
   void linear(const PackedWeight& w, const float* x, int64_t M, int64_t K, float* out, int64_t ld_out,
               const float* residual, int64_t ld_res, const float* bias) const;
   struct Scratch;
   void attention_block(const DecodeLayer& L, const DecodeBatch& batch, Scratch& s) const;
   void mlp_block(const DecodeLayer& L, int64_t B, Scratch& s) const;
+  void experts_block(const DecodeLayer& L, int64_t B, Scratch& s) const;
   template <typename F>
   void reduce_into_residual(Scratch& s, int64_t B, const F& accumulate) const;
 
   DecodeShape shape_;
   std::vector<DecodeLayer> layers_;
+  int64_t qkv_ld_ = 0, gate_up_ld_ = 0;  // the row strides of the q/k/v and gate/up products' outputs
 };
 
 }  // namespace radixlm

@@ -19,8 +19,10 @@ Layout choices made for a lean decode step (few, large ops):
   vdpbf16ps, emulated 16 beside a CPU's bf16 hardware and every row without it) run in our packed C++ kernels (radixlm.kernels.cpu_linear: float32 FMA, or bf16 dot products), and a
   decode step of up to that many requests runs all its decoder layers in one C++ call
   (DecodeStack: the same math, float32 residual stream), which removes the per-op overhead that
-  dominates a small model's decode step. DecodeStack implements the Llama/Qwen layer only:
-  a model with any option it lacks (`decode_stack_misfit`) decodes layer by layer, its products
+  dominates a small model's decode step. DecodeStack implements the Llama/Qwen layer, and a
+  sparse layer's mixture of experts where the fused experts kernel takes it (the router, top-k
+  and FusedExperts inside its layer loop: a MoE decode step is one C++ call too); a model with
+  any option it lacks (`decode_stack_misfit`) decodes layer by layer, its products
   still in the packed kernels; one with sliding windows leaves it while a window cuts a context.
   Prefill-sized steps take the kernels' fused row-wise
   RMSNorm and SiLU x up (one pass each, float32 arithmetic) instead of torch's multi-pass ones.
@@ -39,7 +41,7 @@ import torch
 from torch import nn
 
 from radixlm.kernels import cpu_linear, quant
-from radixlm.runtime.model import kernel_policy
+from radixlm.runtime.model import kernel_policy, linear_method
 from radixlm.runtime.model.attention.base import BaseAttentionBackend
 from radixlm.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from radixlm.runtime.model.kernel_policy import attention_kernels, cpu_isa, load_cpu_kernels
@@ -93,6 +95,7 @@ class LlamaForCausalLM(nn.Module):
         windows = [w for w in (cfg.layer(i).sliding_window for i in range(cfg.num_layers)) if w is not None]
         self.min_window = min(windows) if windows else None
         self.decode_stack: object | None = None  # cpu_linear's DecodeStack once use_cpu_kernels ran
+        self.decode_stack_rows = 1 << 62  # the most rows its mixtures of experts take (FusedExperts.max_rows)
         self.tp: TPGroup | None = None
 
     @staticmethod
@@ -155,7 +158,7 @@ class LlamaForCausalLM(nn.Module):
         window, so only while no window cuts the batch's contexts."""
         return (
             self.decode_stack is not None and batch.mode is ForwardMode.DECODE
-            and batch.batch_size <= self.lm_head.max_rows
+            and batch.batch_size <= min(self.lm_head.max_rows, self.decode_stack_rows)
             and (self.min_window is None or max(batch.seq_lens_list) <= self.min_window)
             # tensor parallel: the residual stream's rows fit the shared-memory sum's slots
             and (self.tp is None or batch.batch_size * self._padded_hidden() * 4 <= self.tp.shm.max_bytes)  # type: ignore[union-attr]
@@ -182,14 +185,22 @@ class LlamaForCausalLM(nn.Module):
             "MLP biases": cfg.mlp_bias,
             "attention logit soft-capping": cfg.attn_logit_softcap is not None,
             "layers with different or no rotary embeddings": any(r != 0 for r in self.layer_rope),
-            "an MLP other than the dense one": any(not isinstance(layer.mlp, DenseMLP) for layer in self.layers),
-            "q/k/v or gate/up products in parts of different quantized formats":
-                any(lin.parts is not None for layer in self.layers for lin in layer.modules() if isinstance(lin, Linear)),
+            "an MLP other than the dense one or a mixture of experts in the fused kernel":
+                any(not isinstance(layer.mlp, DenseMLP) and not self._stack_takes_experts(layer.mlp)
+                    for layer in self.layers),
+            "mixtures of experts under tensor parallelism":
+                self.tp is not None and any(isinstance(layer.mlp, SparseMoeBlock) for layer in self.layers),
             "a residual multiplier the quantized output products could not absorb":
                 any(layer.output_scale != 1.0 for layer in self.layers),  # type: ignore[union-attr]
         }
         found = [what for what, present in misfits.items() if present]
         return ", ".join(found) if found else None
+
+    @staticmethod
+    def _stack_takes_experts(mlp: nn.Module) -> bool:
+        """Whether DecodeStack runs this block: a mixture of experts the fused kernel takes (its
+        SparseMoeBlock.fused, set once use_cpu_kernels placed the experts)."""
+        return isinstance(mlp, SparseMoeBlock) and mlp.fused is not None
 
     def use_cpu_kernels(self, k_buffers: list[torch.Tensor], v_buffers: list[torch.Tensor],
                         bf16_path: str | None = None) -> bool:
@@ -228,14 +239,28 @@ class LlamaForCausalLM(nn.Module):
         modes = set()
         for layer, k_buf, v_buf in zip(self.layers, k_buffers, v_buffers, strict=True):
             assert isinstance(layer, DecoderLayer)
-            qkv, o, gate_up, down = (lin.method for lin in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj,
-                                                            layer.down_proj))
-            assert qkv is not None and o is not None and gate_up is not None and down is not None
+            o = layer.o_proj.method
+            assert o is not None
+            products = [*layer.qkv_proj.kernel_linears(), layer.o_proj]
+            experts, gate_up, down, gate_up_parts = None, None, None, []
+            if isinstance(layer.mlp, SparseMoeBlock):  # a sparse layer: its router and fused experts
+                experts = self._stack_experts(ext, layer.mlp)
+            else:
+                gate_up, gate_up_parts = self._stack_product(layer.gate_up_proj)
+                down = layer.down_proj.method.packed  # type: ignore[union-attr]
+                products += [*layer.gate_up_proj.kernel_linears(), layer.down_proj]
+            qkv, qkv_parts = self._stack_product(layer.qkv_proj)
+            qkv_bias = layer.qkv_proj.method.bias if layer.qkv_proj.method is not None else \
+                linear_method.padded_bias(layer.qkv_proj.bias)  # parts: the whole layer's, after theirs
             stack.add_layer(
-                qkv.packed, qkv.bias, o.packed, o.bias, gate_up.packed, down.packed, f32(layer.q_norm),
-                f32(layer.k_norm), k_buf, v_buf, f32(layer.input_layernorm), f32(layer.pre_mlp_norm),
+                qkv, qkv_bias, o.packed, o.bias, gate_up, down,
+                f32(layer.q_norm), f32(layer.k_norm), k_buf, v_buf, f32(layer.input_layernorm),
+                f32(layer.pre_mlp_norm), experts, qkv_parts, gate_up_parts,
             )
-            modes |= {m.quant_mode for m in (qkv, o, gate_up, down) if m.quant_mode is not None}
+            modes |= {lin.method.quant_mode for lin in products if lin.method.quant_mode is not None}  # type: ignore[union-attr]
+            if isinstance(layer.mlp, SparseMoeBlock):
+                assert layer.mlp.fused is not None
+                self.decode_stack_rows = min(self.decode_stack_rows, layer.mlp.fused.max_rows)
         stack.bf16_path = cpu_linear.BF16_PATHS.index(bf16_path)
         stack.flash_attention = attention_kernels(ext, k_buffers[0].dtype, bf16_path, cfg.head_dim).flash
         if self.tp is not None:
@@ -244,6 +269,26 @@ class LlamaForCausalLM(nn.Module):
             (stack.quant_mode,) = modes  # one mode per model
         self.decode_stack = stack
         return True
+
+    @staticmethod
+    def _stack_product(linear: Linear) -> tuple[torch.Tensor | None, list[tuple[torch.Tensor, int]]]:
+        """DecodeStack's view of a fused input product: (its packed weight, []) or, where it comes
+        in parts of different quantized formats, (None, each part's (packed weight, columns))."""
+        if linear.parts is None:
+            assert linear.method is not None
+            return linear.method.packed, []
+        return None, [(part.method.packed, part.out_features) for part in linear.kernel_linears()]  # type: ignore[union-attr]
+
+    @staticmethod
+    def _stack_experts(ext: object, block: SparseMoeBlock) -> object:
+        """DecodeStack's view of a sparse layer: the router (float32, HF's [E, hidden]) and the
+        fused kernel's experts, routed as the block routes (SparseMoeBlock.route)."""
+        fused, options = block.fused, block.options
+        assert fused is not None
+        return ext.DecodeExperts(  # type: ignore[attr-defined]
+            block.gate.detach().float().contiguous(), fused.arena, fused.offsets, fused.inter, fused.kind,
+            *fused.block_bytes, fused.mode, fused.bf16_path, options.top_k, options.norm_topk_prob,
+        )
 
     def _place_weights(self) -> None:
         """Every kernel weight in one huge-page allocation, in the order a decode step reads them

@@ -21,9 +21,10 @@ block-quantized expert (GGUF blocks from the file, or `quantize_to` at load) hol
 With the C++ kernels, the experts' weights sit in one arena per layer and a step's experts run in
 ONE kernel call (`FusedExperts`, kernels/csrc/kernels/moe_experts.h: grouping, every routed
 expert's gate_up, SiLU x up and down, and the weighted sum, in one parallel region), the same
-products as the experts' own layers; the per-expert path above remains for torch's ops, for
-float experts past their kernel's rows (prefill: torch's GEMM), and for widths the kernel does
-not tile (moe_intermediate_size not a multiple of 64 / 32).
+products as the experts' own layers (a decode step in DecodeStack calls the same kernel from its
+layer loop, after routing as `route` does: models/llama.py); the per-expert path above remains
+for torch's ops, for float experts past their kernel's rows (prefill: torch's GEMM), and for
+widths the kernel does not tile (moe_intermediate_size not a multiple of 64 / 32).
 The block takes x already normalised (the post-attention RMSNorm with its weight: the router
 and every expert read it, so the norm's weight cannot be folded into one linear layer's rows).
 """

@@ -39,7 +39,8 @@ TASKS = {
 
 # radixlm's modes per task; "unconstrained" sends no schema
 OURS_MODES: dict[str, tuple[str, ...]] = {
-    "W4": ("json_schema", "json_schema, jump-forward off", "json_schema, compact whitespace", "unconstrained"),
+    "W4": ("json_schema", "json_schema, jump-forward off", "json_schema, compact whitespace", "unconstrained",
+           "json_schema, ngram"),
     "W6": ("json_schema", "json_schema, ngram"),
 }
 # Engine flags of the modes that need an engine of their own

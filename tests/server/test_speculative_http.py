@@ -82,3 +82,19 @@ def test_a_program_gets_speculation_without_a_change(spec_server: ServerHandle, 
         meta = on.get_meta_info(name)
         assert 1 <= meta["spec_verify_ct"] <= meta["completion_tokens"]
         assert "spec_verify_ct" not in off.get_meta_info(name)
+
+
+def test_standalone_through_the_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory,
+                                       tiny_server: ServerHandle) -> None:
+    """`radixlm serve --speculative-algorithm STANDALONE --speculative-draft-model-path P` (the
+    target as its own draft): /generate gives tiny_server's tokens, every drafted token kept."""
+    with running_server(tiny_model_dir, tmp_path_factory, "standalone", "--max-total-tokens", "4096", "--random-seed",
+                        "0", "--dtype", "float32", "--speculative-algorithm", "STANDALONE",
+                        "--speculative-draft-model-path", str(tiny_model_dir)) as server:
+        body = {"text": "one two three one two", "sampling_params": {"temperature": 0, "max_new_tokens": 24}}
+        on, off = _generate(server.url, body), _generate(tiny_server.url, body)
+        assert on["output_ids"] == off["output_ids"]
+        meta = on["meta_info"]
+        assert meta["spec_num_proposed_drafts"] > 0 and meta["spec_num_correct_drafts"] == meta["spec_num_proposed_drafts"]
+        info = httpx.get(server.url + "/get_server_info", timeout=30).json()
+        assert info["speculative_algorithm"] == "STANDALONE" and info["avg_spec_accept_length"] > 1

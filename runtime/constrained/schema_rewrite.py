@@ -10,7 +10,8 @@ Dialects (draft-04 .. 2020-12), exact:
 - `items: [...]` / `additionalItems` (draft-04 .. 2019-09) become `prefixItems` / `items`;
 - `dependencies` (draft-04 .. 07) becomes `dependentRequired` / `dependentSchemas`;
 - a `format` no validator asserts (`ASSERTED_FORMATS`) is an annotation: dropped; `date`, `time`
-  and `date-time` become (stricter) `pattern`s (`FORMAT_PATTERNS`);
+  and `date-time` become (stricter) `pattern`s (`FORMAT_PATTERNS`), also beside a `pattern` that
+  every value of theirs matches (`schema_regex_within`);
 - `unevaluatedProperties` / `unevaluatedItems` beside no applicator are `additionalProperties` / `items`.
 
 Structure, exact:
@@ -72,6 +73,7 @@ from radixlm.runtime.constrained.schema_objects import (
 from radixlm.runtime.constrained.schema_oneof import as_any_of
 from radixlm.runtime.constrained.schema_refs import hoist_deep_refs
 from radixlm.runtime.constrained.schema_regex_chars import negated_class, pattern_avoiding
+from radixlm.runtime.constrained.schema_regex_within import language_within
 
 Schema = dict[str, Any]
 
@@ -326,8 +328,11 @@ def _dialect(node: Schema) -> Schema:
             node.setdefault(key, {})[name] = value
     if isinstance(node.get("format"), str) and node["format"] not in ASSERTED_FORMATS:
         del node["format"]
-    if node.get("format") in FORMAT_PATTERNS and "pattern" not in node:
-        node["pattern"] = f"^{FORMAT_PATTERNS[node.pop('format')]}$"
+    own = FORMAT_PATTERNS.get(node.get("format"))  # type: ignore[arg-type]
+    if own is not None and ("pattern" not in node or (
+            isinstance(node["pattern"], str) and language_within(own, node["pattern"]))):
+        del node["format"]  # beside a pattern that every value of ours matches: ours alone (stricter)
+        node["pattern"] = f"^{own}$"
     if node.get("format") == "regex":  # stricter: a regex without special characters, a literal
         narrowed = pattern_avoiding(node["pattern"], REGEX_SPECIALS) if isinstance(node.get("pattern"), str) else (
             f"^{negated_class(REGEX_SPECIALS)}*$")

@@ -83,6 +83,9 @@ CASES: list[tuple[str, dict[str, Any], list[object]]] = [
                                                "oneOf": [{"required": ["y"]}, {"required": ["w"]}]},
                                          "z": {"$ref": "#/properties/x/properties/y"}}, "required": ["z"]},
      [{"z": 3}, {"z": 12}, {"z": "s"}, {"x": {"y": 1}, "z": 1}]),
+    ("format: date beside a pattern all our dates match", {  # citation-file-format's date
+        "type": "string", "format": "date", "pattern": "^[0-9]{4}-(0[1-9]|1[012])-(0[1-9]|[12][0-9]|3[01])$"},
+     ["2024-02-28", "2024-02-30", "2024-13-01", "24-01-01", "1999-12-31"]),
     ("listed values joined with a pattern", {
         "type": "object", "properties": {"task": {"anyOf": [{"enum": ["A@1"]}, {"enum": ["B@2"]}]}},
         "required": ["task"], "anyOf": [{"properties": {"task": {"pattern": "^A@1$"}, "a": {"type": "integer"}}},
@@ -129,6 +132,20 @@ def test_what_has_no_exact_or_stricter_form_is_refused_naming_it() -> None:
     # the branch holding an unenforced `not` is left out of an anyOf; if it is the only one, refused
     assert rewrite_schema({"anyOf": [{"type": "integer"}, {"type": "string", "not": {"pattern": ".*"}}]}) == {
         "anyOf": [{"type": "integer"}]}
+
+
+def test_a_format_beside_a_pattern_is_ours_alone_only_within_it() -> None:
+    """`date` beside a pattern that all of our calendar pattern's dates match: ours alone; beside a
+    narrower pattern (only 2024), or one interegular cannot read, refused naming the format."""
+    from radixlm.runtime.constrained.schema_regex_within import language_within
+
+    assert language_within("[12][0-9]{3}-[0-9]{2}", "^[0-9]{4}-[0-9]{2}$")
+    assert language_within("[12][0-9]{3}-[0-9]{2}", "[0-9]{4}")  # matched anywhere: a whole match is one
+    assert not language_within("[12][0-9]{3}-[0-9]{2}", "^2024-[0-9]{2}$")
+    assert not language_within("[12][0-9]{3}", "^(?=1)[0-9]{4}$")  # a lookahead: not read, so no
+    for pattern in ("^2024-", "^(?=1)[0-9-]+$"):
+        with pytest.raises(GrammarError, match="format 'date'"):
+            validate("xgrammar", "json_schema", {"type": "string", "format": "date", "pattern": pattern})
 
 
 def test_disjointness_and_regex_helpers() -> None:

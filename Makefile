@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 
 model: setup
 	$(BIN)/python -m radixlm.runtime.model.model_files --fetch-default
-	# the C++ CPU decode kernels, compiled once into the cache (a minute or two the first time)
+	# the C++ CPU decode kernels, compiled once into the cache (~30 s on 2 cores the first time)
 	$(BIN)/python -m radixlm.runtime.model.model_files --build-kernels
 
 serve: model

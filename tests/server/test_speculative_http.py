@@ -27,7 +27,8 @@ def spec_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
         yield server
 
 
-def _generate(url: str, body: dict[str, Any]) -> dict[str, Any]:
+def generate_ok(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    """POST /generate with `body`; the JSON response, which must be a 200."""
     resp = httpx.post(url + "/generate", json=body, timeout=120)
     assert resp.status_code == 200, resp.text
     return resp.json()  # type: ignore[no-any-return]
@@ -42,7 +43,7 @@ def test_native_and_openai_outputs_equal_with_speculation(spec_server: ServerHan
             "temperature": 0, "max_new_tokens": 32, "json_schema": json.dumps(WEATHER)}},
     ]
     for body in bodies:
-        on, off = _generate(spec_server.url, body), _generate(tiny_server.url, body)
+        on, off = generate_ok(spec_server.url, body), generate_ok(tiny_server.url, body)
         assert on["output_ids"] == off["output_ids"] and on["text"] == off["text"]
         meta = on["meta_info"]
         assert 1 <= meta["spec_verify_ct"] <= meta["completion_tokens"]
@@ -92,7 +93,7 @@ def test_standalone_through_the_server(tiny_model_dir: Path, tmp_path_factory: p
                         "0", "--dtype", "float32", "--speculative-algorithm", "STANDALONE",
                         "--speculative-draft-model-path", str(tiny_model_dir)) as server:
         body = {"text": "one two three one two", "sampling_params": {"temperature": 0, "max_new_tokens": 24}}
-        on, off = _generate(server.url, body), _generate(tiny_server.url, body)
+        on, off = generate_ok(server.url, body), generate_ok(tiny_server.url, body)
         assert on["output_ids"] == off["output_ids"]
         meta = on["meta_info"]
         assert meta["spec_num_proposed_drafts"] > 0 and meta["spec_num_correct_drafts"] == meta["spec_num_proposed_drafts"]

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 from conftest import ServerHandle, running_server
+from test_speculative_http import generate_ok
 
 LOOP = "one two three one two three one two three one two"
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"],
@@ -37,16 +38,10 @@ def parallel_spec_server(request: pytest.FixtureRequest, tiny_model_dir: Path,
         yield server
 
 
-def _generate(url: str, body: dict[str, Any]) -> dict[str, Any]:
-    resp = httpx.post(url + "/generate", json=body, timeout=120)
-    assert resp.status_code == 200, resp.text
-    return resp.json()  # type: ignore[no-any-return]
-
-
 def test_outputs_equal_and_drafts_accepted(parallel_spec_server: ServerHandle, tiny_server: ServerHandle) -> None:
     accepted = 0
     for body in BODIES:
-        on, off = _generate(parallel_spec_server.url, body), _generate(tiny_server.url, body)
+        on, off = generate_ok(parallel_spec_server.url, body), generate_ok(tiny_server.url, body)
         assert on["output_ids"] == off["output_ids"] and on["text"] == off["text"], body
         meta = on["meta_info"]
         assert 1 <= meta["spec_verify_ct"] <= meta["completion_tokens"]

@@ -29,7 +29,6 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
-#include <utility>
 #include <vector>
 
 #include "kernels/amx_attention.h"
@@ -300,39 +299,33 @@ void check_batch(int64_t num_tokens, int64_t Hq, const KvBuffers& kv, const Atte
 }
 
 // The slots every request of the batch shares at the start of its context (cached positions
-// only), where the cascade pays for them; else 0. Decided over the batch's distinct requests
-// (req_to_token rows), each at its shortest entry's length: a speculative verify step sends one
-// request as several entries (its decode row and its drafts, one position apart), and must take
-// the kernel, and so the rounding, that the same requests take without drafts. So one request's
-// rows never cascade: each is then computed as its one-row decode would be, to the bit.
+// only), where the cascade pays for them; else 0. Decided over the batch's requests, a run of
+// consecutive entries on one req_to_token row counting as one request at its first entry's
+// length: a speculative verify step sends one request as such a run (its decode row, then its
+// drafts, one position apart), and must take the kernel, and so the rounding, that the same
+// requests take without drafts. So one request's rows never cascade: each is then computed as
+// its one-row decode would be, to the bit.
 int64_t cascade_shared_len(const AttentionBatch& batch) {
   const int64_t B = batch.size, *seq = batch.seq_lens, *ext = batch.extend_lens;
-  std::vector<std::pair<int64_t, int64_t>> requests;  // (req_to_token row, its entries' shortest length)
-  int64_t shared = std::numeric_limits<int64_t>::max();
+  if (B < 2) return 0;
+  int64_t shared = std::numeric_limits<int64_t>::max(), num_requests = 0, own_lens = 0;
+  const int32_t* first = batch.req_to_token + batch.rows[0] * batch.context;
   for (int64_t b = 0; b < B; ++b) {
     shared = std::min(shared, seq[b] - ext[b]);
-    auto it = std::find_if(requests.begin(), requests.end(), [&](const auto& r) { return r.first == batch.rows[b]; });
-    if (it == requests.end()) {
-      requests.emplace_back(batch.rows[b], seq[b]);
-    } else {
-      it->second = std::min(it->second, seq[b]);
-    }
-  }
-  const int64_t R = static_cast<int64_t>(requests.size());
-  if (R < 2) return 0;
-  const int32_t* first = batch.req_to_token + requests[0].first * batch.context;
-  for (int64_t r = 1; r < R && shared >= kCascadeMinShared; ++r) {
-    const int32_t* slots = batch.req_to_token + requests[r].first * batch.context;
+    if (b > 0 && batch.rows[b] == batch.rows[b - 1]) continue;  // the run's first entry is the shortest
+    ++num_requests;
+    own_lens += seq[b];
+    const int32_t* slots = batch.req_to_token + batch.rows[b] * batch.context;
     int64_t p = 0;
     while (p < shared && slots[p] == first[p]) ++p;
     shared = p;
   }
-  int64_t own_keys = 0;  // keys past the shared ones, over all requests
-  for (const auto& [row, len] : requests) own_keys += len - shared;
+  if (num_requests < 2) return 0;
+  const int64_t own_keys = own_lens - num_requests * shared;  // keys past the shared ones, over all requests
   // the second pass costs more per key than the vector kernel (3 of 16 lanes for a decode), so
   // the cascade pays where the shared keys dominate (figures: docs/cpu-support.md, "Thresholds
   // and the measurements behind them")
-  return shared >= kCascadeMinShared && shared * R >= 4 * own_keys ? shared : 0;
+  return shared >= kCascadeMinShared && shared * num_requests >= 4 * own_keys ? shared : 0;
 }
 
 std::vector<ExtendRequest> extend_requests(const AttentionBatch& batch, bool long_only) {

@@ -192,10 +192,12 @@ def test_stream_function_call_events(tiny_server: ServerHandle, tiny_model_name:
     assert {e.item_id for e in deltas + done} == {call.id}
     jsonschema.validate(json.loads(call.arguments), WEATHER)
     assert events[-1].type == "response.completed"
-    # streamed as generated: the call's item (with its name) opens first, then the arguments in fragments
+    # streamed as generated: the call's item (with its name) opens first, then the arguments. How
+    # many fragments depends on when this client reads (deltas that wait for it are sent as one;
+    # `{"city": "Rome"}` is ~4 tokens): ToolCallStream's tests show fragments token by token
     added = next(i for i, e in enumerate(events) if e.type == "response.output_item.added" and e.item.id == call.id)
     assert events[added].item.name == "get_weather" and events[added].item.arguments == ""
-    assert added < events.index(deltas[0]) and len(deltas) > 2
+    assert added < events.index(deltas[0])
     whole = client_of(tiny_server).responses.create(
         model=tiny_model_name, input="Weather?", tools=TOOLS, tool_choice={"type": "function", "name": "get_weather"},
         max_output_tokens=32, temperature=0, store=False)

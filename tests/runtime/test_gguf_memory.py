@@ -145,3 +145,49 @@ def test_q4_k_fast_repack_equals_the_value_by_value_one(n: int, k: int) -> None:
 
     raw = torch.from_numpy(random_q4_k(np.random.default_rng(n), n, k, 1.0))
     assert torch.equal(kquants.pack(raw, k, "q4_k", 64), kquants._pack_values(raw, k, "q4_k", 64))
+
+
+LOAD_PEAK_SCRIPT = """
+import sys
+from pathlib import Path
+import torch
+from radixlm.runtime.model.model_config import ModelConfig
+from radixlm.runtime.model.model_files import resolve_model_path
+from radixlm.runtime.model.model_runner import weights_of
+from radixlm.runtime.model.models.llama import LlamaForCausalLM
+
+def status(key):
+    return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith(key))
+
+model_dir = resolve_model_path(Path(sys.argv[1]))
+cfg = ModelConfig.from_dir(model_dir)
+with torch.device("meta"):
+    model = LlamaForCausalLM(cfg, None, 2048)
+model = model.to_empty(device="cpu")
+before = status("VmRSS:")
+open("/proc/self/clear_refs", "w").write("5")  # the peak (VmHWM) from here
+model.load_weights(weights_of(model_dir, "gguf"), None, "int8")
+print(status("VmHWM:") - before, status("VmRSS:") - before)
+"""
+
+
+def test_a_quantized_load_holds_the_weights_about_once(tmp_path: Path) -> None:
+    """Loading a K-quant MoE GGUF (~185 MB: 6 layers of 32 experts) peaks at its weights plus a
+    layer in flight: the read buffers and packed copies of a few MB each, freed into malloc's
+    heap, are given back layer by layer (a 17 GB Qwen3-30B-A3B-shaped file peaked at ~1.4x the
+    weights without it, more than a 24 GiB machine holds)."""
+    import subprocess
+    import sys
+
+    from radixlm.runtime.bench.moe_model import MoeShape
+
+    shape = MoeShape(hidden_size=1024, num_layers=6, num_experts=32, top_k=4, moe_intermediate_size=512,
+                     num_heads=8, num_kv_heads=2, head_dim=128, vocab_size=4096, context_length=2048)
+    path = ensure_moe_gguf(shape, 0, tmp_path / "gen")
+    resolve_model_path(path)  # converted (the index and the norms) here, not in the measured process
+    out = subprocess.run([sys.executable, "-c", LOAD_PEAK_SCRIPT, str(path)], capture_output=True, text=True,
+                         check=True, timeout=300, env=os.environ)
+    peak, held = (int(v) for v in out.stdout.split())
+    weights = path.stat().st_size
+    assert 0.9 * weights < held < 1.1 * weights
+    assert peak < 1.2 * weights, f"peak {peak / weights:.2f}x the weights"

@@ -134,14 +134,15 @@ async def replay(url: str, prompts: list[str], new_tokens: int, concurrency: int
     }
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the OS picks it)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
 def start_server(extra: list[str]) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "radixlm.runtime.server.serve", "--port", str(port), *extra])
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):

@@ -73,6 +73,10 @@ class OutputChunk:
     result: dict[str, Any]
     new_text: str
     is_finished: bool
+    # new_text as its deltas brought it, in order ("".join(new_pieces) == new_text): how many
+    # pieces a chunk holds depends on when the reader woke, what each piece holds does not, so a
+    # reader whose output must not depend on its timing (tool-call argument fragments) reads them
+    new_pieces: tuple[str, ...] = ()
 
     @property
     def meta_info(self) -> dict[str, Any]:
@@ -157,7 +161,8 @@ class RequestOutput:
 
     def take_chunk(self) -> OutputChunk:
         """The result as of now, and the text new since the previous take (see the docstring)."""
-        new_text = "".join(self._text_pending)
+        pieces = tuple(self._text_pending)
+        new_text = "".join(pieces)
         self._text_pending.clear()
         self._text_taken += new_text
         self._num_updates_taken = self.num_updates
@@ -184,7 +189,7 @@ class RequestOutput:
             text, ids = self._text_taken, list(self.output_ids)
         self._num_ids_taken = len(self.output_ids)
         result = {"text": text, "output_ids": ids, "meta_info": meta}
-        return OutputChunk(result, new_text, self.is_finished)
+        return OutputChunk(result, new_text, self.is_finished, pieces)
 
     def _lists(self) -> tuple[str, ...]:
         if self.options.top_logprobs_num > 0:

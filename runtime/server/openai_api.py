@@ -293,15 +293,20 @@ def register_openai_routes(app: FastAPI, tm: TokenizerManager, tool_call_parser:
                 started[index] = True
                 yield chunk(index, {"role": "assistant", "content": ""}, None)
             finish = finish_of(item.meta_info)
-            text, thought = item.new_text, ""
-            if splitters is not None:
-                thought, text = _split_delta(splitters[index], text, finish is not None)
-            if thought:
-                yield chunk(index, {"reasoning_content": thought}, None)
-            deltas = streams[index].feed(text) + (streams[index].finish() if finish is not None else [])
-            for delta in deltas:
-                if delta.index < 1 or req.parallel_tool_calls:  # not parallel: the first call only
-                    yield chunk(index, tool_call_delta(delta), None)
+            # piece by piece, as the deltas came: the fragments sent do not depend on how many
+            # deltas waited for this loop (a busy server coalesces them into one chunk)
+            pieces = item.new_pieces or ("",)
+            for k, piece in enumerate(pieces):
+                is_last = finish is not None and k == len(pieces) - 1
+                text, thought = piece, ""
+                if splitters is not None:
+                    thought, text = _split_delta(splitters[index], text, is_last)
+                if thought:
+                    yield chunk(index, {"reasoning_content": thought}, None)
+                deltas = streams[index].feed(text) + (streams[index].finish() if is_last else [])
+                for delta in deltas:
+                    if delta.index < 1 or req.parallel_tool_calls:  # not parallel: the first call only
+                        yield chunk(index, tool_call_delta(delta), None)
             if finish is not None:
                 finals.append(item.result)
                 # as the response: "tool_calls" if whole calls were made ("length" if one was cut off)

@@ -169,25 +169,11 @@ async def stream_response(tm: TokenizerManager, prepared: PreparedRequest, split
             yield ev("response.failed", response={**started, "status": "failed", "error": error})
             return
         is_last = chunk.meta_info.get("finish_reason") is not None
-        thought, text = splitter.feed(chunk.new_text) if splitter is not None else ("", chunk.new_text)
-        if is_last and splitter is not None:
-            rest_thought, rest_text = splitter.finish()
-            thought, text = thought + rest_thought, text + rest_text
-        for event in out.text("reasoning", thought):
-            yield event
-        if calls is None:
-            for event in out.text("message", text):
+        pieces = chunk.new_pieces or ("",)  # as the deltas came (see OutputChunk.new_pieces)
+        for k, piece in enumerate(pieces):
+            for event in _piece_events(out, piece, is_last and k == len(pieces) - 1, splitter, calls,
+                                       parallel_calls):
                 yield event
-        else:
-            for delta in calls.feed(text) + (calls.finish() if is_last else []):
-                if delta.index < 0:
-                    events = out.text("message", delta.content)
-                elif delta.index == 0 or parallel_calls:
-                    events = out.call(delta)
-                else:
-                    continue
-                for event in events:
-                    yield event
         if not is_last:
             continue
         status = item_status(chunk.result["meta_info"])
@@ -197,3 +183,23 @@ async def stream_response(tm: TokenizerManager, prepared: PreparedRequest, split
         yield ev(FINAL_EVENTS[body["status"]], response=body)
         return
     raise RequestError("the output ended without a final result")  # merged_outputs always ends with one
+
+
+def _piece_events(out: _Output, piece: str, is_last: bool, splitter: ReasoningStream | None,
+                  calls: ToolCallStream | None, parallel_calls: bool) -> Iterator[bytes]:
+    """The events of one delta's text: reasoning, message text, function-call items and their
+    argument fragments; `is_last`: the output's last delta (the splitter and the call reader
+    give up what they held back)."""
+    thought, text = splitter.feed(piece) if splitter is not None else ("", piece)
+    if is_last and splitter is not None:
+        rest_thought, rest_text = splitter.finish()
+        thought, text = thought + rest_thought, text + rest_text
+    yield from out.text("reasoning", thought)
+    if calls is None:
+        yield from out.text("message", text)
+        return
+    for delta in calls.feed(text) + (calls.finish() if is_last else []):
+        if delta.index < 0:
+            yield from out.text("message", delta.content)
+        elif delta.index == 0 or parallel_calls:
+            yield from out.call(delta)

@@ -103,6 +103,7 @@ def test_stream_chunks_carry_new_entries_and_cumulative_text() -> None:
     assert first.meta_info["output_token_logprobs"] == [[-0.1, 5, "<5>"]]
     assert first.meta_info["output_token_logprobs_length"] == 1
     assert second.new_text == "bc" and second.result["text"] == "abc" and second.result["output_ids"] == [5, 6, 5]
+    assert (first.new_pieces, second.new_pieces) == (("a",), ("b", "c"))  # each delta's text, as it came
     assert second.meta_info["output_token_logprobs"] == [[-0.2, 6, "<6>"], [MIN_LOGPROB, 5, "<5>"]]
     assert len(second.meta_info["output_top_logprobs"]) == 2
     assert second.meta_info["output_token_logprobs_length"] == 3 and second.is_finished

@@ -107,10 +107,10 @@ def choose_json_schema(name: str, spec: object, whitespace_pattern: str | None =
         text = json.dumps(spec if isinstance(spec, bool) else spec == "true")
     else:
         text = engine_choice.schema_text(parse_schema(spec))
-    normalized, engine_to_reason = _rewritten(text)
+    engine_to_form = _rewritten(text)
     reasons: list[tuple[str, str]] = []
     for engine in engine_choice.engine_order(name):
-        why = engine_to_reason[engine]
+        normalized, why = engine_to_form[engine]
         if why is not None:
             reasons.append((engine, why))
             continue
@@ -123,20 +123,21 @@ def choose_json_schema(name: str, spec: object, whitespace_pattern: str | None =
 
 
 @functools.lru_cache(maxsize=64)
-def _rewritten(text: str) -> tuple[str, dict[str, str | None]]:
-    """A schema's rewritten text (`engine_choice.rewritten`) and, per engine, why it would not
-    enforce it (None: it would), once per distinct schema text (an extraction pipeline sends the
-    same schema with every request; a megabyte schema's rewrite takes about a second).
-    GrammarError (not cached) where the schema is malformed or too large."""
+def _rewritten(text: str) -> dict[str, tuple[str, str | None]]:
+    """Per engine, a schema's rewritten text as that engine gets it (`engine_choice.rewritten`,
+    `engine_choice.for_engine`) and why it would not enforce it (None: it would), once per
+    distinct schema text (an extraction pipeline sends the same schema with every request; a
+    megabyte schema's rewrite takes about a second). GrammarError (not cached) where the schema
+    is malformed or too large."""
     from radixlm.runtime.constrained.compile_cache import check_cfg_schema
 
     schema = engine_choice.rewritten(json.loads(text))
     if isinstance(schema, dict):
         check_cfg_schema(schema)
-    engine_to_reason = {engine: engine_choice.unenforced(engine, schema) for engine in GRAMMAR_BACKENDS}
+    engine_to_form = engine_choice.per_engine(schema)
     if not isinstance(schema, dict):
-        engine_to_reason["outlines"] = "serves object schemas only"
-    return engine_choice.schema_text(schema), engine_to_reason
+        engine_to_form["outlines"] = (engine_to_form["outlines"][0], "serves object schemas only")
+    return engine_to_form
 
 
 @functools.lru_cache(maxsize=64)

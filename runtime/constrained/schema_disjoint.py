@@ -35,7 +35,7 @@ def json_type(value: object) -> str:
     return {float: "number", str: "string", list: "array", dict: "object"}[type(value)]
 
 
-def _atoms(kind: object) -> set[str] | None:
+def type_atoms(kind: object) -> set[str] | None:
     names = [kind] if isinstance(kind, str) else kind if isinstance(kind, list) else None
     if names is None or not all(isinstance(n, str) and n in ALL_TYPES for n in names):
         return None
@@ -74,7 +74,7 @@ def types_of(schema: object, resolve: Resolve | None = None, depth: int = 0) -> 
         narrow({json_type(schema["const"])})
     if isinstance(schema.get("enum"), list):
         narrow({json_type(v) for v in schema["enum"]})
-    narrow(_atoms(schema.get("type")))
+    narrow(type_atoms(schema.get("type")))
     for key in ("anyOf", "oneOf"):
         if isinstance(schema.get(key), list):
             branch_types = [types_of(b, resolve, depth + 1) for b in schema[key]]

@@ -46,6 +46,12 @@ def property_names(node: Schema) -> Schema:
         if extra is not False:
             node["patternProperties"] = {names["pattern"]: extra}
         node["additionalProperties"] = False
+    elif "pattern" in names:  # beside patternProperties: each pattern within the names', or narrowed to it
+        narrowed = {_within_names(p, names["pattern"]): s for p, s in patterns.items()}
+        node = {k: v for k, v in node.items() if k != "propertyNames"}
+        node["properties"] = {n: s for n, s in props.items() if _matches(names["pattern"], n)}
+        node["patternProperties"] = {p: s for p, s in narrowed.items() if p is not None}
+        node["additionalProperties"] = False  # stricter: names no pattern matches are left out
     return node
 
 
@@ -70,6 +76,24 @@ def _names_as_pattern(names: object) -> object:
             del names["not"]
             names["pattern"] = narrowed["pattern"]
     return names
+
+
+_LENGTH_NAMES = re.compile(r"\^\.\{(\d+),(\d*)\}\$")  # `^.{m,n}$`, as `_names_as_pattern` writes a length bound
+_ONE_CLASS_RUN = re.compile(r"\^(\[(?:[^\]\\\n]|\\[^\n])+\]|\\[wd])([+*])\$")  # `^[...]+$`, `^\w*$`
+
+
+def _within_names(pattern: str, names: str) -> str | None:
+    """`pattern` when it is the names' pattern itself; a run of one character class
+    (`^[A-Za-z0-9_-]+$`) under a length bound (`^.{2,}$`) as the bounded run
+    (`^[A-Za-z0-9_-]{2,}$`: exact, the class takes no line break, which `.` does not take); else
+    None (the pattern's properties are left out)."""
+    if pattern == names:
+        return pattern
+    bound, run = _LENGTH_NAMES.fullmatch(names), _ONE_CLASS_RUN.fullmatch(pattern)
+    if bound is None or run is None or any(_matches(run.group(1), c) for c in "\n\r\u2028\u2029"):
+        return None
+    low = max(int(bound.group(1)), 1 if run.group(2) == "+" else 0)
+    return f"^{run.group(1)}{{{low},{bound.group(2)}}}$"
 
 
 def _matches(pattern: object, name: str) -> bool:

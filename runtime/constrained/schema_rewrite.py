@@ -11,7 +11,7 @@ Dialects (draft-04 .. 2020-12), exact:
 - `dependencies` (draft-04 .. 07) becomes `dependentRequired` / `dependentSchemas`;
 - a `format` no validator asserts (`ASSERTED_FORMATS`) is an annotation: dropped; `date`, `time`
   and `date-time` become (stricter) `pattern`s (`FORMAT_PATTERNS`), also beside a `pattern` that
-  every value of theirs matches (`schema_regex_within`);
+  every value of theirs matches (`schema_regex_within`), else an `allOf` branch beside it;
 - `unevaluatedProperties` / `unevaluatedItems` beside no applicator are `additionalProperties` / `items`.
 
 Structure, exact:
@@ -61,6 +61,7 @@ from typing import Any
 from radixlm.runtime.constrained.compile_cache import SCHEMA_MAPS, walk_subschemas
 from radixlm.runtime.constrained.errors import GrammarError
 from radixlm.runtime.constrained.json_schema import resolve_pointer
+from radixlm.runtime.constrained.schema_conditional import conditional
 from radixlm.runtime.constrained.schema_disjoint import Resolve
 from radixlm.runtime.constrained.schema_merge import MergeConflict, both, merge
 from radixlm.runtime.constrained.schema_not import without_not
@@ -243,7 +244,7 @@ class _Rewriter:
             return False  # `not: {}`: no value is valid (a property that must be absent)
         if isinstance(raw.get("not"), dict):
             node = without_not({**node, "not": raw["not"]})
-        node = _conditional(node)
+        node = conditional(node)
         node = property_names(node)
         node = required_outside(node, path)
         node = _arrays(node)
@@ -329,10 +330,12 @@ def _dialect(node: Schema) -> Schema:
     if isinstance(node.get("format"), str) and node["format"] not in ASSERTED_FORMATS:
         del node["format"]
     own = FORMAT_PATTERNS.get(node.get("format"))  # type: ignore[arg-type]
-    if own is not None and ("pattern" not in node or (
-            isinstance(node["pattern"], str) and language_within(own, node["pattern"]))):
-        del node["format"]  # beside a pattern that every value of ours matches: ours alone (stricter)
-        node["pattern"] = f"^{own}$"
+    if own is not None:
+        del node["format"]
+        if "pattern" not in node or isinstance(node["pattern"], str) and language_within(own, node["pattern"]):
+            node["pattern"] = f"^{own}$"  # beside a pattern that every value of ours matches: ours alone
+        else:  # both must hold: ours as an allOf branch (llguidance intersects the patterns exactly)
+            node["allOf"] = [*node.get("allOf", []), {"pattern": f"^{own}$"}]
     if node.get("format") == "regex":  # stricter: a regex without special characters, a literal
         narrowed = pattern_avoiding(node["pattern"], REGEX_SPECIALS) if isinstance(node.get("pattern"), str) else (
             f"^{negated_class(REGEX_SPECIALS)}*$")
@@ -368,43 +371,6 @@ def _dependents(node: Schema) -> Schema:
                 except MergeConflict:
                     node.setdefault("allOf", []).append(sub)
     return node
-
-
-def _conditional(node: Schema) -> Schema:
-    if "if" not in node:
-        node.pop("then", None)
-        node.pop("else", None)
-        return node
-    cond, then, other = node.pop("if"), node.pop("then", {}), node.pop("else", {})
-    if not isinstance(cond, dict):
-        return both(node, then if cond is not False else other)
-    negated = _negate_discriminator(node, cond)
-    yes = both(both(node, cond), then)
-    if negated is None:
-        return yes  # stricter: the condition always holds
-    no = both(both(node, negated), other)
-    return {"anyOf": [yes, no]}
-
-
-def _negate_discriminator(parent: Schema, cond: Schema) -> Schema | None:
-    """A schema of instances (of `parent`) where `cond` fails, when `cond` is
-    `{"properties": {k: {"const" | "enum": ...}}, "required"?: [k]}` and `parent` lists k's values;
-    else None. Instances without k (when `cond` requires k) are left out: stricter."""
-    props = cond.get("properties")
-    if set(cond) - {"properties", "required", "type"} or not isinstance(props, dict) or len(props) != 1:
-        return None
-    (name, test), = props.items()
-    if not isinstance(test, dict) or set(test) - {"const", "enum", "type"}:
-        return None
-    values = [test["const"]] if "const" in test else test.get("enum")
-    own = (parent.get("properties") or {}).get(name)
-    listed = own.get("enum", [own["const"]] if "const" in own else None) if isinstance(own, dict) else None
-    if not isinstance(values, list) or not isinstance(listed, list):
-        return None
-    rest = [v for v in listed if v not in values]
-    if not rest:  # k present always passes the test: only an absent k fails it, if `cond` requires k
-        return {"properties": {name: False}} if name in cond.get("required", []) else None
-    return {"properties": {name: {"enum": rest}}, "required": [name]}
 
 
 def _arrays(node: Schema) -> Schema:

@@ -91,6 +91,26 @@ CASES: list[tuple[str, dict[str, Any], list[object]]] = [
         "required": ["task"], "anyOf": [{"properties": {"task": {"pattern": "^A@1$"}, "a": {"type": "integer"}}},
                                         {"properties": {"task": {"pattern": "^B@2$"}}}]},
      [{"task": "A@1"}, {"task": "B@2"}, {"task": "C@3"}, {"task": "A@1", "a": "s"}]),
+    ("if: a discriminator two levels down", {  # GitHub actions: `runs.using == "composite"`
+        "type": "object", "required": ["runs"], "properties": {"runs": {"oneOf": [
+            {**_CLOSED, "properties": {"using": {"enum": ["node20", "node24"]}, "main": {"type": "string"}},
+             "required": ["using", "main"]},
+            {**_CLOSED, "properties": {"using": {"const": "composite"}, "steps": {"type": "array"}},
+             "required": ["using", "steps"]}]}, "outputs": {}},
+        "if": {"properties": {"runs": {"type": "object", "properties": {"using": {"const": "composite"}}}}},
+        "then": {"properties": {"outputs": {"type": "object", "required": ["value"]}}},
+        "else": {"properties": {"outputs": {"type": "string"}}}},
+     [{"runs": {"using": "composite", "steps": []}, "outputs": {"value": 1}},
+      {"runs": {"using": "composite", "steps": []}, "outputs": "s"},
+      {"runs": {"using": "node20", "main": "m"}, "outputs": "s"},
+      {"runs": {"using": "node20", "main": "m"}, "outputs": {"value": 1}}, {"runs": {"using": "x", "main": "m"}}]),
+    ("format: date-time beside a narrower pattern", {  # GitLab CI's released_at
+        "type": "string", "format": "date-time", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z$"},
+     ["2024-01-05T10:00:00Z", "2024-01-05T10:00:00.5Z", "2024-02-30T10:00:00Z", "2024-01-05T10:00:00+01:00"]),
+    ("propertyNames: a length bound beside patternProperties", {  # mergify's source files
+        "type": "object", "patternProperties": {"^[A-Za-z0-9_-]+$": {"type": "integer"}},
+        "propertyNames": {"minLength": 2}},
+     [{}, {"ab": 1}, {"a": 1}, {"ab": "x"}, {"a b": 1}]),
 ]
 CASE_IDS = [name for name, _, _ in CASES]
 
@@ -136,16 +156,48 @@ def test_what_has_no_exact_or_stricter_form_is_refused_naming_it() -> None:
 
 def test_a_format_beside_a_pattern_is_ours_alone_only_within_it() -> None:
     """`date` beside a pattern that all of our calendar pattern's dates match: ours alone; beside a
-    narrower pattern (only 2024), or one interegular cannot read, refused naming the format."""
+    narrower pattern (only 2024), ours as an `allOf` branch, which llguidance intersects; where
+    the intersection is empty or llguidance cannot read the pattern, refused naming it."""
     from radixlm.runtime.constrained.schema_regex_within import language_within
 
     assert language_within("[12][0-9]{3}-[0-9]{2}", "^[0-9]{4}-[0-9]{2}$")
     assert language_within("[12][0-9]{3}-[0-9]{2}", "[0-9]{4}")  # matched anywhere: a whole match is one
     assert not language_within("[12][0-9]{3}-[0-9]{2}", "^2024-[0-9]{2}$")
     assert not language_within("[12][0-9]{3}", "^(?=1)[0-9]{4}$")  # a lookahead: not read, so no
-    for pattern in ("^2024-", "^(?=1)[0-9-]+$"):
-        with pytest.raises(GrammarError, match="format 'date'"):
-            validate("xgrammar", "json_schema", {"type": "string", "format": "date", "pattern": pattern})
+    narrower = {"type": "string", "format": "date", "pattern": "^2024-"}
+    assert rewrite_schema(narrower)["allOf"][0]["pattern"].startswith("^[12][0-9]{3}-")
+    assert validate("xgrammar", "json_schema", narrower).backend == "llguidance"
+    with pytest.raises(GrammarError, match="Unsatisfiable"):  # no date of ours is in year 999
+        validate("xgrammar", "json_schema", {"type": "string", "format": "date", "pattern": "^0999-"})
+    with pytest.raises(GrammarError, match="'allOf'"):
+        validate("xgrammar", "json_schema", {"type": "string", "format": "date", "pattern": "^(?=1)[0-9-]+$"})
+
+
+def test_uri_reference_is_our_pattern_for_llguidance_only() -> None:
+    """llguidance has no `uri-reference`: it gets our pattern (alone, or as an `allOf` branch
+    beside the schema's own), every match of which is an RFC 3986 reference; xgrammar, which
+    enforces the format, keeps it."""
+    import random
+    import re
+
+    from radixlm.runtime.constrained.engine_choice import URI_REFERENCE_PATTERN, for_engine
+
+    alone = {"type": "string", "format": "uri-reference"}
+    beside = {"type": "string", "format": "uri-reference", "pattern": "\\.ya?ml$"}
+    assert for_engine("llguidance", alone) == {"type": "string", "pattern": URI_REFERENCE_PATTERN}
+    assert for_engine("llguidance", beside)["allOf"] == [{"pattern": URI_REFERENCE_PATTERN}]
+    assert for_engine("xgrammar", alone) is alone
+    assert validate("xgrammar", "json_schema", alone).backend == "xgrammar"
+    assert validate("llguidance", "json_schema", alone).backend == "llguidance"
+    assert validate("xgrammar", "json_schema", beside).backend == "llguidance"
+    rng, alphabet, matched = random.Random(0), "aZ09._~/!$&'()*+,;=-%?#:@ F", 0
+    for _ in range(3000):
+        text = rng.choice(["", "https:", "a+b:", "//", "http://h"]) + "".join(
+            rng.choice(alphabet) for _ in range(rng.randint(0, 8)))
+        if re.fullmatch(URI_REFERENCE_PATTERN, text):
+            matched += 1
+            assert not _errors(alone, text), text
+    assert matched > 500 and _errors(alone, "a b") and not re.fullmatch(URI_REFERENCE_PATTERN, "a b")
 
 
 def test_disjointness_and_regex_helpers() -> None:

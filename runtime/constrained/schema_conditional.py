@@ -1,0 +1,114 @@
+"""`if` / `then` / `else` as keywords every engine enforces (`conditional`, used by `schema_rewrite`).
+
+No engine enforces `if`. A conditional is `(if and then) or (not-if and else)`; what we can write
+is the instances of the parent where the condition holds, or fails, when the condition is a
+*discriminator*: `{"properties": {k: test}, "required"?: [k], "type"?: "object"}` where `test` is
+
+- a `const` / `enum` and the parent lists k's values (`enum` / `const`): where it holds, k's
+  values that pass (exact); where it fails, k present with the other values (stricter: an
+  instance without k fails a condition that requires k, and is left out);
+- a discriminator itself (GitHub actions' `runs.using == "composite"`, two levels down), and k's
+  schema is an object schema or an `anyOf` of them (a `oneOf` after `schema_oneof`): each branch
+  restricted in turn, the branches with no instance left out. Where it fails, k is required and
+  an object (stricter: k absent, or not an object, also fails a test that requires or types it).
+
+Both sides are exact or stricter, so `anyOf: [holds and then, fails and else]` is too. When the
+condition is not a discriminator: `(if and then)` alone (stricter: the condition always holds).
+The parent's `$defs` / `definitions` stay at the top, outside the branches (a reference
+`#/definitions/x` resolves against the document, and a copy in a branch would not be pruned).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from radixlm.runtime.constrained.schema_disjoint import ALL_TYPES, json_type, type_atoms, values_of
+from radixlm.runtime.constrained.schema_merge import both
+
+Schema = dict[str, Any]
+_DEFS = ("$defs", "definitions")
+_ANNOTATIONS = frozenset({"title", "description", "default", "examples", "deprecated", "$comment",
+                          "markdownDescription"})
+_EMPTY = False  # a restriction with no instance
+
+
+def conditional(node: Schema) -> Schema:
+    """`node` with its `if` / `then` / `else` written as above (`then` / `else` without `if`
+    dropped: they apply only beside one)."""
+    if "if" not in node:
+        node.pop("then", None)
+        node.pop("else", None)
+        return node
+    cond, then, other = node.pop("if"), node.pop("then", {}), node.pop("else", {})
+    if not isinstance(cond, dict):
+        return both(node, then if cond is not False else other)
+    defs = {k: node.pop(k) for k in _DEFS if k in node}
+    holds, fails = restricted(node, cond, True), restricted(node, cond, False)
+    if holds is None or fails is None:
+        return {**both(both(node, cond), then), **defs}  # stricter: the condition always holds
+    branches = [both(part, extra) for part, extra in ((holds, then), (fails, other)) if part is not _EMPTY]
+    if not branches:
+        return {"not": {}, **defs}  # (no instance of the parent either way: left to the refusal)
+    return {**branches[0], **defs} if len(branches) == 1 else {"anyOf": branches, **defs}
+
+
+def restricted(parent: Schema, cond: Schema, holds: bool) -> Schema | bool | None:
+    """A schema of the instances of `parent` where `cond` holds (`holds`) or fails, exact or
+    stricter (see the module docstring); False when none is left; None when `cond` is not a
+    discriminator this reads (or `parent` does not list what it tests)."""
+    props = cond.get("properties")
+    if (set(cond) - {"properties", "required", "type"} or cond.get("type", "object") != "object"
+            or not isinstance(props, dict) or len(props) != 1):
+        return None
+    (name, test), = props.items()
+    own = (parent.get("properties") or {}).get(name)
+    if not isinstance(test, dict) or not isinstance(own, dict):
+        return None
+    cond_requires = name in (cond.get("required") or [])
+    narrowed = _narrowed(own, test, holds)
+    if narrowed is None:
+        return None
+    if narrowed is _EMPTY:  # no value of k is left: only an absent k, where that decides the test
+        if holds == cond_requires or name in (parent.get("required") or []):
+            return _EMPTY
+        return {**parent, "properties": {**parent["properties"], name: False}}
+    out = {**parent, "properties": {**parent["properties"], name: narrowed}}
+    if holds and "type" in cond:
+        out = both(out, {"type": "object"})
+    if not holds:  # k present (an absent k passes the test unless `cond` requires it: left out)
+        out["required"] = list(dict.fromkeys([*(parent.get("required") or []), name]))
+        out = both(out, {"type": "object"})
+    return out
+
+
+def _narrowed(own: Schema, test: Schema, holds: bool) -> Schema | bool | None:
+    """k's schema `own` restricted to the values that pass `test` (`holds`) or fail it."""
+    if set(test) <= {"const", "enum", "type"} and ("const" in test or "enum" in test):
+        values, listed = values_of(test), values_of(own)
+        kinds = type_atoms(test["type"]) if "type" in test else ALL_TYPES
+        if values is None or listed is None or kinds is None or not all(_is_scalar(v) for v in (*values, *listed)):
+            return None
+        tested = {(json_type(v), v) for v in values if json_type(v) in kinds}  # (true is not 1, 1.0 is 1)
+        kept = [v for v in listed if ((json_type(v), v) in tested) == holds]
+        if not kept:
+            return _EMPTY
+        return {**{k: v for k, v in own.items() if k not in ("const", "enum")}, "enum": kept}
+    if "properties" not in test:
+        return None
+    branches = own["anyOf"] if set(own) - _ANNOTATIONS == {"anyOf"} and isinstance(own["anyOf"], list) else [own]
+    parts: list[object] = []
+    for branch in branches:
+        if not isinstance(branch, dict):
+            return None
+        part = restricted(branch, test, holds)
+        if part is None:
+            return None
+        if part is not _EMPTY:
+            parts.append(part)
+    if not parts:
+        return _EMPTY
+    return parts[0] if len(parts) == 1 else {"anyOf": parts}  # type: ignore[return-value]
+
+
+def _is_scalar(value: object) -> bool:
+    return value is None or isinstance(value, (bool, int, float, str))

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from radixlm.runtime.constrained.schema_disjoint import ALL_TYPES, json_type, type_atoms, values_of
+from radixlm.runtime.constrained.schema_disjoint import ALL_TYPES, Resolve, json_type, type_atoms, values_of
 from radixlm.runtime.constrained.schema_merge import both
 
 Schema = dict[str, Any]
@@ -32,9 +32,10 @@ _ANNOTATIONS = frozenset({"title", "description", "default", "examples", "deprec
 _EMPTY = False  # a restriction with no instance
 
 
-def conditional(node: Schema) -> Schema:
+def conditional(node: Schema, resolve: Resolve | None = None) -> Schema:
     """`node` with its `if` / `then` / `else` written as above (`then` / `else` without `if`
-    dropped: they apply only beside one)."""
+    dropped: they apply only beside one). `resolve`: a property that is a `$ref` to a list of
+    values (`{"type": "string", "enum": [...]}`) is read as its target."""
     if "if" not in node:
         node.pop("then", None)
         node.pop("else", None)
@@ -43,7 +44,7 @@ def conditional(node: Schema) -> Schema:
     if not isinstance(cond, dict):
         return both(node, then if cond is not False else other)
     defs = {k: node.pop(k) for k in _DEFS if k in node}
-    holds, fails = restricted(node, cond, True), restricted(node, cond, False)
+    holds, fails = restricted(node, cond, True, resolve), restricted(node, cond, False, resolve)
     if holds is None or fails is None:
         return {**both(both(node, cond), then), **defs}  # stricter: the condition always holds
     branches = [both(part, extra) for part, extra in ((holds, then), (fails, other)) if part is not _EMPTY]
@@ -52,7 +53,7 @@ def conditional(node: Schema) -> Schema:
     return {**branches[0], **defs} if len(branches) == 1 else {"anyOf": branches, **defs}
 
 
-def restricted(parent: Schema, cond: Schema, holds: bool) -> Schema | bool | None:
+def restricted(parent: Schema, cond: Schema, holds: bool, resolve: Resolve | None = None) -> Schema | bool | None:
     """A schema of the instances of `parent` where `cond` holds (`holds`) or fails, exact or
     stricter (see the module docstring); False when none is left; None when `cond` is not a
     discriminator this reads (or `parent` does not list what it tests)."""
@@ -65,7 +66,7 @@ def restricted(parent: Schema, cond: Schema, holds: bool) -> Schema | bool | Non
     if not isinstance(test, dict) or not isinstance(own, dict):
         return None
     cond_requires = name in (cond.get("required") or [])
-    narrowed = _narrowed(own, test, holds)
+    narrowed = _narrowed(_listed_target(own, resolve), test, holds, resolve)
     if narrowed is None:
         return None
     if narrowed is _EMPTY:  # no value of k is left: only an absent k, where that decides the test
@@ -81,7 +82,7 @@ def restricted(parent: Schema, cond: Schema, holds: bool) -> Schema | bool | Non
     return out
 
 
-def _narrowed(own: Schema, test: Schema, holds: bool) -> Schema | bool | None:
+def _narrowed(own: Schema, test: Schema, holds: bool, resolve: Resolve | None) -> Schema | bool | None:
     """k's schema `own` restricted to the values that pass `test` (`holds`) or fail it."""
     if set(test) <= {"const", "enum", "type"} and ("const" in test or "enum" in test):
         values, listed = values_of(test), values_of(own)
@@ -100,7 +101,7 @@ def _narrowed(own: Schema, test: Schema, holds: bool) -> Schema | bool | None:
     for branch in branches:
         if not isinstance(branch, dict):
             return None
-        part = restricted(branch, test, holds)
+        part = restricted(branch, test, holds, resolve)
         if part is None:
             return None
         if part is not _EMPTY:
@@ -108,6 +109,40 @@ def _narrowed(own: Schema, test: Schema, holds: bool) -> Schema | bool | None:
     if not parts:
         return _EMPTY
     return parts[0] if len(parts) == 1 else {"anyOf": parts}  # type: ignore[return-value]
+
+
+def apply_conditional(node: Schema, parts: Schema, resolve: Resolve | None = None) -> Schema:
+    """`node` and one more conditional (`parts`: its `if` / `then` / `else`, e.g. a branch of an
+    `allOf` of conditionals, GitHub issue forms' one per item type), applied to each branch of
+    `node`'s `anyOf` when that is all it holds ((A or B) and C is (A and C) or (B and C)), so that
+    conditionals on one discriminator split it case by case and the cases no value reaches drop out."""
+    defs = {k: node[k] for k in _DEFS if k in node}
+    body = {k: v for k, v in node.items() if k not in _DEFS}
+    cases = body["anyOf"] if set(body) == {"anyOf"} and isinstance(body["anyOf"], list) else [body]
+    out: list[object] = []
+    for case in cases:
+        if not isinstance(case, dict):
+            out.append(case)
+            continue
+        split = conditional({**case, **parts}, resolve)
+        out.extend(split["anyOf"] if set(split) == {"anyOf"} else [split])
+    return {**(out[0] if len(out) == 1 and isinstance(out[0], dict) else {"anyOf": out}), **defs}
+
+
+def is_conditional(branch: object) -> bool:
+    """Whether an `allOf` branch is an `if` with its `then` / `else` and nothing else."""
+    return isinstance(branch, dict) and "if" in branch and not set(branch) - {"if", "then", "else", *_ANNOTATIONS}
+
+
+def _listed_target(own: Schema, resolve: Resolve | None) -> Schema:
+    """`own`, or its `$ref`'s target when that is only a list of values (type, enum / const)."""
+    ref = own.get("$ref")
+    if resolve is None or not isinstance(ref, str) or set(own) - {"$ref", *_ANNOTATIONS}:
+        return own
+    target = resolve(ref)
+    if isinstance(target, dict) and not set(target) - {"type", "enum", "const", *_ANNOTATIONS} and values_of(target):
+        return {k: v for k, v in target.items() if k not in _ANNOTATIONS}
+    return own
 
 
 def _is_scalar(value: object) -> bool:

@@ -61,7 +61,7 @@ from typing import Any
 from radixlm.runtime.constrained.compile_cache import SCHEMA_MAPS, walk_subschemas
 from radixlm.runtime.constrained.errors import GrammarError
 from radixlm.runtime.constrained.json_schema import resolve_pointer
-from radixlm.runtime.constrained.schema_conditional import conditional
+from radixlm.runtime.constrained.schema_conditional import apply_conditional, conditional, is_conditional
 from radixlm.runtime.constrained.schema_disjoint import Resolve
 from radixlm.runtime.constrained.schema_merge import MergeConflict, both, merge
 from radixlm.runtime.constrained.schema_not import without_not
@@ -224,6 +224,7 @@ class _Rewriter:
             node = {"$ref": node["$ref"]}  # exact, and a large target is not copied once per use
         # as sent: what `not` negates and what `oneOf`'s other branches admit (their rewrites may be stricter)
         raw = {key: node[key] for key in ("not", "oneOf") if key in node}
+        conditions = self.conditions_of_all_of(node, path, refs)
         for key in SCHEMA_MAPS:
             if isinstance(node.get(key), dict):
                 node[key] = {name: self.node(sub, f"{path}/{key}/{name}", refs) for name, sub in node[key].items()}
@@ -244,7 +245,9 @@ class _Rewriter:
             return False  # `not: {}`: no value is valid (a property that must be absent)
         if isinstance(raw.get("not"), dict):
             node = without_not({**node, "not": raw["not"]})
-        node = conditional(node)
+        node = conditional(node, self.resolve_or_none)
+        for parts in conditions:
+            node = apply_conditional(node, parts, self.resolve_or_none)
         node = property_names(node)
         node = required_outside(node, path)
         node = _arrays(node)
@@ -255,6 +258,20 @@ class _Rewriter:
         if isinstance(node.get("anyOf"), list):
             node["anyOf"] = [unevaluated(b) if isinstance(b, dict) else b for b in node["anyOf"]]
         return one_property(unevaluated(node))
+
+    def conditions_of_all_of(self, node: Schema, path: str, refs: tuple[str, ...]) -> list[Schema]:
+        """The `allOf` branches of `node` that are conditionals (`schema_conditional.is_conditional`),
+        taken out of it, their `if` / `then` / `else` rewritten; applied once `node` is."""
+        branches = node.get("allOf")
+        if not isinstance(branches, list) or not any(is_conditional(b) for b in branches):
+            return []
+        kept = [b for b in branches if not is_conditional(b)]
+        if kept:
+            node["allOf"] = kept
+        else:
+            del node["allOf"]
+        return [{k: self.node(b[k], f"{path}/allOf/{i}/{k}", refs) for k in ("if", "then", "else") if k in b}
+                for i, b in enumerate(branches) if is_conditional(b)]
 
     def resolve_or_none(self, ref: str) -> object:
         try:

@@ -104,6 +104,16 @@ CASES: list[tuple[str, dict[str, Any], list[object]]] = [
       {"runs": {"using": "composite", "steps": []}, "outputs": "s"},
       {"runs": {"using": "node20", "main": "m"}, "outputs": "s"},
       {"runs": {"using": "node20", "main": "m"}, "outputs": {"value": 1}}, {"runs": {"using": "x", "main": "m"}}]),
+    ("allOf of conditionals on one discriminator", {  # GitHub issue forms: one `if` per item type
+        "type": "object", "required": ["type"], "properties": {"type": {"$ref": "#/$defs/type"}},
+        "$defs": {"type": {"type": "string", "enum": ["markdown", "input", "upload"]}},
+        "allOf": [{"if": {"properties": {"type": {"const": "markdown"}}},
+                   "then": {"properties": {"value": {"type": "string"}}, "required": ["value"]}},
+                  {"if": {"properties": {"type": {"const": "input"}}},
+                   "then": {"properties": {"label": {"type": "string"}}, "required": ["label"]},
+                   "else": {"properties": {"label": False}}}]},
+     [{"type": "markdown", "value": "v"}, {"type": "markdown"}, {"type": "input", "label": "l"}, {"type": "input"},
+      {"type": "upload"}, {"type": "upload", "label": "l"}, {"type": "markdown", "value": "v", "label": "l"}]),
     ("format: date-time beside a narrower pattern", {  # GitLab CI's released_at
         "type": "string", "format": "date-time", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z$"},
      ["2024-01-05T10:00:00Z", "2024-01-05T10:00:00.5Z", "2024-02-30T10:00:00Z", "2024-01-05T10:00:00+01:00"]),

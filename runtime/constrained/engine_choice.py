@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import copy
 import json
+from typing import NamedTuple
 
 from radixlm.runtime.config.limits import MAX_REWRITTEN_SCHEMA_CHARS
 from radixlm.runtime.constrained.compile_cache import walk_subschemas
 from radixlm.runtime.constrained.errors import GrammarError
+from radixlm.runtime.constrained.schema_notes import note
 from radixlm.runtime.constrained.schema_rewrite import NEVER_ENFORCED, rewrite_schema
 
 FALLBACK_ORDER = ("llguidance", "xgrammar", "outlines")
@@ -99,6 +101,7 @@ def for_engine(engine: str, schema: object) -> object:
     for node, _ in walk_subschemas(schema):
         fmt = node.get("format")
         if fmt in lacking:
+            note("format")
             del node["format"]
             own = FORMAT_FALLBACK_PATTERNS[fmt]
             if "pattern" in node:
@@ -108,14 +111,25 @@ def for_engine(engine: str, schema: object) -> object:
     return schema
 
 
-def per_engine(schema: object) -> dict[str, tuple[str, str | None]]:
-    """Per engine: the text of the (rewritten) schema it is given (`for_engine`) and why it would
-    not enforce it (`unenforced`; None: it would)."""
+class EngineForm(NamedTuple):
+    """A rewritten schema as one engine is given it."""
+
+    text: str  # the schema's text (`for_engine`)
+    reason: str | None  # why the engine would not enforce it (`unenforced`); None: it would
+    stricter: tuple[str, ...]  # keywords served by a stricter form (`schema_notes`)
+
+
+def per_engine(schema: object, stricter: tuple[str, ...] = ()) -> dict[str, EngineForm]:
+    """Per engine, the (rewritten) schema as it is given it; `stricter`: what the rewrite noted."""
+    from radixlm.runtime.constrained.schema_notes import noting
+
     text = schema_text(schema)
-    engine_to_form: dict[str, tuple[str, str | None]] = {}
+    engine_to_form: dict[str, EngineForm] = {}
     for engine in _ENGINE_UNENFORCED:
-        mine = for_engine(engine, schema)
-        engine_to_form[engine] = (text if mine is schema else schema_text(mine), unenforced(engine, mine))
+        with noting() as noted:
+            mine = for_engine(engine, schema)
+        engine_to_form[engine] = EngineForm(text if mine is schema else schema_text(mine), unenforced(engine, mine),
+                                            (*stricter, *(k for k in noted if k not in stricter)))
     return engine_to_form
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from radixlm.runtime.constrained.schema_disjoint import ALL_TYPES, Resolve, json_type, type_atoms, values_of
 from radixlm.runtime.constrained.schema_merge import both
+from radixlm.runtime.constrained.schema_notes import note
 
 Schema = dict[str, Any]
 _DEFS = ("$defs", "definitions")
@@ -46,6 +47,7 @@ def conditional(node: Schema, resolve: Resolve | None = None) -> Schema:
     defs = {k: node.pop(k) for k in _DEFS if k in node}
     holds, fails = restricted(node, cond, True, resolve), restricted(node, cond, False, resolve)
     if holds is None or fails is None:
+        note("if")
         return {**both(both(node, cond), then), **defs}  # stricter: the condition always holds
     branches = [both(part, extra) for part, extra in ((holds, then), (fails, other)) if part is not _EMPTY]
     if not branches:
@@ -77,6 +79,8 @@ def restricted(parent: Schema, cond: Schema, holds: bool, resolve: Resolve | Non
     if holds and "type" in cond:
         out = both(out, {"type": "object"})
     if not holds:  # k present (an absent k passes the test unless `cond` requires it: left out)
+        if cond_requires or "properties" in test:
+            note("if")
         out["required"] = list(dict.fromkeys([*(parent.get("required") or []), name]))
         out = both(out, {"type": "object"})
     return out

@@ -11,6 +11,7 @@ from typing import Any
 from radixlm.runtime.constrained.errors import GrammarError
 from radixlm.runtime.constrained.schema_merge import both
 from radixlm.runtime.constrained.schema_not import without_not
+from radixlm.runtime.constrained.schema_notes import note
 
 Schema = dict[str, Any]
 NAME_ANNOTATIONS = ("title", "description", "default", "examples", "deprecated", "readOnly", "writeOnly", "$comment",
@@ -47,6 +48,7 @@ def property_names(node: Schema) -> Schema:
             node["patternProperties"] = {names["pattern"]: extra}
         node["additionalProperties"] = False
     elif "pattern" in names:  # beside patternProperties: each pattern within the names', or narrowed to it
+        note("propertyNames")
         narrowed = {_within_names(p, names["pattern"]): s for p, s in patterns.items()}
         node = {k: v for k, v in node.items() if k != "propertyNames"}
         node["properties"] = {n: s for n, s in props.items() if _matches(names["pattern"], n)}
@@ -68,6 +70,7 @@ def _names_as_pattern(names: object) -> object:
         return names
     low, high = names.pop("minLength", 0), names.pop("maxLength", None)
     if low or high is not None:
+        note("propertyNames")  # `.` takes no line break
         names["pattern"] = f"^.{{{low},{'' if high is None else high}}}$"
     inner = names.get("not")
     if isinstance(inner, dict) and "pattern" not in names:
@@ -173,5 +176,7 @@ def one_property(node: Schema) -> Schema:
         branches.append({"type": "object", "properties": {}, "additionalProperties": False})
     if not branches:
         return node
+    if node.get("additionalProperties", True) is not False or node.get("patternProperties"):
+        note("maxProperties")  # other names were allowed
     rest = {k: v for k, v in node.items() if k in NAME_ANNOTATIONS}
     return {**rest, "anyOf": branches}

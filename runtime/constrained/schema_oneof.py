@@ -38,6 +38,7 @@ from radixlm.runtime.constrained.schema_disjoint import (
     value_keys,
     values_of,
 )
+from radixlm.runtime.constrained.schema_notes import note
 
 Schema = dict[str, Any]
 _TYPE_ORDER = ("null", "boolean", "string", "object", "array", "number", "integer")
@@ -54,6 +55,7 @@ def as_any_of(branches: list[object], originals: list[object], resolve: Resolve 
     kept: list[object] = []
     for i, branch in enumerate(branches):
         if not isinstance(branch, dict) or not is_servable(branch):
+            note("oneOf")
             continue
         narrowed: Schema | None = branch
         for j, other in enumerate(originals):
@@ -61,6 +63,8 @@ def as_any_of(branches: list[object], originals: list[object], resolve: Resolve 
                 continue
             if not disjoint(narrowed, other, resolve):
                 narrowed = _narrowed(narrowed, target(other, resolve), resolve)
+        if narrowed is not branch:
+            note("oneOf")  # narrowed (perhaps only by values no valid output holds) or left out
         if narrowed is not None:
             kept.append(narrowed)
     return kept or None

@@ -65,6 +65,7 @@ from radixlm.runtime.constrained.schema_conditional import apply_conditional, co
 from radixlm.runtime.constrained.schema_disjoint import Resolve
 from radixlm.runtime.constrained.schema_merge import MergeConflict, both, merge
 from radixlm.runtime.constrained.schema_not import without_not
+from radixlm.runtime.constrained.schema_notes import note
 from radixlm.runtime.constrained.schema_objects import (
     one_property,
     property_names,
@@ -256,7 +257,10 @@ class _Rewriter:
                 node[key] = [self.inline(b, path, refs) if isinstance(b, dict) else b for b in node[key]]
         node = _distribute(node, raw.get("oneOf"), self.resolve_or_none)
         if isinstance(node.get("anyOf"), list):
-            node["anyOf"] = [unevaluated(b) if isinstance(b, dict) else b for b in node["anyOf"]]
+            branches = [unevaluated(b) if isinstance(b, dict) else b for b in node["anyOf"]]
+            if any(new is not old for new, old in zip(branches, node["anyOf"])):
+                note("unevaluatedProperties")  # properties only another branch declares are left out
+            node["anyOf"] = branches
         return one_property(unevaluated(node))
 
     def conditions_of_all_of(self, node: Schema, path: str, refs: tuple[str, ...]) -> list[Schema]:
@@ -348,6 +352,7 @@ def _dialect(node: Schema) -> Schema:
         del node["format"]
     own = FORMAT_PATTERNS.get(node.get("format"))  # type: ignore[arg-type]
     if own is not None:
+        note("format")  # (no year 0999, no leap day, the offset required)
         del node["format"]
         if "pattern" not in node or isinstance(node["pattern"], str) and language_within(own, node["pattern"]):
             node["pattern"] = f"^{own}$"  # beside a pattern that every value of ours matches: ours alone
@@ -357,6 +362,7 @@ def _dialect(node: Schema) -> Schema:
         narrowed = pattern_avoiding(node["pattern"], REGEX_SPECIALS) if isinstance(node.get("pattern"), str) else (
             f"^{negated_class(REGEX_SPECIALS)}*$")
         if narrowed is not None:
+            note("format")
             del node["format"]
             node["pattern"] = narrowed
     if node.get("uniqueItems") is False:
@@ -373,12 +379,14 @@ def _dependents(node: Schema) -> Schema:
     """Stricter: dependents always required, dependent schemas always applied."""
     required = node.pop("dependentRequired", None)
     if isinstance(required, dict):
+        note("dependentRequired")
         names = list(node.get("required", []))
         for dependents in required.values():
             names.extend(n for n in dependents if isinstance(n, str) and n not in names)
         node["required"] = names
     schemas = node.pop("dependentSchemas", None)
     if isinstance(schemas, dict):
+        note("dependentSchemas")
         for sub in schemas.values():
             if sub is False:
                 continue  # only forbids its trigger; stricter: the trigger is absent (left to engines)
@@ -393,11 +401,13 @@ def _dependents(node: Schema) -> Schema:
 def _arrays(node: Schema) -> Schema:
     """uniqueItems (at most one item) and contains (the first item), stricter."""
     if node.get("uniqueItems") is True and node.get("minItems", 0) <= 1:
+        note("uniqueItems")
         del node["uniqueItems"]
         node["maxItems"] = min(node.get("maxItems", 1), 1)
     contains = node.get("contains")
     if (isinstance(contains, dict) and node.get("minContains", 1) <= 1 and "maxContains" not in node
             and not node.get("prefixItems") and node.get("maxItems", 1) >= 1):
+        note("contains")
         del node["contains"]
         node.pop("minContains", None)
         items = node.get("items", {})
@@ -426,6 +436,7 @@ def _distribute(node: Schema, raw_one_of: object, resolve: Resolve) -> Schema:
         if key == "anyOf":
             servable = [b for b in branches if _is_servable(b)]
             if servable and len(servable) < len(branches):
+                note("anyOf")
                 node["anyOf"] = servable
         elif "anyOf" not in node and isinstance(raw_one_of, list) and len(raw_one_of) == len(branches):
             # (a oneOf that came in from an inlined or merged schema has no branches as sent here: it stays)

@@ -210,6 +210,20 @@ def test_uri_reference_is_our_pattern_for_llguidance_only() -> None:
     assert matched > 500 and _errors(alone, "a b") and not re.fullmatch(URI_REFERENCE_PATTERN, "a b")
 
 
+def test_the_door_names_the_keywords_it_served_stricter() -> None:
+    """`LoweredGrammar.stricter` (`schema_notes`, reported as `meta_info.schema_stricter`): the
+    keywords whose rewrite may leave out valid outputs; nothing where every rewrite is exact."""
+    cases = dict((name, schema) for name, schema, _ in CASES)
+    assert validate("xgrammar", "json_schema", {"oneOf": [{"type": "string"}, {"type": "integer"}]}).stricter == ()
+    assert validate("xgrammar", "json_schema", cases["not: type and enum"]).stricter == ()
+    assert validate("xgrammar", "json_schema", cases["if: a discriminator two levels down"]).stricter == ("if",)
+    assert validate("xgrammar", "json_schema", {"type": "array", "uniqueItems": True, "contains": {"type": "integer"},
+                                                 "items": {"type": "integer"}}).stricter == ("uniqueItems", "contains")
+    uri = {"type": "string", "format": "uri-reference"}
+    assert validate("xgrammar", "json_schema", uri).stricter == ()
+    assert validate("llguidance", "json_schema", uri).stricter == ("format",)
+
+
 def test_disjointness_and_regex_helpers() -> None:
     assert disjoint({"type": "object", "required": ["a"]}, {**_CLOSED, "properties": {"b": {}}})
     assert not disjoint({"required": ["a"]}, {**{"additionalProperties": False}, "properties": {"b": {}}})  # "s" fits

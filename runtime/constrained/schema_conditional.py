@@ -134,8 +134,14 @@ def apply_conditional(node: Schema, parts: Schema, resolve: Resolve | None = Non
 
 
 def is_conditional(branch: object) -> bool:
-    """Whether an `allOf` branch is an `if` with its `then` / `else` and nothing else."""
-    return isinstance(branch, dict) and "if" in branch and not set(branch) - {"if", "then", "else", *_ANNOTATIONS}
+    """Whether an `allOf` branch is an `if` with its `then` / `else` and nothing else, whose `if`
+    has a discriminator's shape (one property tested; other conditionals stay in the `allOf`,
+    each served as (if and then) and merged with the parent as before)."""
+    if not isinstance(branch, dict) or set(branch) - {"if", "then", "else", *_ANNOTATIONS}:
+        return False
+    cond = branch.get("if")
+    return (isinstance(cond, dict) and not set(cond) - {"properties", "required", "type"}
+            and isinstance(cond.get("properties"), dict) and len(cond["properties"]) == 1)
 
 
 def _listed_target(own: Schema, resolve: Resolve | None) -> Schema:

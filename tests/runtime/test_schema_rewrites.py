@@ -114,6 +114,10 @@ CASES: list[tuple[str, dict[str, Any], list[object]]] = [
                    "else": {"properties": {"label": False}}}]},
      [{"type": "markdown", "value": "v"}, {"type": "markdown"}, {"type": "input", "label": "l"}, {"type": "input"},
       {"type": "upload"}, {"type": "upload", "label": "l"}, {"type": "markdown", "value": "v", "label": "l"}]),
+    ("allOf of a conditional that is no discriminator", {  # dependabot: a schedule unless in a group
+        "type": "object", "properties": {"schedule": {"type": "string"}, "group": {"type": "string"}},
+        "allOf": [{"if": {"not": {"required": ["group"]}}, "then": {"required": ["schedule"]}}]},
+     [{"schedule": "s"}, {}, {"group": "g"}, {"group": "g", "schedule": "s"}]),
     ("format: date-time beside a narrower pattern", {  # GitLab CI's released_at
         "type": "string", "format": "date-time", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z$"},
      ["2024-01-05T10:00:00Z", "2024-01-05T10:00:00.5Z", "2024-02-30T10:00:00Z", "2024-01-05T10:00:00+01:00"]),

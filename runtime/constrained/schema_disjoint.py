@@ -113,7 +113,14 @@ def required_names(schema: dict[str, Any]) -> set[str]:
 
 
 def forbids(schema: dict[str, Any], name: str) -> bool:
-    """An object valid for `schema` cannot hold property `name`."""
+    """An object valid for `schema` cannot hold property `name` (`properties: {name: false}`, a
+    closed object without it, or `not: {"required": [name]}`)."""
+    inner = schema.get("not")
+    if isinstance(inner, dict) and inner.get("required") == [name] and not set(inner) - {"required", "properties",
+                                                                                          "title", "description"}:
+        inner_props = inner.get("properties", {})
+        if isinstance(inner_props, dict) and set(inner_props) <= {name} and inner_props.get(name, True) in (True, {}):
+            return True
     props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
     if name in props:
         return props[name] is False

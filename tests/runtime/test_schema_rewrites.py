@@ -44,6 +44,13 @@ CASES: list[tuple[str, dict[str, Any], list[object]]] = [
      [{"when": "delayed", "start_in": "1h"}, {"when": "delayed"}, {"when": "manual"}, {}]),
     ("oneOf: enum members", {"oneOf": [{"const": "always"}, {"const": "never"}, {"enum": ["never", "soon"]}]},
      ["always", "never", "soon", "other"]),
+    ("oneOf: branches that forbid properties (not required)", {  # GitHub actions' composite steps
+        **_CLOSED, "properties": {"run": {"type": "string"}, "shell": {"type": "string"}, "uses": {"type": "string"}},
+        "oneOf": [{"anyOf": [{"not": {"properties": {"run": True}, "required": ["run"]}},
+                             {"not": {"properties": {"shell": True}, "required": ["shell"]}}]},
+                  {"not": {"properties": {"uses": True}, "required": ["uses"]}}]},
+     [{"uses": "u"}, {"run": "r", "shell": "s"}, {"run": "r"}, {}, {"run": "r", "shell": "s", "uses": "u"},
+      {"run": "r", "uses": "u"}]),
     ("not: required names", {"type": "object", "properties": {"func": {"type": "string"}, "step": {"type": "string"}},
                              "not": {"required": ["func", "step"]}},
      [{}, {"func": "f"}, {"step": "s"}, {"func": "f", "step": "s"}, 3]),

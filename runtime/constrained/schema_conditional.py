@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from radixlm.runtime.constrained.errors import GrammarError
 from radixlm.runtime.constrained.schema_disjoint import ALL_TYPES, Resolve, json_type, type_atoms, values_of
 from radixlm.runtime.constrained.schema_merge import both
 from radixlm.runtime.constrained.schema_notes import note
@@ -50,8 +51,8 @@ def conditional(node: Schema, resolve: Resolve | None = None) -> Schema:
         note("if")
         return {**both(both(node, cond), then), **defs}  # stricter: the condition always holds
     branches = [both(part, extra) for part, extra in ((holds, then), (fails, other)) if part is not _EMPTY]
-    if not branches:
-        return {"not": {}, **defs}  # (no instance of the parent either way: left to the refusal)
+    if not branches:  # no instance of the parent either way
+        raise GrammarError("json_schema has no valid value: no value of the property its 'if' tests is allowed")
     return {**branches[0], **defs} if len(branches) == 1 else {"anyOf": branches, **defs}
 
 

@@ -43,8 +43,9 @@ no longer produced; docs/json-schema.md lists them):
 - `unevaluatedProperties` where no applicator is left: `additionalProperties`;
 - `dependentRequired` / `dependentSchemas`: the dependents are always required / the schema
   always applies;
-- `if` / `then` / `else`: (if and then) or (not-if and else) when `if` tests one property against
-  constants and that property's values are listed (`enum` / `const`), else (if and then);
+- `if` / `then` / `else` (`schema_conditional`): (if and then) or (not-if and else) when `if` is a
+  discriminator (one property against constants whose values are listed, or against such a test
+  one or more levels down), also for each conditional of an `allOf` in turn; else (if and then);
 - `uniqueItems: true`: at most one item (when `minItems` allows it);
 - `contains` (without `minContains` > 1 / `maxContains`): the first item satisfies it.
 

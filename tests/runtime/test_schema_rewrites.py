@@ -170,6 +170,9 @@ def test_what_has_no_exact_or_stricter_form_is_refused_naming_it() -> None:
         validate("xgrammar", "json_schema", {"type": "string", "not": {"pattern": "^.*$"}})
     with pytest.raises(GrammarError, match="'not'"):
         validate("xgrammar", "json_schema", {"type": "integer", "not": {"const": 3}})
+    with pytest.raises(GrammarError, match="no valid value"):  # an `if` on a property that can hold nothing
+        validate("xgrammar", "json_schema", {"type": "object", "required": ["k"], "properties": {"k": {"enum": []}},
+                                             "if": {"properties": {"k": {"const": "a"}}}, "then": {}})
     # the branch holding an unenforced `not` is left out of an anyOf; if it is the only one, refused
     assert rewrite_schema({"anyOf": [{"type": "integer"}, {"type": "string", "not": {"pattern": ".*"}}]}) == {
         "anyOf": [{"type": "integer"}]}

@@ -75,16 +75,19 @@ def restricted(parent: Schema, cond: Schema, holds: bool, resolve: Resolve | Non
     if narrowed is _EMPTY:  # no value of k is left: only an absent k, where that decides the test
         if holds == cond_requires or name in (parent.get("required") or []):
             return _EMPTY
-        return {**parent, "properties": {**parent["properties"], name: False}}
-    out = {**parent, "properties": {**parent["properties"], name: narrowed}}
-    if holds and "type" in cond:
-        out = both(out, {"type": "object"})
-    if not holds:  # k present (an absent k passes the test unless `cond` requires it: left out)
-        if cond_requires or "properties" in test:
-            note("if")
-        out["required"] = list(dict.fromkeys([*(parent.get("required") or []), name]))
-        out = both(out, {"type": "object"})
-    return out
+        out = {**parent, "properties": {**parent["properties"], name: False}}
+    else:
+        out = {**parent, "properties": {**parent["properties"], name: narrowed}}
+        if not holds:  # k present (an absent k passes the test unless `cond` requires it: left out)
+            if cond_requires or "properties" in test:
+                note("if")
+            out["required"] = list(dict.fromkeys([*(parent.get("required") or []), name]))
+    if holds:  # and what else `cond` asks: its required names, its type
+        cond_required = [n for n in cond.get("required") or [] if isinstance(n, str)]
+        if cond_required:
+            out["required"] = list(dict.fromkeys([*(out.get("required") or []), *cond_required]))
+        return both(out, {"type": "object"}) if "type" in cond else out
+    return both(out, {"type": "object"})  # (a value that is no object passes an untyped `cond`)
 
 
 def _narrowed(own: Schema, test: Schema, holds: bool, resolve: Resolve | None) -> Schema | bool | None:

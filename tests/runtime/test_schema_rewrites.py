@@ -297,3 +297,52 @@ def test_random_one_of_rewrites_admit_only_valid_values() -> None:
                 assert not _errors(schema, instance), (schema, rewritten, instance)
 
     check()
+
+
+# ---- property-based: random if / then / else on a discriminator, one or two levels down ----------
+_KEYS = ("a", "b", "c")
+
+
+def _conditional_strategy() -> Any:
+    from hypothesis import strategies as st
+
+    keys = st.sets(st.sampled_from(_KEYS), min_size=1).map(sorted)
+    leaf = st.one_of(st.builds(lambda ks: {"enum": ks}, keys), st.builds(lambda k: {"const": k}, st.sampled_from(_KEYS)))
+    inner = st.builds(lambda u, req: {"type": "object", "properties": {"u": u}, **({"required": ["u"]} if req else {})},
+                      leaf, st.booleans())
+    own = st.one_of(leaf, inner, st.builds(lambda a, b: {"anyOf": [a, b]}, inner, inner))
+    test_leaf = st.one_of(st.builds(lambda k: {"const": k}, st.sampled_from(_KEYS)),
+                          st.builds(lambda ks: {"type": "string", "enum": ks}, keys))
+    test = st.one_of(test_leaf, st.builds(
+        lambda t, typed, req: {**({"type": "object"} if typed else {}), "properties": {"u": t},
+                               **({"required": ["u"]} if req else {})}, test_leaf, st.booleans(), st.booleans()))
+    cond = st.builds(lambda t, req: {"properties": {"k": t}, **({"required": ["k"]} if req else {})}, test, st.booleans())
+    effect = st.sampled_from([{}, {"required": ["v"]}, {"properties": {"v": {"type": "integer"}}},
+                              {"properties": {"v": {"type": "string"}}}])
+    conditional = st.builds(lambda c, t, e: {"if": c, "then": t, "else": e}, cond, effect, effect)
+    return st.builds(lambda k, req, parts, in_all_of, typed: {
+        **({"type": "object"} if typed else {}), "properties": {"k": k, "v": {}}, **({"required": ["k"]} if req else {}),
+        **({"allOf": parts} if in_all_of else parts[0])}, own, st.booleans(), st.lists(conditional, min_size=1,
+                                                                                     max_size=2), st.booleans(),
+        st.booleans())
+
+
+def test_random_conditional_rewrites_admit_only_valid_values() -> None:
+    from hypothesis import given, settings
+
+    ks: list[object] = ["a", "b", "c", {"u": "a"}, {"u": "b"}, {}, 1]
+    instances: list[object] = [{**({"k": k} if k is not None else {}), **({"v": v} if v is not None else {})}
+                               for k in (None, *ks) for v in (None, 1, "s")] + ["s", None]
+
+    @settings(max_examples=150, deadline=None, derandomize=True)
+    @given(_conditional_strategy())
+    def check(schema: dict[str, Any]) -> None:
+        try:
+            rewritten = rewrite_schema(schema)
+        except GrammarError:
+            return
+        for instance in instances:
+            if not _errors(rewritten, instance):
+                assert not _errors(schema, instance), (schema, rewritten, instance)
+
+    check()

@@ -12,8 +12,12 @@ is the instances of the parent where the condition holds, or fails, when the con
   restricted in turn, the branches with no instance left out. Where it fails, k is required and
   an object (stricter: k absent, or not an object, also fails a test that requires or types it).
 
-Both sides are exact or stricter, so `anyOf: [holds and then, fails and else]` is too. When the
-condition is not a discriminator: `(if and then)` alone (stricter: the condition always holds).
+Where it holds, the condition's other required names and its type are asked too (exact); where
+it fails, the value is an object (stricter where the condition has no type). k's schema may be a
+`$ref` to a list of values (read as its target). Both sides are exact or stricter, so
+`anyOf: [holds and then, fails and else]` is too. When the condition is not a discriminator:
+`(if and then)` alone (stricter: the condition always holds). An `allOf` of conditionals
+(`apply_conditional`) is applied one after another to each case the one before made.
 The parent's `$defs` / `definitions` stay at the top, outside the branches (a reference
 `#/definitions/x` resolves against the document, and a copy in a branch would not be pruned).
 """

@@ -157,8 +157,7 @@ class Engine:
                                                 cache_salt=req.cache_salt)
                 self.scheduler.add_request(sched_req)
                 output = self._outputs[rid] = RequestOutput.of(
-                    rid, req, self.token_texts, self.server_args.incremental_streaming_output,
-                    None if p.grammar is None else p.grammar.backend)
+                    rid, req, self.token_texts, self.server_args.incremental_streaming_output, p.grammar)
                 started.append((sched_req, output))
         return started
 

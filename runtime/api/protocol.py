@@ -626,6 +626,9 @@ class CompletionResponse(Out):
     usage: Usage
     grammar_backend: str | None = Field(
         default=None, description="the engine that enforced the request's grammar (radixlm's; absent without one)")
+    schema_stricter: list[str] | None = Field(
+        default=None, description="the JSON schema's keywords served by a stricter form, which may leave out valid "
+                                  "outputs (radixlm's; absent when none)")
 
 
 class TopLogprob(Out):
@@ -672,6 +675,9 @@ class ChatCompletionResponse(Out):
     usage: Usage
     grammar_backend: str | None = Field(
         default=None, description="the engine that enforced the request's grammar (radixlm's; absent without one)")
+    schema_stricter: list[str] | None = Field(
+        default=None, description="the JSON schema's keywords served by a stricter form, which may leave out valid "
+                                  "outputs (radixlm's; absent when none)")
 
 
 class CompletionChunk(Out):

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixlm.runtime.api.request_io import GenerateRequest
+from radixlm.runtime.constrained.lowered import LoweredGrammar
 from radixlm.runtime.ipc.messages import LOGPROB_LISTS, LogprobEntries, SpecCounts, StrOutput
 
 MIN_LOGPROB = -9999.0
@@ -87,11 +88,13 @@ class RequestOutput:
     """One request's outputs so far; see the module docstring."""
 
     def __init__(self, rid: str, options: OutputOptions, stream: bool, token_text: TokenTexts | None,
-                 incremental: bool = False, grammar_backend: str | None = None):
+                 incremental: bool = False, grammar_backend: str | None = None, schema_stricter: tuple[str, ...] = ()):
         """`grammar_backend`: the engine the door chose for the request's grammar (None: none),
-        reported as `meta_info["grammar_backend"]`."""
+        reported as `meta_info["grammar_backend"]`; `schema_stricter`: the JSON schema's keywords
+        it served by a stricter rewrite (`constrained.schema_notes`), as `meta_info["schema_stricter"]`."""
         self.rid = rid
         self.grammar_backend = grammar_backend
+        self.schema_stricter = schema_stricter
         self.options = options
         self.stream = stream
         self.incremental = incremental and stream
@@ -111,10 +114,13 @@ class RequestOutput:
 
     @classmethod
     def of(cls, rid: str, request: GenerateRequest, token_text: TokenTexts, incremental: bool = False,
-           grammar_backend: str | None = None) -> RequestOutput:
-        """The output of a request taken at the door (both doors make it this way)."""
+           grammar: LoweredGrammar | None = None) -> RequestOutput:
+        """The output of a request taken at the door (both doors make it this way); `grammar`:
+        its grammar as the door lowered it (the engine and what it served stricter are reported)."""
         options = OutputOptions(request.return_logprob, request.top_logprobs_num, request.return_text_in_logprobs)
-        return cls(rid, options, request.stream, token_text, incremental, grammar_backend)
+        if grammar is None:
+            return cls(rid, options, request.stream, token_text, incremental)
+        return cls(rid, options, request.stream, token_text, incremental, grammar.backend, grammar.stricter)
 
     @property
     def is_finished(self) -> bool:
@@ -176,6 +182,8 @@ class RequestOutput:
         }
         if self.grammar_backend is not None:
             meta["grammar_backend"] = self.grammar_backend
+        if self.schema_stricter:
+            meta["schema_stricter"] = list(self.schema_stricter)
         if self.spec is not None:  # SGLang's names; accept length: output tokens per verify step
             meta.update(dataclasses.asdict(self.spec))
             meta["spec_accept_length"] = self.completion_tokens / max(1, self.spec.spec_verify_ct)

@@ -12,6 +12,7 @@ door's check of a request's grammar against the chosen one.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import re
@@ -107,36 +108,41 @@ def choose_json_schema(name: str, spec: object, whitespace_pattern: str | None =
         text = json.dumps(spec if isinstance(spec, bool) else spec == "true")
     else:
         text = engine_choice.schema_text(parse_schema(spec))
-    normalized, engine_to_reason = _rewritten(text)
+    engine_to_form = _rewritten(text)
     reasons: list[tuple[str, str]] = []
     for engine in engine_choice.engine_order(name):
-        why = engine_to_reason[engine]
+        normalized, why, stricter = engine_to_form[engine]
         if why is not None:
             reasons.append((engine, why))
             continue
         try:
-            return lowered_at_door(engine, "json_schema", normalized,
-                                   whitespace_pattern if engine == "outlines" else None)
+            lowered = lowered_at_door(engine, "json_schema", normalized,
+                                      whitespace_pattern if engine == "outlines" else None)
+            return dataclasses.replace(lowered, stricter=stricter) if stricter else lowered
         except GrammarError as e:
             reasons.append((engine, f"refuses it: {e}"))
     raise engine_choice.refusal(reasons)
 
 
 @functools.lru_cache(maxsize=64)
-def _rewritten(text: str) -> tuple[str, dict[str, str | None]]:
-    """A schema's rewritten text (`engine_choice.rewritten`) and, per engine, why it would not
-    enforce it (None: it would), once per distinct schema text (an extraction pipeline sends the
-    same schema with every request; a megabyte schema's rewrite takes about a second).
-    GrammarError (not cached) where the schema is malformed or too large."""
+def _rewritten(text: str) -> dict[str, engine_choice.EngineForm]:
+    """Per engine, a schema's rewritten text as that engine gets it (`engine_choice.rewritten`,
+    `engine_choice.for_engine`), why it would not enforce it (None: it would) and the keywords
+    served by a stricter form (`schema_notes`), once per
+    distinct schema text (an extraction pipeline sends the same schema with every request; a
+    megabyte schema's rewrite takes about a second). GrammarError (not cached) where the schema
+    is malformed or too large."""
     from radixlm.runtime.constrained.compile_cache import check_cfg_schema
+    from radixlm.runtime.constrained.schema_notes import noting
 
-    schema = engine_choice.rewritten(json.loads(text))
+    with noting() as noted:
+        schema = engine_choice.rewritten(json.loads(text))
     if isinstance(schema, dict):
         check_cfg_schema(schema)
-    engine_to_reason = {engine: engine_choice.unenforced(engine, schema) for engine in GRAMMAR_BACKENDS}
+    engine_to_form = engine_choice.per_engine(schema, tuple(noted))
     if not isinstance(schema, dict):
-        engine_to_reason["outlines"] = "serves object schemas only"
-    return engine_choice.schema_text(schema), engine_to_reason
+        engine_to_form["outlines"] = engine_to_form["outlines"]._replace(reason="serves object schemas only")
+    return engine_to_form
 
 
 @functools.lru_cache(maxsize=64)

@@ -15,11 +15,14 @@ not implement), xgrammar, outlines.
 
 from __future__ import annotations
 
+import copy
 import json
+from typing import NamedTuple
 
 from radixlm.runtime.config.limits import MAX_REWRITTEN_SCHEMA_CHARS
 from radixlm.runtime.constrained.compile_cache import walk_subschemas
 from radixlm.runtime.constrained.errors import GrammarError
+from radixlm.runtime.constrained.schema_notes import note
 from radixlm.runtime.constrained.schema_rewrite import NEVER_ENFORCED, rewrite_schema
 
 FALLBACK_ORDER = ("llguidance", "xgrammar", "outlines")
@@ -40,6 +43,21 @@ ENGINE_FORMATS: dict[str, frozenset[str]] = {
     "llguidance": frozenset({"duration", "email", "hostname", "ipv4", "ipv6", "uri", "uuid"}),
     "outlines": frozenset({"email", "uri", "uuid"}),
 }
+
+
+# A format an engine does not know, served to it as a pattern of ours whose every match is a valid
+# value (stricter): beside the schema's own `pattern` as an `allOf` branch (llguidance intersects
+# the two patterns exactly; xgrammar enforces no `allOf` and is skipped, as it is for a pattern
+# beside a format). `uri-reference` (RFC 3986 URI-reference, llguidance has no such format): an
+# optional scheme, then path characters (unreserved, sub-delims, `/`, percent-escapes) without
+# `:` and `@` (so that a first segment is never read as a scheme, nor an authority as userinfo
+# with a second `@`), an optional query and fragment of the same characters and `?`. No port,
+# no userinfo, no IP literal. Every match is a URI (scheme present: `//` authority, absolute or
+# rootless path) or a relative reference (path-noscheme, path-absolute, `//` authority, empty).
+_PCHARS = "A-Za-z0-9._~!$&'()*+,;=/"  # (each class below ends with `-`, a literal there)
+URI_REFERENCE_PATTERN = (f"^(?:[A-Za-z][A-Za-z0-9+.-]*:)?(?:[{_PCHARS}-]|%[0-9A-Fa-f]{{2}})*"
+                         f"(?:\\?(?:[{_PCHARS}?-]|%[0-9A-Fa-f]{{2}})*)?(?:#(?:[{_PCHARS}?-]|%[0-9A-Fa-f]{{2}})*)?$")
+FORMAT_FALLBACK_PATTERNS = {"uri-reference": URI_REFERENCE_PATTERN}
 
 
 def engine_order(preferred: str) -> tuple[str, ...]:
@@ -71,6 +89,48 @@ def unenforced(engine: str, schema: object) -> str | None:
             if any(k in node for k in ("anyOf",)) and any(k in node for k in ("properties", "required", "items")):
                 return f"does not enforce keywords beside 'anyOf' at {path}"
     return None
+
+
+def for_engine(engine: str, schema: object) -> object:
+    """`schema` with each `format` that `engine` does not enforce but that has a pattern of ours
+    (`FORMAT_FALLBACK_PATTERNS`) replaced by it (stricter); `schema` itself when there is none."""
+    lacking = {f for f in FORMAT_FALLBACK_PATTERNS if f not in ENGINE_FORMATS[engine]}
+    if not any(node.get("format") in lacking for node, _ in walk_subschemas(schema)):
+        return schema
+    schema = copy.deepcopy(schema)
+    for node, _ in walk_subschemas(schema):
+        fmt = node.get("format")
+        if fmt in lacking:
+            note("format")
+            del node["format"]
+            own = FORMAT_FALLBACK_PATTERNS[fmt]
+            if "pattern" in node:
+                node["allOf"] = [*node.get("allOf", []), {"pattern": own}]
+            else:
+                node["pattern"] = own
+    return schema
+
+
+class EngineForm(NamedTuple):
+    """A rewritten schema as one engine is given it."""
+
+    text: str  # the schema's text (`for_engine`)
+    reason: str | None  # why the engine would not enforce it (`unenforced`); None: it would
+    stricter: tuple[str, ...]  # keywords served by a stricter form (`schema_notes`)
+
+
+def per_engine(schema: object, stricter: tuple[str, ...] = ()) -> dict[str, EngineForm]:
+    """Per engine, the (rewritten) schema as it is given it; `stricter`: what the rewrite noted."""
+    from radixlm.runtime.constrained.schema_notes import noting
+
+    text = schema_text(schema)
+    engine_to_form: dict[str, EngineForm] = {}
+    for engine in _ENGINE_UNENFORCED:
+        with noting() as noted:
+            mine = for_engine(engine, schema)
+        engine_to_form[engine] = EngineForm(text if mine is schema else schema_text(mine), unenforced(engine, mine),
+                                            (*stricter, *(k for k in noted if k not in stricter)))
+    return engine_to_form
 
 
 def rewritten(spec: object) -> object:

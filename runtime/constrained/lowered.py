@@ -28,10 +28,13 @@ LoweringSettings = tuple[tuple[str, object], ...]
 class LoweredGrammar:
     """The spec of `kind` whose cache key's text is `normalized` (the backend's `normalize`: equal
     specs share one compile, lowered at the door or not), lowered by `backend` to `form` with
-    `settings`. Only a backend of that name with those settings compiles it (`get_lowered`)."""
+    `settings`. Only a backend of that name with those settings compiles it (`get_lowered`).
+    `stricter`: for a JSON schema, the keywords the door served by a stricter rewrite, which may
+    leave out valid outputs (`schema_notes`; reported as `meta_info.schema_stricter`)."""
 
     backend: str
     kind: str
     normalized: str
     form: str
     settings: LoweringSettings = ()
+    stricter: tuple[str, ...] = ()

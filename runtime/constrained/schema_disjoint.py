@@ -35,7 +35,7 @@ def json_type(value: object) -> str:
     return {float: "number", str: "string", list: "array", dict: "object"}[type(value)]
 
 
-def _atoms(kind: object) -> set[str] | None:
+def type_atoms(kind: object) -> set[str] | None:
     names = [kind] if isinstance(kind, str) else kind if isinstance(kind, list) else None
     if names is None or not all(isinstance(n, str) and n in ALL_TYPES for n in names):
         return None
@@ -74,7 +74,7 @@ def types_of(schema: object, resolve: Resolve | None = None, depth: int = 0) -> 
         narrow({json_type(schema["const"])})
     if isinstance(schema.get("enum"), list):
         narrow({json_type(v) for v in schema["enum"]})
-    narrow(_atoms(schema.get("type")))
+    narrow(type_atoms(schema.get("type")))
     for key in ("anyOf", "oneOf"):
         if isinstance(schema.get(key), list):
             branch_types = [types_of(b, resolve, depth + 1) for b in schema[key]]
@@ -113,7 +113,14 @@ def required_names(schema: dict[str, Any]) -> set[str]:
 
 
 def forbids(schema: dict[str, Any], name: str) -> bool:
-    """An object valid for `schema` cannot hold property `name`."""
+    """An object valid for `schema` cannot hold property `name` (`properties: {name: false}`, a
+    closed object without it, or `not: {"required": [name]}`)."""
+    inner = schema.get("not")
+    if isinstance(inner, dict) and inner.get("required") == [name] and not set(inner) - {"required", "properties",
+                                                                                          "title", "description"}:
+        inner_props = inner.get("properties", {})
+        if isinstance(inner_props, dict) and set(inner_props) <= {name} and inner_props.get(name, True) in (True, {}):
+            return True
     props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
     if name in props:
         return props[name] is False

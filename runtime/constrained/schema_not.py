@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 from radixlm.runtime.constrained.schema_disjoint import ALL_TYPES, types_of, value_keys, values_of
+from radixlm.runtime.constrained.schema_notes import note
 from radixlm.runtime.constrained.schema_regex_chars import negated_class, pattern_avoiding, required_chars
 
 Schema = dict[str, Any]
@@ -47,6 +48,7 @@ def _negated(node: Schema, inner: Schema) -> Schema | None:
     """`node` and not `inner` as one schema, or None when this module has no form for it."""
     inner = {k: v for k, v in inner.items() if k not in ("title", "description", "$comment", "markdownDescription")}
     if isinstance(inner.get("allOf"), list) and len(inner) == 1:  # not (A and B) holds where not A does
+        note("not")
         return next((out for b in inner["allOf"] if isinstance(b, dict) and (out := _negated(node, b)) is not None),
                     None)
     if isinstance(inner.get("anyOf"), list) and len(inner) == 1:
@@ -82,6 +84,8 @@ def _without_property(node: Schema, names: list[object]) -> Schema | None:
     own = types_of(node)
     if name is None or own is not None and "object" not in own:
         return None
+    if len(names) > 1:
+        note("not")  # "not all of them" as "not this one"
     out = dict(node)
     out["type"] = "object"
     out["properties"] = {**(node.get("properties") or {}), name: False}
@@ -122,6 +126,7 @@ def _avoiding(node: Schema, patterns: list[str | None]) -> Schema | None:
     own = types_of(node)
     if own is not None and "string" not in own or "format" in node:
         return None
+    note("not")  # exact only where each pattern is one character class
     if "pattern" not in node:
         return {**node, "type": "string", "pattern": f"^{negated_class(avoided)}*$"}
     narrowed = pattern_avoiding(node["pattern"], avoided) if isinstance(node["pattern"], str) else None

@@ -11,6 +11,7 @@ from typing import Any
 from radixlm.runtime.constrained.errors import GrammarError
 from radixlm.runtime.constrained.schema_merge import both
 from radixlm.runtime.constrained.schema_not import without_not
+from radixlm.runtime.constrained.schema_notes import note
 
 Schema = dict[str, Any]
 NAME_ANNOTATIONS = ("title", "description", "default", "examples", "deprecated", "readOnly", "writeOnly", "$comment",
@@ -46,6 +47,13 @@ def property_names(node: Schema) -> Schema:
         if extra is not False:
             node["patternProperties"] = {names["pattern"]: extra}
         node["additionalProperties"] = False
+    elif "pattern" in names:  # beside patternProperties: each pattern within the names', or narrowed to it
+        note("propertyNames")
+        narrowed = {_within_names(p, names["pattern"]): s for p, s in patterns.items()}
+        node = {k: v for k, v in node.items() if k != "propertyNames"}
+        node["properties"] = {n: s for n, s in props.items() if _matches(names["pattern"], n)}
+        node["patternProperties"] = {p: s for p, s in narrowed.items() if p is not None}
+        node["additionalProperties"] = False  # stricter: names no pattern matches are left out
     return node
 
 
@@ -62,6 +70,7 @@ def _names_as_pattern(names: object) -> object:
         return names
     low, high = names.pop("minLength", 0), names.pop("maxLength", None)
     if low or high is not None:
+        note("propertyNames")  # `.` takes no line break
         names["pattern"] = f"^.{{{low},{'' if high is None else high}}}$"
     inner = names.get("not")
     if isinstance(inner, dict) and "pattern" not in names:
@@ -70,6 +79,24 @@ def _names_as_pattern(names: object) -> object:
             del names["not"]
             names["pattern"] = narrowed["pattern"]
     return names
+
+
+_LENGTH_NAMES = re.compile(r"\^\.\{(\d+),(\d*)\}\$")  # `^.{m,n}$`, as `_names_as_pattern` writes a length bound
+_ONE_CLASS_RUN = re.compile(r"\^(\[(?:[^\]\\\n]|\\[^\n])+\]|\\[wd])([+*])\$")  # `^[...]+$`, `^\w*$`
+
+
+def _within_names(pattern: str, names: str) -> str | None:
+    """`pattern` when it is the names' pattern itself; a run of one character class
+    (`^[A-Za-z0-9_-]+$`) under a length bound (`^.{2,}$`) as the bounded run
+    (`^[A-Za-z0-9_-]{2,}$`: exact, the class takes no line break, which `.` does not take); else
+    None (the pattern's properties are left out)."""
+    if pattern == names:
+        return pattern
+    bound, run = _LENGTH_NAMES.fullmatch(names), _ONE_CLASS_RUN.fullmatch(pattern)
+    if bound is None or run is None or any(_matches(run.group(1), c) for c in "\n\r\u2028\u2029"):
+        return None
+    low = max(int(bound.group(1)), 1 if run.group(2) == "+" else 0)
+    return f"^{run.group(1)}{{{low},{bound.group(2)}}}$"
 
 
 def _matches(pattern: object, name: str) -> bool:
@@ -149,5 +176,7 @@ def one_property(node: Schema) -> Schema:
         branches.append({"type": "object", "properties": {}, "additionalProperties": False})
     if not branches:
         return node
+    if node.get("additionalProperties", True) is not False or node.get("patternProperties"):
+        note("maxProperties")  # other names were allowed
     rest = {k: v for k, v in node.items() if k in NAME_ANNOTATIONS}
     return {**rest, "anyOf": branches}

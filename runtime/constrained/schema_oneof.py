@@ -38,6 +38,7 @@ from radixlm.runtime.constrained.schema_disjoint import (
     value_keys,
     values_of,
 )
+from radixlm.runtime.constrained.schema_notes import note
 
 Schema = dict[str, Any]
 _TYPE_ORDER = ("null", "boolean", "string", "object", "array", "number", "integer")
@@ -54,6 +55,7 @@ def as_any_of(branches: list[object], originals: list[object], resolve: Resolve 
     kept: list[object] = []
     for i, branch in enumerate(branches):
         if not isinstance(branch, dict) or not is_servable(branch):
+            note("oneOf")
             continue
         narrowed: Schema | None = branch
         for j, other in enumerate(originals):
@@ -61,6 +63,8 @@ def as_any_of(branches: list[object], originals: list[object], resolve: Resolve 
                 continue
             if not disjoint(narrowed, other, resolve):
                 narrowed = _narrowed(narrowed, target(other, resolve), resolve)
+        if narrowed is not branch:
+            note("oneOf")  # narrowed (perhaps only by values no valid output holds) or left out
         if narrowed is not None:
             kept.append(narrowed)
     return kept or None
@@ -86,12 +90,14 @@ def _candidates(branch: Schema, other: Schema, resolve: Resolve | None) -> list[
             if isinstance(name, str) and name not in required:
                 out.append(_object_with(branch, {"properties": {name: False}}))
                 break
-        if other.get("additionalProperties") is False and not other.get("patternProperties"):
-            props = branch.get("properties") if isinstance(branch.get("properties"), dict) else {}
-            for name, sub in props.items():
-                if sub is not False and forbids(other, name):
-                    out.append(_object_with(branch, {"required": [name]}))
-                    break
+        props = branch.get("properties") if isinstance(branch.get("properties"), dict) else {}
+        for name, sub in props.items():  # one of its own properties that the other forbids
+            if sub is not False and forbids(other, name):
+                out.append(_object_with(branch, {"required": [name]}))
+                break
+        names = _one_forbidden_each(other.get("anyOf"))  # the other an anyOf, each branch forbidding one
+        if names and all(props.get(n) not in (None, False) for n in names):
+            out.append(_object_with(branch, {"required": names}))
     their_values = values_of(other)
     if isinstance(branch.get("enum"), list) and their_values is not None:
         rest = [v for v in branch["enum"] if value_keys([v]).isdisjoint(value_keys(their_values))]
@@ -100,6 +106,24 @@ def _candidates(branch: Schema, other: Schema, resolve: Resolve | None) -> list[
     if theirs is not None:
         out.append(_with_types((ALL_TYPES if own is None else own) - theirs, branch))
     return out
+
+
+def _one_forbidden_each(branches: object) -> list[str] | None:
+    """A property name per branch that the branch forbids (GitHub actions' composite steps: "no
+    `run` or no `shell`"), when each has one; an object holding them all satisfies no branch."""
+    if not isinstance(branches, list) or not branches:
+        return None
+    names: list[str] = []
+    for sub in branches:
+        if not isinstance(sub, dict):
+            return None
+        inner = sub.get("not")
+        name = inner["required"][0] if isinstance(inner, dict) and isinstance(inner.get("required"), list) and len(
+            inner["required"]) == 1 else None
+        if not isinstance(name, str) or not forbids(sub, name):
+            return None
+        names.append(name)
+    return list(dict.fromkeys(names))
 
 
 def _with_types(atoms: frozenset[str] | set[str], branch: Schema) -> Schema | None:

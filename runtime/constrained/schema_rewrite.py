@@ -11,7 +11,7 @@ Dialects (draft-04 .. 2020-12), exact:
 - `dependencies` (draft-04 .. 07) becomes `dependentRequired` / `dependentSchemas`;
 - a `format` no validator asserts (`ASSERTED_FORMATS`) is an annotation: dropped; `date`, `time`
   and `date-time` become (stricter) `pattern`s (`FORMAT_PATTERNS`), also beside a `pattern` that
-  every value of theirs matches (`schema_regex_within`);
+  every value of theirs matches (`schema_regex_within`), else an `allOf` branch beside it;
 - `unevaluatedProperties` / `unevaluatedItems` beside no applicator are `additionalProperties` / `items`.
 
 Structure, exact:
@@ -43,8 +43,9 @@ no longer produced; docs/json-schema.md lists them):
 - `unevaluatedProperties` where no applicator is left: `additionalProperties`;
 - `dependentRequired` / `dependentSchemas`: the dependents are always required / the schema
   always applies;
-- `if` / `then` / `else`: (if and then) or (not-if and else) when `if` tests one property against
-  constants and that property's values are listed (`enum` / `const`), else (if and then);
+- `if` / `then` / `else` (`schema_conditional`): (if and then) or (not-if and else) when `if` is a
+  discriminator (one property against constants whose values are listed, or against such a test
+  one or more levels down), also for each conditional of an `allOf` in turn; else (if and then);
 - `uniqueItems: true`: at most one item (when `minItems` allows it);
 - `contains` (without `minContains` > 1 / `maxContains`): the first item satisfies it.
 
@@ -61,9 +62,11 @@ from typing import Any
 from radixlm.runtime.constrained.compile_cache import SCHEMA_MAPS, walk_subschemas
 from radixlm.runtime.constrained.errors import GrammarError
 from radixlm.runtime.constrained.json_schema import resolve_pointer
+from radixlm.runtime.constrained.schema_conditional import apply_conditional, conditional, is_conditional
 from radixlm.runtime.constrained.schema_disjoint import Resolve
 from radixlm.runtime.constrained.schema_merge import MergeConflict, both, merge
 from radixlm.runtime.constrained.schema_not import without_not
+from radixlm.runtime.constrained.schema_notes import note
 from radixlm.runtime.constrained.schema_objects import (
     one_property,
     property_names,
@@ -223,6 +226,7 @@ class _Rewriter:
             node = {"$ref": node["$ref"]}  # exact, and a large target is not copied once per use
         # as sent: what `not` negates and what `oneOf`'s other branches admit (their rewrites may be stricter)
         raw = {key: node[key] for key in ("not", "oneOf") if key in node}
+        conditions = self.conditions_of_all_of(node, path, refs)
         for key in SCHEMA_MAPS:
             if isinstance(node.get(key), dict):
                 node[key] = {name: self.node(sub, f"{path}/{key}/{name}", refs) for name, sub in node[key].items()}
@@ -243,7 +247,9 @@ class _Rewriter:
             return False  # `not: {}`: no value is valid (a property that must be absent)
         if isinstance(raw.get("not"), dict):
             node = without_not({**node, "not": raw["not"]})
-        node = _conditional(node)
+        node = conditional(node, self.resolve_or_none)
+        for parts in conditions:
+            node = apply_conditional(node, parts, self.resolve_or_none)
         node = property_names(node)
         node = required_outside(node, path)
         node = _arrays(node)
@@ -252,8 +258,25 @@ class _Rewriter:
                 node[key] = [self.inline(b, path, refs) if isinstance(b, dict) else b for b in node[key]]
         node = _distribute(node, raw.get("oneOf"), self.resolve_or_none)
         if isinstance(node.get("anyOf"), list):
-            node["anyOf"] = [unevaluated(b) if isinstance(b, dict) else b for b in node["anyOf"]]
+            branches = [unevaluated(b) if isinstance(b, dict) else b for b in node["anyOf"]]
+            if any(new is not old for new, old in zip(branches, node["anyOf"])):
+                note("unevaluatedProperties")  # properties only another branch declares are left out
+            node["anyOf"] = branches
         return one_property(unevaluated(node))
+
+    def conditions_of_all_of(self, node: Schema, path: str, refs: tuple[str, ...]) -> list[Schema]:
+        """The `allOf` branches of `node` that are conditionals (`schema_conditional.is_conditional`),
+        taken out of it, their `if` / `then` / `else` rewritten; applied once `node` is."""
+        branches = node.get("allOf")
+        if not isinstance(branches, list) or not any(is_conditional(b) for b in branches):
+            return []
+        kept = [b for b in branches if not is_conditional(b)]
+        if kept:
+            node["allOf"] = kept
+        else:
+            del node["allOf"]
+        return [{k: self.node(b[k], f"{path}/allOf/{i}/{k}", refs) for k in ("if", "then", "else") if k in b}
+                for i, b in enumerate(branches) if is_conditional(b)]
 
     def resolve_or_none(self, ref: str) -> object:
         try:
@@ -329,14 +352,18 @@ def _dialect(node: Schema) -> Schema:
     if isinstance(node.get("format"), str) and node["format"] not in ASSERTED_FORMATS:
         del node["format"]
     own = FORMAT_PATTERNS.get(node.get("format"))  # type: ignore[arg-type]
-    if own is not None and ("pattern" not in node or (
-            isinstance(node["pattern"], str) and language_within(own, node["pattern"]))):
-        del node["format"]  # beside a pattern that every value of ours matches: ours alone (stricter)
-        node["pattern"] = f"^{own}$"
+    if own is not None:
+        note("format")  # (no year 0999, no leap day, the offset required)
+        del node["format"]
+        if "pattern" not in node or isinstance(node["pattern"], str) and language_within(own, node["pattern"]):
+            node["pattern"] = f"^{own}$"  # beside a pattern that every value of ours matches: ours alone
+        else:  # both must hold: ours as an allOf branch (llguidance intersects the patterns exactly)
+            node["allOf"] = [*node.get("allOf", []), {"pattern": f"^{own}$"}]
     if node.get("format") == "regex":  # stricter: a regex without special characters, a literal
         narrowed = pattern_avoiding(node["pattern"], REGEX_SPECIALS) if isinstance(node.get("pattern"), str) else (
             f"^{negated_class(REGEX_SPECIALS)}*$")
         if narrowed is not None:
+            note("format")
             del node["format"]
             node["pattern"] = narrowed
     if node.get("uniqueItems") is False:
@@ -353,12 +380,14 @@ def _dependents(node: Schema) -> Schema:
     """Stricter: dependents always required, dependent schemas always applied."""
     required = node.pop("dependentRequired", None)
     if isinstance(required, dict):
+        note("dependentRequired")
         names = list(node.get("required", []))
         for dependents in required.values():
             names.extend(n for n in dependents if isinstance(n, str) and n not in names)
         node["required"] = names
     schemas = node.pop("dependentSchemas", None)
     if isinstance(schemas, dict):
+        note("dependentSchemas")
         for sub in schemas.values():
             if sub is False:
                 continue  # only forbids its trigger; stricter: the trigger is absent (left to engines)
@@ -370,51 +399,16 @@ def _dependents(node: Schema) -> Schema:
     return node
 
 
-def _conditional(node: Schema) -> Schema:
-    if "if" not in node:
-        node.pop("then", None)
-        node.pop("else", None)
-        return node
-    cond, then, other = node.pop("if"), node.pop("then", {}), node.pop("else", {})
-    if not isinstance(cond, dict):
-        return both(node, then if cond is not False else other)
-    negated = _negate_discriminator(node, cond)
-    yes = both(both(node, cond), then)
-    if negated is None:
-        return yes  # stricter: the condition always holds
-    no = both(both(node, negated), other)
-    return {"anyOf": [yes, no]}
-
-
-def _negate_discriminator(parent: Schema, cond: Schema) -> Schema | None:
-    """A schema of instances (of `parent`) where `cond` fails, when `cond` is
-    `{"properties": {k: {"const" | "enum": ...}}, "required"?: [k]}` and `parent` lists k's values;
-    else None. Instances without k (when `cond` requires k) are left out: stricter."""
-    props = cond.get("properties")
-    if set(cond) - {"properties", "required", "type"} or not isinstance(props, dict) or len(props) != 1:
-        return None
-    (name, test), = props.items()
-    if not isinstance(test, dict) or set(test) - {"const", "enum", "type"}:
-        return None
-    values = [test["const"]] if "const" in test else test.get("enum")
-    own = (parent.get("properties") or {}).get(name)
-    listed = own.get("enum", [own["const"]] if "const" in own else None) if isinstance(own, dict) else None
-    if not isinstance(values, list) or not isinstance(listed, list):
-        return None
-    rest = [v for v in listed if v not in values]
-    if not rest:  # k present always passes the test: only an absent k fails it, if `cond` requires k
-        return {"properties": {name: False}} if name in cond.get("required", []) else None
-    return {"properties": {name: {"enum": rest}}, "required": [name]}
-
-
 def _arrays(node: Schema) -> Schema:
     """uniqueItems (at most one item) and contains (the first item), stricter."""
     if node.get("uniqueItems") is True and node.get("minItems", 0) <= 1:
+        note("uniqueItems")
         del node["uniqueItems"]
         node["maxItems"] = min(node.get("maxItems", 1), 1)
     contains = node.get("contains")
     if (isinstance(contains, dict) and node.get("minContains", 1) <= 1 and "maxContains" not in node
             and not node.get("prefixItems") and node.get("maxItems", 1) >= 1):
+        note("contains")
         del node["contains"]
         node.pop("minContains", None)
         items = node.get("items", {})
@@ -443,6 +437,7 @@ def _distribute(node: Schema, raw_one_of: object, resolve: Resolve) -> Schema:
         if key == "anyOf":
             servable = [b for b in branches if _is_servable(b)]
             if servable and len(servable) < len(branches):
+                note("anyOf")
                 node["anyOf"] = servable
         elif "anyOf" not in node and isinstance(raw_one_of, list) and len(raw_one_of) == len(branches):
             # (a oneOf that came in from an inlined or merged schema has no branches as sent here: it stays)

@@ -106,11 +106,16 @@ def _sampling_params(req: CompletionRequest | ChatRequest, max_tokens: int | Non
     return {k: v for k, v in pairs.items() if v is not None}
 
 
-def _grammar_backend(results: list[dict[str, Any]]) -> dict[str, str]:
+def _grammar_backend(results: list[dict[str, Any]]) -> dict[str, Any]:
     """`{"grammar_backend": engine}` (a radixlm extension) when a grammar constrained the
-    results: the engine the door chose for it (`constrained.engine_choice`); else empty."""
+    results: the engine the door chose for it (`constrained.engine_choice`), and
+    `schema_stricter`, the JSON schema's keywords it served by a stricter rewrite, when any
+    (`constrained.schema_notes`); else empty."""
     engines = {r["meta_info"]["grammar_backend"] for r in results if "grammar_backend" in r["meta_info"]}
-    return {"grammar_backend": engines.pop()} if len(engines) == 1 else {}
+    if len(engines) != 1:
+        return {}
+    stricter = list(dict.fromkeys(k for r in results for k in r["meta_info"].get("schema_stricter", ())))
+    return {"grammar_backend": engines.pop(), **({"schema_stricter": stricter} if stricter else {})}
 
 
 def _completion_logprobs(meta: dict[str, Any], echo: bool, offset: int = 0) -> dict[str, Any]:

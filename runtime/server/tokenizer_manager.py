@@ -96,7 +96,7 @@ class TokenizerManager:
         if rid in self.states:
             raise RequestError(f"request id {rid!r} is already in use")
         state = ReqState(RequestOutput.of(rid, req, self.token_texts, self.incremental_streaming_output,
-                                          None if prepared.grammar is None else prepared.grammar.backend),
+                                          prepared.grammar),
                          is_counted=req.log_metrics)
         self.states[rid] = state
         if state.is_counted:

@@ -44,6 +44,13 @@ CASES: list[tuple[str, dict[str, Any], list[object]]] = [
      [{"when": "delayed", "start_in": "1h"}, {"when": "delayed"}, {"when": "manual"}, {}]),
     ("oneOf: enum members", {"oneOf": [{"const": "always"}, {"const": "never"}, {"enum": ["never", "soon"]}]},
      ["always", "never", "soon", "other"]),
+    ("oneOf: branches that forbid properties (not required)", {  # GitHub actions' composite steps
+        **_CLOSED, "properties": {"run": {"type": "string"}, "shell": {"type": "string"}, "uses": {"type": "string"}},
+        "oneOf": [{"anyOf": [{"not": {"properties": {"run": True}, "required": ["run"]}},
+                             {"not": {"properties": {"shell": True}, "required": ["shell"]}}]},
+                  {"not": {"properties": {"uses": True}, "required": ["uses"]}}]},
+     [{"uses": "u"}, {"run": "r", "shell": "s"}, {"run": "r"}, {}, {"run": "r", "shell": "s", "uses": "u"},
+      {"run": "r", "uses": "u"}]),
     ("not: required names", {"type": "object", "properties": {"func": {"type": "string"}, "step": {"type": "string"}},
                              "not": {"required": ["func", "step"]}},
      [{}, {"func": "f"}, {"step": "s"}, {"func": "f", "step": "s"}, 3]),
@@ -91,6 +98,40 @@ CASES: list[tuple[str, dict[str, Any], list[object]]] = [
         "required": ["task"], "anyOf": [{"properties": {"task": {"pattern": "^A@1$"}, "a": {"type": "integer"}}},
                                         {"properties": {"task": {"pattern": "^B@2$"}}}]},
      [{"task": "A@1"}, {"task": "B@2"}, {"task": "C@3"}, {"task": "A@1", "a": "s"}]),
+    ("if: a discriminator two levels down", {  # GitHub actions: `runs.using == "composite"`
+        "type": "object", "required": ["runs"], "properties": {"runs": {"oneOf": [
+            {**_CLOSED, "properties": {"using": {"enum": ["node20", "node24"]}, "main": {"type": "string"}},
+             "required": ["using", "main"]},
+            {**_CLOSED, "properties": {"using": {"const": "composite"}, "steps": {"type": "array"}},
+             "required": ["using", "steps"]}]}, "outputs": {}},
+        "if": {"properties": {"runs": {"type": "object", "properties": {"using": {"const": "composite"}}}}},
+        "then": {"properties": {"outputs": {"type": "object", "required": ["value"]}}},
+        "else": {"properties": {"outputs": {"type": "string"}}}},
+     [{"runs": {"using": "composite", "steps": []}, "outputs": {"value": 1}},
+      {"runs": {"using": "composite", "steps": []}, "outputs": "s"},
+      {"runs": {"using": "node20", "main": "m"}, "outputs": "s"},
+      {"runs": {"using": "node20", "main": "m"}, "outputs": {"value": 1}}, {"runs": {"using": "x", "main": "m"}}]),
+    ("allOf of conditionals on one discriminator", {  # GitHub issue forms: one `if` per item type
+        "type": "object", "required": ["type"], "properties": {"type": {"$ref": "#/$defs/type"}},
+        "$defs": {"type": {"type": "string", "enum": ["markdown", "input", "upload"]}},
+        "allOf": [{"if": {"properties": {"type": {"const": "markdown"}}},
+                   "then": {"properties": {"value": {"type": "string"}}, "required": ["value"]}},
+                  {"if": {"properties": {"type": {"const": "input"}}},
+                   "then": {"properties": {"label": {"type": "string"}}, "required": ["label"]},
+                   "else": {"properties": {"label": False}}}]},
+     [{"type": "markdown", "value": "v"}, {"type": "markdown"}, {"type": "input", "label": "l"}, {"type": "input"},
+      {"type": "upload"}, {"type": "upload", "label": "l"}, {"type": "markdown", "value": "v", "label": "l"}]),
+    ("allOf of a conditional that is no discriminator", {  # dependabot: a schedule unless in a group
+        "type": "object", "properties": {"schedule": {"type": "string"}, "group": {"type": "string"}},
+        "allOf": [{"if": {"not": {"required": ["group"]}}, "then": {"required": ["schedule"]}}]},
+     [{"schedule": "s"}, {}, {"group": "g"}, {"group": "g", "schedule": "s"}]),
+    ("format: date-time beside a narrower pattern", {  # GitLab CI's released_at
+        "type": "string", "format": "date-time", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z$"},
+     ["2024-01-05T10:00:00Z", "2024-01-05T10:00:00.5Z", "2024-02-30T10:00:00Z", "2024-01-05T10:00:00+01:00"]),
+    ("propertyNames: a length bound beside patternProperties", {  # mergify's source files
+        "type": "object", "patternProperties": {"^[A-Za-z0-9_-]+$": {"type": "integer"}},
+        "propertyNames": {"minLength": 2}},
+     [{}, {"ab": 1}, {"a": 1}, {"ab": "x"}, {"a b": 1}]),
 ]
 CASE_IDS = [name for name, _, _ in CASES]
 
@@ -129,6 +170,9 @@ def test_what_has_no_exact_or_stricter_form_is_refused_naming_it() -> None:
         validate("xgrammar", "json_schema", {"type": "string", "not": {"pattern": "^.*$"}})
     with pytest.raises(GrammarError, match="'not'"):
         validate("xgrammar", "json_schema", {"type": "integer", "not": {"const": 3}})
+    with pytest.raises(GrammarError, match="no valid value"):  # an `if` on a property that can hold nothing
+        validate("xgrammar", "json_schema", {"type": "object", "required": ["k"], "properties": {"k": {"enum": []}},
+                                             "if": {"properties": {"k": {"const": "a"}}}, "then": {}})
     # the branch holding an unenforced `not` is left out of an anyOf; if it is the only one, refused
     assert rewrite_schema({"anyOf": [{"type": "integer"}, {"type": "string", "not": {"pattern": ".*"}}]}) == {
         "anyOf": [{"type": "integer"}]}
@@ -136,16 +180,62 @@ def test_what_has_no_exact_or_stricter_form_is_refused_naming_it() -> None:
 
 def test_a_format_beside_a_pattern_is_ours_alone_only_within_it() -> None:
     """`date` beside a pattern that all of our calendar pattern's dates match: ours alone; beside a
-    narrower pattern (only 2024), or one interegular cannot read, refused naming the format."""
+    narrower pattern (only 2024), ours as an `allOf` branch, which llguidance intersects; where
+    the intersection is empty or llguidance cannot read the pattern, refused naming it."""
     from radixlm.runtime.constrained.schema_regex_within import language_within
 
     assert language_within("[12][0-9]{3}-[0-9]{2}", "^[0-9]{4}-[0-9]{2}$")
     assert language_within("[12][0-9]{3}-[0-9]{2}", "[0-9]{4}")  # matched anywhere: a whole match is one
     assert not language_within("[12][0-9]{3}-[0-9]{2}", "^2024-[0-9]{2}$")
     assert not language_within("[12][0-9]{3}", "^(?=1)[0-9]{4}$")  # a lookahead: not read, so no
-    for pattern in ("^2024-", "^(?=1)[0-9-]+$"):
-        with pytest.raises(GrammarError, match="format 'date'"):
-            validate("xgrammar", "json_schema", {"type": "string", "format": "date", "pattern": pattern})
+    narrower = {"type": "string", "format": "date", "pattern": "^2024-"}
+    assert rewrite_schema(narrower)["allOf"][0]["pattern"].startswith("^[12][0-9]{3}-")
+    assert validate("xgrammar", "json_schema", narrower).backend == "llguidance"
+    with pytest.raises(GrammarError, match="Unsatisfiable"):  # no date of ours is in year 999
+        validate("xgrammar", "json_schema", {"type": "string", "format": "date", "pattern": "^0999-"})
+    with pytest.raises(GrammarError, match="'allOf'"):
+        validate("xgrammar", "json_schema", {"type": "string", "format": "date", "pattern": "^(?=1)[0-9-]+$"})
+
+
+def test_uri_reference_is_our_pattern_for_llguidance_only() -> None:
+    """llguidance has no `uri-reference`: it gets our pattern (alone, or as an `allOf` branch
+    beside the schema's own), every match of which is an RFC 3986 reference; xgrammar, which
+    enforces the format, keeps it."""
+    import random
+    import re
+
+    from radixlm.runtime.constrained.engine_choice import URI_REFERENCE_PATTERN, for_engine
+
+    alone = {"type": "string", "format": "uri-reference"}
+    beside = {"type": "string", "format": "uri-reference", "pattern": "\\.ya?ml$"}
+    assert for_engine("llguidance", alone) == {"type": "string", "pattern": URI_REFERENCE_PATTERN}
+    assert for_engine("llguidance", beside)["allOf"] == [{"pattern": URI_REFERENCE_PATTERN}]
+    assert for_engine("xgrammar", alone) is alone
+    assert validate("xgrammar", "json_schema", alone).backend == "xgrammar"
+    assert validate("llguidance", "json_schema", alone).backend == "llguidance"
+    assert validate("xgrammar", "json_schema", beside).backend == "llguidance"
+    rng, alphabet, matched = random.Random(0), "aZ09._~/!$&'()*+,;=-%?#:@ F", 0
+    for _ in range(3000):
+        text = rng.choice(["", "https:", "a+b:", "//", "http://h"]) + "".join(
+            rng.choice(alphabet) for _ in range(rng.randint(0, 8)))
+        if re.fullmatch(URI_REFERENCE_PATTERN, text):
+            matched += 1
+            assert not _errors(alone, text), text
+    assert matched > 500 and _errors(alone, "a b") and not re.fullmatch(URI_REFERENCE_PATTERN, "a b")
+
+
+def test_the_door_names_the_keywords_it_served_stricter() -> None:
+    """`LoweredGrammar.stricter` (`schema_notes`, reported as `meta_info.schema_stricter`): the
+    keywords whose rewrite may leave out valid outputs; nothing where every rewrite is exact."""
+    cases = dict((name, schema) for name, schema, _ in CASES)
+    assert validate("xgrammar", "json_schema", {"oneOf": [{"type": "string"}, {"type": "integer"}]}).stricter == ()
+    assert validate("xgrammar", "json_schema", cases["not: type and enum"]).stricter == ()
+    assert validate("xgrammar", "json_schema", cases["if: a discriminator two levels down"]).stricter == ("if",)
+    assert validate("xgrammar", "json_schema", {"type": "array", "uniqueItems": True, "contains": {"type": "integer"},
+                                                 "items": {"type": "integer"}}).stricter == ("uniqueItems", "contains")
+    uri = {"type": "string", "format": "uri-reference"}
+    assert validate("xgrammar", "json_schema", uri).stricter == ()
+    assert validate("llguidance", "json_schema", uri).stricter == ("format",)
 
 
 def test_disjointness_and_regex_helpers() -> None:
@@ -201,6 +291,55 @@ def test_random_one_of_rewrites_admit_only_valid_values() -> None:
         try:
             rewritten = rewrite_schema(schema)
         except GrammarError:  # refused (e.g. a required name that additionalProperties false forbids)
+            return
+        for instance in instances:
+            if not _errors(rewritten, instance):
+                assert not _errors(schema, instance), (schema, rewritten, instance)
+
+    check()
+
+
+# ---- property-based: random if / then / else on a discriminator, one or two levels down ----------
+_KEYS = ("a", "b", "c")
+
+
+def _conditional_strategy() -> Any:
+    from hypothesis import strategies as st
+
+    keys = st.sets(st.sampled_from(_KEYS), min_size=1).map(sorted)
+    leaf = st.one_of(st.builds(lambda ks: {"enum": ks}, keys), st.builds(lambda k: {"const": k}, st.sampled_from(_KEYS)))
+    inner = st.builds(lambda u, req: {"type": "object", "properties": {"u": u}, **({"required": ["u"]} if req else {})},
+                      leaf, st.booleans())
+    own = st.one_of(leaf, inner, st.builds(lambda a, b: {"anyOf": [a, b]}, inner, inner))
+    test_leaf = st.one_of(st.builds(lambda k: {"const": k}, st.sampled_from(_KEYS)),
+                          st.builds(lambda ks: {"type": "string", "enum": ks}, keys))
+    test = st.one_of(test_leaf, st.builds(
+        lambda t, typed, req: {**({"type": "object"} if typed else {}), "properties": {"u": t},
+                               **({"required": ["u"]} if req else {})}, test_leaf, st.booleans(), st.booleans()))
+    cond = st.builds(lambda t, req: {"properties": {"k": t}, **({"required": ["k"]} if req else {})}, test, st.booleans())
+    effect = st.sampled_from([{}, {"required": ["v"]}, {"properties": {"v": {"type": "integer"}}},
+                              {"properties": {"v": {"type": "string"}}}])
+    conditional = st.builds(lambda c, t, e: {"if": c, "then": t, "else": e}, cond, effect, effect)
+    return st.builds(lambda k, req, parts, in_all_of, typed: {
+        **({"type": "object"} if typed else {}), "properties": {"k": k, "v": {}}, **({"required": ["k"]} if req else {}),
+        **({"allOf": parts} if in_all_of else parts[0])}, own, st.booleans(), st.lists(conditional, min_size=1,
+                                                                                     max_size=2), st.booleans(),
+        st.booleans())
+
+
+def test_random_conditional_rewrites_admit_only_valid_values() -> None:
+    from hypothesis import given, settings
+
+    ks: list[object] = ["a", "b", "c", {"u": "a"}, {"u": "b"}, {}, 1]
+    instances: list[object] = [{**({"k": k} if k is not None else {}), **({"v": v} if v is not None else {})}
+                               for k in (None, *ks) for v in (None, 1, "s")] + ["s", None]
+
+    @settings(max_examples=150, deadline=None, derandomize=True)
+    @given(_conditional_strategy())
+    def check(schema: dict[str, Any]) -> None:
+        try:
+            rewritten = rewrite_schema(schema)
+        except GrammarError:
             return
         for instance in instances:
             if not _errors(rewritten, instance):

@@ -1,7 +1,7 @@
 """Generation under real-world-style JSON schemas through the real server (tiny random model,
 the default `--grammar-backend xgrammar`): a sample of both schema corpora, each output
-validated with `jsonschema` (format checker on); the engine the door chose is in the native
-meta_info and the OpenAI response; a schema no engine enforces is refused with 400 naming the
+validated with `jsonschema` (format checker on); the engine the door chose, and what it served by
+a stricter rewrite, are in the native meta_info and the OpenAI response; a schema no engine enforces is refused with 400 naming the
 keyword; a small schema of each JSONSchemaBench-style set (`schema_sets`) generate valid
 outputs or are refused naming a keyword. (Every schema's compile at the door:
 tests/runtime/test_schema_engines.py, the sets' at the door: tests/runtime/test_schema_sets.py.)"""
@@ -68,7 +68,22 @@ def test_openai_response_names_the_engine(tiny_server: ServerHandle, tiny_model_
         model=tiny_model_name, messages=[{"role": "user", "content": "json"}], max_tokens=40, seed=0,
         response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
     assert completion.model_extra["grammar_backend"] == "llguidance"
+    assert completion.model_extra["schema_stricter"] == ["dependentRequired"]  # `b` always required
     assert not _errors(schema, json.loads(completion.choices[0].message.content or ""))
+
+
+def test_meta_info_names_what_a_stricter_rewrite_narrowed(tiny_server: ServerHandle) -> None:
+    """`schema_stricter` beside the engine: the keywords served by a form that may leave out valid
+    outputs (`uniqueItems`: at most one item); absent where every rewrite was exact."""
+    for schema, stricter in (({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, ["uniqueItems"]),
+                             ({"type": "array", "items": {"type": "integer"}, "maxItems": 2}, None)):
+        resp = httpx.post(tiny_server.url + "/generate", timeout=60, json={
+            "text": "JSON:", "sampling_params": {"json_schema": json.dumps(schema), "max_new_tokens": 24,
+                                                 "temperature": 0}})
+        assert resp.status_code == 200, resp.text
+        meta = resp.json()["meta_info"]
+        assert meta["grammar_backend"] == "xgrammar" and meta.get("schema_stricter") == stricter, meta
+        assert not _errors(schema, json.loads(resp.json()["text"]))
 
 
 def test_a_schema_no_engine_enforces_is_refused_naming_the_keyword(tiny_server: ServerHandle) -> None:

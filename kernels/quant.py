@@ -8,11 +8,14 @@ bytes]`, again the file's bytes per weight (kernels/kquants.py).
 channel), so a loader can permute and concatenate rows (fused q/k/v, RoPE layout) before `pack`;
 `quantize` makes one from a float weight (GGUF's own quantizer for q8_0 / q4_0 / q4_1, ours
 for the K-quants, or per-channel int8 for w8a8_int8), `unpack_columns` dequantizes chosen output columns of a packed
-weight (an embedding lookup, and the tests' reference). Pure torch: no compiled code.
+weight (an embedding lookup, and the tests' reference). Pure torch: no compiled code; `pack` takes
+the C++ extension's `quant_repack` (csrc/kernels/kquant_repack.h: the same bytes, ~50x faster) from
+a caller that has the extension, and is its reference.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -146,9 +149,15 @@ def _split(t: QuantizedTensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
     return torch.cat([qs & 0x0F, qs >> 4], dim=2), d, m  # value j < 16: low nibble of byte j
 
 
-def pack(t: QuantizedTensor) -> torch.Tensor:
+# the C++ repack: (row blocks of a weight's GGUF bytes, K, format, N multiple) -> quant groups
+Repack = Callable[[list[torch.Tensor], int, str, int], torch.Tensor]
+
+
+def pack(t: QuantizedTensor, repack: Repack | None = None) -> torch.Tensor:
     """The kernels' quant groups `[Np/16, K/32, block bytes]` uint8 (Np: N padded to 64 with zero
-    scales)."""
+    scales); `repack` (the extension's quant_repack) makes the same bytes in C++, else torch does."""
+    if repack is not None:
+        return repack([t.raw], t.k, t.fmt, N_MULTIPLE)
     if t.fmt in kquants.KQUANTS:
         return kquants.pack(t.raw, t.k, t.fmt, N_MULTIPLE)
     u, d, m = _split(t)

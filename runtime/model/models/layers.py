@@ -12,9 +12,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixlm.kernels import quant
+from radixlm.kernels import cpu_linear, quant
 from radixlm.runtime.model.kernel_policy import CpuIsa, load_cpu_kernels
 from radixlm.runtime.model.linear_method import CpuKernels, KernelLinear, float_method, quantized_method
+
+
+def native_repack(ext: cpu_linear.Extension | None) -> quant.Repack | None:
+    """The C++ extension's repack of GGUF blocks into quant groups (quant.pack's fast path), or None
+    where the extension cannot run (quant.pack then repacks in torch)."""
+    return None if ext is None else ext.ops.quant_repack.default
 
 
 class Linear(nn.Module):
@@ -47,7 +53,7 @@ class Linear(nn.Module):
         if ext is None:
             raise RuntimeError("quantized weights need the C++ CPU kernels, which cannot run here (no C++ compiler, or their build failed)")
         self.register_parameter("weight_t", None)
-        self.register_buffer("qweight", quant.pack(weight))
+        self.register_buffer("qweight", quant.pack(weight, native_repack(ext)))
         self.method = quantized_method(ext, self.qweight, self.out_features, self.bias, mode)
 
     def quantize_parts_(self, weights: list[quant.QuantizedTensor], mode: str) -> None:

@@ -48,7 +48,13 @@ from radixlm.runtime.model.kernel_policy import attention_kernels, cpu_isa, load
 from radixlm.runtime.model.linear_method import in_one_arena
 from radixlm.runtime.model.model_config import ModelConfig, RopeConfig
 from radixlm.runtime.model.models.decoder_layer import DecoderLayer, DenseMLP
-from radixlm.runtime.model.models.layers import Linear, QuantizedEmbedding, RMSNorm, release_freed_memory
+from radixlm.runtime.model.models.layers import (
+    Linear,
+    QuantizedEmbedding,
+    RMSNorm,
+    native_repack,
+    release_freed_memory,
+)
 from radixlm.runtime.model.models.moe import SparseMoeBlock
 from radixlm.runtime.model.models.rotary import RotaryEmbedding
 
@@ -309,7 +315,7 @@ class LlamaForCausalLM(nn.Module):
             self.share_embedding_with_lm_head()
 
     def quantize_embedding(self, weight: quant.QuantizedTensor) -> None:
-        self.embed_tokens = QuantizedEmbedding(quant.pack(weight))
+        self.embed_tokens = QuantizedEmbedding(quant.pack(weight, native_repack(load_cpu_kernels())))
 
     def share_embedding_with_lm_head(self) -> None:
         """A tied, quantized embedding reads the lm_head's blocks: one copy of the weights."""

@@ -1,0 +1,54 @@
+"""The C++ repack of GGUF blocks into quant groups (csrc/kernels/kquant_repack.h) against its
+reference, quant.pack in torch: byte for byte, for every format we keep quantized, on random
+blocks (any bytes are a valid block: the repack only moves bits), N not a multiple of 16 or 64
+(padding), a weight given as row blocks of strided views, at every ISA level this CPU runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from radixlm.kernels import quant
+
+# (format, N, K): odd N pads to 64 columns; K of several blocks
+SHAPES = [("q4_k", 77, 512), ("q5_k", 33, 512), ("q6_k", 130, 256), ("q8_0", 21, 96), ("q4_0", 64, 64),
+          ("q4_1", 50, 128)]
+
+
+def random_weight(fmt: str, n: int, k: int, seed: int) -> quant.QuantizedTensor:
+    gguf_bytes, block_k = quant.FORMATS[fmt]
+    generator = torch.Generator().manual_seed(seed)
+    raw = torch.randint(0, 256, (n, k // block_k * gguf_bytes), dtype=torch.uint8, generator=generator)
+    return quant.QuantizedTensor(fmt, raw, k)
+
+
+@pytest.mark.parametrize(("fmt", "n", "k"), SHAPES)
+def test_repack_matches_torch_pack(ext: Any, fmt: str, n: int, k: int) -> None:
+    weight = random_weight(fmt, n, k, seed=n)
+    expected = quant.pack(weight)
+    repack = ext.ops.quant_repack.default
+    assert torch.equal(quant.pack(weight, repack), expected)
+    # the same weight as row blocks: a slice and a view with a row stride past its bytes
+    wide = torch.zeros(n, weight.raw.shape[1] + 8, dtype=torch.uint8)
+    wide[:, 3:3 + weight.raw.shape[1]] = weight.raw
+    parts = [weight.raw[:5], wide[5:, 3:3 + weight.raw.shape[1]]]
+    assert torch.equal(repack(parts, k, fmt, quant.N_MULTIPLE), expected)
+
+
+def test_repack_same_on_any_thread_count(ext: Any, on_thread_counts: Any) -> None:
+    weight = random_weight("q4_k", 200, 1024, seed=1)
+    outs = on_thread_counts(lambda: quant.pack(weight, ext.ops.quant_repack.default))
+    assert all(torch.equal(out, quant.pack(weight)) for out in outs)
+
+
+def test_repack_refuses_bad_input(ext: Any) -> None:
+    repack = ext.ops.quant_repack.default
+    raw = torch.zeros(16, 144, dtype=torch.uint8)
+    with pytest.raises(RuntimeError, match="unknown format 'q3_k'"):
+        repack([raw], 256, "q3_k", 64)
+    with pytest.raises(RuntimeError, match=r"uint8 \[rows, 288\]"):
+        repack([raw], 512, "q4_k", 64)
+    with pytest.raises(RuntimeError, match="not a multiple of 256"):
+        repack([raw], 100, "q4_k", 64)

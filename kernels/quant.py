@@ -16,7 +16,6 @@ a caller that has the extension, and is its reference.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -60,20 +59,27 @@ def format_of(packed: torch.Tensor) -> str:
     return sizes[packed.shape[-1]]
 
 
-@dataclass
 class QuantizedTensor:
     """A weight `[N, K]` in a GGUF block format: `raw` is `[N, K/32 * GGUF bytes per block]` uint8,
-    row n the blocks of output channel n, as in the file."""
+    row n the blocks of output channel n, as in the file. It may be held as consecutive row blocks
+    (`row_blocks`: a fused weight's parts, `cat`), joined into one tensor only when `raw` is first
+    read: `pack` with the C++ repack reads the blocks where they are, so a fused expert's gate and
+    up are never copied together."""
 
-    fmt: str
-    raw: torch.Tensor
-    k: int
+    def __init__(self, fmt: str, raw: torch.Tensor | tuple[torch.Tensor, ...], k: int):
+        self.fmt, self.k = fmt, k
+        self.row_blocks: tuple[torch.Tensor, ...] = (raw,) if isinstance(raw, torch.Tensor) else raw
+        gguf_bytes, block_k = FORMATS[fmt]
+        for block in self.row_blocks:
+            if k % block_k or block.dim() != 2 or block.shape[1] != k // block_k * gguf_bytes:
+                raise ValueError(f"a {fmt} weight of K {k} needs K a multiple of {block_k} and rows of "
+                                 f"K / {block_k} x {gguf_bytes} bytes, got raw {tuple(block.shape)}")
 
-    def __post_init__(self) -> None:
-        gguf_bytes, block_k = FORMATS[self.fmt]
-        if self.k % block_k or self.raw.dim() != 2 or self.raw.shape[1] != self.k // block_k * gguf_bytes:
-            raise ValueError(f"a {self.fmt} weight of K {self.k} needs K a multiple of {block_k} and rows of "
-                             f"K / {block_k} x {gguf_bytes} bytes, got raw {tuple(self.raw.shape)}")
+    @property
+    def raw(self) -> torch.Tensor:
+        if len(self.row_blocks) > 1:
+            self.row_blocks = (torch.cat(self.row_blocks),)
+        return self.row_blocks[0]
 
     @staticmethod
     def from_rows(fmt: str, raw: torch.Tensor) -> QuantizedTensor:
@@ -83,21 +89,22 @@ class QuantizedTensor:
 
     @property
     def shape(self) -> tuple[int, int]:
-        return (self.raw.shape[0], self.k)
+        return (sum(block.shape[0] for block in self.row_blocks), self.k)
 
     def rows(self, order: torch.Tensor | slice) -> QuantizedTensor:
         return QuantizedTensor(self.fmt, self.raw[order], self.k)
 
     @staticmethod
     def cat(parts: list[QuantizedTensor]) -> QuantizedTensor:
+        """The rows of `parts` in order, as row blocks (no copy: `raw` joins them when read)."""
         fmts = {p.fmt for p in parts}
         if len(fmts) != 1 or len({p.k for p in parts}) != 1:
             raise ValueError(f"cannot fuse weights of different formats or widths: {sorted(fmts)}")
-        return QuantizedTensor(parts[0].fmt, torch.cat([p.raw for p in parts]), parts[0].k)
+        return QuantizedTensor(parts[0].fmt, tuple(block for p in parts for block in p.row_blocks), parts[0].k)
 
     @property
     def nbytes(self) -> int:
-        return self.raw.numel()
+        return sum(block.numel() for block in self.row_blocks)
 
     def dequantize(self) -> torch.Tensor:
         """float32 `[N, K]` (gguf's own dequantizer)."""
@@ -157,7 +164,7 @@ def pack(t: QuantizedTensor, repack: Repack | None = None) -> torch.Tensor:
     """The kernels' quant groups `[Np/16, K/32, block bytes]` uint8 (Np: N padded to 64 with zero
     scales); `repack` (the extension's quant_repack) makes the same bytes in C++, else torch does."""
     if repack is not None:
-        return repack([t.raw], t.k, t.fmt, N_MULTIPLE)
+        return repack(list(t.row_blocks), t.k, t.fmt, N_MULTIPLE)
     if t.fmt in kquants.KQUANTS:
         return kquants.pack(t.raw, t.k, t.fmt, N_MULTIPLE)
     u, d, m = _split(t)

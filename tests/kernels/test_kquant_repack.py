@@ -30,12 +30,14 @@ def test_repack_matches_torch_pack(ext: Any, fmt: str, n: int, k: int) -> None:
     expected = quant.pack(weight)
     repack = ext.ops.quant_repack.default
     assert torch.equal(quant.pack(weight, repack), expected)
-    # the same weight as row blocks: a slice and a view with a row stride past its bytes
+    # the same weight fused from row blocks (QuantizedTensor.cat: no copy), one a view whose rows
+    # are strided past their bytes: the C++ repack reads them in place, torch's joins them first
     wide = torch.zeros(n, weight.raw.shape[1] + 8, dtype=torch.uint8)
     wide[:, 3:3 + weight.raw.shape[1]] = weight.raw
-    parts = [weight.raw[:5], wide[5:, 3:3 + weight.raw.shape[1]]]
-    assert torch.equal(repack(parts, k, fmt, quant.N_MULTIPLE), expected)
-
+    fused = quant.QuantizedTensor.cat([weight.rows(slice(0, 5)), quant.QuantizedTensor(fmt, wide[5:, 3:-5], k)])
+    assert len(fused.row_blocks) == 2 and fused.shape == weight.shape
+    assert torch.equal(quant.pack(fused, repack), expected)
+    assert torch.equal(quant.pack(fused), expected) and len(fused.row_blocks) == 1
 
 def test_repack_same_on_any_thread_count(ext: Any, on_thread_counts: Any) -> None:
     weight = random_weight("q4_k", 200, 1024, seed=1)

@@ -1,7 +1,8 @@
 // GGUF blocks repacked into quant groups (kquant_repack.h). Each block of a 16-channel group is
 // made in two passes over a small buffer: each channel's values u (unsigned, k order) decoded
 // from its GGUF block, then written where the group's layout wants them, with the channels'
-// scale bytes copied into the header. The layouts are documented in kernels/quant.py (32-k
+// scale bytes copied into the header; Q4_K and Q5_K (most of a Q4_K_M file) skip the buffer and
+// move their nibbles 4 bytes at a time. The layouts are documented in kernels/quant.py (32-k
 // formats) and kernels/kquants.py (K-quants).
 #include "kernels/kquant_repack.h"
 
@@ -79,6 +80,30 @@ void write_nibbles(const uint8_t* const* u, uint8_t* out) {
   }
 }
 
+inline uint32_t load_word(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// Q4_K / Q5_K sub-block sb = 2i + h straight from the channels' qs (no decoded values): its k are
+// 64i + 32h + m, nibble h of qs byte 32i + m; packed byte 4c + j of vector v holds m = 8v + j (low
+// nibble) and 8v + 4 + j (high), so each output word is nibble h of two input words.
+void write_qs_nibbles(const uint8_t* const* qs, int sb, uint8_t* out) {
+  const int i = sb / 2, h = sb % 2;
+  for (int v = 0; v < 4; ++v) {
+    for (int c = 0; c < kGroup; ++c) {
+      const uint32_t lo = load_word(qs[c] + 32 * i + 8 * v), hi = load_word(qs[c] + 32 * i + 8 * v + 4);
+      const uint32_t word = h == 0 ? (lo & 0x0F0F0F0Fu) | ((hi << 4) & 0xF0F0F0F0u)
+                                   : ((lo >> 4) & 0x0F0F0F0Fu) | (hi & 0xF0F0F0F0u);
+      std::memcpy(out + 64 * v + 4 * c, &word, 4);
+    }
+  }
+}
+
+// Whether write_block reads the decoded values (Q4_K and Q5_K move their bits straight from the blocks).
+bool reads_values(RepackFormat fmt) { return fmt != RepackFormat::kQ4K && fmt != RepackFormat::kQ5K; }
+
 // Scale bytes as "words": byte 64w + 4c + i = channel c's byte 4w + i of its `words` * 4 bytes at
 // offset `at` of its block.
 void write_words(const uint8_t* const* blocks, int at, int words, uint8_t* out) {
@@ -119,26 +144,34 @@ void write_block(const uint8_t* const* blocks, uint8_t (*u)[kMaxBlockK], RepackF
   write_words(blocks, q6 ? 192 : 4, words, out);
   write_halves(blocks, q6 ? 208 : 0, out + 64 * words);
   if (!q6) write_halves(blocks, 2, out + 64 * words + 32);
-  for (int sb = 0; sb < 8; ++sb) {
-    uint8_t* sub = out + header + sb * sub_bytes;
-    for (int c = 0; c < kGroup; ++c) at[c] = u[c] + 32 * sb;
-    write_nibbles(at, sub);
-    if (fmt == RepackFormat::kQ5K) {  // byte 4c + j, bit t: bit 4 of u[4t + j]
-      for (int c = 0; c < kGroup; ++c) {
+  if (!q6) {  // qs at 16 (Q4_K) or 48 (Q5_K); Q5_K's qh byte l, bit s: bit 4 of u[32s + l]
+    const int qs_at = fmt == RepackFormat::kQ5K ? 48 : 16;
+    for (int c = 0; c < kGroup; ++c) at[c] = blocks[c] + qs_at;
+    for (int sb = 0; sb < 8; ++sb) {
+      uint8_t* sub = out + header + sb * sub_bytes;
+      write_qs_nibbles(at, sb, sub);
+      if (fmt != RepackFormat::kQ5K) continue;
+      for (int c = 0; c < kGroup; ++c) {  // byte 4c + j, bit t: bit 4 of u[32sb + 4t + j]
+        const uint8_t* qh = blocks[c] + 16;
         for (int j = 0; j < 4; ++j) {
           int bits = 0;
-          for (int t = 0; t < 8; ++t) bits |= ((at[c][4 * t + j] >> 4) & 1) << t;
+          for (int t = 0; t < 8; ++t) bits |= ((qh[4 * t + j] >> sb) & 1) << t;
           sub[256 + 4 * c + j] = static_cast<uint8_t>(bits);
         }
       }
-    } else if (q6) {  // vector h, byte 4c + j, bits 2i, 2i + 1: bits 4-5 of u[4(4h + i) + j]
-      for (int h = 0; h < 2; ++h) {
-        for (int c = 0; c < kGroup; ++c) {
-          for (int j = 0; j < 4; ++j) {
-            int bits = 0;
-            for (int i = 0; i < 4; ++i) bits |= ((at[c][4 * (4 * h + i) + j] >> 4) & 3) << (2 * i);
-            sub[256 + 64 * h + 4 * c + j] = static_cast<uint8_t>(bits);
-          }
+    }
+    return;
+  }
+  for (int sb = 0; sb < 8; ++sb) {  // Q6_K
+    uint8_t* sub = out + header + sb * sub_bytes;
+    for (int c = 0; c < kGroup; ++c) at[c] = u[c] + 32 * sb;
+    write_nibbles(at, sub);
+    for (int h = 0; h < 2; ++h) {  // vector h, byte 4c + j, bits 2i, 2i + 1: bits 4-5 of u[4(4h + i) + j]
+      for (int c = 0; c < kGroup; ++c) {
+        for (int j = 0; j < 4; ++j) {
+          int bits = 0;
+          for (int i = 0; i < 4; ++i) bits |= ((at[c][4 * (4 * h + i) + j] >> 4) & 3) << (2 * i);
+          sub[256 + 64 * h + 4 * c + j] = static_cast<uint8_t>(bits);
         }
       }
     }
@@ -162,6 +195,7 @@ RepackSizes repack_sizes(RepackFormat fmt) {
 void quant_repack(const uint8_t* const* rows, int64_t n, int64_t k, RepackFormat fmt, int64_t padded_n, uint8_t* out) {
   const RepackSizes sizes = repack_sizes(fmt);
   const int64_t blocks = k / sizes.block_k, groups = padded_n / kGroup;
+  const bool values = reads_values(fmt);
   // a task is one group's blocks: ~blocks x packed_bytes of output (36 KB for a 2048-k Q4_K row)
   parallel_for(0, groups, 1, [&](int64_t first, int64_t last) {
     uint8_t u[kGroup][kMaxBlockK];
@@ -172,10 +206,10 @@ void quant_repack(const uint8_t* const* rows, int64_t n, int64_t k, RepackFormat
           const int64_t channel = g * kGroup + c;
           if (channel < n) {
             src[c] = rows[channel] + b * sizes.gguf_bytes;
-            decode_block(src[c], fmt, u[c]);
+            if (values) decode_block(src[c], fmt, u[c]);
           } else {
             src[c] = kZeroBlock;
-            std::memset(u[c], 0, sizeof(u[c]));
+            if (values) std::memset(u[c], 0, sizeof(u[c]));
           }
         }
         write_block(src, u, fmt, out + (g * blocks + b) * sizes.packed_bytes);

@@ -9,7 +9,7 @@ channel), so a loader can permute and concatenate rows (fused q/k/v, RoPE layout
 `quantize` makes one from a float weight (GGUF's own quantizer for q8_0 / q4_0 / q4_1, ours
 for the K-quants, or per-channel int8 for w8a8_int8), `unpack_columns` dequantizes chosen output columns of a packed
 weight (an embedding lookup, and the tests' reference). Pure torch: no compiled code; `pack` takes
-the C++ extension's `quant_repack` (csrc/kernels/kquant_repack.h: the same bytes, ~50x faster) from
+the C++ extension's `quant_repack` (csrc/kernels/kquant_repack.h: the same bytes, no torch temporaries) from
 a caller that has the extension, and is its reference.
 """
 

@@ -104,23 +104,51 @@ inline void block_scores(const float* kt, const float* q0, Vf* s) {
   }
 }
 
-// acc[0, 16 NV) = acc * alpha + sum over j < visible of pw[j] * vb[j] (vb rows 16 NV apart).
-template <int NV>
-inline void fold_values(float* acc, float alpha, const float* pw, int64_t visible, const float* vb) {
+// f(std::integral_constant<int, R>) for R = min(rows, N), rows >= 1.
+template <int N, typename F>
+inline void dispatch_fold(int rows, F&& f) {
+  if constexpr (N > 1) {
+    if (rows < N) return dispatch_fold<N - 1>(rows, f);
+  }
+  f(std::integral_constant<int, N>{});
+}
+
+// Rows whose value folds run side by side (fold_values): on AVX-512, 4 rows x 4 vectors of
+// accumulators are 16 independent FMA chains (one row's 4 chains of `visible` dependent FMAs wait
+// on the FMA latency); the narrower levels' registers hold one row's.
+#if defined(RADIXLM_SIMD_AVX512)
+constexpr int kFoldRows = 4;
+#else
+constexpr int kFoldRows = 1;
+#endif
+
+// For each of R rows i (acc rows D apart, pw rows kKeys apart): acc_i[0, 16 NV) = acc_i *
+// alpha[i] + sum over j < visible of pw_i[j] * vb[j] (vb rows 16 NV apart), each row's FMAs in
+// key order, as that row alone: its bits do not depend on R.
+template <int NV, int R>
+inline void fold_values(float* acc, const float* alpha, const float* pw, int64_t visible, const float* vb) {
   constexpr int64_t D = NV * 16;
-  constexpr int C = value_pass(NV, kValueVecs);
-  const Vf va = vset1(alpha);
+  constexpr int C = value_pass(NV, kValueVecs / R > 0 ? kValueVecs / R : 1);
   for (int v0 = 0; v0 < NV; v0 += C) {
-    Vf a[C];
-    for (int v = 0; v < C; ++v) a[v] = vmul(vload(acc + (v0 + v) * 16), va);
+    Vf a[R][C];
+    for (int i = 0; i < R; ++i) {
+      const Vf va = vset1(alpha[i]);
+      for (int v = 0; v < C; ++v) a[i][v] = vmul(vload(acc + i * D + (v0 + v) * 16), va);
+    }
     // a loop of broadcasts from pw: unrolled (visible <= 16), gcc reads the weights back from the
     // register pw was stored from, a permute per key, and branches 16 ways
 #pragma GCC unroll 1
     for (int64_t j = 0; j < visible; ++j) {
-      const Vf pj = vset1(pw[j]);
-      for (int v = 0; v < C; ++v) a[v] = vfmadd(pj, vload(vb + j * D + (v0 + v) * 16), a[v]);
+      Vf w[C];
+      for (int v = 0; v < C; ++v) w[v] = vload(vb + j * D + (v0 + v) * 16);
+      for (int i = 0; i < R; ++i) {
+        const Vf pj = vset1(pw[i * kKeys + j]);
+        for (int v = 0; v < C; ++v) a[i][v] = vfmadd(pj, w[v], a[i][v]);
+      }
     }
-    for (int v = 0; v < C; ++v) vstore(acc + (v0 + v) * 16, a[v]);
+    for (int i = 0; i < R; ++i) {
+      for (int v = 0; v < C; ++v) vstore(acc + i * D + (v0 + v) * 16, a[i][v]);
+    }
   }
 }
 
@@ -128,13 +156,14 @@ inline void fold_values(float* acc, float alpha, const float* pw, int64_t visibl
 // from k0: each row's running max m and sum l move, and the block's values vb are folded into its
 // accumulator acc [D]. Row r (position prefix_len + r / group) sees the keys up to its position.
 // The rows' maxima are taken first and their rescale factors in one vector exp, so the rows'
-// horizontal reductions overlap instead of chaining through a scalar exp each.
+// horizontal reductions overlap instead of chaining through a scalar exp each; then runs of up
+// to kFoldRows consecutive rows seeing the same keys fold their values together.
 template <int NV>
 inline void fold_rows(const Vf* s, int64_t r0, int64_t M, int64_t group, int64_t prefix_len, int64_t k0, int64_t n,
                       float* m, float* l, float* acc, const float* vb) {
   constexpr int64_t D = NV * 16;
   const Vf neg_inf = vset1(-std::numeric_limits<float>::infinity());
-  alignas(64) float m_old[16] = {}, m_new[16] = {}, alpha[16], pw[kKeys];
+  alignas(64) float m_old[16] = {}, m_new[16] = {}, alpha[16], pw[kRows * kKeys];
   int64_t visible[kRows];
   Vf sv[kRows];
   for (int i = 0; i < kRows; ++i) {
@@ -153,8 +182,19 @@ inline void fold_rows(const Vf* s, int64_t r0, int64_t M, int64_t group, int64_t
     const Vf p = vmaskz(vtail(visible[i]), exp16(vsub(sv[i], vset1(m_new[i]))));
     l[r] = l[r] * alpha[i] + vreduce_add(p);
     m[r] = m_new[i];
-    vstore(pw, p);
-    fold_values<NV>(acc + r * D, alpha[i], pw, visible[i], vb);
+    vstore(pw + i * kKeys, p);
+  }
+  for (int i = 0; i < kRows;) {
+    if (visible[i] == 0) {
+      ++i;
+      continue;
+    }
+    int run = 1;
+    while (run < kFoldRows && i + run < kRows && visible[i + run] == visible[i]) ++run;
+    dispatch_fold<kFoldRows>(run, [&](auto rows_c) {
+      fold_values<NV, decltype(rows_c)::value>(acc + (r0 + i) * D, alpha + i, pw + i * kKeys, visible[i], vb);
+    });
+    i += run;
   }
 }
 

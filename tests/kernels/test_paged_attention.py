@@ -286,11 +286,12 @@ def test_flash_cascade_over_a_shared_prefix_matches_reference(ext: Any, math: st
 @pytest.mark.parametrize("ext", LEVELS, indirect=True)
 @pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16])
 def test_one_requests_verify_rows_never_cascade_and_equal_its_decodes(ext: Any, pool_dtype: torch.dtype) -> None:
-    """A speculative verify step as DecodeStack sends it: one request as five decode entries, one
-    position apart (its decode row and four drafts), all on the same req_to_token row: 300+ shared
-    slots, but one request, so no cascade, and each entry's output equals, to the bit, that entry
-    run as a batch of its own (the one-row decode it stands for). A second request sharing the
-    prefix makes the same entries cascade: the rule counts distinct requests."""
+    """A speculative verify step: one request as five decode entries, one position apart (its
+    decode row and four drafts), all on the same req_to_token row: 300+ shared slots, but one
+    request, so no cascade, and each entry's output equals, to the bit, that entry run as a batch
+    of its own (the one-row decode it stands for); the same when the five are one entry of five
+    new tokens, as DecodeStack sends them (one work unit: rows folded side by side). A second
+    request sharing the prefix makes the same entries cascade: the rule counts distinct requests."""
     pool, reqs, batch, _ = scattered_batch([300, 310], [1, 1], 9, 3, 64, pool_dtype, shared_len=300)
     row0, row1 = (int(r) for r in batch.req_pool_indices)
     reqs.req_to_token[row0, 301:305] = reqs.req_to_token[row1, 300:304]  # four more slots of the first request
@@ -306,8 +307,12 @@ def test_one_requests_verify_rows_never_cascade_and_equal_its_decodes(ext: Any, 
     before = ext.num_cascade_calls()
     verify = attend([row0] * 5, lens, q5)
     assert ext.num_cascade_calls() == before
+    one_entry = cpu_linear.paged_attention(ext, q5, k, v, reqs.req_to_token, torch.tensor([row0]), torch.tensor([305]),
+                                           torch.tensor([5]), torch.tensor([0]), 0.125, flash=True)
     for j in range(5):
-        assert torch.equal(verify[j], attend([row0], [lens[j]], q5[j: j + 1])[0])
+        alone = attend([row0], [lens[j]], q5[j: j + 1])[0]
+        assert torch.equal(verify[j], alone)
+        assert torch.equal(one_entry[j], alone)
     attend([row0] * 5 + [row1], [*lens, 311], torch.cat([q5, q5[:1]]))
     assert ext.num_cascade_calls() == before + 1
 

@@ -168,6 +168,25 @@ def test_int8_modes_are_exact_on_int8_activations(ext: Any, fmt: str, mode: str)
             assert (got.double() - want).abs().max().item() <= bound, (fmt, mode, n, k, m)
 
 
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_1"])
+def test_each_row_is_the_row_alone_whatever_rows_share_the_product(ext: Any, fmt: str) -> None:
+    """A speculative verify step's rows go through one product: each row's output is, to the bit,
+    what that row gives alone, whatever row count (and so register tile: the narrow one at 1-2
+    rows on AVX-512, the wide one past it) and whichever rows share its pass."""
+    g = torch.Generator().manual_seed(13)
+    n, k = 200, 576
+    packed = quant.pack(quant.quantize(_weight(n, k, 14), fmt))
+    x = torch.randn(17, k, generator=g)
+    for mode in ("int8", "float32"):
+        def run(rows: torch.Tensor, mode: str = mode) -> torch.Tensor:
+            return cpu_linear.q_linear(ext, rows, packed, n, mode=quant.MODES[mode])
+
+        alone = torch.cat([run(x[i : i + 1]) for i in range(17)])
+        for m in (2, 3, 5, 9, 16, 17):
+            assert torch.equal(run(x[:m]), alone[:m]), (fmt, mode, m)
+            assert torch.equal(run(x[17 - m :]), alone[17 - m :]), (fmt, mode, m)
+
+
 def _extreme_q8_0(n: int, k: int, q: int, seed: int) -> quant.QuantizedTensor:
     """A q8_0 weight whose values are all `q` but for random ones at the ends of the range
     (-128, -127, 127: -128 is never written by gguf's quantizer, but a file may hold it)."""

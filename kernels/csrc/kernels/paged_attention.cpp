@@ -71,6 +71,7 @@ constexpr int value_pass(int nv, int cap) {
 
 struct Unit {
   int64_t b, first;  // request, first new token (of the request's) in this unit
+  int64_t g0 = 0, g1 = 0;  // its kv heads [g0, g1) (run_units sets them)
 };
 
 // 16 floats of a pool row (float32, or bfloat16 widened exactly).
@@ -104,23 +105,51 @@ inline void block_scores(const float* kt, const float* q0, Vf* s) {
   }
 }
 
-// acc[0, 16 NV) = acc * alpha + sum over j < visible of pw[j] * vb[j] (vb rows 16 NV apart).
-template <int NV>
-inline void fold_values(float* acc, float alpha, const float* pw, int64_t visible, const float* vb) {
+// f(std::integral_constant<int, R>) for R = min(rows, N), rows >= 1.
+template <int N, typename F>
+inline void dispatch_fold(int rows, F&& f) {
+  if constexpr (N > 1) {
+    if (rows < N) return dispatch_fold<N - 1>(rows, f);
+  }
+  f(std::integral_constant<int, N>{});
+}
+
+// Rows whose value folds run side by side (fold_values): on AVX-512, 4 rows x 4 vectors of
+// accumulators are 16 independent FMA chains (one row's 4 chains of `visible` dependent FMAs wait
+// on the FMA latency); the narrower levels' registers hold one row's.
+#if defined(RADIXLM_SIMD_AVX512)
+constexpr int kFoldRows = 4;
+#else
+constexpr int kFoldRows = 1;
+#endif
+
+// For each of R rows i (acc rows D apart, pw rows kKeys apart): acc_i[0, 16 NV) = acc_i *
+// alpha[i] + sum over j < visible of pw_i[j] * vb[j] (vb rows 16 NV apart), each row's FMAs in
+// key order, as that row alone: its bits do not depend on R.
+template <int NV, int R>
+inline void fold_values(float* acc, const float* alpha, const float* pw, int64_t visible, const float* vb) {
   constexpr int64_t D = NV * 16;
-  constexpr int C = value_pass(NV, kValueVecs);
-  const Vf va = vset1(alpha);
+  constexpr int C = value_pass(NV, kValueVecs / R > 0 ? kValueVecs / R : 1);
   for (int v0 = 0; v0 < NV; v0 += C) {
-    Vf a[C];
-    for (int v = 0; v < C; ++v) a[v] = vmul(vload(acc + (v0 + v) * 16), va);
+    Vf a[R][C];
+    for (int i = 0; i < R; ++i) {
+      const Vf va = vset1(alpha[i]);
+      for (int v = 0; v < C; ++v) a[i][v] = vmul(vload(acc + i * D + (v0 + v) * 16), va);
+    }
     // a loop of broadcasts from pw: unrolled (visible <= 16), gcc reads the weights back from the
     // register pw was stored from, a permute per key, and branches 16 ways
 #pragma GCC unroll 1
     for (int64_t j = 0; j < visible; ++j) {
-      const Vf pj = vset1(pw[j]);
-      for (int v = 0; v < C; ++v) a[v] = vfmadd(pj, vload(vb + j * D + (v0 + v) * 16), a[v]);
+      Vf w[C];
+      for (int v = 0; v < C; ++v) w[v] = vload(vb + j * D + (v0 + v) * 16);
+      for (int i = 0; i < R; ++i) {
+        const Vf pj = vset1(pw[i * kKeys + j]);
+        for (int v = 0; v < C; ++v) a[i][v] = vfmadd(pj, w[v], a[i][v]);
+      }
     }
-    for (int v = 0; v < C; ++v) vstore(acc + (v0 + v) * 16, a[v]);
+    for (int i = 0; i < R; ++i) {
+      for (int v = 0; v < C; ++v) vstore(acc + i * D + (v0 + v) * 16, a[i][v]);
+    }
   }
 }
 
@@ -128,13 +157,14 @@ inline void fold_values(float* acc, float alpha, const float* pw, int64_t visibl
 // from k0: each row's running max m and sum l move, and the block's values vb are folded into its
 // accumulator acc [D]. Row r (position prefix_len + r / group) sees the keys up to its position.
 // The rows' maxima are taken first and their rescale factors in one vector exp, so the rows'
-// horizontal reductions overlap instead of chaining through a scalar exp each.
+// horizontal reductions overlap instead of chaining through a scalar exp each; then runs of up
+// to kFoldRows consecutive rows seeing the same keys fold their values together.
 template <int NV>
 inline void fold_rows(const Vf* s, int64_t r0, int64_t M, int64_t group, int64_t prefix_len, int64_t k0, int64_t n,
                       float* m, float* l, float* acc, const float* vb) {
   constexpr int64_t D = NV * 16;
   const Vf neg_inf = vset1(-std::numeric_limits<float>::infinity());
-  alignas(64) float m_old[16] = {}, m_new[16] = {}, alpha[16], pw[kKeys];
+  alignas(64) float m_old[16] = {}, m_new[16] = {}, alpha[16], pw[kRows * kKeys];
   int64_t visible[kRows];
   Vf sv[kRows];
   for (int i = 0; i < kRows; ++i) {
@@ -153,19 +183,31 @@ inline void fold_rows(const Vf* s, int64_t r0, int64_t M, int64_t group, int64_t
     const Vf p = vmaskz(vtail(visible[i]), exp16(vsub(sv[i], vset1(m_new[i]))));
     l[r] = l[r] * alpha[i] + vreduce_add(p);
     m[r] = m_new[i];
-    vstore(pw, p);
-    fold_values<NV>(acc + r * D, alpha[i], pw, visible[i], vb);
+    vstore(pw + i * kKeys, p);
+  }
+  for (int i = 0; i < kRows;) {
+    if (visible[i] == 0) {
+      ++i;
+      continue;
+    }
+    int run = 1;
+    while (run < kFoldRows && i + run < kRows && visible[i + run] == visible[i]) ++run;
+    dispatch_fold<kFoldRows>(run, [&](auto rows_c) {
+      fold_values<NV, decltype(rows_c)::value>(acc + (r0 + i) * D, alpha + i, pw + i * kKeys, visible[i], vb);
+    });
+    i += run;
   }
 }
 
 // Hints the K and V rows (W elements each) of the next block's `count` slots into L1: a
 // request's slots are scattered over the pool, where the hardware prefetcher cannot follow them.
 template <typename T>
-inline void prefetch_rows(const T* k_buf, const T* v_buf, const int32_t* slots, int64_t count, int64_t W) {
+inline void prefetch_rows(const T* k_buf, const T* v_buf, const int32_t* slots, int64_t count, int64_t stride,
+                          int64_t W) {
   const int64_t bytes = W * static_cast<int64_t>(sizeof(T));
   for (int64_t j = 0; j < count; ++j) {
-    const char* k = reinterpret_cast<const char*>(k_buf + slots[j] * W);
-    const char* v = reinterpret_cast<const char*>(v_buf + slots[j] * W);
+    const char* k = reinterpret_cast<const char*>(k_buf + slots[j] * stride);
+    const char* v = reinterpret_cast<const char*>(v_buf + slots[j] * stride);
     for (int64_t b = 0; b < bytes; b += 64) {
       prefetch_l1(k + b);
       prefetch_l1(v + b);
@@ -173,15 +215,21 @@ inline void prefetch_rows(const T* k_buf, const T* v_buf, const int32_t* slots, 
   }
 }
 
-// One work unit: every query head of up to kTokens new tokens of one request. Each key block is
-// read from the pool once for all kv heads (a slot's K for all heads is one contiguous row).
+// One work unit: the query heads of kv heads [g0, g1) (of Hkv) of up to kTokens new tokens of one
+// request. Each key block is read from the pool once for those kv heads (a slot's K for all heads
+// is one contiguous row, `stride` = Hkv * D long). A row's operations do not depend on which
+// other heads or tokens share its unit.
 template <int NV, typename T>
-void attend_unit(const float* q, int64_t Hq, int64_t Hkv, const T* k_buf, const T* v_buf, const int32_t* slots,
-                 int64_t prefix_len, int64_t num_tokens, int64_t q_row0, float scale, float* out,
-                 std::vector<float>& scratch) {
+void attend_unit(const float* q, int64_t Hq, int64_t Hkv_all, int64_t g0, int64_t g1, const T* k_pool,
+                 const T* v_pool, const int32_t* slots, int64_t prefix_len, int64_t num_tokens, int64_t q_row0,
+                 float scale, float* out, std::vector<float>& scratch) {
   constexpr int64_t D = NV * 16;
-  const int64_t group = Hq / Hkv, M = num_tokens * group, Mp = (M + kRows - 1) / kRows * kRows, W = Hkv * D;
-  // scratch: kt [Hkv][D][16], vb [Hkv][16][D], row [W], qs [Hkv][Mp][D], acc [Hkv][M][D], m, l [Hkv][M]
+  const int64_t group = Hq / Hkv_all, stride = Hkv_all * D, Hkv = g1 - g0;
+  const T* k_buf = k_pool + g0 * D;  // slot s's heads [g0, g1): s * stride on
+  const T* v_buf = v_pool + g0 * D;
+  const int64_t M = num_tokens * group, Mp = (M + kRows - 1) / kRows * kRows, W = Hkv * D;
+  // scratch (g: the unit's kv heads): kt [Hkv][D][16], vb [Hkv][16][D], row [W], qs [Hkv][Mp][D], acc [Hkv][M][D],
+  // m, l [Hkv][M]
   scratch.resize(2 * W * kKeys + W + Hkv * (Mp * D + M * D + 2 * M) + 16);
   float* kt = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(scratch.data()) + 63) & ~uintptr_t{63});
   float* vb = kt + W * kKeys;
@@ -194,7 +242,7 @@ void attend_unit(const float* q, int64_t Hq, int64_t Hkv, const T* k_buf, const 
   for (int64_t g = 0; g < Hkv; ++g) {
     for (int64_t t = 0; t < num_tokens; ++t) {
       for (int64_t h = 0; h < group; ++h) {
-        const float* src = q + ((q_row0 + t) * Hq + g * group + h) * D;
+        const float* src = q + ((q_row0 + t) * Hq + (g0 + g) * group + h) * D;
         float* dst = qs + (g * Mp + t * group + h) * D;
         for (int64_t d = 0; d < D; ++d) dst[d] = src[d] * scale;
       }
@@ -207,12 +255,12 @@ void attend_unit(const float* q, int64_t Hq, int64_t Hkv, const T* k_buf, const 
   const int64_t last_pos = prefix_len + num_tokens - 1;  // the unit's last query position
   for (int64_t k0 = 0; k0 <= last_pos; k0 += kKeys) {
     const int64_t n = std::min(kKeys, last_pos + 1 - k0);
-    prefetch_rows(k_buf, v_buf, slots + k0 + kKeys, std::min(kKeys, last_pos + 1 - k0 - kKeys), W);
+    prefetch_rows(k_buf, v_buf, slots + k0 + kKeys, std::min(kKeys, last_pos + 1 - k0 - kKeys), stride, W);
     const T* krow[kKeys];
     for (int64_t j = 0; j < n; ++j) {
       const int64_t slot = slots[k0 + j];
-      krow[j] = k_buf + slot * W;
-      to_float(v_buf + slot * W, W, row);
+      krow[j] = k_buf + slot * stride;
+      to_float(v_buf + slot * stride, W, row);
       for (int64_t g = 0; g < Hkv; ++g) std::memcpy(vb + (g * kKeys + j) * D, row + g * D, D * sizeof(float));
     }
     for (int64_t j = n; j < kKeys; ++j) {
@@ -235,7 +283,7 @@ void attend_unit(const float* q, int64_t Hq, int64_t Hkv, const T* k_buf, const 
         const int64_t r = t * group + h;
         const float inv = 1.0f / l[g * M + r];  // >= 1: the row's own position is always visible
         const float* src = acc + (g * M + r) * D;
-        float* dst = out + ((q_row0 + t) * Hq + g * group + h) * D;
+        float* dst = out + ((q_row0 + t) * Hq + (g0 + g) * group + h) * D;
         for (int64_t d = 0; d < D; ++d) dst[d] = src[d] * inv;
       }
     }
@@ -246,23 +294,32 @@ template <int NV>
 void run_units(const std::vector<Unit>& units, const float* q, float* out, int64_t Hq, const KvBuffers& kv,
                const AttentionBatch& batch, float scale) {
   const bool bf16 = kv.dtype == DType::kBFloat16;
-  const int64_t Hkv = kv.num_kv_heads, n = static_cast<int64_t>(units.size());
+  const int64_t Hkv = kv.num_kv_heads;
+  // Fewer units than twice the threads (a decode or a verify step of one or two requests): each
+  // unit becomes one per kv head, so the threads share its heads (alone, one thread took it all).
+  const int threads = num_threads();
+  const bool by_head = threads > 1 && Hkv > 1 && static_cast<int64_t>(units.size()) < 2 * threads;
+  std::vector<Unit> work;
+  for (const Unit& u : units) {
+    for (int64_t g = 0; g < (by_head ? Hkv : 1); ++g) work.push_back(Unit{u.b, u.first, by_head ? g : 0, by_head ? g + 1 : Hkv});
+  }
+  const int64_t n = static_cast<int64_t>(work.size());
   // Units are interleaved from both ends (0, n-1, 1, n-2, ...) so that the contiguous ranges
   // parallel_for hands each thread mix cheap early tokens with expensive late ones (causal).
   parallel_for(0, n, 1, [&](int64_t lo, int64_t hi) {
     std::vector<float> scratch;
     for (int64_t i = lo; i < hi; ++i) {
-      const Unit& u = units[i % 2 == 0 ? i / 2 : n - 1 - i / 2];
+      const Unit& u = work[i % 2 == 0 ? i / 2 : n - 1 - i / 2];
       const int64_t ext = batch.extend_lens[u.b];
       const int64_t prefix = batch.seq_lens[u.b] - ext + u.first;
       const int64_t count = std::min(kTokens, ext - u.first), q_row0 = batch.extend_start[u.b] + u.first;
       const int32_t* slots = batch.req_to_token + batch.rows[u.b] * batch.context;
       if (bf16) {
-        attend_unit<NV>(q, Hq, Hkv, static_cast<const uint16_t*>(kv.k), static_cast<const uint16_t*>(kv.v), slots,
-                        prefix, count, q_row0, scale, out, scratch);
+        attend_unit<NV>(q, Hq, Hkv, u.g0, u.g1, static_cast<const uint16_t*>(kv.k), static_cast<const uint16_t*>(kv.v),
+                        slots, prefix, count, q_row0, scale, out, scratch);
       } else {
-        attend_unit<NV>(q, Hq, Hkv, static_cast<const float*>(kv.k), static_cast<const float*>(kv.v), slots, prefix,
-                        count, q_row0, scale, out, scratch);
+        attend_unit<NV>(q, Hq, Hkv, u.g0, u.g1, static_cast<const float*>(kv.k), static_cast<const float*>(kv.v), slots,
+                        prefix, count, q_row0, scale, out, scratch);
       }
     }
   });

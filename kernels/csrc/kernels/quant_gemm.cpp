@@ -9,6 +9,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "dispatch/cpu_features.h"
@@ -245,9 +246,9 @@ struct FloatKernel {
   static void pass(const PassArgs& p) { float_pass<F, R, Tile::kGroups>(p); }
 };
 
-template <template <WBits> class D, QFormat F>
+template <template <WBits> class D, QFormat F, typename T = Int8Tile>
 struct Int8Kernel {
-  using Tile = Int8Tile;
+  using Tile = T;
   template <int R>
   static void pass(const PassArgs& p) { D<bits_of(F)>::run([&] { int8_pass<D, F, R, Tile::kGroups>(p); }); }
 };
@@ -328,7 +329,14 @@ void run_format(const Activations& act, QMode mode, int variant, int64_t M, cons
   }
   with_variant(variant, dot8::Int8Variants{}, [&](auto tag) {
     using Tag = decltype(tag);
-    run<Int8Kernel<Tag::template Dot, F>>(act, M, w, groups, act.nb * block_bytes(F), out, ld_out, residual, ld_res, bias);
+    const int64_t group_bytes = act.nb * block_bytes(F);
+    if constexpr (!std::is_same_v<Int8NarrowTile, Int8Tile>) {
+      if (M <= Int8NarrowTile::kRows) {
+        return run<Int8Kernel<Tag::template Dot, F, Int8NarrowTile>>(act, M, w, groups, group_bytes, out, ld_out,
+                                                                      residual, ld_res, bias);
+      }
+    }
+    run<Int8Kernel<Tag::template Dot, F>>(act, M, w, groups, group_bytes, out, ld_out, residual, ld_res, bias);
   });
 }
 

@@ -27,6 +27,12 @@ using namespace simd;
 //    int8 6 x 1 (12 ymm of block sums + 2 of weights), ~1.7x the two-group tiles' speed at 32 rows.
 //  - generic (a vector is four of the baseline's 16 xmm): 4 x 1 in both modes.
 //  - NEON (four of the 32 q registers): 4 x 1 in both modes, as generic (not timed on an ARM CPU).
+// Int8NarrowTile is the int8 tile of a product of at most its kRows rows (a decode step of one
+// request, a verify step of few rows): on AVX-512, one group a pass (each group's blocks one
+// contiguous stream) read the decode step's weights faster than two side by side: 3 x 1 took
+// ~0.82x the 6 x 2 tile's time at 1 row and ~0.9x at 2-3 rows on the default model's products
+// (quiet core of a loaded Zen 5, min of 30; from 5 rows on 6 x 2 is faster). Elsewhere it is the
+// level's Int8Tile. A tile changes which rows share a pass, never a row's sequence of operations.
 template <int Rows, int Groups>
 struct QTile {
   static_assert(Rows >= 1 && Rows <= 6 && (Groups == 1 || Groups == 2));
@@ -36,12 +42,15 @@ struct QTile {
 #if defined(RADIXLM_SIMD_AVX512)
 using FloatTile = QTile<6, 2>;
 using Int8Tile = QTile<6, 2>;
+using Int8NarrowTile = QTile<2, 1>;
 #elif defined(RADIXLM_SIMD_AVX2)
 using FloatTile = QTile<4, 1>;
 using Int8Tile = QTile<6, 1>;
+using Int8NarrowTile = Int8Tile;
 #else
 using FloatTile = QTile<4, 1>;
 using Int8Tile = QTile<4, 1>;
+using Int8NarrowTile = Int8Tile;
 #endif
 constexpr int64_t kQRowChunk = 96;  // rows of one work unit of a large product (a multiple of 6, 4, 3 and 2)
 

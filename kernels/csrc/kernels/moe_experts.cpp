@@ -84,6 +84,23 @@ Groups group_by_expert(const int64_t* ids, int64_t T, int64_t k, int64_t num_exp
   return g;
 }
 
+// xq = x's tokens quantized for `mode` (once each: a gathered row is a copy of its token's, and
+// quantizes to the same values), gathered: pair i (token i / k) to row pos[i].
+void gather_quantized(const float* x, int64_t T, int64_t H, int64_t k, const std::vector<int64_t>& pos, QMode mode,
+                      QuantizedXBuffer& xq) {
+  QuantizedXBuffer tokens;
+  q_quantize_x(x, T, H, mode, tokens);
+  const int64_t nb = H / kQBlock;
+  xq.resize(T * k, H);
+  for (int64_t i = 0; i < T * k; ++i) {
+    const int64_t t = i / k, r = pos[i];
+    std::copy_n(tokens.xq.data() + t * H, H, xq.xq.data() + r * H);
+    std::copy_n(tokens.dx.data() + t * nb, nb, xq.dx.data() + r * nb);
+    std::copy_n(tokens.sq.data() + t * nb, nb, xq.sq.data() + r * nb);
+    std::copy_n(tokens.cx.data() + t * nb, nb, xq.cx.data() + r * nb);
+  }
+}
+
 inline void pause() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -121,13 +138,13 @@ void moe_experts(const MoeExperts& L, const float* x, int64_t T, const int64_t* 
   std::vector<float> xg(R * H), act(R * I), out(R * Hp);
   for (int64_t i = 0; i < R; ++i) std::copy_n(x + (i / k) * H, H, xg.data() + g.pos[i] * H);
   // The int8 modes' quantized rows, made once per layer rather than by each column slice's
-  // product: the gathered x (before the region), and in kInt8Block the activations, each 64-column
+  // product: x's tokens, gathered (before the region), and in kInt8Block the activations, each 64-column
   // slice's blocks by the item that computes them (kInt8Row needs whole rows: the down product
   // quantizes its own).
   const bool int8 = L.kind == MoeWeights::kQuant && q_reads_int8(L.formats[0], L.mode);
   const bool int8_act = L.kind == MoeWeights::kQuant && L.mode == QMode::kInt8Block && q_reads_int8(L.formats[1], L.mode);
   QuantizedXBuffer xgq, actq;
-  if (int8) q_quantize_x(xg.data(), R, H, L.mode, xgq);
+  if (int8) gather_quantized(x, T, H, k, g.pos, L.mode, xgq);
   if (int8_act) actq.resize(R, I);
   const int variant = int8 || int8_act ? q4k_row_variant() : 0;
 

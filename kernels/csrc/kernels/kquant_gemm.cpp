@@ -3,6 +3,7 @@
 #include "kernels/kquant_gemm.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -346,12 +347,18 @@ void q4k_int8_row_parallel(const float* x, int64_t K, const uint8_t* w, int64_t 
   q_quantize_x(x, 1, K, mode, xq);
   const QuantizedX view = xq.view();
   const int variant = q4k_row_variant();
-  // the groups split evenly over the threads, in pairs
-  parallel_for(0, groups / 2, 1, [&](int64_t first, int64_t last) {
-    const int64_t g0 = 2 * first, g1 = 2 * last;
-    const int64_t group_bytes = K / kKSuper * kRowSuperBytes;
-    const auto at = [&](const float* p) { return p ? p + 16 * g0 : nullptr; };
-    q4k_int8_row(view, K, w + g0 * group_bytes, g1 - g0, out + 16 * g0, at(residual), at(bias), variant);
+  // Chunks of kRowChunk groups claimed off a shared counter: a thread that loses its core to
+  // another process holds the product up by the chunk it runs, not by half the product (an even
+  // split's). Each chunk is one sequential stream of ~150-300 KB (K 2048-4096).
+  constexpr int64_t kRowChunk = 8;
+  const int64_t chunks = (groups + kRowChunk - 1) / kRowChunk, group_bytes = K / kKSuper * kRowSuperBytes;
+  std::atomic<int64_t> next{0};
+  parallel_for(0, std::min<int64_t>(std::max(1, num_threads()), chunks), 1, [&](int64_t, int64_t) {
+    for (int64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1)) {
+      const int64_t g0 = c * kRowChunk, n = std::min(kRowChunk, groups - g0);
+      const auto at = [&](const float* p) { return p ? p + 16 * g0 : nullptr; };
+      q4k_int8_row(view, K, w + g0 * group_bytes, n, out + 16 * g0, at(residual), at(bias), variant);
+    }
   });
 }
 

@@ -4,7 +4,8 @@ extreme and zero weights), our packing and both our dequantizers (torch and C++ 
 for bit against gguf's on random bytes (every bit of every field), and the kernel's products
 against a float64 product of gguf's dequantized weights at every ISA level this CPU runs (the
 `ext` fixture), with bias and residual, on 1-3 threads; Q4_K's int8 modes against int8-rounded
-activations on every int8 dot variant. The torch-free driver
+activations on every int8 dot variant, and its one-row kernel (a decode step at batch 1) the same
+bits as the tiled product on every variant and thread count. The torch-free driver
 (tests/kernels/csrc/test_quant_gemm.cpp) checks the products per level natively and under qemu."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from test_quant_gemm import _int8_reference, _on_each_variant, _reference
+from test_quant_gemm import _int8_reference, _on_each_variant, _reference, _variant
 
 from radixlm.kernels import cpu_linear, kquants, quant
 
@@ -149,3 +150,27 @@ def test_bad_k_quant_operands_are_refused(ext: Any) -> None:
         quant.quantize(torch.randn(4, 256), "q3_k")
     with pytest.raises(ValueError, match="different formats"):
         quant.QuantizedTensor.cat([quant.quantize(_weight(8, 256, 1), "q4_k"), quant.quantize(_weight(8, 256, 1), "q6_k")])
+
+
+@pytest.mark.parametrize(("n", "k"), [(96, 512), (4160, 256)])  # one pair of quant groups / threads' halves uneven
+def test_q4_k_one_row_kernel_gives_the_tiled_products_bits(ext: Any, on_thread_counts: Any, n: int, k: int) -> None:
+    """q4k_row_linear (the batch-1 Q4_K product DecodeStack and the fused experts take in an int8
+    mode) equals q_linear's one-row product to the bit, with and without residual and bias, on
+    every int8 dot variant and thread count; a float mode or a non-Q4_K weight is refused."""
+    packed = quant.pack(quant.quantize(_weight(n, k, 11), "q4_k"))
+    cols = packed.shape[0] * quant.GROUP
+    g = torch.Generator().manual_seed(12)
+    x, residual, bias = torch.randn(1, k, generator=g), torch.randn(1, cols, generator=g), torch.randn(cols, generator=g)
+    for mode in (quant.MODES["int8"], quant.MODES["int8_row"]):
+        for name in ext.int8_variants():
+            with _variant(ext, name):
+                for res, b in [(None, None), (residual, bias)]:
+                    want = ext.q_linear(x, packed, mode, res, b)
+                    outs = on_thread_counts(partial(ext.q4k_row_linear, x, packed, mode, res, b))
+                    assert all(torch.equal(o, want) for o in outs), (mode, name)
+    with pytest.raises(RuntimeError, match="takes an int8 mode"):
+        ext.q4k_row_linear(x, packed, quant.MODES["float32"], None, None)
+    with pytest.raises(RuntimeError, match="Q4_K quant groups"):
+        ext.q4k_row_linear(x, quant.pack(quant.quantize(_weight(n, k, 11), "q6_k")), quant.MODES["int8"], None, None)
+    with pytest.raises(RuntimeError, match=r"\[1, K\]"):
+        ext.q4k_row_linear(x.repeat(2, 1), packed, quant.MODES["int8"], None, None)

@@ -41,6 +41,12 @@ torch::Tensor moe_experts(const torch::Tensor& x, const torch::Tensor& ids, cons
                           const torch::Tensor& arena, const torch::Tensor& offsets, int64_t inter, int64_t kind,
                           int64_t gate_up_block_bytes, int64_t down_block_bytes, int64_t mode, int64_t bf16_path);
 
+// q4k_int8_row_parallel (kernels/kquant_gemm.h; torch_moe.cpp): x [1, K] float32 @ packed Q4_K quant
+// groups [N/16, K/256, 2304] in int8 `mode` (+ residual [1, N]) (+ bias [N]) -> [1, N], the bits of
+// q_linear's product.
+torch::Tensor q4k_row_linear(const torch::Tensor& x, const torch::Tensor& packed, int64_t mode,
+                             const c10::optional<torch::Tensor>& residual, const c10::optional<torch::Tensor>& bias);
+
 // The view of one layer's experts (moe_experts' arguments past x, ids and weights) for a hidden
 // width, its arena checked to hold every offset's weight.
 MoeExperts moe_layer(const torch::Tensor& arena, const torch::Tensor& offsets, int64_t hidden, int64_t inter,

@@ -7,6 +7,7 @@
 #include "bindings/torch_layers.h"
 #include "kernels/moe_experts.h"
 #include "kernels/packed_gemm.h"
+#include "kernels/kquant_gemm.h"
 
 namespace radixlm::bindings {
 namespace {
@@ -71,6 +72,30 @@ torch::Tensor moe_experts(const torch::Tensor& x, const torch::Tensor& ids, cons
   radixlm::moe_experts(L, x.data_ptr<float>(), T, ids.data_ptr<int64_t>(), weights.data_ptr<float>(), ids.size(1),
                        y.data_ptr<float>());
   return y;
+}
+
+torch::Tensor q4k_row_linear(const torch::Tensor& x, const torch::Tensor& packed, int64_t mode,
+                             const c10::optional<torch::Tensor>& residual, const c10::optional<torch::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2 && x.size(0) == 1 && x.scalar_type() == at::kFloat && x.is_contiguous(),
+              "x must be a contiguous float32 [1, K]");
+  TORCH_CHECK(packed.dim() == 3 && packed.scalar_type() == at::kByte && packed.is_contiguous() &&
+                  packed.size(2) == q_block_bytes(QFormat::kQ4_K) && packed.size(1) * q_block_k(QFormat::kQ4_K) == x.size(1),
+              "packed must be contiguous uint8 Q4_K quant groups [N/16, K/256, 2304] matching x");
+  TORCH_CHECK(mode == static_cast<int64_t>(QMode::kInt8Block) || mode == static_cast<int64_t>(QMode::kInt8Row),
+              "q4k_row_linear takes an int8 mode, not ", mode);
+  const int64_t groups = packed.size(0), N = groups * kQGroup;
+  const auto operand = [&](const c10::optional<torch::Tensor>& t, const char* name) -> const float* {
+    if (!t) return nullptr;
+    TORCH_CHECK(t->numel() == N && t->scalar_type() == at::kFloat && t->is_contiguous(), name,
+                " must be contiguous float32 of ", N, " values");
+    return t->data_ptr<float>();
+  };
+  const float* res = operand(residual, "residual");
+  const float* b = operand(bias, "bias");
+  auto out = torch::empty({1, N}, x.options());
+  q4k_int8_row_parallel(x.data_ptr<float>(), x.size(1), packed.data_ptr<uint8_t>(), groups,
+                        static_cast<QMode>(mode), out.data_ptr<float>(), res, b);
+  return out;
 }
 
 }  // namespace radixlm::bindings

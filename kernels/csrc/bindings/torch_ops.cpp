@@ -206,6 +206,8 @@ pybind11::dict layout() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("layout", &layout, "the packed layouts' sizes: panel, pair_panel, pair_k, q_group, q_block");
   m.def("num_vnni_calls", &radixlm::num_vnni_calls, "quantized products that ran in an int8 (vpdpbusd) mode");
+  m.def("q4k_row_linear", &radixlm::bindings::q4k_row_linear,
+        "Q4_K times one int8-quantized row (kernels/kquant_gemm.h): q_linear's bits at batch 1");
   m.def("cpu_features", &cpu_features,
         "the features the kernels use, the build, the ISA level, and the bf16 GEMM paths (0 emulated, 1 AVX512-BF16, 2 AMX)");
   m.def("set_cpu_features", &set_cpu_features, "the features the kernels may use (bits of dispatch/cpu_features.h) and the level's name",

@@ -2,12 +2,16 @@
 // as the other quantized formats (quant_tiles.h).
 #include "kernels/kquant_gemm.h"
 
+#include <algorithm>
+#include <atomic>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <utility>
 
 #include "kernels/kquant_scales.h"
 #include "kernels/quant_tiles.h"
+#include "simd/dot_int8.h"
 #include "simd/math.h"
 
 namespace radixlm {
@@ -179,6 +183,111 @@ float column_value(const uint8_t* super, QFormat f, int64_t c, int k) {
   return step * static_cast<float>(u) - offset;  // step * u is exact: one rounding, fused or not
 }
 
+// --- Q4_K times one int8 row (kquant_gemm.h) ---
+
+using dot8::WBits;
+
+constexpr int64_t kRowHeader = 256, kRowSubBytes = 256, kRowSuperBytes = kRowHeader + 8 * kRowSubBytes;
+// Groups of a pass: one. A thread's groups are then one sequential stream of memory (a group's
+// super-blocks, then the next group's), which the prefetchers follow best: from memory ~1.2x the
+// bytes a second of 2 or 4 groups read side by side (Zen 5, one thread), at the same speed in cache.
+constexpr int kRowGroups = 1;
+
+inline void row_check(bool ok, const std::string& message) {
+  if (!ok) throw std::runtime_error("q4k_int8_row: " + message);
+}
+
+// Sub-block J (x's block b) of a super-block of each of the G groups (sb[g]; d, dm their d and
+// dmin): the 32-k dot products of the low and high nibble quads in two accumulators, then the
+// float steps of quant_gemm.cpp's q4k_int8_pass, in its order.
+template <class Dot, int G, int J>
+inline void row_sub_block(Vf (&acc)[G], const uint8_t* const (&sb)[G], const Vf (&d)[G], const Vf (&dm)[G],
+                          const QuantizedX& x, int64_t b) {
+  int32_t x4[8];
+  std::memcpy(x4, x.xq + b * kQBlock, sizeof x4);
+  const uint8_t* blk[G];
+  typename Dot::Acc lo[G], hi[G];
+  for (int g = 0; g < G; ++g) {
+    blk[g] = sb[g] + kRowHeader + J * kRowSubBytes;
+    prefetch_ahead<4>(blk[g]);
+    lo[g] = Dot::zero();
+    hi[g] = Dot::zero();
+  }
+  for (int v = 0; v < 4; ++v) {
+    for (int g = 0; g < G; ++g) {
+      lo[g] = Dot::dot(lo[g], Dot::load(blk[g] + 64 * v, false), x4[2 * v]);
+      hi[g] = Dot::dot(hi[g], Dot::load(blk[g] + 64 * v, true), x4[2 * v + 1]);
+    }
+  }
+  const Vf dx = vset1(x.dx[b]), cx = vset1(x.cx[b]);
+  for (int g = 0; g < G; ++g) {
+    Vi dt = vadd_i(Dot::sums(lo[g]), Dot::sums(hi[g]));
+    if constexpr (Dot::kTaken != 0) dt = vadd_i(dt, vset1_i(Dot::kTaken * x.sq[b]));
+    Vi sc, m;
+    kscales::scale_min<J>(sb[g], sc, m);
+    const Vf step = vmul(d[g], vcvt_f(sc));
+    const Vf shift = vsub(vzero(), vmul(dm[g], vcvt_f(m)));
+    acc[g] = vfmadd(vcvt_f(dt), vmul(step, dx), acc[g]);
+    acc[g] = vfmadd(shift, cx, acc[g]);
+  }
+}
+
+template <class Dot, int G, int... J>
+inline void row_super_block(Vf (&acc)[G], const uint8_t* const (&sb)[G], const QuantizedX& x, int64_t s,
+                            std::integer_sequence<int, J...>) {
+  Vf d[G], dm[G];
+  for (int g = 0; g < G; ++g) {
+    d[g] = vload_f16(reinterpret_cast<const uint16_t*>(sb[g] + 192));
+    dm[g] = vload_f16(reinterpret_cast<const uint16_t*>(sb[g] + 224));
+  }
+  (row_sub_block<Dot, G, J>(acc, sb, d, dm, x, s * 8 + J), ...);
+}
+
+// Columns of G groups from w0 (groups group_bytes apart): out, residual, bias at their first column.
+template <class Dot, int G>
+inline void row_pass(const QuantizedX& x, int64_t supers, const uint8_t* w0, int64_t group_bytes, float* out,
+                     const float* residual, const float* bias) {
+  Vf acc[G];
+  for (int g = 0; g < G; ++g) {
+    const Vf a = residual ? vload(residual + 16 * g) : vzero();
+    acc[g] = bias ? vadd(a, vload(bias + 16 * g)) : a;
+  }
+  for (int64_t s = 0; s < supers; ++s) {
+    const uint8_t* sb[G];
+    for (int g = 0; g < G; ++g) sb[g] = w0 + g * group_bytes + s * kRowSuperBytes;
+    row_super_block<Dot, G>(acc, sb, x, s, std::make_integer_sequence<int, 8>{});
+  }
+  for (int g = 0; g < G; ++g) vstore(out + 16 * g, acc[g]);
+}
+
+template <class Dot>
+void row_groups(const QuantizedX& x, int64_t K, const uint8_t* w, int64_t groups, float* out, const float* residual,
+                const float* bias) {
+  const int64_t supers = K / kKSuper, group_bytes = supers * kRowSuperBytes;
+  int64_t g = 0;
+  const auto at = [&](const float* p) { return p ? p + 16 * g : nullptr; };
+  for (; g < groups; g += kRowGroups) {
+    row_pass<Dot, kRowGroups>(x, supers, w + g * group_bytes, group_bytes, out + 16 * g, at(residual), at(bias));
+  }
+}
+
+// The variants of this build (dot8::Int8Variants) by index.
+template <template <WBits> class... D>
+int row_variant_index(dot8::VariantList<D...>, const std::string& name) {
+  int i = 0, found = static_cast<int>(sizeof...(D)) - 1;  // generic, the last, if none matches
+  ((name == D<WBits::k4>::kName ? (found = i, ++i) : ++i), ...);
+  return found;
+}
+
+template <template <WBits> class... D>
+void row_with_variant(int index, dot8::VariantList<D...>, const QuantizedX& x, int64_t K, const uint8_t* w,
+                      int64_t groups, float* out, const float* residual, const float* bias) {
+  int i = 0;
+  ((i++ == index ? D<WBits::k4>::run([&] { row_groups<D<WBits::k4>>(x, K, w, groups, out, residual, bias); })
+                 : void()),
+   ...);
+}
+
 }  // namespace
 
 bool is_kquant(QFormat f) { return f == QFormat::kQ4_K || f == QFormat::kQ5_K || f == QFormat::kQ6_K; }
@@ -216,6 +325,41 @@ void kq_columns(const uint8_t* w, int64_t groups, int64_t supers, QFormat format
     }
   });
   (void)groups;  // cols are checked against it by q_columns
+}
+
+bool q4k_row_takes(QFormat format, QMode mode, int64_t M) {
+  return M == 1 && format == QFormat::kQ4_K && mode != QMode::kFloat;
+}
+
+int q4k_row_variant() { return row_variant_index(dot8::Int8Variants{}, int8_variant()); }
+
+void q4k_int8_row(const QuantizedX& x, int64_t K, const uint8_t* w, int64_t groups, float* out,
+                  const float* residual, const float* bias, int variant) {
+  row_with_variant(variant, dot8::Int8Variants{}, x, K, w, groups, out, residual, bias);
+}
+
+void q4k_int8_row_parallel(const float* x, int64_t K, const uint8_t* w, int64_t groups, QMode mode, float* out,
+                           const float* residual, const float* bias) {
+  row_check(K % kKSuper == 0, "K must be a multiple of 256, got " + std::to_string(K));
+  row_check(groups % 2 == 0, "quant groups come in pairs (N padded to a multiple of 64)");
+  if (groups == 0) return;
+  QuantizedXBuffer xq;
+  q_quantize_x(x, 1, K, mode, xq);
+  const QuantizedX view = xq.view();
+  const int variant = q4k_row_variant();
+  // Chunks of kRowChunk groups claimed off a shared counter: a thread that loses its core to
+  // another process holds the product up by the chunk it runs, not by half the product (an even
+  // split's). Each chunk is one sequential stream of ~150-300 KB (K 2048-4096).
+  constexpr int64_t kRowChunk = 8;
+  const int64_t chunks = (groups + kRowChunk - 1) / kRowChunk, group_bytes = K / kKSuper * kRowSuperBytes;
+  std::atomic<int64_t> next{0};
+  parallel_for(0, std::min<int64_t>(std::max(1, num_threads()), chunks), 1, [&](int64_t, int64_t) {
+    for (int64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1)) {
+      const int64_t g0 = c * kRowChunk, n = std::min(kRowChunk, groups - g0);
+      const auto at = [&](const float* p) { return p ? p + 16 * g0 : nullptr; };
+      q4k_int8_row(view, K, w + g0 * group_bytes, n, out + 16 * g0, at(residual), at(bias), variant);
+    }
+  });
 }
 
 }  // namespace radixlm

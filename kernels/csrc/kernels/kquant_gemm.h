@@ -48,4 +48,35 @@ void kq_gemm(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t gro
 void kq_columns(const uint8_t* w, int64_t groups, int64_t supers, QFormat format, const int64_t* cols, int64_t T,
                 float* out);
 
+// --- Q4_K times ONE row of int8-quantized x: the decode-at-batch-1 product (a token's attention
+// projections, each routed expert's gate / up / down columns), built to stream the weights at
+// memory speed rather than at the tiled kernel's (quant_gemm.cpp q4k_int8_pass) one-row pace.
+//
+// Values: to the bit what q_gemm gives for that row in an int8 mode (the same integer dot
+// products of each 32-k sub-block, the same float operations in the same order: acc = residual +
+// bias, then per sub-block acc += float(dot) * (d * sc * dx), acc += (-dmin * m) * cx).
+// How it is faster: a thread's weights are read as one sequential stream (a quant group's
+// super-blocks, then the next group's: the prefetchers follow one stream best, where the tiled
+// pass reads 2 groups side by side), each sub-block's dot products in two accumulators (the low
+// and the high nibbles: independent chains of 4 dot steps), each super-block's d and dmin
+// converted once. One thread from memory: ~1.2x the tiled pass's bytes a second (Zen 5).
+
+// Whether q4k_int8_row computes `format` x M rows in `mode`: Q4_K, one row, an int8 mode.
+bool q4k_row_takes(QFormat format, QMode mode, int64_t M);
+
+// The int8 dot variant (simd/dot_int8.h) the int8 modes use now (quant_gemm.h int8_variant), as
+// q4k_int8_row takes it: resolve it once per layer or product, not per call of a slice.
+int q4k_row_variant();
+
+// out[0, 16 * groups) = x's one row (quantized for an int8 mode; K values) @ the Q4_K quant groups
+// w [groups][K / 256][2304] (+ residual[0, 16 * groups)) (+ bias[0, 16 * groups)), on the calling
+// thread (inside a caller's parallel region). out may alias residual. groups even; K a multiple
+// of 256; variant from q4k_row_variant().
+void q4k_int8_row(const QuantizedX& x, int64_t K, const uint8_t* w, int64_t groups, float* out,
+                  const float* residual, const float* bias, int variant);
+
+// The same over the threads (x float32 [K], quantized here as q_gemm's `mode` does).
+void q4k_int8_row_parallel(const float* x, int64_t K, const uint8_t* w, int64_t groups, QMode mode, float* out,
+                           const float* residual, const float* bias);
+
 }  // namespace radixlm

@@ -17,9 +17,11 @@
 // Each product is the layer's own kernel on a column slice of the weight (packed_gemm.h float32
 // panels, bf16_gemm.h pair panels, quant_gemm.h quant groups of any format and mode), which runs
 // serially inside the region: every output is the value the expert's own linear layers give. In
-// the int8 modes the slices share x's quantized rows (q_quantize_x, once per call, before the
-// region) and, in kInt8Block, the activations' (each 32-block quantized by the item computing it):
-// the same int8 values and scales each slice's product would make itself, made once.
+// the int8 modes the slices share x's quantized rows (q_quantize_x, each token once per call,
+// before the region, then gathered) and, in kInt8Block, the activations' (each 32-block quantized by the item computing it):
+// the same int8 values and scales each slice's product would make itself, made once. A slice of
+// one row in Q4_K (a token alone on its expert: every expert at batch 1) is q4k_int8_row's
+// (kquant_gemm.h), the same bits at memory speed.
 //
 // Torch-free (kernels/parallel.h): errors are std::runtime_error, thrown before the region starts.
 #pragma once

@@ -191,6 +191,10 @@ def _build(build_root: Path, build: str) -> Extension | None:
         digest.update(path.read_bytes())
     build_dir = build_root / f"cpu_kernels-{build}-{digest.hexdigest()[:16]}"
     build_dir.mkdir(parents=True, exist_ok=True)
+    # its real path: torch's build.ninja names the folder and the unity source in it, so reaching
+    # it through a symlink (a test's cache sharing the built kernels) would change the commands
+    # and make ninja rebuild the torch unit (~20 CPU seconds), then rebuild it back for the next
+    build_dir = build_dir.resolve()
     try:
         import ninja  # the wheel's binary; the venv's bin/ is not necessarily on PATH
 

@@ -154,20 +154,24 @@ def test_bad_k_quant_operands_are_refused(ext: Any) -> None:
 
 @pytest.mark.parametrize(("n", "k"), [(96, 512), (4160, 256)])  # one pair of quant groups / threads' halves uneven
 def test_q4_k_one_row_kernel_gives_the_tiled_products_bits(ext: Any, on_thread_counts: Any, n: int, k: int) -> None:
-    """q4k_row_linear (the batch-1 Q4_K product DecodeStack and the fused experts take in an int8
-    mode) equals q_linear's one-row product to the bit, with and without residual and bias, on
-    every int8 dot variant and thread count; a float mode or a non-Q4_K weight is refused."""
+    """q4k_row_linear (the batch-1 Q4_K product q_gemm takes in an int8 mode, so every caller's:
+    DecodeStack, the fused experts, q_linear) equals the tiled kernel's row to the bit (row 0 of
+    a two-row q_linear, which the row kernel does not take), with and without residual and bias,
+    on every int8 dot variant and thread count, and q_linear's one row is it; a float mode or a
+    non-Q4_K weight is refused."""
     packed = quant.pack(quant.quantize(_weight(n, k, 11), "q4_k"))
     cols = packed.shape[0] * quant.GROUP
     g = torch.Generator().manual_seed(12)
     x, residual, bias = torch.randn(1, k, generator=g), torch.randn(1, cols, generator=g), torch.randn(cols, generator=g)
+    two = torch.cat([x, torch.randn(1, k, generator=g)])
     for mode in (quant.MODES["int8"], quant.MODES["int8_row"]):
         for name in ext.int8_variants():
             with _variant(ext, name):
                 for res, b in [(None, None), (residual, bias)]:
-                    want = ext.q_linear(x, packed, mode, res, b)
+                    want = ext.q_linear(two, packed, mode, None if res is None else res.repeat(2, 1), b)[:1]
                     outs = on_thread_counts(partial(ext.q4k_row_linear, x, packed, mode, res, b))
                     assert all(torch.equal(o, want) for o in outs), (mode, name)
+                    assert torch.equal(ext.q_linear(x, packed, mode, res, b), want)
     with pytest.raises(RuntimeError, match="takes an int8 mode"):
         ext.q4k_row_linear(x, packed, quant.MODES["float32"], None, None)
     with pytest.raises(RuntimeError, match="Q4_K quant groups"):

@@ -12,7 +12,6 @@
 #include "kernels/check.h"
 #include "kernels/packed_gemm.h"
 #include "kernels/parallel.h"
-#include "kernels/kquant_gemm.h"
 #include "simd/math.h"
 
 namespace radixlm {
@@ -197,10 +196,6 @@ void DecodeStack::linear(const PackedWeight& w, const float* x, int64_t M, int64
                          const float* residual, int64_t ld_res, const float* bias) const {
   switch (w.kind) {
     case WeightKind::kQuant:
-      if (q4k_row_takes(w.format, quant_mode, M)) {  // batch 1 (a Q4_K GGUF's): q_gemm's bits, at memory speed
-        return q4k_int8_row_parallel(x, K, static_cast<const uint8_t*>(w.data), w.units, quant_mode, out, residual,
-                                     bias);
-      }
       return q_gemm(x, M, K, static_cast<const uint8_t*>(w.data), w.units, w.format, quant_mode, out, ld_out, residual,
                     ld_res, bias);
     case WeightKind::kBFloat16:

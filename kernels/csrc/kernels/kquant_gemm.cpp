@@ -339,13 +339,13 @@ void q4k_int8_row(const QuantizedX& x, int64_t K, const uint8_t* w, int64_t grou
 }
 
 void q4k_int8_row_parallel(const float* x, int64_t K, const uint8_t* w, int64_t groups, QMode mode, float* out,
-                           const float* residual, const float* bias) {
+                           const float* residual, const float* bias, const QuantizedX* quantized) {
   row_check(K % kKSuper == 0, "K must be a multiple of 256, got " + std::to_string(K));
   row_check(groups % 2 == 0, "quant groups come in pairs (N padded to a multiple of 64)");
   if (groups == 0) return;
   QuantizedXBuffer xq;
-  q_quantize_x(x, 1, K, mode, xq);
-  const QuantizedX view = xq.view();
+  if (quantized == nullptr) q_quantize_x(x, 1, K, mode, xq);
+  const QuantizedX view = quantized ? *quantized : xq.view();
   const int variant = q4k_row_variant();
   // Chunks of kRowChunk groups claimed off a shared counter: a thread that loses its core to
   // another process holds the product up by the chunk it runs, not by half the product (an even

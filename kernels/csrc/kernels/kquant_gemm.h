@@ -65,7 +65,7 @@ void kq_columns(const uint8_t* w, int64_t groups, int64_t supers, QFormat format
 bool q4k_row_takes(QFormat format, QMode mode, int64_t M);
 
 // The int8 dot variant (simd/dot_int8.h) the int8 modes use now (quant_gemm.h int8_variant), as
-// q4k_int8_row takes it: resolve it once per layer or product, not per call of a slice.
+// q4k_int8_row takes it.
 int q4k_row_variant();
 
 // out[0, 16 * groups) = x's one row (quantized for an int8 mode; K values) @ the Q4_K quant groups
@@ -75,8 +75,9 @@ int q4k_row_variant();
 void q4k_int8_row(const QuantizedX& x, int64_t K, const uint8_t* w, int64_t groups, float* out,
                   const float* residual, const float* bias, int variant);
 
-// The same over the threads (x float32 [K], quantized here as q_gemm's `mode` does).
+// The same over the threads (x float32 [K], quantized here as q_gemm's `mode` does, unless
+// `quantized` gives it so already). q_gemm routes every product it takes here (q4k_row_takes).
 void q4k_int8_row_parallel(const float* x, int64_t K, const uint8_t* w, int64_t groups, QMode mode, float* out,
-                           const float* residual, const float* bias);
+                           const float* residual, const float* bias, const QuantizedX* quantized = nullptr);
 
 }  // namespace radixlm

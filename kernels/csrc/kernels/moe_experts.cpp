@@ -13,7 +13,6 @@
 
 #include "kernels/packed_gemm.h"
 #include "kernels/parallel.h"
-#include "kernels/kquant_gemm.h"
 #include "kernels/rows.h"
 
 namespace radixlm {
@@ -31,10 +30,9 @@ inline int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 // out[M, n] (rows ld_out apart) = x[M, K] @ columns [c0, c0 + n) of the weight at w (K rows, in
 // the layer's layout; quantized: format L.formats[which], 0 gate_up, 1 down); c0 and n multiples
 // of 64 (float32) or 32.
-// xq: x quantized for L.mode (quantized int8 modes), or null. variant: q4k_row_variant()'s, for
-// a Q4_K product of one row (kquant_gemm.h).
+// xq: x quantized for L.mode (quantized int8 modes), or null.
 void slice_product(const MoeExperts& L, int which, const uint8_t* w, int64_t K, const float* x, const QuantizedX* xq,
-                   int64_t M, int64_t c0, int64_t n, float* out, int64_t ld_out, int variant) {
+                   int64_t M, int64_t c0, int64_t n, float* out, int64_t ld_out) {
   switch (L.kind) {
     case MoeWeights::kFloat32: {
       const float* wf = reinterpret_cast<const float*>(w) + (c0 / kPanel) * K * kPanel;
@@ -47,9 +45,6 @@ void slice_product(const MoeExperts& L, int which, const uint8_t* w, int64_t K, 
     case MoeWeights::kQuant: {
       const QFormat f = L.formats[which];
       const int64_t group_bytes = K / q_block_k(f) * q_block_bytes(f);
-      if (xq != nullptr && q4k_row_takes(f, L.mode, M)) {  // one token: q_gemm's bits, at memory speed
-        return q4k_int8_row(*xq, K, w + (c0 / kQGroup) * group_bytes, n / kQGroup, out, nullptr, nullptr, variant);
-      }
       return q_gemm(x, M, K, w + (c0 / kQGroup) * group_bytes, n / kQGroup, f, L.mode, out, ld_out, nullptr, 0,
                     nullptr, xq);
     }
@@ -146,7 +141,6 @@ void moe_experts(const MoeExperts& L, const float* x, int64_t T, const int64_t* 
   QuantizedXBuffer xgq, actq;
   if (int8) gather_quantized(x, T, H, k, g.pos, L.mode, xgq);
   if (int8_act) actq.resize(R, I);
-  const int variant = int8 || int8_act ? q4k_row_variant() : 0;
 
   const int64_t s1 = (I + kSlice - 1) / kSlice, s2 = Hp / kSlice;
   const int64_t n1 = routed * s1, n2 = routed * s2, n3 = (T + kTokenRun - 1) / kTokenRun;
@@ -164,8 +158,8 @@ void moe_experts(const MoeExperts& L, const float* x, int64_t T, const int64_t* 
       std::vector<float> gu(M * 2 * n);  // row r: the gate columns, then the up columns
       const float* rows = xg.data() + g.first[i] * H;
       const QuantizedX rows_q = int8 ? xgq.view().from_row(g.first[i], H) : QuantizedX{};
-      slice_product(L, 0, w, H, rows, int8 ? &rows_q : nullptr, M, c0, n, gu.data(), 2 * n, variant);
-      slice_product(L, 0, w, H, rows, int8 ? &rows_q : nullptr, M, I + c0, n, gu.data() + n, 2 * n, variant);
+      slice_product(L, 0, w, H, rows, int8 ? &rows_q : nullptr, M, c0, n, gu.data(), 2 * n);
+      slice_product(L, 0, w, H, rows, int8 ? &rows_q : nullptr, M, I + c0, n, gu.data() + n, 2 * n);
       for (int64_t r = g.first[i]; r < g.first[i + 1]; ++r) {
         float* a = act.data() + r * I + c0;
         silu_mul_rows<float>(gu.data() + (r - g.first[i]) * 2 * n, 1, n, 2 * n, a);
@@ -182,7 +176,7 @@ void moe_experts(const MoeExperts& L, const float* x, int64_t T, const int64_t* 
       const uint8_t* w = L.arena + L.offsets[2 * g.expert[i] + 1];
       const QuantizedX act_q = int8_act ? actq.view().from_row(g.first[i], I) : QuantizedX{};
       slice_product(L, 1, w, I, act.data() + g.first[i] * I, int8_act ? &act_q : nullptr, M, c0, kSlice,
-                    out.data() + g.first[i] * Hp + c0, Hp, variant);
+                    out.data() + g.first[i] * Hp + c0, Hp);
     } else {  // tokens [t0, t1): y[t] = sum over j of w[t][j] * out[pos(t, j)], in j's order
       wait_for(down_done, n2);
       const int64_t t0 = (u - n1 - n2) * kTokenRun, t1 = std::min(T, t0 + kTokenRun);

@@ -465,6 +465,10 @@ void q_gemm(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t grou
   check(K % kQBlock == 0, "a quantized product's K must be a multiple of 32, got " + std::to_string(K));
   check(groups % 2 == 0, "quant groups come in pairs (N padded to a multiple of 64)");
   if (M == 0 || groups == 0) return;
+  if (q4k_row_takes(format, mode, M)) {  // one row of Q4_K: the same bits, one stream a thread
+    int8_calls.fetch_add(1);
+    return q4k_int8_row_parallel(x, K, w, groups, mode, out, residual, bias, quantized);
+  }
   Activations act;
   act.x = x;
   act.K = K;

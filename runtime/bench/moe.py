@@ -129,23 +129,35 @@ def print_table(figures: dict[str, dict[str, list[float]]], precision: str, conf
         rows.append(bench_results.comparison_row(metric, systems, {"llama.cpp": ratio}, precision))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m radixlm.runtime.bench.moe", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of a MoE bench run (this one's and moe_serve's): workloads, turns, tokens, the
+    model's seed, the peer, the results file."""
     parser.add_argument("--workloads", default="M1,M2", help="comma-separated subset of M1, M2")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--new-tokens", type=int, default=32, help="tokens generated per request")
     parser.add_argument("--seed", type=int, default=0, help="the random model's seed")
-    parser.add_argument("--layers", type=int, default=MoeShape().num_layers, help="the model's decoder layers")
-    parser.add_argument("--experts", type=int, default=MoeShape().num_experts, help="the model's experts per layer")
     parser.add_argument("--no-peer", action="store_true", help="radixlm alone (no llama.cpp)")
     parser.add_argument("--results", default=None, metavar="PATH.json", help="also write the run as data")
+
+
+def parse_run_arguments(parser: argparse.ArgumentParser, argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    """(the options, the workloads asked for), bad values refused as parser errors."""
     args = parser.parse_args(argv)
     workloads = [w for w in args.workloads.split(",") if w]
     if unknown := [w for w in workloads if w not in WORKLOADS]:
         parser.error(f"unknown workloads: {', '.join(unknown)}")
     if args.new_tokens < 2:
         parser.error("--new-tokens must be at least 2")
+    return args, workloads
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m radixlm.runtime.bench.moe", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_run_arguments(parser)
+    parser.add_argument("--layers", type=int, default=MoeShape().num_layers, help="the model's decoder layers")
+    parser.add_argument("--experts", type=int, default=MoeShape().num_experts, help="the model's experts per layer")
+    args, workloads = parse_run_arguments(parser, argv)
     shape = MoeShape(num_layers=args.layers, num_experts=args.experts)
     path = ensure_moe_gguf(shape, args.seed)
     print(f"model: {path} ({shape.num_parameters / 1e9:.2f} B parameters, {path.stat().st_size / 2**30:.2f} GiB)",

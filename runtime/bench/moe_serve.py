@@ -29,7 +29,7 @@ from typing import Any
 
 from radixlm.runtime.bench import results as bench_results
 from radixlm.runtime.bench.memory import tree_rss_bytes
-from radixlm.runtime.bench.moe import NUM_CONCURRENT, WORKLOADS, samplers
+from radixlm.runtime.bench.moe import NUM_CONCURRENT, add_run_arguments, parse_run_arguments, samplers
 from radixlm.runtime.bench.moe_model import SHAPES, ensure_moe_gguf
 from radixlm.runtime.bench.serving import free_port
 
@@ -153,18 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m radixlm.runtime.bench.moe_serve", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-30b-a3b")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--workloads", default="M1,M2", help="comma-separated subset of M1, M2")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--no-peer", action="store_true", help="radixlm alone (no llama.cpp)")
-    parser.add_argument("--results", default=None, metavar="PATH.json", help="also write the run as data")
-    args = parser.parse_args(argv)
-    workloads = [w for w in args.workloads.split(",") if w]
-    if unknown := [w for w in workloads if w not in WORKLOADS]:
-        parser.error(f"unknown workloads: {', '.join(unknown)}")
-    if args.new_tokens < 2:
-        parser.error("--new-tokens must be at least 2")
+    add_run_arguments(parser)
+    args, workloads = parse_run_arguments(parser, argv)
     shape = SHAPES[args.shape]
     path = ensure_moe_gguf(shape, args.seed)
     print(f"model: {path} ({shape.num_parameters / 1e9:.1f} B parameters, {path.stat().st_size / 2**30:.1f} GiB)",

@@ -200,6 +200,10 @@ def test_a_killed_replica_costs_only_its_in_flight_requests(replicas: list[Serve
         with ThreadPoolExecutor(max_workers=4) as pool:
             futures = [pool.submit(one, p) for p in prompts]
             assert one_third_done.wait(DEADLINE), "the first third of the traffic was not answered"
+            # and the doomed replica has answered some of it: a slow replica's share can all be in
+            # flight at the third (then "served 0" said how fast it ran, not where traffic went)
+            wait_for(lambda: counter(doomed.url, "radixlm_requests_total") > doomed_before,
+                     "the doomed replica to answer a request", router)
             with lock:
                 in_flight = started - finished
                 doomed_served = counter(doomed.url, "radixlm_requests_total") - doomed_before

@@ -5,6 +5,7 @@ decodes 8 tokens here instead of its 128."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,10 @@ def test_paired_runs_take_turns(default_model_dir: Path, monkeypatch: pytest.Mon
     assert calls == ["ours"] * 2 + ["other"] * 2 + (["ours"] * 2 + ["other"] * 2) * 2
     for turns in (ours_turns, other_turns):
         assert list(turns) == ["W1"] and len(turns["W1"]) == 2
-        assert all(set(t) == {"W1 TTFT s", "W1 decode tok/s"} and min(t.values()) > 0 for t in turns["W1"])
+        # decode tok/s is 7 tokens over the difference of two timed runs: on a loaded machine the
+        # 8-token run can take less than the 1-token run, so only its being a number is asserted here
+        assert all(set(t) == {"W1 TTFT s", "W1 decode tok/s"} and t["W1 TTFT s"] > 0
+                   and math.isfinite(t["W1 decode tok/s"]) for t in turns["W1"])
 
 
 def test_paired_figures_are_medians_and_the_median_of_the_turns_ratios() -> None:

@@ -1,7 +1,7 @@
 """Speculative decoding on and off in turns on one Engine: whether it ever loses (issue 37's "W1 no
 slower than without", "32 concurrent W6 not slower", and the default-on decision).
 
-`python -m radixlm.runtime.bench.spec_turns [--workloads W1,W2,W3,W5,W4,W6,W6x32] [--turns 7]
+`python -m radixlm.runtime.bench.spec_turns [--workloads W1,W2,W3,W5,W4,W6,W6x32,F4] [--turns 7]
 [--new-tokens 128] [--model-path P] [--flags JSON]` loads the model once with
 `--speculative-algorithm NGRAM` (plus --flags), then runs each workload alternately with the
 engine's drafter and with drafting off (`Drafter(None)`), the radix cache flushed before each
@@ -16,6 +16,8 @@ The workloads, as the main bench's (radixlm.runtime.bench.workloads), greedy:
   W5     a 2,000-token prefill, 1 new token: prompt tok/s
   W4/W6  the extraction task's 16 requests one after another, with its json_schema: requests/s
   W6x32  32 W6 requests at once (the 16 cases twice): requests/s
+  F4     the frontend workload: W4's 16 passages as `@function` programs (a gen with W4's json_schema),
+         `run_batch` through the language's EngineBackend: programs/s
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from typing import Any
 from radixlm.runtime.bench import workloads as wl
 from radixlm.runtime.bench.extraction import TASKS
 
-WORKLOADS = ("W1", "W2", "W3", "W5", "W4", "W6", "W6x32")
+WORKLOADS = ("W1", "W2", "W3", "W5", "W4", "W6", "W6x32", "F4")
 # one run of a workload on the engine: (units done, what the unit is); the caller times it
 Run = Callable[[Any], float]
 
@@ -58,6 +60,14 @@ def runs(engine: Any, new_tokens: int = wl.W1_NEW_TOKENS) -> dict[str, tuple[str
             return float(len(prompts))
         return run
 
+    def frontend(_: Any) -> float:
+        from radixlm.backend.engine import EngineBackend
+        from radixlm.runtime.bench.frontend_workloads import f4_workload
+
+        f4 = f4_workload()
+        f4.program.run_batch(f4.batch, backend=EngineBackend(engine), temperature=0)
+        return float(len(f4.batch))
+
     w5_ids = engine.tokenizer.encode(wl.w5_text())[: wl.W5_TOKENS]
     return {
         "W1": ("tok/s", lambda _: generate(wl.W1_PROMPT, new_tokens)),
@@ -67,6 +77,7 @@ def runs(engine: Any, new_tokens: int = wl.W1_NEW_TOKENS) -> dict[str, tuple[str
         "W4": ("requests/s", extraction("W4", 1, False)),
         "W6": ("requests/s", extraction("W6", 1, False)),
         "W6x32": ("requests/s", extraction("W6", 2, True)),
+        "F4": ("programs/s", frontend),
     }
 
 

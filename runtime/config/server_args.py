@@ -77,7 +77,7 @@ class ServerArgs:
     disable_adaptive_threads: bool = False
     enable_deterministic_inference: bool = False  # a request's results never depend on the requests beside it
     random_seed: int | None = None
-    speculative_algorithm: str | None = None  # None: no speculative decoding; NGRAM: prompt lookup
+    speculative_algorithm: str | None = None  # None: NGRAM for constrained requests; NONE: off (speculative_config)
     speculative_num_draft_tokens: int = SpeculativeConfig.num_draft_tokens
     speculative_ngram_min_match_window_size: int = SpeculativeConfig.ngram_min_match_window_size
     speculative_ngram_max_match_window_size: int = SpeculativeConfig.ngram_max_match_window_size
@@ -234,12 +234,18 @@ class ServerArgs:
 
     @property
     def speculative(self) -> SpeculativeConfig | None:
-        """The speculative decoding settings, or None when --speculative-algorithm is unset."""
-        if self.speculative_algorithm is None:
+        """The speculative decoding settings: None with --speculative-algorithm NONE; unset, NGRAM
+        for the requests under a grammar only (speculative_config.SPECULATIVE_ALGORITHMS)."""
+        algorithm = self.speculative_algorithm
+        if algorithm in (None, "NONE") and self.speculative_draft_model_path:
+            raise ValueError("--speculative-draft-model-path is used by --speculative-algorithm STANDALONE only "
+                             f"(the algorithm is {algorithm or 'unset'})")
+        if algorithm == "NONE":
             return None
-        return SpeculativeConfig(self.speculative_algorithm, self.speculative_num_draft_tokens,
+        return SpeculativeConfig(algorithm or "NGRAM", self.speculative_num_draft_tokens,
                                  self.speculative_ngram_min_match_window_size,
-                                 self.speculative_ngram_max_match_window_size, self.speculative_draft_model_path)
+                                 self.speculative_ngram_max_match_window_size, self.speculative_draft_model_path,
+                                 constrained_only=algorithm is None)
 
     def replace(self, **changes: object) -> ServerArgs:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
@@ -311,7 +317,9 @@ HELP = {
     "drafts them greedily with a smaller model of the same vocabulary (--speculative-draft-model-path). Drafts are "
     "cut where the request's grammar refuses, after the tokens jump-forward forces; one forward checks them all and "
     "keeps them as far as sampling agrees, so outputs are unchanged (greedy: identical). NGRAM wins where outputs "
-    "copy the prompt (extraction); meta_info reports spec_verify_ct and spec_accept_length (default: off)",
+    "copy the prompt (extraction); meta_info reports spec_verify_ct and spec_accept_length. NONE: no drafts. "
+    "Default: NGRAM for the requests under a grammar (JSON schema, regex, EBNF, tool calls), where it wins, and "
+    "none for free text",
     "speculative_num_draft_tokens": "with --speculative-algorithm: tokens drafted per request per step on a fresh "
     "match; a copy that keeps being accepted doubles it, up to 15 (NGRAM), misses halve it, and a step's rows are "
     "kept within 16 (a large batch is compute-bound)",

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# --speculative-algorithm's values: NGRAM (prompt-lookup drafts); STANDALONE (a smaller draft model
-# with the target's vocabulary, --speculative-draft-model-path)
-SPECULATIVE_ALGORITHMS = ("NGRAM", "STANDALONE")
+# --speculative-algorithm's values: NGRAM (prompt-lookup drafts for every request); STANDALONE (a
+# smaller draft model with the target's vocabulary, --speculative-draft-model-path); NONE (no
+# drafts but jump-forward's forced tokens). Unset, the default: NGRAM for the requests under a
+# grammar only (`constrained_only`), where the bench shows it wins and never loses
+# (docs/constrained.md); free text decodes as with NONE.
+SPECULATIVE_ALGORITHMS = ("NGRAM", "STANDALONE", "NONE")
 
 
 @dataclass(frozen=True)
@@ -19,9 +22,11 @@ class SpeculativeConfig:
     ngram_min_match_window_size: int = 3
     ngram_max_match_window_size: int = 12
     draft_model_path: str | None = None  # STANDALONE: the draft model (a directory or what --model-path takes)
+    # the default (--speculative-algorithm unset): n-gram drafts for requests under a grammar only
+    constrained_only: bool = False
 
     def __post_init__(self) -> None:
-        if self.algorithm not in SPECULATIVE_ALGORITHMS:
+        if self.algorithm not in SPECULATIVE_ALGORITHMS or self.algorithm == "NONE":
             raise ValueError(f"speculative_algorithm must be one of {', '.join(SPECULATIVE_ALGORITHMS)}, "
                              f"got {self.algorithm!r}")
         if self.algorithm == "STANDALONE" and not self.draft_model_path:

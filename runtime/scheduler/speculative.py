@@ -25,7 +25,9 @@ A request's draft (`Req.jump_forward_ids`), built after each step by `Drafter.dr
      token the request's grammar refuses (`valid_prefix_len`: a refused token could never be
      accepted, and the masks along a draft need an allowed draft), and at the request's room
      (context length, max_new_tokens: `max_len`).
-No n-gram drafts while a reasoning request is still reasoning (its grammar starts mid-draft).
+No n-gram drafts while a reasoning request is still reasoning (its grammar starts mid-draft), nor,
+by default (`SpeculativeConfig.constrained_only`: --speculative-algorithm unset), for a request
+without a grammar.
 
 Compute-bound steps (`Drafter.fit_budget`, before each step): a CPU decode step of a small batch
 is bound by reading the weights, so k more query rows cost little; a large batch is bound by the
@@ -86,7 +88,7 @@ class Drafter:
         draft = forced[: max(0, max_len)]
         req.num_forced_draft = len(draft)
         copy_next, req.ngram_copy_next = req.ngram_copy_next, None  # valid for this draft only
-        if cfg is None or req.reasoning_end is not None:
+        if cfg is None or req.reasoning_end is not None or (cfg.constrained_only and req.grammar is None):
             return draft
         if self.draft_model is not None:
             self._model_wants.append((req, self._room(req, cfg.num_draft_tokens, len(draft), max_len)))

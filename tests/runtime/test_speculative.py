@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from grammar_backends_testing import GRAMMAR_BACKENDS, backend_engine
+from grammar_backends_testing import DEFAULT_GRAMMAR_BACKEND, GRAMMAR_BACKENDS, backend_engine
 from hypothesis import given
 from hypothesis import strategies as st
 from radixlm_testing import assert_engine_clean
@@ -99,12 +99,19 @@ def test_a_copy_grows_its_draft_and_keeps_its_source() -> None:
 def test_settings_are_sglangs_and_checked() -> None:
     args = ServerArgs(speculative_algorithm="NGRAM", speculative_num_draft_tokens=3)
     assert args.speculative is not None and args.speculative.num_draft_tokens == 3
-    assert ServerArgs().speculative is None
+    default = ServerArgs().speculative  # NGRAM for constrained requests only
+    assert default is not None and default.algorithm == "NGRAM" and default.constrained_only
+    assert args.speculative is not None and not args.speculative.constrained_only
+    assert ServerArgs(speculative_algorithm="NONE").speculative is None
+    with pytest.raises(ValueError, match="STANDALONE only"):
+        ServerArgs(speculative_algorithm="NONE", speculative_draft_model_path="/x")
+    with pytest.raises(ValueError, match="STANDALONE only"):
+        ServerArgs(speculative_draft_model_path="/x")
     with pytest.raises(ValueError, match="STANDALONE needs --speculative-draft-model-path"):
         ServerArgs(speculative_algorithm="STANDALONE")
     with pytest.raises(ValueError, match="STANDALONE only"):
         ServerArgs(speculative_algorithm="NGRAM", speculative_draft_model_path="/x")
-    with pytest.raises(ValueError, match="must be one of NGRAM, STANDALONE"):
+    with pytest.raises(ValueError, match="must be one of NGRAM, STANDALONE, NONE"):
         ServerArgs(speculative_algorithm="EAGLE")
     with pytest.raises(ValueError, match="min_match_window_size"):
         ServerArgs(speculative_algorithm="NGRAM", speculative_ngram_min_match_window_size=5,
@@ -144,7 +151,7 @@ def backend_name(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture(scope="module")
 def engine_off(backend_name: str, tiny_engine: Engine, tiny_model_dir: Path) -> Iterator[Engine]:
-    with backend_engine(backend_name, tiny_engine, tiny_model_dir) as engine:
+    with backend_engine(backend_name, tiny_engine, tiny_model_dir, speculative_algorithm="NONE") as engine:
         yield engine
 
 
@@ -184,6 +191,25 @@ def test_outputs_equal_with_and_without_speculation(engine_spec: Engine, engine_
     assert all(m["spec_verify_ct"] <= m["completion_tokens"] for m in metas)
     assert sum(m["spec_num_correct_drafts"] for m in metas) > 0, metas
     assert sum(m["completion_tokens"] for m in metas) > sum(m["spec_verify_ct"] for m in metas)
+
+
+def test_by_default_only_constrained_requests_draft(tiny_model_dir: Path, engine_off: Engine,
+                                                    backend_name: str) -> None:
+    """--speculative-algorithm unset: the regex and JSON schema requests draft from their prompts,
+    the free-text ones do not (no speculative counts in their meta_info); the outputs are those
+    without speculation."""
+    if backend_name != DEFAULT_GRAMMAR_BACKEND:
+        pytest.skip("one backend is enough: the choice of drafts does not depend on it")
+    cases = _cases()
+    with Engine(str(tiny_model_dir), dtype="float32", max_total_tokens=4096, random_seed=0,
+                speculative_ngram_min_match_window_size=1) as engine:
+        assert engine.scheduler.drafter.cfg is not None and engine.scheduler.drafter.cfg.constrained_only
+        on = _run(engine, cases)
+    off = _run(engine_off, cases)
+    for (_, params), a, b in zip(cases, on, off):
+        assert a["output_ids"] == b["output_ids"] and a["text"] == b["text"]
+        constrained = "regex" in params or "json_schema" in params
+        assert (a["meta_info"].get("spec_num_proposed_drafts", 0) > 0) == constrained, (params, a["meta_info"])
 
 
 def test_ebnf_outputs_equal(backend_name: str, engine_spec: Engine, engine_off: Engine) -> None:

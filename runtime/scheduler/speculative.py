@@ -80,6 +80,10 @@ class Drafter:
         return {"avg_spec_accept_length": self.num_verified_tokens / max(1, self.num_verify),
                 "spec_verify_ct": self.num_verify, "spec_num_correct_drafts": self.num_correct_drafts}
 
+    def speculates(self, req: Req) -> bool:
+        """Whether `req` drafts and is counted as speculating (by default: only under a grammar)."""
+        return self.cfg is not None and (req.grammar is not None or not self.cfg.constrained_only)
+
     def draft(self, req: Req, forced: list[int], max_len: int) -> list[int]:
         """The request's next draft: `forced` (its grammar's jump-forward tokens, allowed from
         its state), then its n-gram continuation, cut as the module docstring says; at most
@@ -88,7 +92,7 @@ class Drafter:
         draft = forced[: max(0, max_len)]
         req.num_forced_draft = len(draft)
         copy_next, req.ngram_copy_next = req.ngram_copy_next, None  # valid for this draft only
-        if cfg is None or req.reasoning_end is not None or (cfg.constrained_only and req.grammar is None):
+        if not self.speculates(req) or req.reasoning_end is not None:
             return draft
         if self.draft_model is not None:
             self._model_wants.append((req, self._room(req, cfg.num_draft_tokens, len(draft), max_len)))
@@ -168,7 +172,7 @@ class Drafter:
 
     def record_verify(self, req: Req, draft: list[int], new_ids: list[int]) -> None:
         """Count one verify step of `req` whose draft was `draft` and which took `new_ids`."""
-        if self.cfg is None:
+        if self.cfg is None or not self.speculates(req):
             return
         if req.ngram_shadow is not None:
             if new_ids and new_ids[0] == req.ngram_shadow and req.ngram_allowance == 0:

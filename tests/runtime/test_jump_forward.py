@@ -223,14 +223,16 @@ def _params() -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def engine_on(backend_name: str, tiny_engine: Engine, tiny_model_dir: Path) -> Iterator[Engine]:
-    with backend_engine(backend_name, tiny_engine, tiny_model_dir) as engine:
+    # no n-gram drafts (by default constrained requests draft): the tokens kept are forced ones
+    with backend_engine(backend_name, tiny_engine, tiny_model_dir, speculative_algorithm="NONE") as engine:
         assert not engine.server_args.disable_jump_forward
         yield engine
 
 
 @pytest.fixture(scope="module")
 def engine_off(backend_name: str, tiny_engine: Engine, tiny_model_dir: Path) -> Iterator[Engine]:
-    with backend_engine(backend_name, tiny_engine, tiny_model_dir, disable_jump_forward=True) as engine:
+    with backend_engine(backend_name, tiny_engine, tiny_model_dir, disable_jump_forward=True,
+                        speculative_algorithm="NONE") as engine:
         yield engine
 
 
@@ -279,7 +281,7 @@ def test_outputs_equal_under_retraction(backend_name: str, tiny_model_dir: Path)
     for disable in (False, True):
         # 96 slots: llguidance's outputs are shorter (its masks take "item" whole, not "it", "e", "m")
         engine = Engine(str(tiny_model_dir), dtype="float32", max_total_tokens=96, chunked_prefill_size=32, random_seed=0,
-                        disable_jump_forward=disable, grammar_backend=backend_name)
+                        disable_jump_forward=disable, grammar_backend=backend_name, speculative_algorithm="NONE")
         try:
             # the first run compiles the grammar and lowers admission's new-token ratio, so the
             # second admits too many requests at once and must retract some

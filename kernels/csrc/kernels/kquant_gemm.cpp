@@ -203,8 +203,12 @@ inline void row_check(bool ok, const std::string& message) {
 template <class Dot, int G, int J>
 inline void row_sub_block(Vf (&acc)[G], const uint8_t* const (&sb)[G], const Vf (&d)[G], const Vf (&dm)[G],
                           const QuantizedX& x, int64_t b) {
-  int32_t x4[8];
-  std::memcpy(x4, x.xq + b * kQBlock, sizeof x4);
+  const int8_t* xb = x.xq + b * kQBlock;
+  const auto x4 = [xb](int t) {  // read where it is used: the dot's broadcast takes it from memory
+    int32_t v;
+    std::memcpy(&v, xb + 4 * t, sizeof v);
+    return v;
+  };
   const uint8_t* blk[G];
   typename Dot::Acc lo[G], hi[G];
   for (int g = 0; g < G; ++g) {
@@ -215,8 +219,8 @@ inline void row_sub_block(Vf (&acc)[G], const uint8_t* const (&sb)[G], const Vf 
   }
   for (int v = 0; v < 4; ++v) {
     for (int g = 0; g < G; ++g) {
-      lo[g] = Dot::dot(lo[g], Dot::load(blk[g] + 64 * v, false), x4[2 * v]);
-      hi[g] = Dot::dot(hi[g], Dot::load(blk[g] + 64 * v, true), x4[2 * v + 1]);
+      lo[g] = Dot::dot(lo[g], Dot::load(blk[g] + 64 * v, false), x4(2 * v));
+      hi[g] = Dot::dot(hi[g], Dot::load(blk[g] + 64 * v, true), x4(2 * v + 1));
     }
   }
   const Vf dx = vset1(x.dx[b]), cx = vset1(x.cx[b]);

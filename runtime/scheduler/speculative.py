@@ -17,7 +17,8 @@ A request's draft (`Req.jump_forward_ids`), built after each step by `Drafter.dr
      (up to MAX_NGRAM_ALLOWANCE: a long copy, a quote or an e-mail, goes on in long drafts) and
      halves after one that accepted none (down to 0: no n-gram rows); at 0 the proposal is still
      made but not verified, and once its first token is the one the request samples next, the
-     allowance is 1 again. Free text that rarely repeats its prompt thus pays for a few extra
+     allowance is 1 again. Each source (own text, earlier outputs) has an allowance of its own:
+     earlier outputs that keep missing must not silence a prompt that copies well. Free text that rarely repeats its prompt thus pays for a few extra
      rows, then none. After a full hit whose extra sampled token also continues the source, the
      next draft reads on from the same source position (a copy pointer, `Req.ngram_copy_next`)
      rather than a fresh lookup: that source agrees with the output at least as far as any
@@ -105,32 +106,31 @@ class Drafter:
             self._model_wants.append((req, self._room(req, cfg.num_draft_tokens, len(draft), max_len)))
             return draft
         if req.ngram_allowance is None:
-            req.ngram_allowance = cfg.num_draft_tokens
-        room = self._room(req, req.ngram_allowance, len(draft), max_len)
+            req.ngram_allowance = req.ngram_cache_allowance = cfg.num_draft_tokens
         if req.ngram_index is None:
             req.ngram_index = NgramIndex(cfg.ngram_min_match_window_size, cfg.ngram_max_match_window_size)
         seq = TokenSeq(req.input_ids, req.output_ids)
-        if req.ngram_allowance == 0 and not draft and max_len > 0:  # off: watch whether it would hit
-            shadow = self._propose(req, seq, draft, 1)[1]
+        if not draft and copy_next is not None and copy_next < len(seq):
+            start = copy_next
+        else:
+            start = req.ngram_index.match(seq, draft)
+        req.ngram_source, req.ngram_from_cache = start, start < 0 and self.ngram_cache is not None
+        allowance = _allowance(req)
+        if allowance == 0 and not draft and max_len > 0:  # off: watch whether it would hit
+            shadow = self._proposal(seq, draft, req, 1)
             req.ngram_shadow = shadow[0] if shadow else None
+        room = self._room(req, allowance or 0, len(draft), max_len)
         if room <= 0:
             return draft
-        if not draft and copy_next is not None and copy_next < len(seq):
-            req.ngram_source, proposal = copy_next, continuation(seq, draft, copy_next, room)
-        else:
-            req.ngram_source, proposal = self._propose(req, seq, draft, room)
-        return draft + self._cut(req, draft, proposal)
+        return draft + self._cut(req, draft, self._proposal(seq, draft, req, room))
 
-    def _propose(self, req: Req, seq: TokenSeq, tail: list[int], max_tokens: int) -> tuple[int, list[int]]:
-        """(source position in seq, or -1; up to `max_tokens` n-gram tokens after seq + tail):
-        from the request's own prompt and output, else from earlier requests' outputs."""
-        assert req.ngram_index is not None
-        start = req.ngram_index.match(seq, tail)
-        if start >= 0:
-            return start, continuation(seq, tail, start, max_tokens)
-        if self.ngram_cache is None:
-            return -1, []
-        return -1, self.ngram_cache.propose(seq, tail, max_tokens)
+    def _proposal(self, seq: TokenSeq, tail: list[int], req: Req, max_tokens: int) -> list[int]:
+        """Up to `max_tokens` n-gram tokens after seq + tail from the source `draft` chose: the
+        request's own text from `req.ngram_source`, or earlier requests' outputs."""
+        if req.ngram_from_cache:
+            assert self.ngram_cache is not None
+            return self.ngram_cache.propose(seq, tail, max_tokens)
+        return [] if req.ngram_source < 0 else continuation(seq, tail, req.ngram_source, max_tokens)
 
     @staticmethod
     def _room(req: Req, allowance: int, num_forced: int, max_len: int) -> int:
@@ -198,9 +198,10 @@ class Drafter:
         """Count one verify step of `req` whose draft was `draft` and which took `new_ids`."""
         if self.cfg is None:
             return
+        allowance = _allowance(req)
         if req.ngram_shadow is not None:
-            if new_ids and new_ids[0] == req.ngram_shadow and req.ngram_allowance == 0:
-                req.ngram_allowance = 1
+            if new_ids and new_ids[0] == req.ngram_shadow and allowance == 0:
+                _set_allowance(req, 1)
             req.ngram_shadow = None
         req.spec_verify_ct += 1
         self.num_verify += 1
@@ -214,12 +215,11 @@ class Drafter:
         num_drafted, num_correct = len(draft) - req.num_forced_draft, max(0, accepted - req.num_forced_draft)
         req.spec_num_correct_drafts += num_correct
         self.num_correct_drafts += num_correct
-        if num_drafted and req.ngram_allowance is not None:
+        if num_drafted and allowance is not None:
             if num_correct == 0:
-                req.ngram_allowance //= 2
+                _set_allowance(req, allowance // 2)
             elif num_correct == num_drafted:
-                cap = max(self.cfg.num_draft_tokens, MAX_NGRAM_ALLOWANCE)
-                req.ngram_allowance = min(cap, req.ngram_allowance * 2)
+                _set_allowance(req, min(max(self.cfg.num_draft_tokens, MAX_NGRAM_ALLOWANCE), allowance * 2))
                 self._follow_copy(req, draft, new_ids)
 
     @staticmethod
@@ -232,6 +232,18 @@ class Drafter:
         seq = TokenSeq(req.input_ids, req.output_ids)
         if seq[source_next] == new_ids[-1]:
             req.ngram_copy_next = source_next + 1
+
+
+def _allowance(req: Req) -> int | None:
+    """The n-gram allowance of the source the request's last proposal came from."""
+    return req.ngram_cache_allowance if req.ngram_from_cache else req.ngram_allowance
+
+
+def _set_allowance(req: Req, allowance: int) -> None:
+    if req.ngram_from_cache:
+        req.ngram_cache_allowance = allowance
+    else:
+        req.ngram_allowance = allowance
 
 
 def _grammar_mask_fn(req: Req) -> Callable[[list[int], int], torch.Tensor] | None:

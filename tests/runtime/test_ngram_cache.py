@@ -7,7 +7,6 @@ by flush)."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
 import pytest
 from hypothesis import given
@@ -146,19 +145,24 @@ class _NoModel:
     def release(self, rid: str) -> None: ...
 
 
-def test_a_cache_draft_that_misses_backs_off_like_any_other(monkeypatch: Any) -> None:
-    """The allowance halves after a cache draft with no token accepted, as after an own one, and
-    no copy pointer is kept for a cache source (the next draft is a fresh lookup)."""
+def test_cache_drafts_back_off_on_an_allowance_of_their_own() -> None:
+    """A cache draft with no token accepted halves the cache allowance, not the own text's; at
+    0 no cache tokens are drafted until one would have hit; a full hit doubles it; no copy
+    pointer is kept for a cache source (the next draft is a fresh lookup)."""
     drafter = Drafter(CFG)
     shape = [101, 102, 103, 104, 105, 106]
     drafter.release(_finish(_req("a", [1, 2, 3], [*shape, 107, 108, 109, 110, 111])))
     req = _req("b", [4, 5, 6], shape)
-    draft = drafter.draft(req, [], 100)
-    req.output_ids.append(300)
-    drafter.record_verify(req, draft, [300])
-    assert req.ngram_allowance == 2 and req.ngram_copy_next is None
-    req = _req("c", [4, 5, 6], shape)
-    draft = drafter.draft(req, [], 100)
-    req.output_ids.extend([*draft, 111])
-    drafter.record_verify(req, draft, [*draft, 111])  # a full hit: the allowance grows
-    assert req.ngram_allowance == 8 and req.ngram_copy_next is None
+    for want in (2, 1, 0):
+        draft = drafter.draft(req, [], 100)
+        assert req.ngram_from_cache and draft == [107, 108, 109, 110][: 2 * want or 1]
+        drafter.record_verify(req, draft, [300])  # a miss (not appended: the same context again)
+        assert req.ngram_cache_allowance == want and req.ngram_allowance == CFG.num_draft_tokens
+    assert drafter.draft(req, [], 100) == [] and req.ngram_shadow == 107
+    drafter.record_verify(req, [], [107])  # it would have hit: drafting again, one token
+    req.output_ids.append(107)
+    assert req.ngram_cache_allowance == 1 and drafter.draft(req, [], 100) == [108]
+    req.output_ids.extend([108, 109])
+    drafter.record_verify(req, [108], [108, 109])  # a full hit: the allowance grows
+    assert req.ngram_cache_allowance == 2 and req.ngram_copy_next is None
+    assert drafter.draft(req, [], 100) == [110, 111]

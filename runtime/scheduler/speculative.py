@@ -12,17 +12,17 @@ A request's draft (`Req.jump_forward_ids`), built after each step by `Drafter.dr
      tokens (`ngram_draft`) continuing them; when its own prompt and output have no match, of
      the tokens that followed its context in an earlier request's output (`ngram_cache`, shared
      by every request, fed as requests finish; its context must agree over CACHE_MIN_AGREEMENT
-     tokens). The allowance follows the match: it starts at
-     `--speculative-num-draft-tokens`, doubles after a step that accepted all its n-gram tokens
-     (up to MAX_NGRAM_ALLOWANCE: a long copy, a quote or an e-mail, goes on in long drafts) and
-     halves after one that accepted none (down to 0: no n-gram rows); at 0 the proposal is still
-     made but not verified, and once its first token is the one the request samples next, the
-     allowance is 1 again. Each source (own text, earlier outputs) has an allowance of its own:
-     earlier outputs that keep missing must not silence a prompt that copies well. Free text that rarely repeats its prompt thus pays for a few extra
-     rows, then none. After a full hit whose extra sampled token also continues the source, the
-     next draft reads on from the same source position (a copy pointer, `Req.ngram_copy_next`)
-     rather than a fresh lookup: that source agrees with the output at least as far as any
-     other candidate; with `--speculative-algorithm STANDALONE`, instead, `num_draft_tokens`
+     tokens). The allowance follows the match: it starts at `--speculative-num-draft-tokens`,
+     doubles after a step that accepted all its n-gram tokens (up to MAX_NGRAM_ALLOWANCE: a long
+     copy, a quote or an e-mail, goes on in long drafts) and halves after one that accepted none
+     (down to 0: no n-gram rows); at 0 the proposal is still made but not verified, and once its
+     first token is the one the request samples next, the allowance is 1 again. Each source (own
+     text, earlier outputs) has an allowance of its own: earlier outputs that keep missing must
+     not silence a prompt that copies well. Free text that rarely repeats its prompt thus pays
+     for a few extra rows, then none. After a full hit of its own text whose extra sampled token
+     also continues the source, the next draft reads on from the same source position (a copy
+     pointer, `Req.ngram_copy_next`) rather than a fresh lookup: that source agrees with the
+     output at least as far as any other candidate; with `--speculative-algorithm STANDALONE`, instead, `num_draft_tokens`
      tokens of the draft model (`draft_model`), asked for all requests at once after the step
      (`draft_with_model`);
   3. cut before the first EOS / stop token id (nothing after it would be used), at the first

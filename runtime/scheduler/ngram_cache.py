@@ -9,9 +9,11 @@ finished request's output with the `max_window` prompt tokens before it (the con
 tokens follow), oldest dropped first once it holds more than `capacity` tokens.
 
 `NgramCache` maps every n-gram of `min_window` tokens of a stored sequence to the places right
-after it, oldest first; `propose` looks up the request's last `min_window` tokens and ranks the
-places as `NgramIndex` does (longest agreement with the request's end, up to `max_window` tokens;
-among equals, the most recent). Adding a sequence indexes it once (O(its length)); dropping one
+after it, oldest first; `propose` looks up the request's last `min_window` tokens, keeps the
+places whose earlier tokens agree with the request's end over `min_agreement` tokens or more,
+and ranks them as `NgramIndex` does (longest agreement, up to `max_window` tokens; among equals,
+the most recent); it proposes nothing unless at least half of them go on with the best one's
+next token (requests of one schema agree on the key before a value, not on the value). Adding a sequence indexes it once (O(its length)); dropping one
 removes its entries, which are the oldest of their n-grams (O(its length)); a proposal costs
 O(candidates looked at). The cache holds tokens only, no request: a proposal is a copy, so a
 sequence dropped after it was made changes nothing.
@@ -23,7 +25,13 @@ from collections import deque
 from collections.abc import Sequence
 from itertools import islice
 
-from radixlm.runtime.scheduler.ngram_draft import MAX_CANDIDATES, TokenSeq, best_match, context_tail
+from radixlm.runtime.scheduler.ngram_draft import (
+    MAX_CANDIDATES,
+    TokenSeq,
+    agreement,
+    best_match,
+    context_tail,
+)
 
 
 class NgramCache:
@@ -82,17 +90,24 @@ class NgramCache:
 
     def propose(self, seq: TokenSeq, tail: Sequence[int], max_tokens: int) -> list[int]:
         """Up to `max_tokens` tokens that followed the best stored match of the end of seq + tail
-        (empty when none matches `min_window` tokens)."""
+        (see the module docstring; empty when none qualifies)."""
         context = context_tail(seq, tail, self.max_window)
         if max_tokens <= 0 or len(context) < self.min_window:
             return []
         places = self._ngram_to_places.get(tuple(context[len(context) - self.min_window :]))
         if not places:
             return []
-        recent = islice(reversed(places), MAX_CANDIDATES)
-        best = best_match(((self._seq_no_to_tokens[s], nxt) for s, nxt in recent), context, self.min_window,
-                          self.max_window)
-        if best is None or best.length < self.min_agreement:
+        n, w = self.min_window, self.max_window
+        agreeing = [(tokens, nxt) for tokens, nxt in
+                    ((self._seq_no_to_tokens[s], nxt) for s, nxt in islice(reversed(places), MAX_CANDIDATES))
+                    if agreement(tokens, nxt, context, n, w) >= self.min_agreement]
+        best = best_match(agreeing, context, n, w)
+        if best is None:
+            return []
+        # the places agreeing with the context must mostly go on alike: after a key of the schema
+        # each earlier request went on with its own value
+        first = best.source[best.next]
+        if 2 * sum(tokens[nxt] == first for tokens, nxt in agreeing) < len(agreeing):
             return []
         return list(best.source[best.next : best.next + max_tokens])
 

@@ -114,15 +114,22 @@ def best_match(candidates: Iterable[tuple[Sequence[int], int]], context: Sequenc
     the longest (up to `max_window`; the first among equals), or None when there is none."""
     best = None
     for source, nxt in candidates:
-        length = min_window
-        while (length < max_window and length < len(context) and nxt - length - 1 >= 0
-               and source[nxt - length - 1] == context[-length - 1]):
-            length += 1
+        length = agreement(source, nxt, context, min_window, max_window)
         if best is None or length > best.length:
             best = Match(source, nxt, length)
             if length == max_window:
                 break
     return best
+
+
+def agreement(source: Sequence[int], nxt: int, context: Sequence[int], min_window: int, max_window: int) -> int:
+    """How many tokens before `nxt` in source equal the end of `context` (up to `max_window`),
+    for a place whose `min_window` tokens before it are known to."""
+    length = min_window
+    while (length < max_window and length < len(context) and nxt - length - 1 >= 0
+           and source[nxt - length - 1] == context[-length - 1]):
+        length += 1
+    return length
 
 
 def continuation(seq: TokenSeq, tail: Sequence[int], start: int, max_tokens: int) -> list[int]:

@@ -23,17 +23,20 @@ def _brute_force(stored: list[list[int]], context: list[int], min_window: int, m
                  min_agreement: int, max_tokens: int) -> list[int]:
     """The continuation of the place, over every stored sequence, whose tokens before it agree
     with the context's end the longest (>= min_agreement, counted up to max_window); the most
-    recent among equals (the later sequence, then the later place)."""
-    best, best_len = [], 0
+    recent among equals (the later sequence, then the later place); none unless at least half
+    of the places that agree that far go on with its first token."""
+    best, best_len, firsts = [], 0, []
     for tokens in stored:  # oldest first: a later equal candidate wins
         for nxt in range(min_window, len(tokens)):
             length = 0
             while length < min(max_window, len(context)) and nxt - length - 1 >= 0 \
                     and tokens[nxt - length - 1] == context[-length - 1]:
                 length += 1
-            if length >= max(min_agreement, min_window) and length >= best_len:
-                best, best_len = tokens[nxt : nxt + max_tokens], length
-    return best
+            if length >= max(min_agreement, min_window):
+                firsts.append(tokens[nxt])
+                if length >= best_len:
+                    best, best_len = tokens[nxt : nxt + max_tokens], length
+    return best if best and 2 * firsts.count(best[0]) >= len(firsts) else []
 
 
 sequences = st.lists(st.lists(st.integers(0, 3), min_size=0, max_size=25), min_size=1, max_size=8)
@@ -93,6 +96,19 @@ def test_the_longest_agreement_wins_then_the_most_recent() -> None:
     assert cache.propose(TokenSeq([4, 9, 1, 2], []), [3], 1) == [50]  # the tail takes part in the match
     assert cache.propose(TokenSeq([4, 5, 1, 2, 3], []), [], 1) == [60]  # 3 each: the most recent
     assert cache.propose(TokenSeq([4, 5, 6, 2, 3], []), [], 1) == []  # 2 < min_agreement
+
+
+def test_no_proposal_where_earlier_outputs_went_on_differently() -> None:
+    """After a schema's key every earlier request wrote its own value: no draft, unless most of
+    the places agreeing with the context go on alike."""
+    key = [11, 12, 13, 14, 15, 16]
+    cache = NgramCache(capacity=100, min_window=2, max_window=8, min_agreement=6)
+    for value in (21, 22, 23):
+        cache.add([], [*key, value, 30])
+    assert cache.propose(TokenSeq(key, []), [], 2) == []  # 23 (the most recent) has 1 vote of 3
+    cache.add([], [*key, 23, 31])
+    assert cache.propose(TokenSeq(key, []), [], 2) == [23, 31]  # 2 of 4
+    assert cache.propose(TokenSeq([*key, 21], []), [], 1) == [30]  # one place agrees further
 
 
 # ---------------------------------------------------------------- the drafter

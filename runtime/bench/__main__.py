@@ -140,6 +140,9 @@ class Ours:
         assert isinstance(out, dict)
         return str(out["text"])
 
+    def forget_outputs(self, mode: str) -> None:
+        self._engine_for(mode).scheduler.drafter.flush()
+
     def _engine_for(self, mode: str) -> Engine:
         if mode not in MODE_ENGINE_FLAGS:
             return self.engine
@@ -196,6 +199,9 @@ class Transformers:
 
     def flush(self) -> None:
         pass
+
+    def forget_outputs(self, mode: str) -> None:
+        pass  # nothing drafts from earlier outputs
 
     def extract(self, prompt: str, mode: str, task: ExtractionTask) -> str:
         """An extraction without constraints (transformers has no grammar support of its own)."""

@@ -58,16 +58,21 @@ MODE_ENGINE_FLAGS: dict[str, dict[str, Any]] = {
 class Extractor(Protocol):
     def extract(self, prompt: str, mode: str, task: ExtractionTask) -> str: ...
 
+    def forget_outputs(self, mode: str) -> None:
+        """Drop what drafting keeps of earlier outputs in `mode` (radixlm's n-gram cache), so that
+        the warm-up request, measured again, does not draft from its own earlier output."""
+
 
 def run_extraction(system: Extractor, task: ExtractionTask, mode: str,
                    counters: Callable[[str], dict[str, int]] | None = None) -> Result:
     """The task's requests one after another, after one warm-up request (for a constrained mode,
-    the grammar compile). `counters(mode)`: radixlm's running counts in that mode's engine
+    the grammar compile; drafts from earlier outputs then forget it: `Extractor.forget_outputs`). `counters(mode)`: radixlm's running counts in that mode's engine
     (draft tokens kept, n-gram tokens kept, verify steps, tokens those steps took), reported per
     request: forced (jump-forward) tokens and n-gram tokens that skipped a decode step of their
     own, and with n-gram drafts the tokens each verify step took."""
     cases = task.cases()
     system.extract(cases[0]["prompt"], mode, task)
+    system.forget_outputs(mode)
     before = counters(mode) if counters else {}
     start = time.perf_counter()
     texts = [system.extract(c["prompt"], mode, task) for c in cases]

@@ -384,6 +384,9 @@ class LlamaCppPeer:
         lib.llama_memory_clear(lib.llama_get_memory(self.ctx), False)
         return self.ctx
 
+    def forget_outputs(self, mode: str) -> None:
+        pass  # its prompt lookup reads the request's own tokens only
+
     def extract(self, prompt: str, mode: str, task: Any) -> str:
         """One extraction of `task` (bench.extraction.ExtractionTask) constrained by its schema as
         a GBNF grammar, greedy; in mode "json_schema, lookup" with prompt-lookup drafts."""

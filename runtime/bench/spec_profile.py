@@ -87,6 +87,7 @@ def profile(task: ExtractionTask, engine_flags: dict[str, Any], concurrency: int
         params = {"max_new_tokens": task.max_tokens, "temperature": 0.0, "json_schema": json.dumps(task.schema)}
         cases = task.cases()
         engine.generate(prompt=cases[0]["prompt"], sampling_params=params)
+        engine.scheduler.drafter.flush()  # measured again: it must not draft from its warm-up output
         out = Profile()
         if concurrency > 1:
             prompts = [cases[i % len(cases)]["prompt"] for i in range(concurrency)]

@@ -21,6 +21,8 @@ class SpeculativeConfig:
     # (up to `max` tokens) the context before them agrees
     ngram_min_match_window_size: int = 3
     ngram_max_match_window_size: int = 12
+    # NGRAM: tokens of earlier requests' outputs kept for drafting (0: none; scheduler/ngram_cache.py)
+    ngram_capacity: int = 100_000
     draft_model_path: str | None = None  # STANDALONE: the draft model (a directory or what --model-path takes)
     # the default (--speculative-algorithm unset): n-gram drafts for requests under a grammar only
     constrained_only: bool = False
@@ -37,6 +39,8 @@ class SpeculativeConfig:
                              f"(the algorithm is {self.algorithm})")
         if self.num_draft_tokens < 1:
             raise ValueError(f"speculative_num_draft_tokens must be >= 1, got {self.num_draft_tokens}")
+        if self.ngram_capacity < 0:
+            raise ValueError(f"speculative_ngram_capacity must be >= 0, got {self.ngram_capacity}")
         if not 1 <= self.ngram_min_match_window_size <= self.ngram_max_match_window_size:
             raise ValueError("need 1 <= speculative_ngram_min_match_window_size <= "
                              "speculative_ngram_max_match_window_size, got "

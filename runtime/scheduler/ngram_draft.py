@@ -19,8 +19,9 @@ grammar's forced tokens), which the match may use but which are not indexed (the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 # Candidates of one lookup judged at most (the most recent ones): a frequent n-gram (a quote
 # character with min_window 1) occurs hundreds of times in a long prompt.
@@ -81,29 +82,54 @@ class NgramIndex:
         """The position in seq of the token after the best earlier match of the end of
         seq + tail (its proposal starts there), or -1 when none matches `min_window` tokens."""
         self._catch_up(seq)
-        num_seq = len(seq)
-        end = num_seq + len(tail)
-
-        def at(i: int) -> int:
-            return seq[i] if i < num_seq else tail[i - num_seq]
-
+        context = context_tail(seq, tail, self.max_window)
         n = self.min_window
-        if end < n + 1:
+        if len(seq) + len(tail) < n + 1:
             return -1
-        key = tuple(at(i) for i in range(end - n, end))
-        positions = self._ngram_to_next.get(key)
+        positions = self._ngram_to_next.get(tuple(context[len(context) - n :]))
         if not positions:
             return -1
-        best_next, best_len = -1, 0
-        for nxt in reversed(positions[-MAX_CANDIDATES:]):  # all before the suffix: nxt < len(seq)
-            length = n
-            while length < self.max_window and nxt - length - 1 >= 0 and at(nxt - length - 1) == at(end - length - 1):
-                length += 1
-            if length > best_len:
-                best_next, best_len = nxt, length
-                if length == self.max_window:
-                    break
-        return best_next
+        # every candidate precedes the suffix (nxt < len(seq)): its context is read from seq alone
+        best = best_match(((seq, nxt) for nxt in reversed(positions[-MAX_CANDIDATES:])), context, n,
+                          self.max_window)
+        return -1 if best is None else best.next
+
+
+def context_tail(seq: TokenSeq, tail: Sequence[int], max_window: int) -> list[int]:
+    """The last (up to) `max_window` tokens of seq + tail: what a match is judged against."""
+    num_seq, end = len(seq), len(seq) + len(tail)
+    return [seq[i] if i < num_seq else tail[i - num_seq] for i in range(max(0, end - max_window), end)]
+
+
+class Match(NamedTuple):
+    source: Sequence[int]
+    next: int  # the position in source right after the matched tokens: a proposal starts there
+    length: int  # tokens before `next` that agree with the context's end (<= max_window)
+
+
+def best_match(candidates: Iterable[tuple[Sequence[int], int]], context: Sequence[int], min_window: int,
+               max_window: int) -> Match | None:
+    """Of `candidates` (source, nxt), most recent first, each a place whose `min_window` tokens
+    before `nxt` equal the end of `context`: the one whose earlier tokens agree with `context`
+    the longest (up to `max_window`; the first among equals), or None when there is none."""
+    best = None
+    for source, nxt in candidates:
+        length = agreement(source, nxt, context, min_window, max_window)
+        if best is None or length > best.length:
+            best = Match(source, nxt, length)
+            if length == max_window:
+                break
+    return best
+
+
+def agreement(source: Sequence[int], nxt: int, context: Sequence[int], min_window: int, max_window: int) -> int:
+    """How many tokens before `nxt` in source equal the end of `context` (up to `max_window`),
+    for a place whose `min_window` tokens before it are known to."""
+    length = min_window
+    while (length < max_window and length < len(context) and nxt - length - 1 >= 0
+           and source[nxt - length - 1] == context[-length - 1]):
+        length += 1
+    return length
 
 
 def continuation(seq: TokenSeq, tail: Sequence[int], start: int, max_tokens: int) -> list[int]:

@@ -91,9 +91,13 @@ class Req:
     jump_forward_ids: list[int] = field(default_factory=list)
     num_forced_draft: int = 0
     ngram_index: NgramIndex | None = None  # speculative NGRAM: its prompt + output's n-grams
-    ngram_allowance: int | None = None  # n-gram tokens its next draft may have (speculative.Drafter)
+    # n-gram tokens its next draft may have (speculative.Drafter), from its own prompt + output and
+    # from earlier requests' outputs
+    ngram_allowance: int | None = None
+    ngram_cache_allowance: int | None = None
     ngram_shadow: int | None = None  # with allowance 0: the first token it would have drafted
     ngram_source: int = -1  # where in prompt + output its last n-gram proposal was read from
+    ngram_from_cache: bool = False  # ... or it was read from earlier requests' outputs
     # after a step that accepted all its n-gram tokens: where in prompt + output the copy goes on
     # (the next draft reads from there without a lookup), else None
     ngram_copy_next: int | None = None

@@ -196,10 +196,12 @@ class Scheduler:
                 self._aborted.append(req)
 
     def flush_cache(self) -> bool:
-        """Drop the prefix cache; refused (False) while requests are running."""
+        """Drop the prefix cache and the n-gram cache of earlier outputs (drafts); refused (False)
+        while requests are running."""
         if self.running or self.chunked_req:
             return False
         self.cache.flush()
+        self.drafter.flush()
         self._publish_kv_events()
         return True
 
@@ -208,6 +210,8 @@ class Scheduler:
         self.bridge.check_integrity(live)
         if self.drafter.draft_model is not None:
             self.drafter.draft_model.check_integrity(r.rid for r in live)
+        if self.drafter.ngram_cache is not None:
+            self.drafter.ngram_cache.check_integrity()
 
     def step(self) -> list[StepOutput]:
         self._poll_grammars()

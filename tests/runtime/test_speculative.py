@@ -1,8 +1,8 @@
 """Speculative decoding (--speculative-algorithm NGRAM): the n-gram index against a brute-force
 search, drafts cut by the grammar, outputs (greedy, logprobs, seeded) identical with and without
-speculation on every grammar backend with the KV pool clean afterwards, accepted drafts on a
-copying prompt of the default model, and sampled outputs following the target distribution
-whatever the draft (a chi-square test)."""
+speculation on every grammar backend with the KV pool clean afterwards (also when requests draft
+from earlier requests' outputs), accepted drafts on a copying prompt of the default model, and
+sampled outputs following the target distribution whatever the draft (a chi-square test)."""
 
 from __future__ import annotations
 
@@ -212,6 +212,35 @@ def test_by_default_only_constrained_requests_draft(tiny_model_dir: Path, engine
         assert (a["meta_info"].get("spec_num_proposed_drafts", 0) > 0) == constrained, (params, a["meta_info"])
 
 
+def test_outputs_equal_with_drafts_from_earlier_requests(engine_spec: Engine, engine_off: Engine,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cases one at a time, twice over, so that each request can draft from the outputs of
+    those before it (the shared n-gram cache): the same tokens and logprobs as without
+    speculation, and the cache did propose drafts."""
+    assert engine_spec.flush_cache() and engine_off.flush_cache()
+    cache = engine_spec.scheduler.drafter.ngram_cache
+    assert cache is not None
+    num_proposals = 0
+    propose = cache.propose
+
+    def counted(*args: Any) -> list[int]:
+        nonlocal num_proposals
+        got = propose(*args)
+        num_proposals += bool(got)
+        return got
+
+    monkeypatch.setattr(cache, "propose", counted)
+    for prompt, params in _cases() * 2:
+        a, b = (e.generate(prompt, params, return_logprob=True) for e in (engine_spec, engine_off))
+        assert a["output_ids"] == b["output_ids"], (prompt, params, a["text"], b["text"])
+        np.testing.assert_allclose([v for v, _, _ in a["meta_info"]["output_token_logprobs"]],
+                                   [v for v, _, _ in b["meta_info"]["output_token_logprobs"]], atol=1e-4)
+        engine_spec.scheduler.check_integrity()  # the cache's index among the rest
+    assert num_proposals > 0 and len(cache) == 2 * len(_cases())
+    assert_engine_clean(engine_spec)
+    assert len(cache) == 0  # flushed with the prefix cache
+
+
 def test_ebnf_outputs_equal(backend_name: str, engine_spec: Engine, engine_off: Engine) -> None:
     if backend_name == "outlines":
         pytest.skip("the outlines backend serves no EBNF")
@@ -324,6 +353,32 @@ def test_w4_extraction_copies_spans_in_fewer_steps(default_model_dir: Path) -> N
     assert all(json.loads(o["text"]) for o in on)
     assert sum(o["meta_info"]["spec_num_correct_drafts"] for o in on) >= len(cases)  # copied from the passages
     assert forwards_on < forwards_off, (forwards_on, forwards_off)
+
+
+@pytest.mark.slow
+def test_w6_extraction_drafts_from_earlier_outputs(default_model_dir: Path) -> None:
+    """SmolLM2 on W6 documents one after another, as it ships: the same tokens and logprobs (to
+    the bit) with drafts from earlier requests' outputs, with the request's own text only, and
+    without speculation; the earlier outputs save forwards."""
+    from radixlm.runtime.bench.copy_extraction import MAX_TOKENS, SCHEMA, cases
+
+    params = {"temperature": 0.0, "max_new_tokens": MAX_TOKENS, "json_schema": json.dumps(SCHEMA)}
+    prompts = [c["prompt"] for c in cases()[:5]]
+    results: dict[str, tuple[list[Any], int]] = {}
+    with Engine(None, max_total_tokens=8192, speculative_algorithm="NGRAM") as engine:
+        sched = engine.scheduler
+        cfg = sched.drafter.cfg
+        assert cfg is not None and cfg.ngram_capacity > 0
+        for name, drafter in (("cache", sched.drafter), ("own", Drafter(replace(cfg, ngram_capacity=0))),
+                              ("off", Drafter(None))):
+            assert engine.flush_cache()
+            sched.drafter, before = drafter, sched.num_forwards
+            outs = [engine.generate(p, params, return_logprob=True) for p in prompts]
+            results[name] = [(o["output_ids"], o["meta_info"]["output_token_logprobs"]) for o in outs], \
+                sched.num_forwards - before
+            assert_engine_clean(engine)
+    assert results["cache"][0] == results["own"][0] == results["off"][0]
+    assert results["cache"][1] < results["own"][1] < results["off"][1], {k: v[1] for k, v in results.items()}
 
 
 def test_outputs_equal_under_retraction(tiny_model_dir: Path) -> None:

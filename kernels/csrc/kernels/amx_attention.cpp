@@ -21,6 +21,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "simd/vec.h"  // defines RADIXLM_SIMD_AVX512 in the avx512 build: the test below needs it first
 #if defined(RADIXLM_SIMD_AVX512)
 #include <algorithm>
 #include <array>

@@ -43,6 +43,8 @@ SERVER_STATE = {
     "max_total_num_tokens", "kv_pool", "radix_cache", "num_running_reqs", "num_waiting_reqs",
     "num_grammar_queue_reqs", "num_retractions", "tp_worker_pids", "resolved_dtype", "resolved_kv_dtype",
     "quantized_activations_mode", "cpu_isa", "cpu_isa_features",
+    # speculative decoding's counts (SGLang's names), there by default: constrained requests draft
+    "avg_spec_accept_length", "spec_verify_ct", "spec_num_correct_drafts",
 }
 SCHEDULER_PROCESS_ONLY = {"scheduler_pid", "dp_rank"}  # the Engine has no scheduler process
 KV_POOL = {"free_tokens"}

@@ -3,7 +3,8 @@ slower than without", "32 concurrent W6 not slower", and the default-on decision
 
 `python -m radixlm.runtime.bench.spec_turns [--workloads W1,W2,W3,W5,W4,W6,W6x32,F4] [--turns 7]
 [--new-tokens 128] [--model-path P] [--flags JSON]` loads the model once with
-`--speculative-algorithm NGRAM` (plus --flags), then runs each workload alternately with the
+`--speculative-algorithm NGRAM` (--flags may override it: `{"speculative_algorithm": null}` is the
+default, drafting under a grammar only), then runs each workload alternately with the
 engine's drafter and with drafting off (`Drafter(None)`), the radix cache flushed before each
 run, after one warm-up each. Per workload it prints each side's median rate and the median of the
 per-turn ratios (on / off, >1: speculation is faster). Taking turns in one process puts a drift of
@@ -123,7 +124,8 @@ def main() -> None:
     unknown = [w for w in chosen if w not in WORKLOADS]
     if unknown:
         parser.error(f"unknown workloads {unknown}; known: {', '.join(WORKLOADS)}")
-    with Engine(args.model_path, speculative_algorithm="NGRAM", **json.loads(args.flags)) as engine:
+    flags = {"speculative_algorithm": "NGRAM", **json.loads(args.flags)}  # '{"speculative_algorithm": null}': the default
+    with Engine(args.model_path, **flags) as engine:
         table = runs(engine, args.new_tokens)
         for name in chosen:
             unit, run = table[name]

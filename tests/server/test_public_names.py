@@ -32,7 +32,7 @@ FLAGS = [  # SGLang's names, one per ServerArgs field
     "--disable-cpu-kernels",
     "--disable-adaptive-threads", "--enable-deterministic-inference", "--random-seed",
     "--speculative-algorithm", "--speculative-num-draft-tokens", "--speculative-ngram-min-match-window-size",
-    "--speculative-ngram-max-match-window-size", "--speculative-draft-model-path", "--log-level", "--host", "--port", "--api-key", "--chat-template",
+    "--speculative-ngram-max-match-window-size", "--speculative-ngram-capacity", "--speculative-draft-model-path", "--log-level", "--host", "--port", "--api-key", "--chat-template",
     "--served-model-name", "--tool-call-parser", "--reasoning-parser", "--response-store-size", "--enable-metrics",
     "--incremental-streaming-output", "--stream-interval", "--timeout-header", "--timeout-body", "--timeout-request",
     "--max-connections",

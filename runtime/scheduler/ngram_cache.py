@@ -27,9 +27,9 @@ from itertools import islice
 
 from radixlm.runtime.scheduler.ngram_draft import (
     MAX_CANDIDATES,
+    Match,
     TokenSeq,
     agreement,
-    best_match,
     context_tail,
 )
 
@@ -98,16 +98,16 @@ class NgramCache:
         if not places:
             return []
         n, w = self.min_window, self.max_window
-        agreeing = [(tokens, nxt) for tokens, nxt in
-                    ((self._seq_no_to_tokens[s], nxt) for s, nxt in islice(reversed(places), MAX_CANDIDATES))
-                    if agreement(tokens, nxt, context, n, w) >= self.min_agreement]
-        best = best_match(agreeing, context, n, w)
-        if best is None:
+        scored = (Match(tokens, nxt, agreement(tokens, nxt, context, n, w)) for tokens, nxt in
+                  ((self._seq_no_to_tokens[s], nxt) for s, nxt in islice(reversed(places), MAX_CANDIDATES)))
+        agreeing = [m for m in scored if m.length >= self.min_agreement]  # most recent first
+        if not agreeing:
             return []
+        best = max(agreeing, key=lambda m: m.length)  # the first of the longest: the most recent
         # the places agreeing with the context must mostly go on alike: after a key of the schema
         # each earlier request went on with its own value
         first = best.source[best.next]
-        if 2 * sum(tokens[nxt] == first for tokens, nxt in agreeing) < len(agreeing):
+        if 2 * sum(m.source[m.next] == first for m in agreeing) < len(agreeing):
             return []
         return list(best.source[best.next : best.next + max_tokens])
 

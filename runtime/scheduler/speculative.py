@@ -107,8 +107,8 @@ class Drafter:
         draft = forced[: max(0, max_len)]
         req.num_forced_draft = len(draft)
         copy_next, req.ngram_copy_next = req.ngram_copy_next, None  # valid for this draft only
-        if not self.speculates(req) or req.reasoning_end is not None:
-            return draft
+        if not self.speculates(req) or req.reasoning_end is not None or max_len <= len(draft):
+            return draft  # (no room: no proposal, nor a shadow one, whatever the source)
         if self.draft_model is not None:
             self._model_wants.append((req, self._room(req, cfg.num_draft_tokens, len(draft), max_len)))
             return draft

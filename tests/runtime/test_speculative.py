@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from grammar_backends_testing import DEFAULT_GRAMMAR_BACKEND, GRAMMAR_BACKENDS, backend_engine
+from grammar_backends_testing import GRAMMAR_BACKENDS, backend_engine
 from hypothesis import given
 from hypothesis import strategies as st
 from radixlm_testing import assert_engine_clean
@@ -193,23 +193,22 @@ def test_outputs_equal_with_and_without_speculation(engine_spec: Engine, engine_
     assert sum(m["completion_tokens"] for m in metas) > sum(m["spec_verify_ct"] for m in metas)
 
 
-def test_by_default_only_constrained_requests_draft(tiny_model_dir: Path, engine_off: Engine,
-                                                    backend_name: str) -> None:
+def test_by_default_only_constrained_requests_draft(tiny_model_dir: Path) -> None:
     """--speculative-algorithm unset: the regex and JSON schema requests draft from their prompts,
     the free-text ones do not (no speculative counts in their meta_info); the outputs are those
-    without speculation."""
-    if backend_name != DEFAULT_GRAMMAR_BACKEND:
-        pytest.skip("one backend is enough: the choice of drafts does not depend on it")
+    with drafting off (NONE)."""
     cases = _cases()
-    with Engine(str(tiny_model_dir), dtype="float32", max_total_tokens=4096, random_seed=0,
-                speculative_ngram_min_match_window_size=1) as engine:
+    flags = {"dtype": "float32", "max_total_tokens": 4096, "random_seed": 0, "speculative_ngram_min_match_window_size": 1}
+    with Engine(str(tiny_model_dir), **flags) as engine:
         assert engine.scheduler.drafter.cfg is not None and engine.scheduler.drafter.cfg.constrained_only
         on = _run(engine, cases)
-    off = _run(engine_off, cases)
+    with Engine(str(tiny_model_dir), speculative_algorithm="NONE", **flags) as engine:
+        off = _run(engine, cases)
     for (_, params), a, b in zip(cases, on, off):
         assert a["output_ids"] == b["output_ids"] and a["text"] == b["text"]
         constrained = "regex" in params or "json_schema" in params
         assert (a["meta_info"].get("spec_num_proposed_drafts", 0) > 0) == constrained, (params, a["meta_info"])
+        assert "spec_verify_ct" not in b["meta_info"]
 
 
 def test_outputs_equal_with_drafts_from_earlier_requests(engine_spec: Engine, engine_off: Engine,

@@ -64,12 +64,20 @@ LLAMA_CPP_PYTHON := llama-cpp-python==0.3.36
 # bench takes when RADIXLM_CPU_ISA=avx2 caps radixlm at that level (runtime/bench/llamacpp_peer.py).
 PEERS_DIR := $(or $(RADIXLM_CACHE),$(HOME)/.cache/radixlm)/peers
 LLAMA_CPP_AVX2 := -DGGML_NATIVE=OFF -DGGML_AVX512=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX_VNNI=OFF
+# On a CPU that reports AMX, a build for AVX-512 without AMX beside them: where a VM does not let
+# the native build's AMX kernels run, the bench runs this one (runtime/bench/llamacpp_peer.py).
+LLAMA_CPP_NOAMX := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
+	-DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON \
+	-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
 bench-peers: model
 	CMAKE_ARGS="-DGGML_NATIVE=ON $(CMAKE_ARGS)" $(BIN)/python -m pip install \
 		--no-binary llama-cpp-python '$(LLAMA_CPP_PYTHON)' torch==2.13.0
 	$(BIN)/python -m pip install -q diskcache  # the AVX2 build is installed without dependencies
 	test -d $(PEERS_DIR)/llama-cpp-avx2/llama_cpp || CMAKE_ARGS="$(LLAMA_CPP_AVX2)" $(BIN)/python -m pip install \
-		--no-binary llama-cpp-python --no-deps --target $(PEERS_DIR)/llama-cpp-avx2 '$(LLAMA_CPP_PYTHON)'
+		--no-binary llama-cpp-python --no-deps --no-cache-dir --target $(PEERS_DIR)/llama-cpp-avx2 '$(LLAMA_CPP_PYTHON)'
+	! grep -qw amx_tile /proc/cpuinfo || test -d $(PEERS_DIR)/llama-cpp-noamx/llama_cpp || CMAKE_ARGS="$(LLAMA_CPP_NOAMX)" \
+		$(BIN)/python -m pip install --no-binary llama-cpp-python --no-deps --no-cache-dir \
+		--target $(PEERS_DIR)/llama-cpp-noamx '$(LLAMA_CPP_PYTHON)'
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -203,27 +203,41 @@ def ensure_gguf(dtype: str, out_dir: Path | None = None) -> Path:
 # bench-peers`): compared with radixlm capped at the same level (RADIXLM_CPU_ISA). ggml's CPU
 # switches of that build: GGML_NATIVE=OFF GGML_AVX512=OFF GGML_AVX2=ON GGML_FMA=ON GGML_F16C=ON.
 LEVEL_PEER_DIRS = {"avx2": "llama-cpp-avx2"}
+# On a CPU that reports AMX, `make bench-peers` also builds llama.cpp for AVX-512 (VNNI, BF16,
+# VBMI) without AMX: where the VM does not let the native build's AMX kernels run, the peer loses
+# all its extra weight buffers (repacked blocks too) unless it runs this build instead.
+NO_AMX_PEER_DIR = "llama-cpp-noamx"
 
 
 def peer_build_dir(level: str | None) -> Path | None:
-    """Where the llama.cpp built for radixlm's ISA level `level` lives (None: the native build in
-    the environment); a level with no build of its own (above avx2) runs the native one."""
+    """Where the llama.cpp the peer loads lives (None: the native build in the environment):
+    RADIXLM_PEER_BUILD if set; else the build for radixlm's ISA level `level`; at the native level
+    the build without AMX where the native build's extra buffer types fail and that build is there."""
+    from radixlm.runtime.config.envs import RADIXLM_PEER_BUILD
     from radixlm.runtime.model import model_files
 
+    peers = model_files.cache_dir() / "peers"
+    chosen = RADIXLM_PEER_BUILD.get()
+    if chosen is not None:
+        return None if chosen == "native" else peers / chosen
     name = LEVEL_PEER_DIRS.get(level or "")
-    return None if name is None else model_files.cache_dir() / "peers" / name
+    if name is not None:
+        return peers / name
+    if level in (None, "avx512") and (peers / NO_AMX_PEER_DIR / "llama_cpp").is_dir() \
+            and not extra_buffer_types_work(native=True):
+        return peers / NO_AMX_PEER_DIR
+    return None
 
 
 def import_llama_cpp() -> Any:
-    """The llama_cpp module built for radixlm's ISA level (RADIXLM_CPU_ISA: avx2 takes the AVX2
-    build, other levels the native one), quiet (its log goes to llama-cpp-python's logger,
-    errors only)."""
+    """The llama_cpp module peer_build_dir picks for radixlm's ISA level (RADIXLM_CPU_ISA), quiet
+    (its log goes to llama-cpp-python's logger, errors only)."""
     from radixlm.runtime.config.envs import RADIXLM_CPU_ISA
 
     build = peer_build_dir(RADIXLM_CPU_ISA.get())
     if build is not None:
         if not (build / "llama_cpp").is_dir():
-            raise RuntimeError(f"no llama.cpp built for {RADIXLM_CPU_ISA.get()} in {build}: run `make bench-peers`")
+            raise RuntimeError(f"no llama.cpp build in {build}: run `make bench-peers`")
         if "llama_cpp" not in sys.modules:
             sys.path.insert(0, str(build))
     try:
@@ -236,6 +250,14 @@ def import_llama_cpp() -> Any:
     return llama_cpp
 
 
+def peer_build_note() -> str:
+    """Which llama.cpp build the peer runs, for a results table's notes (after import_llama_cpp)."""
+    peers = Path(sys.modules["llama_cpp"].__file__).parent.parent
+    if peers.parent.name == "peers":
+        return f"llama.cpp: the {peers.name} build (`make bench-peers`, <cache>/peers/)"
+    return "llama.cpp: the native build (llama-cpp-python in the environment)"
+
+
 _PROBE = """
 from radixlm.runtime.bench.llamacpp_peer import LlamaCppPeer, PeerConfig
 LlamaCppPeer(PeerConfig("q4_1", 1, False, 512), extra_bufts=True).generate([list(range(100, 140))], 1)
@@ -243,14 +265,16 @@ LlamaCppPeer(PeerConfig("q4_1", 1, False, 512), extra_bufts=True).generate([list
 
 
 @functools.cache
-def extra_buffer_types_work() -> bool:
+def extra_buffer_types_work(native: bool = False) -> bool:
     """Whether llama.cpp's extra weight buffers (AMX, repacked blocks) run here: a child process
-    tries a quantized prefill. Where the CPU reports AMX that the VM does not let it use, the
-    AMX kernel dies on its first tile instruction; then peers load without them."""
-    probe = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, timeout=600)
+    tries a quantized prefill, with the build peer_build_dir picks (`native`: the native build).
+    Where the CPU reports AMX that the VM does not let it use, the AMX kernel dies on its first tile
+    instruction; then peers load without them."""
+    env = {**os.environ, "RADIXLM_PEER_BUILD": "native"} if native else None
+    probe = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, timeout=600, env=env)
     if probe.returncode != 0:
-        print(f"llama.cpp: extra buffer types (AMX) off: a quantized prefill with them exits with "
-              f"{probe.returncode} on this machine", flush=True)
+        print(f"llama.cpp: extra buffer types (AMX) off{' in the native build' if native else ''}: a quantized "
+              f"prefill with them exits with {probe.returncode} on this machine", flush=True)
     return probe.returncode == 0
 
 

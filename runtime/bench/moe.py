@@ -108,24 +108,46 @@ def run_paired(systems: list[System], workloads: list[str], repeats: int, vocab_
     return out
 
 
-def print_table(figures: dict[str, dict[str, list[float]]], precision: str, config: str,
-                results: bench_results.ResultTables) -> None:
+def llama_cpp_systems(path: Path, configs: dict[str, str]) -> list[Any]:
+    """llama.cpp on `path` with its extra weight buffers (blocks repacked for its kernels) and, where
+    those run here, also without them: the faster of the two at each workload is the peer (on some
+    CPUs the repacked blocks are slower at 32 rows). Fills `configs`: system name -> configuration."""
+    from radixlm.runtime.bench.llamacpp_peer import LlamaCppPeer, PeerConfig, extra_buffer_types_work
+
+    config = PeerConfig("q4_k_m", NUM_CONCURRENT, True, 512)
+    systems = []
+    for extra in (True, False) if extra_buffer_types_work() else (False,):
+        peer = LlamaCppPeer(config, extra_bufts=extra, model_path=path)
+        peer.name = f"llama.cpp{'' if extra else ' plain'}"
+        configs[peer.name] = f"{config.label()}{', repacked' if extra else ''}"
+        systems.append(peer)
+    return systems
+
+
+def print_table(figures: dict[str, dict[str, list[float]]], precision: str, configs: dict[str, str],
+                results: bench_results.ResultTables, notes: list[str]) -> None:
+    """Each metric's radixlm median against the llama.cpp configuration with the best median."""
     rows = bench_results.table_rows(results, "paired", "moe: radixlm and llama.cpp in turns",
                                     turns=len(next(iter(next(iter(figures.values())).values()))))
     print("\n## moe: radixlm and llama.cpp in turns, one measurement each (medians; ratio: median of the per-turn "
-          "ratios, >1: radixlm is faster)")
-    print("| precision | metric | radixlm | llama.cpp | ratio |")
-    print("|---|---|---|---|---|")
+          "ratios, >1: radixlm is faster; llama.cpp: its faster configuration)")
+    for note in notes:
+        print(f"- {note}")
+    print("| precision | metric | radixlm | llama.cpp | llama.cpp configuration | ratio |")
+    print("|---|---|---|---|---|---|")
     for metric, by_system in figures.items():
         ours = by_system["radixlm"]
-        theirs = by_system.get("llama.cpp")
+        name = max(configs, key=lambda n: statistics.median(by_system[n]), default=None)
+        theirs = by_system[name] if name else None
         ratio = statistics.median(a / b for a, b in zip(ours, theirs, strict=True)) if theirs else None
         peer = statistics.median(theirs) if theirs else None
+        others = ", ".join(f"{configs[n]}: {statistics.median(by_system[n]):.3g}" for n in configs if n != name)
         print(f"| {precision} | {metric} | {statistics.median(ours):.3g} | "
-              f"{'-' if peer is None else f'{peer:.3g}'} | {'-' if ratio is None else f'{ratio:.2f}x'} |", flush=True)
+              f"{'-' if peer is None else f'{peer:.3g}'} | {configs.get(name, '-')}{f' (else {others})' if others else ''} | "
+              f"{'-' if ratio is None else f'{ratio:.2f}x'} |", flush=True)
         systems: dict[str, tuple[float | None, str | None]] = {"radixlm": (statistics.median(ours), None)}
-        if peer is not None:
-            systems["llama.cpp"] = (peer, config)
+        if name is not None:
+            systems["llama.cpp"] = (peer, configs[name])
         rows.append(bench_results.comparison_row(metric, systems, {"llama.cpp": ratio}, precision))
 
 
@@ -163,22 +185,25 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model: {path} ({shape.num_parameters / 1e9:.2f} B parameters, {path.stat().st_size / 2**30:.2f} GiB)",
           flush=True)
     systems: list[Any] = [Ours(path)]
-    config = "q4_k_m b32 fa-on ub512"
+    configs: dict[str, str] = {}  # a llama.cpp system's name -> its configuration
+    notes: list[str] = []
     if not args.no_peer:
-        from radixlm.runtime.bench.llamacpp_peer import LlamaCppPeer, PeerConfig
+        systems += llama_cpp_systems(path, configs)
+        from radixlm.runtime.bench.llamacpp_peer import peer_build_note
 
-        systems.append(LlamaCppPeer(PeerConfig("q4_k_m", NUM_CONCURRENT, True, 512), model_path=path))
+        notes.append(peer_build_note())
     results = bench_results.ResultTables()
     try:
         figures = run_paired(systems, workloads, args.repeats, shape.vocab_size, args.new_tokens)
     finally:
         for system in systems:
             system.close()
-    print_table(figures, "q4_k_m", config, results)
+    print_table(figures, "q4_k_m", configs, results, notes)
     if args.results:
         data = {**bench_results.run_header(list(sys.argv[1:] if argv is None else argv),
                                            "python -m radixlm.runtime.bench.moe"),
                 "tables": [{"kind": t.kind, "title": t.title, "meta": t.meta, "rows": t.rows} for t in results.tables]}
+        data["notes"] = [*data["notes"], *notes]
         Path(args.results).write_text(bench_results.dumps(data))
         print(f"\nresults: {args.results}")
     return 0

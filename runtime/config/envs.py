@@ -51,6 +51,12 @@ RADIXLM_BF16_PATH = EnvStr("RADIXLM_BF16_PATH")
 # highest this CPU runs. A level above the CPU's runs the CPU's own.
 RADIXLM_CPU_ISA = EnvStr("RADIXLM_CPU_ISA")
 
+# Which llama.cpp build the bench's peer loads: "native" (llama-cpp-python in the environment) or
+# the name of a build under <cache>/peers/ (`make bench-peers`); default: the build for radixlm's
+# ISA level (llama-cpp-avx2 under RADIXLM_CPU_ISA=avx2), and on a CPU whose native build cannot
+# run its AMX kernels the build without AMX (llama-cpp-noamx), where one is there. For comparisons.
+RADIXLM_PEER_BUILD = EnvStr("RADIXLM_PEER_BUILD")
+
 
 @dataclass(frozen=True)
 class EnvFloat:

@@ -25,6 +25,15 @@ from radixlm.runtime.bench.llamacpp_peer import PeerConfig
 SKIP_REASON = "llama-cpp-python is not installed (an optional extra: `make bench-peers`)"
 
 
+def llama_cpp_or_skip() -> None:
+    """Skip unless llama.cpp imports, the build the peer would pick (not importorskip's: importing
+    the native build first would shadow a build under <cache>/peers/)."""
+    try:
+        lp.import_llama_cpp()
+    except RuntimeError:
+        pytest.skip(SKIP_REASON)
+
+
 def test_full_sweep_is_dtype_x_batch_x_flash_attention_x_ubatch() -> None:
     configs = lp.parse_peer_configs("full")
     assert len(configs) == len(set(configs)) == 3 * 2 * 2 * 2
@@ -156,12 +165,32 @@ def test_peers_flag(monkeypatch: pytest.MonkeyPatch) -> None:
         lp.llamacpp_configs("llama.cpp", "quick")
 
 
+def test_the_build_the_peer_loads(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("RADIXLM_CACHE", str(tmp_path))
+    monkeypatch.delenv("RADIXLM_PEER_BUILD", raising=False)
+    peers = tmp_path / "peers"
+    native_extra_works = {"value": False}
+    monkeypatch.setattr(lp, "extra_buffer_types_work", lambda native=False: native_extra_works["value"])
+    assert lp.peer_build_dir("avx2") == peers / "llama-cpp-avx2"
+    assert lp.peer_build_dir(None) is None  # no build without AMX: the native one, whatever it runs
+    (peers / "llama-cpp-noamx" / "llama_cpp").mkdir(parents=True)
+    assert lp.peer_build_dir(None) == lp.peer_build_dir("avx512") == peers / "llama-cpp-noamx"
+    assert lp.peer_build_dir("avx2") == peers / "llama-cpp-avx2"
+    assert lp.peer_build_dir("generic") is None
+    native_extra_works["value"] = True  # a CPU whose native build runs its AMX kernels keeps it
+    assert lp.peer_build_dir(None) is None
+    monkeypatch.setenv("RADIXLM_PEER_BUILD", "native")
+    assert lp.peer_build_dir("avx2") is None
+    monkeypatch.setenv("RADIXLM_PEER_BUILD", "llama-cpp-mine")
+    assert lp.peer_build_dir(None) == peers / "llama-cpp-mine"
+
+
 # ---------------------------------------------------------------- with llama-cpp-python installed
 
 
 @pytest.fixture(scope="module")
 def peer() -> Any:
-    pytest.importorskip("llama_cpp", reason=SKIP_REASON)
+    llama_cpp_or_skip()
     peer = lp.LlamaCppPeer(PeerConfig("q4_1", 2, False, 512))  # the default model's own GGUF
     yield peer
     peer.close()
@@ -200,8 +229,13 @@ def test_w6_lookup_drafts_give_the_output_without(peer: Any) -> None:
     task = replace(TASKS["W6"], max_tokens=40)  # the first fields (llama.cpp's grammar sampler is slow)
     case = task.cases()[0]
     plain = peer.extract(case["prompt"], "json_schema", task)
-    assert peer.extract(case["prompt"], "json_schema, lookup", task) == plain
+    looked_up = peer.extract(case["prompt"], "json_schema, lookup", task)
     assert plain.startswith('{"name"') or plain.startswith('{ "name"'), plain
+    # llama.cpp's product over a draft's rows rounds otherwise than over one row (seen with the
+    # native build's plain blocks on an AMX Xeon: a greedy token flipped late), so the check is that
+    # the two agree well past the first field, not to the last token
+    agreed = next((i for i, (a, b) in enumerate(zip(plain, looked_up)) if a != b), min(len(plain), len(looked_up)))
+    assert agreed >= 30, (plain, looked_up)
 
 
 @given(st.lists(st.integers(0, 4), max_size=40))
@@ -218,7 +252,7 @@ def test_lookup_drafts_continue_the_latest_earlier_match(history: list[int]) -> 
 
 
 def test_quantizer_makes_a_gguf_once(tmp_path: Path) -> None:
-    pytest.importorskip("llama_cpp", reason=SKIP_REASON)
+    llama_cpp_or_skip()
     path = lp.ensure_gguf("q8_0", tmp_path)
     assert path.parent == tmp_path and path.stat().st_size > 0
     mtime = path.stat().st_mtime_ns

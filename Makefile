@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.radixlm-installed
 
-.PHONY: setup model browser arm-tools serve serve-replicas test lint bench bench-peers clean
+.PHONY: setup model kernels-all test-prereqs tools-and-model browser arm-tools serve serve-replicas test lint bench bench-peers clean
 
 setup: $(STAMP)
 
@@ -21,6 +21,11 @@ model: setup
 	$(BIN)/python -m radixlm.runtime.model.model_files --fetch-default
 	# the C++ CPU decode kernels, compiled once into the cache (~30 s on 2 cores the first time)
 	$(BIN)/python -m radixlm.runtime.model.model_files --build-kernels
+
+# the kernels of every ISA level the tests run, built side by side (before `model` builds this CPU's
+# own: found built) rather than one after another at the tests' collection
+kernels-all: setup
+	$(BIN)/python -m radixlm.runtime.model.model_files --build-all-levels
 
 serve: model
 	$(BIN)/radixlm serve $(ARGS)
@@ -46,7 +51,15 @@ arm-tools:
 # first; TEST_WORKERS=0: in this one process); then the tests
 # marked `alone` (they watch the machine's load), by themselves. Exit 5 = nothing selected.
 TEST_WORKERS ?= 2
-test: model browser arm-tools
+# what the tests need, two things at a time: the kernels' builds (CPU) beside the system tools'
+# installs and the model's fetch (network, disk), these one after another (apt takes one at a time)
+test-prereqs: setup
+	$(MAKE) --no-print-directory -j2 kernels-all tools-and-model
+
+tools-and-model: setup
+	$(MAKE) --no-print-directory -j1 browser arm-tools model
+
+test: test-prereqs
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not alone" $(ARGS) || [ $$? -eq 5 ]
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -m alone $(ARGS) || [ $$? -eq 5 ]
 

@@ -225,6 +225,31 @@ def process_alive(pid: int) -> bool:
         return False
 
 
+def process_tree(pid: int) -> list[int]:
+    """`pid` and every process descended from it, parents first (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().split(")")[-1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue  # exited while read
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    tree, i = [pid], 0
+    while i < len(tree):
+        tree += sorted(children.get(tree[i], []))
+        i += 1
+    return tree
+
+
+def catches_signal(pid: int, sig: int) -> bool:
+    """Whether process `pid` has a handler for `sig` (its SigCgt mask in /proc; False once gone)."""
+    try:
+        line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("SigCgt:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+
+
 def wait_until(condition: Callable[[], bool], what: str, limit_s: float = 120.0) -> None:
     """Poll until `condition()` holds: the test waits for the event itself; `limit_s` only turns a
     hang into a failure naming `what`, it bounds no speed."""

@@ -209,7 +209,7 @@ def kill_a_rank(server: ServerHandle) -> None:
     assert errors, events
     if isinstance(errors[0], dict):
         assert errors[0]["error"]["code"] == 503, errors[0]
-    assert server.proc.wait(timeout=120) != 0
+    assert server.wait_exit() != 0
     assert f"the scheduler dp{next_rank} process died" in server.log()
 
 

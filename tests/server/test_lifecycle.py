@@ -8,34 +8,15 @@ import time
 from pathlib import Path
 
 import httpx
-from conftest import ipc_dirs_of, start_server, stream_while_killing
-
-
-def children_of(pid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                out.append(int(entry.name))
-    return out
-
-
-def is_alive(pid: int) -> bool:
-    try:
-        return "zombie" not in (Path("/proc") / str(pid) / "status").read_text().lower()
-    except OSError:
-        return False
+from conftest import ServerHandle, ipc_dirs_of, start_server, stream_while_killing
+from radixlm_testing import catches_signal, process_alive, process_tree, wait_until
 
 
 def test_api_key_and_graceful_shutdown(tiny_model_dir: Path, tmp_path: Path) -> None:
     template = "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}"
     server = start_server(tiny_model_dir, tmp_path / "log", "--api-key", "sekret", "--max-total-tokens", "2048",
                           "--chat-template", template)
-    kids = children_of(server.proc.pid)
+    kids = process_tree(server.proc.pid)[1:]
     own = ipc_dirs_of(server.proc.pid)  # the server's socket directory (by /proc: other processes' aside)
     assert own
     assert len(kids) >= 2
@@ -54,7 +35,7 @@ def test_api_key_and_graceful_shutdown(tiny_model_dir: Path, tmp_path: Path) -> 
     # the scheduler and detokenizer were joined before the exit; helpers such as multiprocessing's
     # resource tracker end when they see their parent gone: wait for that event (a hang guard)
     deadline = time.monotonic() + 120
-    while alive := [k for k in kids if is_alive(k)]:
+    while alive := [k for k in kids if process_alive(k)]:
         assert time.monotonic() < deadline, f"children outlived the server: {alive}"
         time.sleep(0.05)
     assert not [d for d in own if d.exists()], "the socket directory was not removed"
@@ -63,7 +44,7 @@ def test_api_key_and_graceful_shutdown(tiny_model_dir: Path, tmp_path: Path) -> 
 def test_killed_scheduler_fails_requests_and_exits(tiny_model_dir: Path, tmp_path: Path) -> None:
     server = start_server(tiny_model_dir, tmp_path / "log", "--max-total-tokens", "2048")
     scheduler = httpx.get(server.url + "/get_server_info", timeout=30).json()["scheduler_pid"]
-    assert scheduler in children_of(server.proc.pid)
+    assert scheduler in process_tree(server.proc.pid)
     long = {"text": "go on", "sampling_params": {"max_new_tokens": 500, "ignore_eos": True}, "stream": True}
     # The scheduler is stopped before the request is sent, so the request cannot finish before the
     # kill whatever the machine's speed: the response has started (the server accepted and queued
@@ -76,6 +57,22 @@ def test_killed_scheduler_fails_requests_and_exits(tiny_model_dir: Path, tmp_pat
     assert errors, f"the in-flight request got no error: {events}"
     if isinstance(errors[0], dict):
         assert errors[0]["error"]["code"] == 503, errors[0]
-    code = server.proc.wait(timeout=120)
+    code = server.wait_exit()
     assert code != 0
     assert "died" in server.log()
+
+
+def test_sigusr1_prints_every_process_stacks_and_serving_goes_on(tiny_server: ServerHandle) -> None:
+    """What a hung server is asked for (ServerHandle.wait_exit): each of its processes prints its
+    threads' Python stacks into the log, and the server keeps serving."""
+    pids = [pid for pid in process_tree(tiny_server.proc.pid) if catches_signal(pid, signal.SIGUSR1)]
+    assert len(pids) >= 3  # the server, its scheduler and its detokenizer
+    before = tiny_server.log().count("(most recent call first)")
+    for pid in pids:
+        os.kill(pid, signal.SIGUSR1)
+    wait_until(lambda: tiny_server.log().count("(most recent call first)") - before >= len(pids),
+               "a stack from each of the server's processes")
+    assert "run_scheduler_process" in tiny_server.log() and "run_detokenizer_process" in tiny_server.log()
+    out = httpx.post(tiny_server.url + "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 2}},
+                     timeout=60)
+    assert out.status_code == 200

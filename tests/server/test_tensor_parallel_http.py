@@ -69,7 +69,7 @@ def test_a_dead_rank_stops_the_server_with_503(tiny_model_dir: Path, tmp_path_fa
         assert errors, events
         if isinstance(errors[0], dict):
             assert errors[0]["error"]["code"] == 503, errors[0]
-        assert server.proc.wait(timeout=120) != 0
+        assert server.wait_exit() != 0
         assert "tensor-parallel rank 1 exited" in server.log()
     finally:
         server.stop(signal.SIGKILL)

@@ -225,15 +225,26 @@ def process_alive(pid: int) -> bool:
         return False
 
 
-def process_tree(pid: int) -> list[int]:
-    """`pid` and every process descended from it, parents first (from /proc)."""
+def _children_by_parent() -> dict[int, list[int]]:
+    """Every process's children, by its pid (from /proc; a process exiting while read is left out)."""
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             ppid = int(stat.read_text().split(")")[-1].split()[1])
         except (OSError, ValueError, IndexError):
-            continue  # exited while read
+            continue
         children.setdefault(ppid, []).append(int(stat.parent.name))
+    return children
+
+
+def process_children(pid: int) -> list[int]:
+    """The processes whose parent is `pid`."""
+    return sorted(_children_by_parent().get(pid, []))
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and every process descended from it, parents first."""
+    children = _children_by_parent()
     tree, i = [pid], 0
     while i < len(tree):
         tree += sorted(children.get(tree[i], []))

@@ -31,8 +31,7 @@ from typing import Any
 import httpx
 import pytest
 from conftest import ServerHandle, free_port, start_server
-from radixlm_testing import assert_engine_clean
-from test_lifecycle import children_of
+from radixlm_testing import assert_engine_clean, process_children
 
 from radixlm.runtime.bench.soak import (
     ACTIONS,
@@ -279,7 +278,7 @@ def test_a_resumed_chunked_prompt_waits_for_memory(tiny_engine: Any, tiny_model_
 # ------------------------------------------------------------------------------------ faults
 def detokenizer_pid(server: ServerHandle, scheduler_pid: int) -> int:
     """The server's other spawned child (the resource tracker is a child too, but not spawn_main)."""
-    for pid in children_of(server.proc.pid):
+    for pid in process_children(server.proc.pid):
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         if pid != scheduler_pid and b"spawn_main" in cmdline:
             return pid

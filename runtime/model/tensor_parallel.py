@@ -52,6 +52,11 @@ logger = logging.getLogger(__name__)
 STARTUP_TIMEOUT_S = 600.0  # a worker that has not loaded its shard by then is reported as failed
 # Ranks wait for rank 0's next step for as long as the server is idle: no op timeout to speak of.
 OP_TIMEOUT = datetime.timedelta(days=365)
+# How long rank 0 waits for every rank to take a step it sends. gloo sends only once the receiver
+# has posted its receive, which a live rank does right after the previous step (ms, seconds under
+# load); past this the rank is stopped or gone, and the server fails its requests instead of
+# hanging should gloo miss the closed socket of a dead rank.
+STEP_SEND_TIMEOUT = datetime.timedelta(seconds=60)
 
 
 class TPGroup:
@@ -121,6 +126,8 @@ class TPGroup:
     def _broadcast(self, t: torch.Tensor) -> None:
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
+        if self.rank == 0:
+            opts.timeout = STEP_SEND_TIMEOUT
         self.cpu_pg.broadcast([t], opts).wait()
 
     def broadcast_object(self, obj: object = None) -> Any:

@@ -8,7 +8,11 @@ torch.distributed (gloo on 127.0.0.1); what each path did is read from its count
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import datetime
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -237,3 +241,28 @@ def test_shm_all_reduce_sums_in_rank_order_and_gives_up_on_a_dead_rank(tmp_path:
     with pytest.raises(RuntimeError, match="rank 1 exited"):
         ranks[0].all_reduce(torch.ones(3, 8))
     assert ranks[0].waits > 0  # it slept in the kernel, not only spun
+
+
+def test_a_stopped_rank_fails_the_step_instead_of_hanging(tiny_model_dir: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 1 stopped (SIGSTOP) never posts the receive of the next step: rank 0's send gives up
+    after STEP_SEND_TIMEOUT (2 s here) with an error, and once rank 1 is gone the error names it."""
+    from radixlm.runtime.model import tensor_parallel
+
+    monkeypatch.setattr(tensor_parallel, "STEP_SEND_TIMEOUT", datetime.timedelta(seconds=2))
+    runner = ModelRunner.from_dir(tiny_model_dir, runner_cfg(tiny_model_dir), 2)
+    workers = runner.tp_workers
+    assert workers is not None
+    [rank1] = [p.pid for p in workers.procs]
+    try:
+        os.kill(rank1, signal.SIGSTOP)
+        with pytest.raises(RuntimeError, match="[Tt]imed out") as gave_up:
+            workers.group.broadcast_object(("noop",))
+        assert "collective failed" in str(workers.failure(gave_up.value))  # rank 1 alive, stopped
+        os.kill(rank1, signal.SIGKILL)
+        assert "rank 1 exited with code -9" in str(workers.failure(gave_up.value))
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # reaped already by failure()
+            os.kill(rank1, signal.SIGKILL)
+        runner.close()
+    wait_until(lambda: not process_alive(rank1), "rank 1 gone")

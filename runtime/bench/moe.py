@@ -8,9 +8,11 @@ Workloads (fixed token-id prompts from a seeded generator, greedy, EOS ignored, 
       (new tokens - 1) / (the time of the whole request - the time of a 1-token request)
   M2  32 concurrent requests, 32-token prompts each: total decode tok/s = 32 x (new tokens - 1)
       / (the time of the whole batch - the time of the batch with 1 new token)
-Both systems take turns, one measurement each, --repeats turns per workload after one warm-up
-each (as the main bench's --paired), so a drift of the machine's speed falls on both alike; the
-table gives both medians and the median of the per-turn ratios (>1: radixlm is faster).
+The systems take turns, one measurement each, --repeats turns per workload after one warm-up
+each (as the main bench's --paired), so a drift of the machine's speed falls on all alike. llama.cpp
+runs in two configurations where its extra weight buffers work here (its blocks repacked for its
+kernels, and not), and each workload is compared with the faster; the table gives the medians and
+the median of the per-turn ratios (>1: radixlm is faster).
 With --results PATH.json: the run as data (radixlm.runtime.bench.results; a "paired" table).
 llama.cpp needs `make bench-peers` (llama-cpp-python); --no-peer runs radixlm alone.
 """

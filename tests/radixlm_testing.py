@@ -252,15 +252,6 @@ def process_tree(pid: int) -> list[int]:
     return tree
 
 
-def catches_signal(pid: int, sig: int) -> bool:
-    """Whether process `pid` has a handler for `sig` (its SigCgt mask in /proc; False once gone)."""
-    try:
-        line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("SigCgt:"))
-    except (OSError, StopIteration):
-        return False
-    return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
-
-
 def wait_until(condition: Callable[[], bool], what: str, limit_s: float = 120.0) -> None:
     """Poll until `condition()` holds: the test waits for the event itself; `limit_s` only turns a
     hang into a failure naming `what`, it bounds no speed."""

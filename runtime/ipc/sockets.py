@@ -3,7 +3,6 @@ constructors, and dying with the parent."""
 
 from __future__ import annotations
 
-import faulthandler
 import os
 import shutil
 import signal
@@ -61,16 +60,9 @@ def push_socket(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
     return sock
 
 
-def dump_stacks_on_sigusr1() -> None:
-    """`kill -USR1 PID` prints every thread's Python stack to stderr (the server's log): a process
-    that hangs says where."""
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
-
-
 def exit_with_parent() -> None:
     """Ask Linux to SIGTERM this process when its parent dies (so children never outlive it),
-    and make SIGTERM / SIGINT exit quietly; SIGUSR1 dumps its stacks (dump_stacks_on_sigusr1)."""
-    dump_stacks_on_sigusr1()
+    and make SIGTERM / SIGINT exit quietly."""
     set_parent_death_signal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; Ctrl-C reaches the whole group

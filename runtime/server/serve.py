@@ -87,9 +87,8 @@ def _rank_args(args: ServerArgs) -> ServerArgs:
 
 def launch_server(args: ServerArgs) -> int:
     """Run the server until a signal or a child's death; returns the process exit code."""
-    from radixlm.runtime.ipc.sockets import IpcPaths, dump_stacks_on_sigusr1
+    from radixlm.runtime.ipc.sockets import IpcPaths
 
-    dump_stacks_on_sigusr1()
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     paths = IpcPaths.create()
     ctx = mp.get_context("spawn")

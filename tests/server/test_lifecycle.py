@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 
 import httpx
-from conftest import ServerHandle, ipc_dirs_of, start_server, stream_while_killing
-from radixlm_testing import catches_signal, process_alive, process_tree, wait_until
+from conftest import ipc_dirs_of, start_server, stream_while_killing
+from radixlm_testing import process_alive, process_tree
 
 
 def test_api_key_and_graceful_shutdown(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -61,18 +61,3 @@ def test_killed_scheduler_fails_requests_and_exits(tiny_model_dir: Path, tmp_pat
     assert code != 0
     assert "died" in server.log()
 
-
-def test_sigusr1_prints_every_process_stacks_and_serving_goes_on(tiny_server: ServerHandle) -> None:
-    """What a hung server is asked for (ServerHandle.wait_exit): each of its processes prints its
-    threads' Python stacks into the log, and the server keeps serving."""
-    pids = [pid for pid in process_tree(tiny_server.proc.pid) if catches_signal(pid, signal.SIGUSR1)]
-    assert len(pids) >= 3  # the server, its scheduler and its detokenizer
-    before = tiny_server.log().count("(most recent call first)")
-    for pid in pids:
-        os.kill(pid, signal.SIGUSR1)
-    wait_until(lambda: tiny_server.log().count("(most recent call first)") - before >= len(pids),
-               "a stack from each of the server's processes")
-    assert "run_scheduler_process" in tiny_server.log() and "run_detokenizer_process" in tiny_server.log()
-    out = httpx.post(tiny_server.url + "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 2}},
-                     timeout=60)
-    assert out.status_code == 200

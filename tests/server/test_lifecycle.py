@@ -9,14 +9,14 @@ from pathlib import Path
 
 import httpx
 from conftest import ipc_dirs_of, start_server, stream_while_killing
-from radixlm_testing import process_alive, process_tree
+from radixlm_testing import process_alive, process_children
 
 
 def test_api_key_and_graceful_shutdown(tiny_model_dir: Path, tmp_path: Path) -> None:
     template = "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}"
     server = start_server(tiny_model_dir, tmp_path / "log", "--api-key", "sekret", "--max-total-tokens", "2048",
                           "--chat-template", template)
-    kids = process_tree(server.proc.pid)[1:]
+    kids = process_children(server.proc.pid)
     own = ipc_dirs_of(server.proc.pid)  # the server's socket directory (by /proc: other processes' aside)
     assert own
     assert len(kids) >= 2
@@ -44,7 +44,7 @@ def test_api_key_and_graceful_shutdown(tiny_model_dir: Path, tmp_path: Path) -> 
 def test_killed_scheduler_fails_requests_and_exits(tiny_model_dir: Path, tmp_path: Path) -> None:
     server = start_server(tiny_model_dir, tmp_path / "log", "--max-total-tokens", "2048")
     scheduler = httpx.get(server.url + "/get_server_info", timeout=30).json()["scheduler_pid"]
-    assert scheduler in process_tree(server.proc.pid)
+    assert scheduler in process_children(server.proc.pid)
     long = {"text": "go on", "sampling_params": {"max_new_tokens": 500, "ignore_eos": True}, "stream": True}
     # The scheduler is stopped before the request is sent, so the request cannot finish before the
     # kill whatever the machine's speed: the response has started (the server accepted and queued

@@ -14,14 +14,18 @@ default model's tokens (the tokenizer's own split of the text); outlines' regex 
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from radixlm.runtime.constrained.errors import GrammarError
+
+if TYPE_CHECKING:
+    from radixlm.runtime.constrained.lowered import LoweredGrammar
 
 Probe = tuple[dict[str, Any], object, object]
 ENGINES = ("xgrammar", "llguidance", "outlines")
@@ -142,6 +146,15 @@ class Acceptors:
         return bool(matcher.is_accepting())
 
 
+    def accepts_lowered(self, lowered: LoweredGrammar, text: str) -> bool:
+        """Whether the server takes `text` for a grammar the door lowered: its engine's grammar, and
+        where the schema has `uniqueItems`, the sampling-time check (`unique_items`)."""
+        from radixlm.runtime.constrained.unique_items import keeps_unique
+
+        return self.accepts(lowered.backend, lowered.form, text) and (
+            not lowered.unique_items or keeps_unique(lowered.unique_items, text))
+
+
 def raw_lowering(engine: str, schema: dict[str, Any]) -> str:
     """The engine's own lowering of the schema as written (no rewrite, no refusal of ours)."""
     text = json.dumps(schema)
@@ -154,7 +167,6 @@ def raw_lowering(engine: str, schema: dict[str, Any]) -> str:
             raise GrammarError(str(e).strip().splitlines()[0]) from None
     if engine == "llguidance":
         from radixlm.runtime.constrained import llguidance_backend
-        from radixlm.runtime.constrained.lowered import LoweredGrammar
 
         lowered: LoweredGrammar = llguidance_backend.lower("json_schema", text)
         llguidance_backend.check(lowered)
@@ -199,7 +211,9 @@ def door_rows(acceptors: Acceptors, preferred: str = "xgrammar") -> dict[str, st
         except GrammarError:
             rows[name] = "refused (400)"
             continue
-        rows[name] = f"{lowered.backend}: {outcome(acceptors.accepts, lowered.backend, lowered.form, probe)}"
+        taken = functools.partial(lambda lowered, _engine, _form, text: acceptors.accepts_lowered(lowered, text),
+                                  lowered)
+        rows[name] = f"{lowered.backend}: {outcome(taken, lowered.backend, lowered.form, probe)}"
     return rows
 
 

@@ -24,6 +24,7 @@ from radixlm.runtime.constrained.errors import GrammarError
 from radixlm.runtime.constrained.json_schema import parse_schema
 from radixlm.runtime.constrained.lowered import LoweredGrammar
 from radixlm.runtime.constrained.spec import lower_checked, normalize_spec
+from radixlm.runtime.constrained.unique_items import has_unique_items
 
 if TYPE_CHECKING:
     from radixlm.runtime.constrained.grammar import GrammarBackend
@@ -118,9 +119,12 @@ def choose_json_schema(name: str, spec: object, whitespace_pattern: str | None =
         try:
             lowered = lowered_at_door(engine, "json_schema", normalized,
                                       whitespace_pattern if engine == "outlines" else None)
-            return dataclasses.replace(lowered, stricter=stricter) if stricter else lowered
         except GrammarError as e:
             reasons.append((engine, f"refuses it: {e}"))
+            continue
+        # uniqueItems, which the rewrite dropped, is kept at sampling time against the schema as sent
+        unique = text if '"uniqueItems"' in text and has_unique_items(json.loads(text)) else ""
+        return dataclasses.replace(lowered, stricter=stricter, unique_items=unique)
     raise engine_choice.refusal(reasons)
 
 

@@ -30,7 +30,10 @@ class LoweredGrammar:
     specs share one compile, lowered at the door or not), lowered by `backend` to `form` with
     `settings`. Only a backend of that name with those settings compiles it (`get_lowered`).
     `stricter`: for a JSON schema, the keywords the door served by a stricter rewrite, which may
-    leave out valid outputs (`schema_notes`; reported as `meta_info.schema_stricter`)."""
+    leave out valid outputs (`schema_notes`; reported as `meta_info.schema_stricter`).
+    `unique_items`: for a JSON schema with `uniqueItems: true`, the schema as sent (its JSON text),
+    whose unique arrays the request's grammar state keeps unique at sampling time (`unique_items`);
+    "" for any other grammar."""
 
     backend: str
     kind: str
@@ -38,3 +41,4 @@ class LoweredGrammar:
     form: str
     settings: LoweringSettings = ()
     stricter: tuple[str, ...] = ()
+    unique_items: str = ""

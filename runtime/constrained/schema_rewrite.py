@@ -33,6 +33,9 @@ Structure, exact:
 - `not: {}` is `false`; `not` of `required` names, `enum` / `const` (beside a parent's),
   `type`, and `anyOf` / `allOf` of those (`schema_not`), as positive keywords.
 
+Dropped: `uniqueItems: true`, which the request's grammar state keeps at sampling time against the
+schema as sent (`unique_items`; the door gives it the schema as `LoweredGrammar.unique_items`).
+
 Stricter where no engine enforces the keyword (the output stays valid, some valid outputs are
 no longer produced; docs/json-schema.md lists them):
 - `oneOf` (`schema_oneof`): anyOf of branches each narrowed to share no value with any other
@@ -46,7 +49,6 @@ no longer produced; docs/json-schema.md lists them):
 - `if` / `then` / `else` (`schema_conditional`): (if and then) or (not-if and else) when `if` is a
   discriminator (one property against constants whose values are listed, or against such a test
   one or more levels down), also for each conditional of an `allOf` in turn; else (if and then);
-- `uniqueItems: true`: at most one item (when `minItems` allows it);
 - `contains` (without `minContains` > 1 / `maxContains`): the first item satisfies it.
 
 What is left (`not`, a `oneOf` not shown disjoint, `allOf` that could not be merged, ...) stays
@@ -56,7 +58,10 @@ naming the keyword. GrammarError where the schema is malformed in a way a rewrit
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import copy
+from collections.abc import Iterator
 from typing import Any
 
 from radixlm.runtime.constrained.compile_cache import SCHEMA_MAPS, walk_subschemas
@@ -399,9 +404,26 @@ def _dependents(node: Schema) -> Schema:
     return node
 
 
+_UNIQUE_STRICTER: contextvars.ContextVar[bool] = contextvars.ContextVar("unique_stricter", default=False)
+
+
+@contextlib.contextmanager
+def unique_items_stricter() -> Iterator[None]:
+    """Inside: `uniqueItems: true` is rewritten as at most one item (stricter), for a schema whose
+    output no sampling-time check follows (a structure inside free text: a structural tag)."""
+    token = _UNIQUE_STRICTER.set(True)
+    try:
+        yield
+    finally:
+        _UNIQUE_STRICTER.reset(token)
+
+
 def _arrays(node: Schema) -> Schema:
-    """uniqueItems (at most one item) and contains (the first item), stricter."""
-    if node.get("uniqueItems") is True and node.get("minItems", 0) <= 1:
+    """uniqueItems dropped (kept at sampling time: `unique_items`; inside `unique_items_stricter`
+    at most one item, stricter), contains (the first item), stricter."""
+    if node.get("uniqueItems") is True and not _UNIQUE_STRICTER.get():
+        del node["uniqueItems"]
+    elif node.get("uniqueItems") is True and node.get("minItems", 0) <= 1:
         note("uniqueItems")
         del node["uniqueItems"]
         node["maxItems"] = min(node.get("maxItems", 1), 1)

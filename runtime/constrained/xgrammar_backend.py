@@ -62,7 +62,7 @@ def xgrammar_grammar(kind: str, normalized: str, any_whitespace: bool = ANY_WHIT
     if kind == "choices":
         return xgr.Grammar.from_regex(choices_regex(json.loads(normalized)))
     if kind == "structural_tag":
-        return xgr.Grammar.from_structural_tag(xgrammar_format(normalized, xgrammar_schema))
+        return xgr.Grammar.from_structural_tag(xgrammar_format(normalized, structure_schema))
     if kind == "ebnf":
         return xgr.Grammar.from_ebnf(normalized)
     raise GrammarError(f"unknown grammar kind {kind!r}")
@@ -288,6 +288,22 @@ def token_bytes(id_to_bytes: Mapping[int, bytes], vocab_size: int, json: bool) -
     return [spelled(id_to_bytes.get(i)) for i in range(vocab_size)]
 
 
+
+
+def structure_schema(text: str) -> str:
+    """A structural tag's schema (a tool's parameters) as xgrammar should read it: rewritten as the
+    door rewrites a JSON schema (`engine_choice.rewritten`), with `uniqueItems` as at most one item
+    (no sampling-time check follows a structure inside free text), and refused (GrammarError)
+    where xgrammar would not enforce what is left."""
+    from radixlm.runtime.constrained import engine_choice
+    from radixlm.runtime.constrained.schema_rewrite import unique_items_stricter
+
+    with unique_items_stricter():
+        schema = engine_choice.for_engine("xgrammar", engine_choice.rewritten(json.loads(text)))
+    why = engine_choice.unenforced("xgrammar", schema)
+    if why is not None:
+        raise GrammarError(f"unsupported JSON schema in a structural tag: xgrammar {why}")
+    return xgrammar_schema(engine_choice.schema_text(schema))
 
 
 def xgrammar_schema(normalized: str) -> str:

@@ -33,13 +33,15 @@ import time
 from collections import deque
 from concurrent import futures
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from radixlm.runtime.config.speculative_config import SpeculativeConfig
 from radixlm.runtime.constrained.closing import MAX_PLAN_BYTES
 from radixlm.runtime.constrained.grammar import GrammarBackend
+from radixlm.runtime.constrained.unique_items import UniqueItemsDeadEnd, wrap
+from radixlm.runtime.constrained.vocabulary import get_grammar_vocabulary
 from radixlm.runtime.ipc.messages import ReqOutput, SpecCounts
 from radixlm.runtime.mem_cache.radix_cache import BasePrefixCache, NoopRadixCache, RadixCache
 from radixlm.runtime.model.forward_batch import ForwardBatch
@@ -263,7 +265,7 @@ class Scheduler:
                 req.finish_reason = FinishReason("abort", message=f"invalid grammar: {error}")
                 self._aborted.append(req)
             else:
-                grammar = future.result().new_state()
+                grammar = self._new_grammar_state(req, future.result())
                 shortest = grammar.min_tokens()
                 if shortest is None:  # a context-free grammar with no end our search finds
                     req.finish_reason = FinishReason("abort", message=(
@@ -283,6 +285,18 @@ class Scheduler:
                     self.waiting.append(req)
             req.grammar_future = None
         self.grammar_waiting = still
+
+    def _new_grammar_state(self, req: Req, compiled: Any) -> Any:
+        """The request's grammar state; where its JSON schema has `uniqueItems`, wrapped so that
+        no array item repeats (`unique_items`: no engine enforces it)."""
+        state = compiled.new_state()
+        lowered = req.lowered_grammar
+        if lowered is None or not lowered.unique_items:
+            return state
+        backend = self.grammar_backend
+        assert backend is not None
+        return wrap(state, lowered.unique_items, get_grammar_vocabulary(backend.tokenizer).id_to_bytes,
+                    backend.vocab_size)
 
     def _make_room_for_decode(self) -> None:
         """Ensure one slot per running request (plus its draft, or the drafts are dropped): evict,
@@ -453,6 +467,9 @@ class Scheduler:
         if reason is None:
             try:
                 req.grammar.accept_token(token)
+            except UniqueItemsDeadEnd as e:  # only repeats were left: the request ends, saying so
+                req.finish_reason = FinishReason("abort", message=str(e))
+                return
             except ValueError as e:  # a sampler bug must cost this request, not the server
                 logger.error("request %s: the grammar refused the sampled token %d: %s", req.rid, token, e)
                 req.finish_reason = FinishReason("abort", message=f"internal error: the grammar refused token {token}")

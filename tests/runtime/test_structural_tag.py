@@ -15,6 +15,7 @@ from grammar_backends_testing import grammar_backend
 
 from radixlm.formats.tool_calls import parse_tools
 from radixlm.formats.tool_formats import parse_tool_calls, tool_call_structures
+from radixlm.runtime.bench import schema_keywords
 from radixlm.runtime.constrained import backends
 from radixlm.runtime.constrained.errors import GrammarError
 from radixlm.runtime.constrained.structural_tag import _no_raw_controls, normalize_structural_tag
@@ -126,11 +127,24 @@ def test_outlines_refuses_structural_tags_naming_the_backends_that_serve_them() 
         backends.validate("outlines", "structural_tag", SPEC)
 
 
-def test_a_bad_schema_inside_a_structure_is_refused() -> None:
-    spec = {"structures": [{"begin": "<a>", "schema": {"type": "object", "required": ["x"]}, "end": "</a>"}],
-            "triggers": ["<a>"]}
-    with pytest.raises(GrammarError, match="'x'"):
-        backends.validate("xgrammar", "structural_tag", spec)
+def _structure(schema: object) -> dict[str, Any]:
+    return {"structures": [{"begin": "<a>", "schema": schema, "end": "</a>"}], "triggers": ["<a>"]}
+
+
+def test_a_schema_inside_a_structure_is_rewritten_and_what_xgrammar_would_not_enforce_refused() -> None:
+    """A structure's schema goes through the door's rewrite (a required name `properties` does not
+    list may hold any value; `uniqueItems` as at most one item, since no sampling-time check
+    follows a structure inside free text) and is refused naming what xgrammar would not enforce."""
+    backends.validate("xgrammar", "structural_tag", _structure({"type": "object", "required": ["x"]}))
+    unique = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+    lowered = backends.validate("xgrammar", "structural_tag", _structure(unique))
+    acceptors = schema_keywords.Acceptors()
+    assert acceptors.accepts("xgrammar", lowered.form, "<a>[1]</a>")
+    assert not acceptors.accepts("xgrammar", lowered.form, "<a>[1, 2]</a>")  # stricter: never [1, 1]
+    with pytest.raises(GrammarError, match="does not enforce 'not'"):
+        backends.validate("xgrammar", "structural_tag", _structure({"type": "integer", "not": {"multipleOf": 3}}))
+    with pytest.raises(GrammarError, match="does not enforce 'uniqueItems'"):  # two distinct items: not served
+        backends.validate("xgrammar", "structural_tag", _structure({**unique, "minItems": 2}))
 
 
 def test_control_characters_leave_negated_classes_only() -> None:

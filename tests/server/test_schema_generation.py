@@ -74,8 +74,10 @@ def test_openai_response_names_the_engine(tiny_server: ServerHandle, tiny_model_
 
 def test_meta_info_names_what_a_stricter_rewrite_narrowed(tiny_server: ServerHandle) -> None:
     """`schema_stricter` beside the engine: the keywords served by a form that may leave out valid
-    outputs (`uniqueItems`: at most one item); absent where every rewrite was exact."""
-    for schema, stricter in (({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, ["uniqueItems"]),
+    outputs (`contains`: the first item); absent where every rewrite was exact (`uniqueItems`: kept
+    at sampling time)."""
+    for schema, stricter in (({"type": "array", "items": {"type": "integer"}, "contains": {"minimum": 5}}, ["contains"]),
+                             ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, None),
                              ({"type": "array", "items": {"type": "integer"}, "maxItems": 2}, None)):
         resp = httpx.post(tiny_server.url + "/generate", timeout=60, json={
             "text": "JSON:", "sampling_params": {"json_schema": json.dumps(schema), "max_new_tokens": 24,

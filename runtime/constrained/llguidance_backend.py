@@ -144,7 +144,11 @@ class LLGuidanceState(ClosingSearch):
         from here (a speculative draft is cut there); the state does not change."""
         if self._eos_accepted or not tokens:
             return 0
-        return int(self._matcher.validate_tokens(tokens[:MAX_DRAFT_TOKENS]))
+        tokens = tokens[:MAX_DRAFT_TOKENS]
+        eos = self.compiled.tokenizer.eos_token
+        if eos in tokens:  # a draft stops before EOS: no mask row follows the end (fill_vocab_masks)
+            tokens = tokens[: tokens.index(eos)]
+        return int(self._matcher.validate_tokens(tokens)) if tokens else 0
 
     def min_tokens(self) -> int | None:
         """The tokens of the closing plan from here (`closing`: a short completion, not always the

@@ -146,13 +146,16 @@ class XGrammarState(ClosingSearch):
     def valid_prefix_len(self, tokens: list[int]) -> int:
         """How many leading `tokens` (at most MAX_DRAFT_TOKENS, no stop token) the grammar allows in
         turn from here (a speculative draft is cut there); the state does not change."""
-        num_valid = 0
+        num_accepted = num_valid = 0
         for token_id in tokens[:MAX_DRAFT_TOKENS]:
             if self._matcher.is_terminated() or not self._matcher.accept_token(token_id):
                 break
+            num_accepted += 1
+            if self._matcher.is_terminated():  # a stop token: the draft stops before it (no mask row follows it)
+                break
             num_valid += 1
-        if num_valid:
-            self._matcher.rollback(num_valid)
+        if num_accepted:
+            self._matcher.rollback(num_accepted)
         return num_valid
 
     def min_tokens(self) -> int | None:

@@ -177,9 +177,13 @@ def test_quantized_auto_dtype_is_float32_over_a_bf16_pool_where_the_cpu_has_it(m
 
     monkeypatch.delenv("RADIXLM_CPU_AUTO_DTYPE", raising=False)
     cfg = _tiny_config()
+    own = kernel_policy.load_cpu_kernels()
+    assert own is not None, "the suite builds the C++ CPU kernels (make test)"
     for bf16 in (True, False):
         chosen = CpuIsa("avx512", frozenset({"avx512_bf16"} if bf16 else set()))
         monkeypatch.setattr(kernel_policy, "cpu_isa", lambda chosen=chosen: chosen)
+        # this CPU's own kernels, not the level's: it may be above this CPU (only the dtype choice is tested)
+        monkeypatch.setattr(kernel_policy, "load_cpu_kernels", lambda: own)
         monkeypatch.setattr(cpu_linear, "prefers_bf16", lambda in_hardware, load_ext: in_hardware)
         quantized = RunnerConfig.from_server_args(ServerArgs(max_total_tokens=64), cfg, quantized=True)
         assert quantized.dtype == torch.float32

@@ -267,6 +267,31 @@ def test_grammar_cuts_a_draft_where_it_refuses(engine_spec: Engine) -> None:
     assert grammar.valid_prefix_len(draft) == len(draft)
 
 
+@pytest.mark.parametrize("backend_name", GRAMMAR_BACKENDS)
+def test_a_draft_stops_before_the_stop_token(backend_name: str, tiny_model_dir: Path) -> None:
+    """A proposal that ends the grammar (an earlier output's EOS, copied by the n-gram cache) is
+    cut before the stop token on every engine, so the mask rows along the draft never ask a
+    finished matcher for its next mask (xgrammar's check failed there and took the scheduler
+    down)."""
+    from radixlm.runtime.constrained import backends
+    from radixlm.runtime.tokenizer.tokenizer import Tokenizer
+
+    tok = Tokenizer(tiny_model_dir)
+    grammars = backends.create(backend_name, tok, tok.vocab_size, num_workers=1, enable_jump_forward=True,
+                               whitespace_pattern=None)
+    try:
+        state = grammars.get("regex", "(ab)+").result(timeout=60).new_state()
+        words = tok.encode_plain("abab")
+        proposal = [*words, tok.eos_token_id, *words]
+        cut = state.valid_prefix_len(proposal)
+        assert cut == len(words)
+        rows = torch.zeros(cut + 1, tok.vocab_size, dtype=torch.bool)
+        state.fill_vocab_masks(rows, proposal[:cut])
+        assert rows[cut, tok.eos_token_id]  # the draft complete: EOS allowed next
+    finally:
+        grammars.shutdown()
+
+
 def _greedy() -> Any:
     from radixlm.runtime.sampling.sampling_params import SamplingParams
 

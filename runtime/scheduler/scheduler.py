@@ -570,11 +570,16 @@ def grammar_mask(reqs: list[Req], vocab_size: int, context_len: int) -> torch.Te
     row = 0
     for req in reqs:
         num_rows = 1 + len(req.jump_forward_ids)
-        if req.grammar is not None:
+        if req.grammar is not None and req.finish_reason is None:
             mask[row : row + num_rows].fill_(False)
             # budget steering: the last tokens complete the grammar within max_new_tokens
-            if req.grammar.fill_vocab_masks(mask[row : row + num_rows], req.jump_forward_ids,
-                                            tokens_left(req, context_len)):
-                req.budget_steered = True
+            try:
+                if req.grammar.fill_vocab_masks(mask[row : row + num_rows], req.jump_forward_ids,
+                                                tokens_left(req, context_len)):
+                    req.budget_steered = True
+            except Exception as e:  # an engine's failure costs this request, not the server
+                logger.exception("request %s: its grammar's mask failed", req.rid)
+                req.finish_reason = FinishReason("abort", message=f"internal error: the grammar's mask failed: {e}")
+                mask[row : row + num_rows].fill_(True)
         row += num_rows
     return mask

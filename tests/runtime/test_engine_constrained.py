@@ -173,3 +173,27 @@ def test_every_schema_finishes_valid_at_temperature_one(backend_name: str, near_
         except (ValueError, jsonschema.ValidationError) as e:
             failures.append(f"schema {i}: {text!r} is not valid: {str(e).splitlines()[0]}")
     assert not failures, "\n".join(failures)
+
+
+def test_a_grammar_engine_failure_ends_its_request_only(tiny_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fault injection: the grammar engine raises while filling one request's mask (as xgrammar
+    did on a finished matcher). That request ends with an error naming it; the one beside it in
+    the batch finishes valid, and no KV slot leaks."""
+    from radixlm.runtime.constrained.xgrammar_backend import XGrammarState
+
+    fill = XGrammarState.fill_vocab_masks
+
+    def failing(self: XGrammarState, rows: Any, draft: list[int], budget: int | None = None) -> bool:
+        if self.compiled.kind == "regex":
+            raise RuntimeError("the engine's own check failed")
+        return fill(self, rows, draft, budget)
+
+    monkeypatch.setattr(XGrammarState, "fill_vocab_masks", failing)
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    broken, fine = tiny_engine.generate(prompt=["a:", "b:"], sampling_params=[
+        {"regex": "[ab]+", "max_new_tokens": 8}, {"json_schema": json.dumps(schema), "max_new_tokens": 16}])
+    reason = broken["meta_info"]["finish_reason"]
+    assert reason["type"] == "abort" and "the engine's own check failed" in reason["message"], reason
+    jsonschema.validate(json.loads(fine["text"]), schema)
+    monkeypatch.undo()
+    assert_engine_clean(tiny_engine)

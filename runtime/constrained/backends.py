@@ -123,9 +123,15 @@ def choose_json_schema(name: str, spec: object, whitespace_pattern: str | None =
             reasons.append((engine, f"refuses it: {e}"))
             continue
         # uniqueItems, which the rewrite dropped, is kept at sampling time against the schema as sent
-        unique = text if '"uniqueItems"' in text and has_unique_items(json.loads(text)) else ""
-        return dataclasses.replace(lowered, stricter=stricter, unique_items=unique)
+        unique = text if '"uniqueItems"' in text and _has_unique_items(text) else ""
+        return dataclasses.replace(lowered, stricter=stricter, unique_items=unique) if stricter or unique else lowered
     raise engine_choice.refusal(reasons)
+
+
+@functools.lru_cache(maxsize=64)
+def _has_unique_items(text: str) -> bool:
+    """Whether the schema's text has `uniqueItems: true` as a keyword, once per distinct text."""
+    return has_unique_items(json.loads(text))
 
 
 @functools.lru_cache(maxsize=64)

@@ -199,6 +199,11 @@ def engine_rows(acceptors: Acceptors) -> dict[str, dict[str, str]]:
     return rows
 
 
+def _accepts_lowered(acceptors: Acceptors, lowered: LoweredGrammar, _engine: str, _form: str, text: str) -> bool:
+    """`outcome`'s acceptor for a grammar the door lowered (engine and form are the lowered one's)."""
+    return acceptors.accepts_lowered(lowered, text)
+
+
 def door_rows(acceptors: Acceptors, preferred: str = "xgrammar") -> dict[str, str]:
     """probe name -> what the server does with `--grammar-backend preferred`: "<engine>: compiled",
     "<engine>: violated" (never, tests/runtime/test_schema_engines.py), or "refused (400)"."""
@@ -211,8 +216,7 @@ def door_rows(acceptors: Acceptors, preferred: str = "xgrammar") -> dict[str, st
         except GrammarError:
             rows[name] = "refused (400)"
             continue
-        taken = functools.partial(lambda lowered, _engine, _form, text: acceptors.accepts_lowered(lowered, text),
-                                  lowered)
+        taken = functools.partial(_accepts_lowered, acceptors, lowered)
         rows[name] = f"{lowered.backend}: {outcome(taken, lowered.backend, lowered.form, probe)}"
     return rows
 

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 Path = tuple[str | int, ...]
+Domain = tuple[tuple[str, str], ...]  # an item's possible JSON texts, each with its `canonical` key
 _WS = frozenset(b" \t\n\r")
 _ENDS_SCALAR = frozenset(b",]}") | _WS  # a number or literal ends at the byte after it
 _MAX_CANDIDATES = 8192  # tokens checked one by one in a step (beyond: the cheaper byte filter)
@@ -84,7 +85,7 @@ class UniqueSchema:
     def __init__(self, schema: object):
         self.root = schema
         self._unique: dict[Path, bool] = {}
-        self._domain: dict[Path, tuple[str, ...] | None] = {}
+        self._domain: dict[Path, Domain | None] = {}
         self._lock = threading.Lock()
 
     def is_unique(self, path: Path) -> bool:
@@ -97,7 +98,7 @@ class UniqueSchema:
                     self._unique[path] = known
         return known
 
-    def domain(self, path: Path) -> tuple[str, ...] | None:
+    def domain(self, path: Path) -> Domain | None:
         """For the items of the array at `path`: every JSON text an item may be, if every
         subschema that applies to an item lists its values (`enum`, `const`, `type: boolean`) and
         they are all scalars; else None."""
@@ -110,7 +111,7 @@ class UniqueSchema:
                 self._domain[path] = found
         return found
 
-    def _item_domain(self, path: Path) -> tuple[str, ...] | None:
+    def _item_domain(self, path: Path) -> Domain | None:
         values: list[object] | None = None
         for node in self._at((*path, 0)):
             listed: list[object] | None = None
@@ -127,11 +128,11 @@ class UniqueSchema:
             values = listed if values is None else [v for v in values if any(_equal(v, w) for w in listed)]
         if values is None or any(isinstance(v, (dict, list)) for v in values):
             return None
-        texts: list[str] = []
+        texts: list[tuple[str, str]] = []
         for value in values:
             for text in (json.dumps(value), json.dumps(value, ensure_ascii=False)):
-                if text not in texts:
-                    texts.append(text)
+                if all(text != t for t, _ in texts):
+                    texts.append((text, canonical(value)))
         return tuple(texts)
 
     def _at(self, path: Path) -> list[dict[str, Any]]:
@@ -238,7 +239,7 @@ _KEY, _COLON, _VALUE, _COMMA = range(4)  # what a container expects next
 class _Frame:
     __slots__ = ("is_array", "path", "unique", "seen", "index", "item_start", "key", "expect", "domain")
 
-    def __init__(self, is_array: bool, path: Path, unique: bool, domain: tuple[str, ...] | None):
+    def __init__(self, is_array: bool, path: Path, unique: bool, domain: Domain | None):
         self.is_array = is_array
         self.path = path
         self.unique = unique
@@ -247,7 +248,7 @@ class _Frame:
         self.item_start = -1
         self.key: str | None = None
         self.expect = _VALUE if is_array else _KEY
-        self.domain = domain  # a unique array's possible item texts (finite lists), else None
+        self.domain = domain  # a unique array's possible items (finite lists): (text, key) pairs, else None
 
     def copy(self) -> _Frame:
         other = _Frame.__new__(_Frame)
@@ -299,7 +300,7 @@ class JsonCursor:
         for frame in self.stack:
             if not (frame.unique and frame.domain is not None):
                 continue
-            free = [t for t in frame.domain if _text_key(t) not in frame.seen]
+            free = [text for text, key in frame.domain if key not in frame.seen]
             if frame.item_start >= 0:
                 begun = bytes(self.buf[frame.item_start:]).decode("utf-8", "replace")
                 if not any(t.startswith(begun) for t in free):
@@ -391,10 +392,6 @@ class JsonCursor:
         top.index += 1
         top.item_start = -1
         return True
-
-
-def _text_key(text: str) -> str:
-    return canonical(json.loads(text))
 
 
 # the vocabulary's byte classes, once per vocabulary

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 from radixlm_testing import (
+    FAMILY_CONFIGS,
     TINY_CONFIGS,
     process_alive,
     runner_decode,
@@ -42,6 +43,8 @@ from radixlm.runtime.model.tp_sharding import (
 ATOL = 1e-5
 # every kind with 4 query heads over 2 KV heads (qwen3 and llama3-rope have 1 KV head by default)
 KINDS = {kind: {"num_key_value_heads": 2} for kind in ("llama", "qwen2", "qwen3", "llama3-rope")}
+# a mixture of experts whose halves the fused experts' kernel tiles (64 of each expert's 128)
+KINDS["qwen3_moe"] = {"num_key_value_heads": 2, "moe_intermediate_size": 128}
 
 
 @pytest.fixture(autouse=True)
@@ -219,7 +222,7 @@ def test_engine_tp2_same_greedy_outputs(tiny_model_dir: Path, tiny_engine: objec
     wait_until(lambda: not process_alive(pids[0]), "rank 1 to exit after shutdown")
 
 
-assert set(KINDS) <= set(TINY_CONFIGS)
+assert set(KINDS) <= set(TINY_CONFIGS) | set(FAMILY_CONFIGS)
 
 
 def test_shm_all_reduce_sums_in_rank_order_and_gives_up_on_a_dead_rank(tmp_path: Path) -> None:

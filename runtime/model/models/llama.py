@@ -194,8 +194,6 @@ class LlamaForCausalLM(nn.Module):
             "an MLP other than the dense one or a mixture of experts in the fused kernel":
                 any(not isinstance(layer.mlp, DenseMLP) and not self._stack_takes_experts(layer.mlp)
                     for layer in self.layers),
-            "mixtures of experts under tensor parallelism":
-                self.tp is not None and any(isinstance(layer.mlp, SparseMoeBlock) for layer in self.layers),
             "a residual multiplier the quantized output products could not absorb":
                 any(layer.output_scale != 1.0 for layer in self.layers),  # type: ignore[union-attr]
         }

@@ -130,9 +130,10 @@ class UniqueSchema:
             return None
         texts: list[tuple[str, str]] = []
         for value in values:
+            key = canonical(value)
             for text in (json.dumps(value), json.dumps(value, ensure_ascii=False)):
                 if all(text != t for t, _ in texts):
-                    texts.append((text, canonical(value)))
+                    texts.append((text, key))
         return tuple(texts)
 
     def _at(self, path: Path) -> list[dict[str, Any]]:

@@ -197,11 +197,12 @@ inline void row_check(bool ok, const std::string& message) {
   if (!ok) throw std::runtime_error("q4k_int8_row: " + message);
 }
 
-// Sub-block J (x's block b) of a super-block of each of the G groups (sb[g]; d, dm their d and
-// dmin): the 32-k dot products of the low and high nibble quads in two accumulators, then the
-// float steps of quant_gemm.cpp's q4k_int8_pass, in its order.
-template <class Dot, int G, int J>
-inline void row_sub_block(Vf (&acc)[G], const uint8_t* const (&sb)[G], const Vf (&d)[G], const Vf (&dm)[G],
+// Sub-block j (x's block b) of a super-block of each of the G groups (their steps and shifts):
+// the 32-k dot product of the low and high nibble quads in one accumulator (8 dot() calls, the
+// contract's most: one sub-block scale covers both), then the float steps of quant_gemm.cpp's
+// q4k_int8_pass, in its order.
+template <class Dot, int G>
+inline void row_sub_block(Vf (&acc)[G], const uint8_t* const (&blk)[G], const Vf (&step)[G], const Vf (&shift)[G],
                           const QuantizedX& x, int64_t b) {
   const int8_t* xb = x.xq + b * kQBlock;
   const auto x4 = [xb](int t) {  // read where it is used: the dot's broadcast takes it from memory
@@ -209,42 +210,46 @@ inline void row_sub_block(Vf (&acc)[G], const uint8_t* const (&sb)[G], const Vf 
     std::memcpy(&v, xb + 4 * t, sizeof v);
     return v;
   };
-  const uint8_t* blk[G];
-  typename Dot::Acc lo[G], hi[G];
-  for (int g = 0; g < G; ++g) {
-    blk[g] = sb[g] + kRowHeader + J * kRowSubBytes;
-    prefetch_ahead<4>(blk[g]);
-    lo[g] = Dot::zero();
-    hi[g] = Dot::zero();
-  }
+  typename Dot::Acc dot[G];
+  for (int g = 0; g < G; ++g) dot[g] = Dot::zero();
   for (int v = 0; v < 4; ++v) {
     for (int g = 0; g < G; ++g) {
-      lo[g] = Dot::dot(lo[g], Dot::load(blk[g] + 64 * v, false), x4(2 * v));
-      hi[g] = Dot::dot(hi[g], Dot::load(blk[g] + 64 * v, true), x4(2 * v + 1));
+      dot[g] = Dot::dot(dot[g], Dot::load(blk[g] + 64 * v, false), x4(2 * v));
+      dot[g] = Dot::dot(dot[g], Dot::load(blk[g] + 64 * v, true), x4(2 * v + 1));
     }
   }
   const Vf dx = vset1(x.dx[b]), cx = vset1(x.cx[b]);
   for (int g = 0; g < G; ++g) {
-    Vi dt = vadd_i(Dot::sums(lo[g]), Dot::sums(hi[g]));
+    Vi dt = Dot::sums(dot[g]);
     if constexpr (Dot::kTaken != 0) dt = vadd_i(dt, vset1_i(Dot::kTaken * x.sq[b]));
-    Vi sc, m;
-    kscales::scale_min<J>(sb[g], sc, m);
-    const Vf step = vmul(d[g], vcvt_f(sc));
-    const Vf shift = vsub(vzero(), vmul(dm[g], vcvt_f(m)));
-    acc[g] = vfmadd(vcvt_f(dt), vmul(step, dx), acc[g]);
-    acc[g] = vfmadd(shift, cx, acc[g]);
+    acc[g] = vfmadd(vcvt_f(dt), vmul(step[g], dx), acc[g]);
+    acc[g] = vfmadd(shift[g], cx, acc[g]);
   }
 }
 
-template <class Dot, int G, int... J>
-inline void row_super_block(Vf (&acc)[G], const uint8_t* const (&sb)[G], const QuantizedX& x, int64_t s,
-                            std::integer_sequence<int, J...>) {
-  Vf d[G], dm[G];
+template <int... S>
+inline void row_scales(const uint8_t* super, Vf (&step)[8], Vf (&shift)[8], std::integer_sequence<int, S...>) {
+  (kscales::q4k_step_shift<S>(super, step[S], shift[S]), ...);
+}
+
+// Super-block s of each of the G groups (sb[g]): the 8 sub-blocks' steps and shifts first, then
+// the sub-blocks in a loop (one sub-block's code, so nothing spills).
+template <class Dot, int G>
+inline void row_super_block(Vf (&acc)[G], const uint8_t* const (&sb)[G], const QuantizedX& x, int64_t s) {
+  Vf step[8][G], shift[8][G];
   for (int g = 0; g < G; ++g) {
-    d[g] = vload_f16(reinterpret_cast<const uint16_t*>(sb[g] + 192));
-    dm[g] = vload_f16(reinterpret_cast<const uint16_t*>(sb[g] + 224));
+    Vf st[8], sh[8];
+    row_scales(sb[g], st, sh, std::make_integer_sequence<int, 8>{});
+    for (int j = 0; j < 8; ++j) {
+      step[j][g] = st[j];
+      shift[j][g] = sh[j];
+    }
   }
-  (row_sub_block<Dot, G, J>(acc, sb, d, dm, x, s * 8 + J), ...);
+  for (int j = 0; j < 8; ++j) {
+    const uint8_t* blk[G];
+    for (int g = 0; g < G; ++g) blk[g] = sb[g] + kRowHeader + j * kRowSubBytes;
+    row_sub_block<Dot, G>(acc, blk, step[j], shift[j], x, s * 8 + j);
+  }
 }
 
 // Columns of G groups from w0 (groups group_bytes apart): out, residual, bias at their first column.
@@ -259,7 +264,7 @@ inline void row_pass(const QuantizedX& x, int64_t supers, const uint8_t* w0, int
   for (int64_t s = 0; s < supers; ++s) {
     const uint8_t* sb[G];
     for (int g = 0; g < G; ++g) sb[g] = w0 + g * group_bytes + s * kRowSuperBytes;
-    row_super_block<Dot, G>(acc, sb, x, s, std::make_integer_sequence<int, 8>{});
+    row_super_block<Dot, G>(acc, sb, x, s);
   }
   for (int g = 0; g < G; ++g) vstore(out + 16 * g, acc[g]);
 }

@@ -127,19 +127,20 @@ def test_weight_only_products_match_the_dequantized_product(ext: Any, fmt: str, 
 
 
 def _check_int8_modes(ext: Any, fmt: str, x: torch.Tensor, packed: torch.Tensor, w: torch.Tensor, n: int) -> None:
-    """Q4_K: int8 x int8 (its 32-k sub-blocks are x's int8 blocks), exact integer sums on every dot
-    variant, so the float64 product of the rounded activations within float32 rounding; Q5_K and
-    Q6_K: the weight-only kernel in every mode, the same bits (and no int8 call)."""
+    """Q4_K and Q6_K: int8 x int8 (Q4_K's 32-k sub-blocks and Q6_K's pairs of 16-k scale spans are
+    x's int8 blocks), exact integer sums on every dot variant, so the float64 product of the
+    rounded activations within float32 rounding; Q5_K: the weight-only kernel in every mode, the
+    same bits (and no int8 call)."""
     plain, calls = cpu_linear.q_linear(ext, x, packed, n), ext.num_vnni_calls()
     for mode in ("int8", "int8_row"):
         product = partial(cpu_linear.q_linear, ext, x, packed, n, mode=quant.MODES[mode])
-        if fmt != "q4_k":
+        if fmt == "q5_k":
             assert torch.equal(product(), plain)
             continue
         got = _on_each_variant(ext, product)
         bound = 2e-6 * (x.abs().double() @ w.abs().double().T).max().item() + 1e-6
         assert (got.double() - _int8_reference(x, w, per_row=mode == "int8_row")).abs().max().item() <= bound
-    assert ext.num_vnni_calls() == calls + (2 * len(ext.int8_variants()) if fmt == "q4_k" else 0)
+    assert ext.num_vnni_calls() == calls + (0 if fmt == "q5_k" else 2 * len(ext.int8_variants()))
 
 
 def test_bad_k_quant_operands_are_refused(ext: Any) -> None:

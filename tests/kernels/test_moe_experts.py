@@ -28,7 +28,7 @@ CASES = [
     ("q4_k", "q4_k", "float32", 256, 256),
     ("q4_k", "q6_k", "float32", 256, 256),
     ("q4_k", "q4_k", "int8", 256, 256),
-    ("q4_k", "q6_k", "int8", 256, 256),  # x quantized once for gate_up; down reads float32 activations
+    ("q4_k", "q6_k", "int8", 256, 256),  # x quantized once for gate_up; the activations per slice for Q6_K down
     ("q5_k", "q5_k", "float32", 256, 256),
     ("q6_k", "q8_0", "float32", 256, 64),
 ]

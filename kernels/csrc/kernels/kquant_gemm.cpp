@@ -27,26 +27,14 @@ constexpr int64_t sub_bytes(QFormat f) { return f == QFormat::kQ4_K ? 256 : f ==
 constexpr int64_t super_bytes(QFormat f) { return header_bytes(f) + 8 * sub_bytes(f); }
 constexpr int scale_words(QFormat f) { return f == QFormat::kQ6_K ? 4 : 3; }
 
-// Q6_K: the int8 scale I (of 16) of each lane, sign-extended.
-template <int I>
-inline Vi scale6(const uint8_t* super) { return vsra_i<24>(vshl_i<24 - 8 * (I % 4)>(word(super, I / 4))); }
-
 // Quad T of a sub-block's 16 columns: byte j of lane c = column c's u at k = 4T + j.
-template <int N>
-inline Vi shift_left(Vi v) {  // by N bits, right for a negative N
-  if constexpr (N > 0) return vshl_i<N>(v);
-  if constexpr (N < 0) return vshr_i<-N>(v);
-  return v;
-}
-
 template <QFormat F, int T>
 inline Vi kquad(const uint8_t* sub) {
+  if constexpr (F == QFormat::kQ6_K) return q6k_quad<T>(sub);
   const Vi raw = vload_i(sub + (T / 2) * 64);
   Vi u = bits(T % 2 ? vshr_i<4>(raw) : raw, 0x0F0F0F0F);
   if constexpr (F == QFormat::kQ5_K) {  // bit T of each byte to bit 4
     u = vor_i(u, bits(shift_left<4 - T>(vload_i(sub + 256)), 0x10101010));
-  } else if constexpr (F == QFormat::kQ6_K) {  // bits 2i, 2i + 1 of each byte (i = T % 4) to bits 4-5
-    u = vor_i(u, bits(shift_left<4 - 2 * (T % 4)>(vload_i(sub + 256 + (T / 4) * 64)), 0x30303030));
   }
   return u;
 }
@@ -90,7 +78,7 @@ inline void span_scales(const uint8_t* const (&super)[G], Vf (&step)[G], Vf (&sh
   constexpr int64_t D = 64 * scale_words(F);
   for (int g = 0; g < G; ++g) {
     if constexpr (F == QFormat::kQ6_K) {
-      step[g] = vmul(half16(super[g] + D), vcvt_f(scale6<S>(super[g])));
+      step[g] = q6k_step<S>(super[g]);
       shift[g] = vmul(step[g], vset1(-32.0f));
     } else {
       Vi sc, m;

@@ -1,5 +1,6 @@
-// The K-quants' scale words (kquant_gemm.h's header layout) unpacked in registers: shared by the
-// weight-only kernels (kquant_gemm.cpp) and Q4_K's int8 one (quant_gemm.cpp). Internal.
+// The K-quants' scale words (kquant_gemm.h's header layout) and Q6_K's 6-bit values unpacked in
+// registers: shared by the weight-only kernels (kquant_gemm.cpp) and the Q4_K / Q6_K int8 ones
+// (quant_gemm.cpp, kquant_gemm.cpp's one-row Q4_K). Internal.
 #pragma once
 
 #include <cstdint>
@@ -37,6 +38,34 @@ inline void q4k_step_shift(const uint8_t* super, Vf& step, Vf& shift) {
   scale_min<S>(super, sc, m);
   step = vmul(vload_f16(reinterpret_cast<const uint16_t*>(super + 192)), vcvt_f(sc));
   shift = vsub(vzero(), vmul(vload_f16(reinterpret_cast<const uint16_t*>(super + 224)), vcvt_f(m)));
+}
+
+// By N bits, right for a negative N.
+template <int N>
+inline Vi shift_left(Vi v) {
+  if constexpr (N > 0) return vshl_i<N>(v);
+  if constexpr (N < 0) return vshr_i<-N>(v);
+  return v;
+}
+
+// Q6_K: the int8 scale I (of 16) of each lane, sign-extended.
+template <int I>
+inline Vi scale6(const uint8_t* super) { return vsra_i<24>(vshl_i<24 - 8 * (I % 4)>(word(super, I / 4))); }
+
+// Q6_K's step d * sc of scale span I (16 k) of a group's super-block (w = step * (u - 32)).
+template <int I>
+inline Vf q6k_step(const uint8_t* super) {
+  return vmul(vload_f16(reinterpret_cast<const uint16_t*>(super + 256)), vcvt_f(scale6<I>(super)));
+}
+
+// Quad T of a Q6_K sub-block's 16 columns (sub: its 384 bytes): byte j of lane c = column c's
+// 6-bit u at k = 4T + j, the low nibble from the 256 value bytes and bits 2i, 2i + 1 (i = T % 4)
+// of the 128 high-bit bytes as bits 4-5.
+template <int T>
+inline Vi q6k_quad(const uint8_t* sub) {
+  const Vi raw = vload_i(sub + (T / 2) * 64);
+  const Vi low = bits(T % 2 ? vshr_i<4>(raw) : raw, 0x0F0F0F0F);
+  return vor_i(low, bits(shift_left<4 - 2 * (T % 4)>(vload_i(sub + 256 + (T / 4) * 64)), 0x30303030));
 }
 
 }  // namespace radixlm::kscales

@@ -168,6 +168,81 @@ struct Q4KInt8Kernel {
   static void pass(const PassArgs& p) { D<WBits::k4>::run([&] { q4k_int8_pass<D, R, Tile::kGroups>(p); }); }
 };
 
+// Q6_K with x quantized to int8: per 16-k scale span (half of x's block b), the exact sum of
+// q * x (q = u - 32, the dot variants' k6) for each row and group, then acc += float(sum) *
+// (step * dx), step = d * sc exact (an 11-bit d times an 8-bit sc), the spans in k's order.
+template <class Dot, int T, int R, int G>
+inline void q6k_quad_dots(typename Dot::Acc (&dot)[R][G], const uint8_t* const (&blk)[G],
+                          const int8_t* const (&xq)[R], int64_t k0) {
+  typename Dot::W w[G];
+  for (int g = 0; g < G; ++g) w[g] = Dot::from_u6(kscales::q6k_quad<T>(blk[g]));
+  for (int r = 0; r < R; ++r) {
+    int32_t x4;
+    std::memcpy(&x4, xq[r] + k0 + 4 * T, sizeof x4);
+    for (int g = 0; g < G; ++g) dot[r][g] = Dot::dot(dot[r][g], w[g], x4);
+  }
+}
+
+template <class Dot, int R, int G, int... T>
+inline void q6k_span_dots(typename Dot::Acc (&dot)[R][G], const uint8_t* const (&blk)[G],
+                          const int8_t* const (&xq)[R], int64_t k0, std::integer_sequence<int, T...>) {
+  for (int r = 0; r < R; ++r) {
+    for (int g = 0; g < G; ++g) dot[r][g] = Dot::zero();
+  }
+  (q6k_quad_dots<Dot, T>(dot, blk, xq, k0), ...);
+}
+
+template <int... S>
+inline void q6k_steps(const uint8_t* super, Vf (&step)[16], std::integer_sequence<int, S...>) {
+  ((step[S] = kscales::q6k_step<S>(super)), ...);
+}
+
+// Span H (quads 4H..4H+3) of sub-block j of the pass's groups (blk), onto acc.
+template <class Dot, int H, int R, int G>
+inline void q6k_span(Vf (&acc)[R][G], const uint8_t* const (&blk)[G], const Vf (&step)[G][16], const Activations& a,
+                     const int8_t* const (&xq)[R], int64_t b, int j) {
+  typename Dot::Acc dot[R][G];
+  q6k_span_dots<Dot>(dot, blk, xq, b * kQBlock, std::integer_sequence<int, 4 * H, 4 * H + 1, 4 * H + 2, 4 * H + 3>{});
+  for (int g = 0; g < G; ++g) {
+    for (int r = 0; r < R; ++r) {
+      acc[r][g] = vfmadd(vcvt_f(Dot::sums(dot[r][g])), vmul(step[g][2 * j + H], vset1(a.dx[r * a.nb + b])), acc[r][g]);
+    }
+  }
+}
+
+template <template <WBits> class D, int R, int G>
+void q6k_int8_pass(const PassArgs& p) {
+  using Dot = D<WBits::k6>;
+  constexpr int64_t kHeader = 288, kSubBytes = 384, kSuperBytes = kHeader + 8 * kSubBytes;
+  const Activations& a = p.a;
+  const int8_t* xq[R];
+  for (int r = 0; r < R; ++r) xq[r] = a.xq + r * a.K;
+  Vf acc[R][G];
+  init_acc(acc, p);
+  for (int64_t s = 0; s < a.nb / 8; ++s) {
+    Vf step[G][16];
+    for (int g = 0; g < G; ++g) q6k_steps(p.g[g] + s * kSuperBytes, step[g], std::make_integer_sequence<int, 16>{});
+    for (int j = 0; j < 8; ++j) {
+      const int64_t b = s * 8 + j;  // x's block
+      const uint8_t* blk[G];
+      for (int g = 0; g < G; ++g) {
+        blk[g] = p.g[g] + s * kSuperBytes + kHeader + j * kSubBytes;
+        prefetch_ahead<6>(blk[g]);
+      }
+      q6k_span<Dot, 0>(acc, blk, step, a, xq, b, j);
+      q6k_span<Dot, 1>(acc, blk, step, a, xq, b, j);
+    }
+  }
+  store_acc(acc, p);
+}
+
+template <template <WBits> class D>
+struct Q6KInt8Kernel {
+  using Tile = Int8Tile;
+  template <int R>
+  static void pass(const PassArgs& p) { D<WBits::k6>::run([&] { q6k_int8_pass<D, R, Tile::kGroups>(p); }); }
+};
+
 // Column values of byte J of each lane of quad q as float32: the signed value (u - offset) for
 // Q8_0 and Q4_0, u for Q4_1.
 template <QFormat F, int J>
@@ -427,7 +502,7 @@ void q_columns(const uint8_t* w, int64_t groups, int64_t nb, QFormat format, con
 }
 
 bool q_reads_int8(QFormat format, QMode mode) {
-  return mode != QMode::kFloat && (!is_kquant(format) || format == QFormat::kQ4_K);
+  return mode != QMode::kFloat && format != QFormat::kQ5_K;
 }
 
 void QuantizedXBuffer::resize(int64_t M, int64_t K) {
@@ -461,7 +536,7 @@ void q_gemm(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t grou
   if (is_kquant(format) && !q_reads_int8(format, mode)) {
     return kq_gemm(x, M, K, w, groups, format, out, ld_out, residual, ld_res, bias);
   }
-  check(format != QFormat::kQ4_K || K % kKSuper == 0, "a K-quant product's K must be a multiple of 256, got " + std::to_string(K));
+  check(!is_kquant(format) || K % kKSuper == 0, "a K-quant product's K must be a multiple of 256, got " + std::to_string(K));
   check(K % kQBlock == 0, "a quantized product's K must be a multiple of 32, got " + std::to_string(K));
   check(groups % 2 == 0, "quant groups come in pairs (N padded to a multiple of 64)");
   if (M == 0 || groups == 0) return;
@@ -500,7 +575,14 @@ void q_gemm(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t grou
                                                residual, ld_res, bias);
       });
       break;
-    default: break;  // the other K-quants: kq_gemm above
+    case QFormat::kQ6_K:
+      with_variant(variant, dot8::Int8Variants{}, [&](auto tag) {
+        using Tag = decltype(tag);
+        run<Q6KInt8Kernel<Tag::template Dot>>(act, M, w, groups, (K / kKSuper) * kq_block_bytes(format), out, ld_out,
+                                               residual, ld_res, bias);
+      });
+      break;
+    default: break;  // Q5_K: kq_gemm above
   }
 }
 

@@ -22,8 +22,9 @@
 // layout and kernels (kquant_gemm.h): uint8 [N/16][K/256][super-block bytes], 2304, 2816 and 3360
 // bytes, again the file's bytes per weight and again naming the format. q_gemm and q_columns take
 // them as they take the others. Q4_K runs every mode (its int8 modes as Q4_1's, with each 32-k
-// sub-block's step d * sc and shift -dmin * m for d and m); Q5_K and Q6_K run the weight-only
-// kFloat path in every mode (no int8 x int8 kernel for them yet).
+// sub-block's step d * sc and shift -dmin * m for d and m), Q6_K too (each 16-k scale span's exact
+// sum of (u - 32) * x times d * sc * dx, two spans to x's block); Q5_K runs the weight-only kFloat
+// path in every mode (no int8 x int8 kernel for it yet).
 //
 // Modes (what x becomes before the products):
 //  - kFloat: weight-only. Each weight is dequantized to float32 in registers as GGUF's dequantizer

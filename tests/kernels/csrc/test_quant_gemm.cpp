@@ -10,8 +10,9 @@
 //   - the same bits on 1, 2 and 3 threads.
 // Formats Q8_0 / Q4_0 / Q4_1, K 32..576, 2..12 groups, 1..33 rows, residual and bias; and the
 // K-quants Q4_K / Q5_K / Q6_K (random bytes of their packed layout, decoded here from the layout's
-// definition: q_columns bit for bit, the products within 1e-5; Q4_K's int8 modes as the others',
-// Q5_K's and Q6_K's output the same bits as their weight-only mode's), K 256 and 768. Built and run
+// definition: q_columns bit for bit, the products within 1e-5; Q4_K's and Q6_K's int8 modes as the
+// others', also Q6_K's values at both ends; Q5_K's int8 output the same bits as its weight-only
+// mode's), K 256 and 768. Built and run
 // by tests/kernels/test_quant_gemm.py for the aarch64 levels under qemu (the x86 levels run the
 // torch module there):
 //   g++ -std=c++17 -O2 -I kernels/csrc -DRADIXLM_NO_TORCH -fopenmp [level flags]
@@ -262,7 +263,7 @@ void kquant_products(Rng& rng) {
           const bool extras = M % 2 == 1;
           const std::vector<float> r = extras ? res : std::vector<float>{}, b = extras ? bias : std::vector<float>{};
           check_product(fmt, x, M, K, w, W, groups, QMode::kFloat, r, b, what);
-          if (fmt.f == QFormat::kQ4_K) {  // int8 x int8 on every variant
+          if (fmt.f != QFormat::kQ5_K) {  // int8 x int8 on every variant
             for (QMode mode : {QMode::kInt8Block, QMode::kInt8Row}) {
               check_product(fmt, x, M, K, w, W, groups, mode, r, b, what + " " + mode_name(mode));
             }
@@ -278,6 +279,32 @@ void kquant_products(Rng& rng) {
   }
 }
 
+// Q6_K at the ends of its range: every value u = 0 (q = -32) or 63 (q = 31) against x at +-127
+// (rows of +-1: each 32-block's scale 1/127), where a 16-k span's int16 sums reach 4 * 2 * 32 *
+// 127 = 32512 (a saturating or overflowing pair sum would show).
+void q6k_extremes() {
+  const QuantFormat& fmt = kKQuantFormats[2];
+  const int64_t groups = 2, supers = 2, K = supers * 256, M = 3;
+  for (const uint8_t fill : {uint8_t{0x00}, uint8_t{0xFF}}) {
+    std::vector<uint8_t> w(groups * supers * fmt.block_bytes);
+    for (int64_t blk = 0; blk < groups * supers; ++blk) {
+      uint8_t* sb = w.data() + blk * fmt.block_bytes;
+      for (int i = 0; i < 256; ++i) sb[i] = static_cast<uint8_t>(i % 3 == 0 ? 127 : 0x81 + i % 7);  // int8 scales of both signs
+      for (int i = 0; i < 16; ++i) sb[256 + 2 * i] = 0, sb[256 + 2 * i + 1] = 0x14;  // d = 2^-10
+      std::memset(sb + 288, fill, 8 * 384);
+    }
+    const std::vector<float> W = decode_kquant(fmt, w, groups, supers);
+    std::vector<float> x(M * K);
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t k = 0; k < K; ++k) x[m * K + k] = m == 0 ? 1.0f : m == 1 ? -1.0f : (k % 2 ? 1.0f : -1.0f);
+    }
+    for (QMode mode : {QMode::kInt8Block, QMode::kInt8Row}) {
+      check_product(fmt, x, M, K, w, W, groups, mode, {}, {},
+                    std::string("q6_k extremes u ") + (fill ? "63" : "0") + " " + mode_name(mode));
+    }
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -286,6 +313,7 @@ int main() {
   random_products(rng);
   extreme_products(rng);
   kquant_products(rng);
+  q6k_extremes();
   std::string variants;
   for (const std::string& v : radixlm::int8_variants()) variants += (variants.empty() ? "" : " ") + v;
   return driver::finish("quant_gemm", " (int8 variants: " + variants + ")");

@@ -18,7 +18,20 @@
 namespace radixlm {
 namespace {
 
-constexpr int64_t kSlice = 64;  // columns of an item of kinds 1 and 2
+constexpr int64_t kSlice = 64;  // columns of the narrowest item of kinds 1 and 2
+constexpr int64_t kItemsPerThread = 16;  // at least this many items a thread in each kind, where widths allow
+
+// Columns of an item over `columns` of each of `routed` experts: 256, 128 or 64 (columns a multiple
+// of it when `exact`), the widest that still gives every thread kItemsPerThread items. Wider items
+// are longer streams with less dispatch each (a batch-1 layer's 27.6 KB down slices were 256
+// items); narrower ones balance the threads.
+int64_t slice_width(int64_t columns, int64_t routed, bool exact) {
+  const int64_t wanted = kItemsPerThread * std::max(1, num_threads());
+  for (int64_t w = 4 * kSlice; w > kSlice; w /= 2) {
+    if ((!exact || columns % w == 0) && routed * ((columns + w - 1) / w) >= wanted) return w;
+  }
+  return kSlice;
+}
 constexpr int64_t kTokenRun = 16;  // tokens of an item of kind 3
 
 inline void require(bool ok, const std::string& message) {
@@ -133,7 +146,7 @@ void moe_experts(const MoeExperts& L, const float* x, int64_t T, const int64_t* 
   std::vector<float> xg(R * H), act(R * I), out(R * Hp);
   for (int64_t i = 0; i < R; ++i) std::copy_n(x + (i / k) * H, H, xg.data() + g.pos[i] * H);
   // The int8 modes' quantized rows, made once per layer rather than by each column slice's
-  // product: x's tokens, gathered (before the region), and in kInt8Block the activations, each 64-column
+  // product: x's tokens, gathered (before the region), and in kInt8Block the activations, each
   // slice's blocks by the item that computes them (kInt8Row needs whole rows: the down product
   // quantizes its own).
   const bool int8 = L.kind == MoeWeights::kQuant && q_reads_int8(L.formats[0], L.mode);
@@ -142,7 +155,8 @@ void moe_experts(const MoeExperts& L, const float* x, int64_t T, const int64_t* 
   if (int8) gather_quantized(x, T, H, k, g.pos, L.mode, xgq);
   if (int8_act) actq.resize(R, I);
 
-  const int64_t s1 = (I + kSlice - 1) / kSlice, s2 = Hp / kSlice;
+  const int64_t w1 = slice_width(I, routed, false), w2 = slice_width(Hp, routed, true);
+  const int64_t s1 = (I + w1 - 1) / w1, s2 = Hp / w2;
   const int64_t n1 = routed * s1, n2 = routed * s2, n3 = (T + kTokenRun - 1) / kTokenRun;
   std::atomic<int64_t> next{0}, down_done{0};
   std::unique_ptr<std::atomic<int64_t>[]> up_done(new std::atomic<int64_t>[routed]);
@@ -152,7 +166,7 @@ void moe_experts(const MoeExperts& L, const float* x, int64_t T, const int64_t* 
 
   auto run_item = [&](int64_t u) {
     if (u < n1) {  // gate and up columns [c0, c0 + n) of routed expert i, then silu(gate) * up
-      const int64_t i = u / s1, c0 = (u % s1) * kSlice, n = std::min(kSlice, I - c0);
+      const int64_t i = u / s1, c0 = (u % s1) * w1, n = std::min(w1, I - c0);
       const int64_t M = g.first[i + 1] - g.first[i];
       const uint8_t* w = L.arena + L.offsets[2 * g.expert[i]];
       std::vector<float> gu(M * 2 * n);  // row r: the gate columns, then the up columns
@@ -170,12 +184,12 @@ void moe_experts(const MoeExperts& L, const float* x, int64_t T, const int64_t* 
         }
       }
     } else if (u < n1 + n2) {  // down columns [c0, c0 + 64) of routed expert i
-      const int64_t v = u - n1, i = v / s2, c0 = (v % s2) * kSlice;
+      const int64_t v = u - n1, i = v / s2, c0 = (v % s2) * w2;
       wait_for(up_done[i], s1);
       const int64_t M = g.first[i + 1] - g.first[i];
       const uint8_t* w = L.arena + L.offsets[2 * g.expert[i] + 1];
       const QuantizedX act_q = int8_act ? actq.view().from_row(g.first[i], I) : QuantizedX{};
-      slice_product(L, 1, w, I, act.data() + g.first[i] * I, int8_act ? &act_q : nullptr, M, c0, kSlice,
+      slice_product(L, 1, w, I, act.data() + g.first[i] * I, int8_act ? &act_q : nullptr, M, c0, w2,
                     out.data() + g.first[i] * Hp + c0, Hp);
     } else {  // tokens [t0, t1): y[t] = sum over j of w[t][j] * out[pos(t, j)], in j's order
       wait_for(down_done, n2);

@@ -5,10 +5,11 @@
 //
 // Work: the (token, expert) pairs are grouped by expert (a counting sort), their x rows gathered;
 // then one parallel region runs three kinds of items off one shared counter, in this order:
-//  1. (routed expert, 64 columns of its intermediate width): the gate and up columns' products
+//  1. (routed expert, a slice of its intermediate width): the gate and up columns' products
 //     for the expert's rows and silu(gate) * up of them;
-//  2. (routed expert, 64 columns of H): its down product's columns, once every item 1 of that
+//  2. (routed expert, a slice of H): its down product's columns, once every item 1 of that
 //     expert is done;
+//     (a slice: 64, 128 or 256 columns, the widest that leaves each thread 16 items of the kind);
 //  3. (a run of tokens): the weighted sum of each token's k outputs in its choices' order, once
 //     every item 2 is done.
 // A thread waits only for items claimed before the one it holds (claimed items are being run), so

@@ -190,8 +190,8 @@ inline void row_check(bool ok, const std::string& message) {
 // contract's most: one sub-block scale covers both), then the float steps of quant_gemm.cpp's
 // q4k_int8_pass, in its order.
 template <class Dot, int G>
-inline void row_sub_block(Vf (&acc)[G], const uint8_t* const (&blk)[G], const Vf (&step)[G], const Vf (&shift)[G],
-                          const QuantizedX& x, int64_t b) {
+inline void row_sub_block(Vf (&acc)[G], const uint8_t* const (&blk)[G], const Vf (&step)[G][8], const Vf (&shift)[G][8],
+                          int j, const QuantizedX& x, int64_t b) {
   const int8_t* xb = x.xq + b * kQBlock;
   const auto x4 = [xb](int t) {  // read where it is used: the dot's broadcast takes it from memory
     int32_t v;
@@ -210,33 +210,21 @@ inline void row_sub_block(Vf (&acc)[G], const uint8_t* const (&blk)[G], const Vf
   for (int g = 0; g < G; ++g) {
     Vi dt = Dot::sums(dot[g]);
     if constexpr (Dot::kTaken != 0) dt = vadd_i(dt, vset1_i(Dot::kTaken * x.sq[b]));
-    acc[g] = vfmadd(vcvt_f(dt), vmul(step[g], dx), acc[g]);
-    acc[g] = vfmadd(shift[g], cx, acc[g]);
+    acc[g] = vfmadd(vcvt_f(dt), vmul(step[g][j], dx), acc[g]);
+    acc[g] = vfmadd(shift[g][j], cx, acc[g]);
   }
-}
-
-template <int... S>
-inline void row_scales(const uint8_t* super, Vf (&step)[8], Vf (&shift)[8], std::integer_sequence<int, S...>) {
-  (kscales::q4k_step_shift<S>(super, step[S], shift[S]), ...);
 }
 
 // Super-block s of each of the G groups (sb[g]): the 8 sub-blocks' steps and shifts first, then
 // the sub-blocks in a loop (one sub-block's code, so nothing spills).
 template <class Dot, int G>
 inline void row_super_block(Vf (&acc)[G], const uint8_t* const (&sb)[G], const QuantizedX& x, int64_t s) {
-  Vf step[8][G], shift[8][G];
-  for (int g = 0; g < G; ++g) {
-    Vf st[8], sh[8];
-    row_scales(sb[g], st, sh, std::make_integer_sequence<int, 8>{});
-    for (int j = 0; j < 8; ++j) {
-      step[j][g] = st[j];
-      shift[j][g] = sh[j];
-    }
-  }
+  Vf step[G][8], shift[G][8];
+  for (int g = 0; g < G; ++g) q4k_steps_shifts(sb[g], step[g], shift[g], std::make_integer_sequence<int, 8>{});
   for (int j = 0; j < 8; ++j) {
     const uint8_t* blk[G];
     for (int g = 0; g < G; ++g) blk[g] = sb[g] + kRowHeader + j * kRowSubBytes;
-    row_sub_block<Dot, G>(acc, blk, step[j], shift[j], x, s * 8 + j);
+    row_sub_block<Dot, G>(acc, blk, step, shift, j, x, s * 8 + j);
   }
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 
 #include "simd/vec.h"
 
@@ -38,6 +39,12 @@ inline void q4k_step_shift(const uint8_t* super, Vf& step, Vf& shift) {
   scale_min<S>(super, sc, m);
   step = vmul(vload_f16(reinterpret_cast<const uint16_t*>(super + 192)), vcvt_f(sc));
   shift = vsub(vzero(), vmul(vload_f16(reinterpret_cast<const uint16_t*>(super + 224)), vcvt_f(m)));
+}
+
+// The steps and shifts of Q4_K sub-blocks S... of a group's super-block.
+template <int... S>
+inline void q4k_steps_shifts(const uint8_t* super, Vf (&step)[8], Vf (&shift)[8], std::integer_sequence<int, S...>) {
+  (q4k_step_shift<S>(super, step[S], shift[S]), ...);
 }
 
 // By N bits, right for a negative N.

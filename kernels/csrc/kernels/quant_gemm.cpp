@@ -119,11 +119,6 @@ void int8_pass(const PassArgs& p) {
 // Q4_K with x quantized to int8 (its 32-k sub-blocks are x's int8 blocks): as int8_pass on Q4_1,
 // each sub-block's step d * sc and shift -dmin * m (unpacked from its super-block's header,
 // kquant_gemm.h) in place of a block's d and m.
-template <int... S>
-inline void q4k_scales(const uint8_t* super, Vf (&step)[8], Vf (&shift)[8], std::integer_sequence<int, S...>) {
-  (kscales::q4k_step_shift<S>(super, step[S], shift[S]), ...);
-}
-
 template <template <WBits> class D, int R, int G>
 void q4k_int8_pass(const PassArgs& p) {
   using Dot = D<WBits::k4>;
@@ -136,7 +131,7 @@ void q4k_int8_pass(const PassArgs& p) {
   for (int64_t s = 0; s < a.nb / 8; ++s) {
     Vf step[G][8], shift[G][8];
     for (int g = 0; g < G; ++g) {
-      q4k_scales(p.g[g] + s * kSuperBytes, step[g], shift[g], std::make_integer_sequence<int, 8>{});
+      kscales::q4k_steps_shifts(p.g[g] + s * kSuperBytes, step[g], shift[g], std::make_integer_sequence<int, 8>{});
     }
     for (int j = 0; j < 8; ++j) {
       const int64_t b = s * 8 + j;  // x's block

@@ -108,6 +108,13 @@ inline __m256i load_ymm(const uint8_t* p, bool high) {
 #endif
 
 #if defined(RADIXLM_SIMD_AVX2)
+// k6 (AVX2, AVX-VNNI): the vector layer's u bytes as q = u - 32 and |q|, per ymm half.
+inline void signed_u6(const simd::Vi& u, __m256i (&q)[2], __m256i (&magnitude)[2]) {
+  q[0] = _mm256_sub_epi8(u.lo, _mm256_set1_epi8(32));
+  q[1] = _mm256_sub_epi8(u.hi, _mm256_set1_epi8(32));
+  for (int h = 0; h < 2; ++h) magnitude[h] = _mm256_abs_epi8(q[h]);
+}
+
 // --- AVX2: vpmaddubsw + vpmaddwd on ymm halves ---
 // k4: u * x pairs into int16 (exact: 2 * 15 * 127), summed in int16 over the block, widened by
 // vpmaddwd in sums(). k8: vpmaddubsw's pairs of u * x would saturate (2 * 255 * 127), so it
@@ -127,9 +134,7 @@ struct Avx2 {
   static W from_u6(const simd::Vi& u) {
     static_assert(B == WBits::k6, "from_u6 gives k6 weights");
     W w;
-    w.q[0] = _mm256_sub_epi8(u.lo, _mm256_set1_epi8(32));
-    w.q[1] = _mm256_sub_epi8(u.hi, _mm256_set1_epi8(32));
-    for (int h = 0; h < 2; ++h) w.u[h] = _mm256_abs_epi8(w.q[h]);
+    signed_u6(u, w.q, w.u);
     return w;
   }
   static W load(const uint8_t* p, bool high) {
@@ -182,9 +187,7 @@ struct AvxVnni {
   static W from_u6(const simd::Vi& u) {
     static_assert(B == WBits::k6, "from_u6 gives k6 weights");
     W w;
-    w.q[0] = _mm256_sub_epi8(u.lo, _mm256_set1_epi8(32));
-    w.q[1] = _mm256_sub_epi8(u.hi, _mm256_set1_epi8(32));
-    for (int h = 0; h < 2; ++h) w.h[h] = _mm256_abs_epi8(w.q[h]);
+    signed_u6(u, w.q, w.h);
     return w;
   }
   static W load(const uint8_t* p, bool high) {
@@ -215,6 +218,9 @@ inline __m512i load_zmm(const uint8_t* p, bool high) {
   return high ? _mm512_and_si512(_mm512_srli_epi16(raw, 4), low) : _mm512_and_si512(raw, low);
 }
 
+// k6 (AVX-512BW, AVX512-VNNI): the vector layer's u bytes as q = u - 32.
+inline __m512i signed_u6(const simd::Vi& u) { return _mm512_sub_epi8(u.v, _mm512_set1_epi8(32)); }
+
 // --- AVX-512BW: vpmaddubsw + vpmaddwd, as the AVX2 variant on zmm; k8's sign moves onto x by a
 // masked negation (AVX-512 has no vpsignb) ---
 template <WBits B>
@@ -229,7 +235,7 @@ struct Avx512Bw {
   static Acc zero() { return {_mm512_setzero_si512()}; }
   static W from_u6(const simd::Vi& u) {
     static_assert(B == WBits::k6, "from_u6 gives k6 weights");
-    const __m512i q = _mm512_sub_epi8(u.v, _mm512_set1_epi8(32));
+    const __m512i q = signed_u6(u);
     return {_mm512_abs_epi8(q), _mm512_movepi8_mask(q)};
   }
   static W load(const uint8_t* p, bool high) {
@@ -272,7 +278,7 @@ struct Avx512Vnni {
   static Acc zero() { return {_mm512_setzero_si512()}; }
   static W from_u6(const simd::Vi& u) {
     static_assert(B == WBits::k6, "from_u6 gives k6 weights");
-    const __m512i q = _mm512_sub_epi8(u.v, _mm512_set1_epi8(32));
+    const __m512i q = signed_u6(u);
     return {_mm512_abs_epi8(q), _mm512_movepi8_mask(q)};
   }
   static W load(const uint8_t* p, bool high) {
